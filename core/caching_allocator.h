@@ -1,0 +1,79 @@
+// core/caching_allocator.h: a stream-aware caching allocator policy. It is written against a
+// small DeviceMemory interface rather than CUDA, so its rules are tested on any machine.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/allocator.h"
+
+namespace shardlab {
+
+// What the policy needs from a device. Streams and events are opaque handles.
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+  virtual void* malloc(std::size_t nbytes) = 0;  // nullptr when the device is out of memory
+  virtual void free(void* data) = 0;
+  virtual void* current_stream() = 0;
+  virtual void* record_event(void* stream) = 0;  // marks the work queued on stream so far
+  virtual bool event_done(void* event) = 0;
+  virtual void destroy_event(void* event) = 0;
+};
+
+// Rules:
+// - a block is allocated on the caller's current stream and, once freed, is reused only
+//   for requests on that same stream (stream order makes that safe without a sync);
+// - a block also used on other streams (record_stream) is held back after its free until
+//   events recorded on those streams at free time have completed;
+// - requests round up (512 B below 1 MiB, 128 KiB above) and a cached block is reused only
+//   when at most twice the rounded request; on out-of-memory every idle cached block is
+//   returned to the device and the request retried once, then Error is thrown.
+class CachingAllocator final : public Allocator {
+ public:
+  CachingAllocator(std::string device_name, std::unique_ptr<DeviceMemory> memory);
+  ~CachingAllocator() override;
+
+  void* allocate(std::size_t nbytes) override;
+  void deallocate(void* data, std::size_t nbytes) override;
+  MemoryStats stats() const override;
+  void reset_peak() override;
+
+  // `data` (from allocate) is also read or written by work queued on `stream`.
+  void record_stream(void* data, void* stream);
+  // Returns every idle cached block to the device.
+  void empty_cache();
+
+  static std::size_t round_size(std::size_t nbytes);
+
+ private:
+  struct Block {
+    void* data;
+    std::size_t size;
+    void* stream;                     // the stream it was allocated on
+    std::vector<void*> other_streams;  // streams recorded with record_stream
+    std::vector<void*> pending_events;
+  };
+  struct BlockOrder {  // by (stream, size, address): best fit within one stream
+    bool operator()(const Block* a, const Block* b) const;
+  };
+
+  void collect_completed_frees();  // moves held-back blocks whose events finished to the pool
+  Block* take_cached(void* stream, std::size_t size);
+  void release_idle_blocks();
+
+  std::string device_name_;
+  std::unique_ptr<DeviceMemory> memory_;
+  mutable std::mutex mutex_;
+  std::unordered_map<void*, std::unique_ptr<Block>> blocks_;  // every block we own
+  std::set<Block*, BlockOrder> idle_;
+  std::vector<Block*> held_back_;
+  StatsCounter stats_;
+};
+
+}  // namespace shardlab

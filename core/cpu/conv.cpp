@@ -1,0 +1,203 @@
+// core/cpu/conv.cpp: conv2d forward and its input/weight gradients as im2col + GEMM over
+// chunks of images, so each GEMM is large enough for OpenBLAS's threads.
+#include <algorithm>
+#include <vector>
+
+#include "core/cpu/gemm.h"
+#include "core/cpu/kernels.h"
+#include "core/parallel.h"
+
+namespace shardlab::cpu {
+namespace {
+
+struct ConvGeometry {
+  std::int64_t batch, channels, height, width;   // input
+  std::int64_t out_channels, kernel_h, kernel_w;  // weight
+  std::int64_t out_h, out_w, stride, padding;
+
+  std::int64_t patch() const { return channels * kernel_h * kernel_w; }  // rows of cols
+  std::int64_t pixels() const { return out_h * out_w; }
+
+  // Images per chunk: keeps the column buffer near 32 MiB.
+  std::int64_t chunk(std::size_t element_size) const {
+    const std::int64_t per_image = patch() * pixels() * static_cast<std::int64_t>(element_size);
+    return std::clamp<std::int64_t>((32 << 20) / std::max<std::int64_t>(per_image, 1), 1, batch);
+  }
+};
+
+ConvGeometry geometry(const Shape& input, const Shape& weight, const Shape& output, Conv2dParams p) {
+  return {input[0], input[1], input[2], input[3], weight[0], weight[2], weight[3],
+          output[2], output[3], p.stride, p.padding};
+}
+
+// cols[(c, kh, kw), image * pixels + (oh, ow)] = input pixel under that kernel tap (0 in
+// the padding), for `count` images starting at `images`.
+template <typename T>
+void im2col(const ConvGeometry& g, const T* images, std::int64_t count, T* cols) {
+  const std::int64_t row_length = count * g.pixels();
+  parallel_for(0, g.patch() * count, 1, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t task = first; task < last; ++task) {
+      const std::int64_t row = task / count, image = task % count;
+      const std::int64_t c = row / (g.kernel_h * g.kernel_w);
+      const std::int64_t kh = row / g.kernel_w % g.kernel_h, kw = row % g.kernel_w;
+      const T* plane = images + (image * g.channels + c) * g.height * g.width;
+      T* dst = cols + row * row_length + image * g.pixels();
+      for (std::int64_t oh = 0; oh < g.out_h; ++oh) {
+        const std::int64_t h = oh * g.stride - g.padding + kh;
+        for (std::int64_t ow = 0; ow < g.out_w; ++ow) {
+          const std::int64_t w = ow * g.stride - g.padding + kw;
+          const bool inside = h >= 0 && h < g.height && w >= 0 && w < g.width;
+          dst[oh * g.out_w + ow] = inside ? plane[h * g.width + w] : T(0);
+        }
+      }
+    }
+  });
+}
+
+// The adjoint of im2col: adds each column entry back onto its input pixel.
+template <typename T>
+void col2im(const ConvGeometry& g, const T* cols, std::int64_t count, T* images) {
+  const std::int64_t row_length = count * g.pixels();
+  parallel_for(0, count * g.channels, 1, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t task = first; task < last; ++task) {
+      const std::int64_t image = task / g.channels, c = task % g.channels;
+      T* plane = images + (image * g.channels + c) * g.height * g.width;
+      for (std::int64_t kh = 0; kh < g.kernel_h; ++kh) {
+        for (std::int64_t kw = 0; kw < g.kernel_w; ++kw) {
+          const T* src = cols + ((c * g.kernel_h + kh) * g.kernel_w + kw) * row_length + image * g.pixels();
+          for (std::int64_t oh = 0; oh < g.out_h; ++oh) {
+            const std::int64_t h = oh * g.stride - g.padding + kh;
+            if (h < 0 || h >= g.height) continue;
+            for (std::int64_t ow = 0; ow < g.out_w; ++ow) {
+              const std::int64_t w = ow * g.stride - g.padding + kw;
+              if (w >= 0 && w < g.width) plane[h * g.width + w] += src[oh * g.out_w + ow];
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+// Between [image, channel, pixel] (tensor layout) and [channel, image * pixels + pixel]
+// (GEMM layout) for `count` images.
+template <typename T>
+void to_gemm_layout(const T* nchw, std::int64_t count, std::int64_t channels, std::int64_t pixels, T* gemm_layout) {
+  parallel_for(0, channels, 1, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t c = first; c < last; ++c) {
+      for (std::int64_t image = 0; image < count; ++image) {
+        std::copy_n(nchw + (image * channels + c) * pixels, pixels, gemm_layout + (c * count + image) * pixels);
+      }
+    }
+  });
+}
+
+template <typename T>
+void conv2d_typed(const ConvGeometry& g, const T* input, const T* weight, const T* bias, T* out) {
+  const std::int64_t chunk = g.chunk(sizeof(T));
+  std::vector<T> cols(static_cast<std::size_t>(g.patch() * chunk * g.pixels()));
+  for (std::int64_t start = 0; start < g.batch; start += chunk) {
+    const std::int64_t count = std::min(chunk, g.batch - start);
+    const std::int64_t columns = count * g.pixels();
+    im2col(g, input + start * g.channels * g.height * g.width, count, cols.data());
+    // One GEMM per image writes its [O, pixels] output in place: no reshuffle afterwards.
+    for (std::int64_t image = 0; image < count; ++image) {
+      gemm<T>(false, false, g.out_channels, g.pixels(), g.patch(), T(1), weight, g.patch(),
+              cols.data() + image * g.pixels(), columns, T(0),
+              out + (start + image) * g.out_channels * g.pixels(), g.pixels());
+    }
+  }
+  if (bias == nullptr) return;
+  parallel_for(0, g.batch * g.out_channels, 16, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t plane = first; plane < last; ++plane) {
+      T* dst = out + plane * g.pixels();
+      const T shift = bias[plane % g.out_channels];
+      for (std::int64_t p = 0; p < g.pixels(); ++p) dst[p] += shift;
+    }
+  });
+}
+
+template <typename T>
+void conv2d_backward_input_typed(const ConvGeometry& g, const T* grad_out, const T* weight, T* grad_in) {
+  const std::int64_t chunk = g.chunk(sizeof(T));
+  std::vector<T> cols(static_cast<std::size_t>(g.patch() * chunk * g.pixels()));
+  std::vector<T> grad(static_cast<std::size_t>(g.out_channels * chunk * g.pixels()));
+  for (std::int64_t start = 0; start < g.batch; start += chunk) {
+    const std::int64_t count = std::min(chunk, g.batch - start);
+    const std::int64_t columns = count * g.pixels();
+    to_gemm_layout(grad_out + start * g.out_channels * g.pixels(), count, g.out_channels, g.pixels(), grad.data());
+    // cols = W^T [patch, O] x grad [O, columns]
+    gemm<T>(true, false, g.patch(), columns, g.out_channels, T(1), weight, g.patch(), grad.data(), columns,
+            T(0), cols.data(), columns);
+    col2im(g, cols.data(), count, grad_in + start * g.channels * g.height * g.width);
+  }
+}
+
+template <typename T>
+void conv2d_backward_weight_typed(const ConvGeometry& g, const T* grad_out, const T* input, T* grad_weight) {
+  const std::int64_t chunk = g.chunk(sizeof(T));
+  std::vector<T> cols(static_cast<std::size_t>(g.patch() * chunk * g.pixels()));
+  std::vector<T> grad(static_cast<std::size_t>(g.out_channels * chunk * g.pixels()));
+  for (std::int64_t start = 0; start < g.batch; start += chunk) {
+    const std::int64_t count = std::min(chunk, g.batch - start);
+    const std::int64_t columns = count * g.pixels();
+    to_gemm_layout(grad_out + start * g.out_channels * g.pixels(), count, g.out_channels, g.pixels(), grad.data());
+    im2col(g, input + start * g.channels * g.height * g.width, count, cols.data());
+    // grad_weight [O, patch] += grad [O, columns] x cols^T [columns, patch]
+    gemm<T>(false, true, g.out_channels, g.patch(), columns, T(1), grad.data(), columns, cols.data(), columns,
+            T(1), grad_weight, g.patch());
+  }
+}
+
+template <typename T>
+const T* maybe(const Tensor& t) {
+  return t.defined() ? static_cast<const T*>(t.raw_data()) : nullptr;
+}
+
+// Calls fn<T>() with T = double for f64 outputs and float otherwise (halves run in f32).
+template <typename Fn>
+void in_float_type(const Tensor& out, Fn fn) {
+  if (out.dtype() == DType::f64) return fn.template operator()<double>();
+  fn.template operator()<float>();
+}
+
+}  // namespace
+
+void conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Conv2dParams p, const Tensor& out) {
+  const ConvGeometry g = geometry(input.shape(), weight.shape(), out.shape(), p);
+  in_f32_precision(
+      out,
+      [&](const Tensor& o, const Tensor& x, const Tensor& w, const Tensor& b) {
+        in_float_type(o, [&]<typename T>() {
+          conv2d_typed<T>(g, maybe<T>(x), maybe<T>(w), maybe<T>(b), static_cast<T*>(o.raw_data()));
+        });
+      },
+      input, weight, bias);
+}
+
+void conv2d_backward_input(const Tensor& grad_out, const Tensor& weight, Conv2dParams p, const Tensor& grad_in) {
+  const ConvGeometry g = geometry(grad_in.shape(), weight.shape(), grad_out.shape(), p);
+  in_f32_precision(
+      grad_in,
+      [&](const Tensor& gi, const Tensor& go, const Tensor& w) {
+        in_float_type(gi, [&]<typename T>() {
+          conv2d_backward_input_typed<T>(g, maybe<T>(go), maybe<T>(w), static_cast<T*>(gi.raw_data()));
+        });
+      },
+      grad_out, weight);
+}
+
+void conv2d_backward_weight(const Tensor& grad_out, const Tensor& input, Conv2dParams p,
+                            const Tensor& grad_weight) {
+  const ConvGeometry g = geometry(input.shape(), grad_weight.shape(), grad_out.shape(), p);
+  in_f32_precision(
+      grad_weight,
+      [&](const Tensor& gw, const Tensor& go, const Tensor& x) {
+        in_float_type(gw, [&]<typename T>() {
+          conv2d_backward_weight_typed<T>(g, maybe<T>(go), maybe<T>(x), static_cast<T*>(gw.raw_data()));
+        });
+      },
+      grad_out, input);
+}
+
+}  // namespace shardlab::cpu

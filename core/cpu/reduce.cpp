@@ -1,0 +1,137 @@
+// core/cpu/reduce.cpp: CPU reductions over any set of dims (sum, mean, sum of squares, max,
+// min, argmax), one output element per task, each accumulated serially so results are
+// deterministic.
+#include <cmath>
+#include <type_traits>
+
+#include "core/cpu/kernels.h"
+#include "core/cpu/loops.h"
+
+namespace shardlab::cpu {
+namespace {
+
+// Floating values accumulate in double and integers in int64, whatever the input width.
+template <typename T>
+using accumulate_t = std::conditional_t<std::is_floating_point_v<compute_t<T>>, double, std::int64_t>;
+
+template <typename A>
+bool is_nan(A value) {
+  if constexpr (std::is_floating_point_v<A>) return std::isnan(value);
+  return false;
+}
+
+// Walks the reduced sub-block of one output element in row-major order of the reduced dims.
+struct ReducedBlock {
+  std::vector<std::int64_t> sizes;    // coalesced
+  std::vector<std::int64_t> strides;  // bytes
+
+  template <typename Visit>
+  void for_each(const char* base, Visit&& visit) const {
+    if (sizes.empty()) return visit(base, std::int64_t{0});
+    std::vector<std::int64_t> counter(sizes.size(), 0);
+    const std::int64_t inner = sizes.back(), inner_stride = strides.back();
+    std::int64_t position = 0;
+    for (;;) {
+      const char* row = base;
+      for (std::size_t d = 0; d + 1 < sizes.size(); ++d) row += counter[d] * strides[d];
+      for (std::int64_t i = 0; i < inner; ++i) visit(row + i * inner_stride, position++);
+      std::size_t d = sizes.size() - 1;
+      for (;;) {
+        if (d == 0) return;
+        --d;
+        if (++counter[d] < sizes[d]) break;
+        counter[d] = 0;
+      }
+    }
+  }
+};
+
+template <typename T, typename Out>
+void reduce_typed(ReduceOp op, const Tensor& in, const Dims& dims, const Tensor& out) {
+  using A = accumulate_t<T>;
+  // Kept dims index the outputs (out is contiguous in kept-dim order); reduced dims form
+  // the block each output walks. Reduced dims stay in order so argmax counts row-major.
+  std::vector<std::int64_t> kept_sizes, kept_strides;
+  ReducedBlock block;
+  const std::int64_t esize = static_cast<std::int64_t>(in.element_size());
+  for (std::int64_t d = 0; d < in.dim(); ++d) {
+    const bool reduced = std::find(dims.begin(), dims.end(), d) != dims.end();
+    auto& sizes = reduced ? block.sizes : kept_sizes;
+    auto& strides = reduced ? block.strides : kept_strides;
+    if (reduced && in.size(d) == 1) continue;
+    sizes.push_back(in.size(d));
+    strides.push_back(in.stride(d) * esize);
+  }
+  for (std::size_t d = block.sizes.size(); d-- > 1;) {  // merge reduced dims contiguous in memory
+    if (block.strides[d - 1] == block.strides[d] * block.sizes[d]) {
+      block.sizes[d - 1] *= block.sizes[d];
+      block.strides[d - 1] = block.strides[d];
+      block.sizes.erase(block.sizes.begin() + d);
+      block.strides.erase(block.strides.begin() + d);
+    }
+  }
+  std::int64_t count = 1;
+  for (const std::int64_t s : block.sizes) count *= s;
+  const char* base = static_cast<const char*>(in.raw_data());
+  Out* result = static_cast<Out*>(out.raw_data());
+  const std::int64_t outputs = out.numel();
+  const std::int64_t grain = std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(count, 1));
+  parallel_for(0, outputs, grain, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t o = first; o < last; ++o) {
+      const char* start = base;
+      std::int64_t rest = o;
+      for (std::size_t d = kept_sizes.size(); d-- > 0;) {
+        start += (rest % kept_sizes[d]) * kept_strides[d];
+        rest /= kept_sizes[d];
+      }
+      const auto value_at = [](const char* p) { return static_cast<A>(widen(*reinterpret_cast<const T*>(p))); };
+      A acc = 0;
+      std::int64_t best_index = 0;
+      bool first_seen = false;
+      if (count > 0) block.for_each(start, [&](const char* p, std::int64_t position) {
+        const A v = value_at(p);
+        switch (op) {
+          case ReduceOp::sum:
+          case ReduceOp::mean: acc += v; break;
+          case ReduceOp::sum_squares: acc += v * v; break;
+          case ReduceOp::max:
+          case ReduceOp::min:
+          case ReduceOp::argmax: {
+            // NaN wins and stays; otherwise strictly better replaces (first index on ties).
+            const bool better = op == ReduceOp::min ? v < acc : v > acc;
+            if (!first_seen || (!is_nan(acc) && (is_nan(v) || better))) {
+              acc = v;
+              best_index = position;
+            }
+            first_seen = true;
+            break;
+          }
+        }
+      });
+      if (op == ReduceOp::argmax) {
+        result[o] = narrow<Out>(best_index);
+      } else if (op == ReduceOp::mean) {
+        result[o] = narrow<Out>(static_cast<double>(acc) / static_cast<double>(count));
+      } else {
+        result[o] = narrow<Out>(acc);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void reduce(ReduceOp op, const Tensor& in, const Dims& dims, const Tensor& out) {
+  visit_dtype(in.dtype(), [&]<typename T>() {
+    visit_dtype(out.dtype(), [&]<typename Out>() {
+      // Only the pairs the op layer produces: same dtype, or i64 for sums and argmax.
+      if constexpr (std::is_same_v<T, Out> || std::is_same_v<Out, std::int64_t>) {
+        reduce_typed<T, Out>(op, in, dims, out);
+      } else {
+        fail("{}: no CPU kernel from {} to {}", op_name(op), dtype_name(in.dtype()), dtype_name(out.dtype()));
+      }
+    });
+  });
+}
+
+}  // namespace shardlab::cpu

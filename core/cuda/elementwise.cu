@@ -1,0 +1,409 @@
+// core/cuda/elementwise.cu: the elementwise CUDA kernels: fill, copy (with dtype conversion),
+// unary, isfinite, arithmetic, comparison and where, over strided operands.
+//
+// One kernel per element type, with the op as a runtime argument: the op is the same for every
+// thread, so its switch costs a uniform branch in memory-bound code, while a kernel per (op,
+// dtype) pair would multiply compile time and binary size by the number of ops.
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "core/cuda/check.h"
+#include "core/cuda/launch.h"
+
+namespace shardlab::cuda {
+namespace {
+
+// --- indexing ----------------------------------------------------------------------------------
+
+template <int N>
+struct Offsets {
+  std::int64_t of[N];
+};
+
+// Offsets of row-major element `index` in each operand: peel coordinates off from the last dim.
+template <int N>
+__device__ Offsets<N> offsets_of(const Layout<N>& layout, std::int64_t index) {
+  Offsets<N> result{};
+  for (int d = layout.rank - 1; d > 0; --d) {
+    const std::int64_t coordinate = index % layout.sizes[d];
+    index /= layout.sizes[d];
+    for (int k = 0; k < N; ++k) result.of[k] += coordinate * layout.strides[k][d];
+  }
+  if (layout.rank > 0) {
+    for (int k = 0; k < N; ++k) result.of[k] += index * layout.strides[k][0];
+  }
+  return result;
+}
+
+// Grid-stride loop: calls fn(offsets) for every element of the layout.
+template <int N, typename Fn>
+__device__ void for_each_element(const Layout<N>& layout, Fn&& fn) {
+  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < layout.numel; i += step) {
+    fn(offsets_of(layout, i));
+  }
+}
+
+// --- element types -----------------------------------------------------------------------------
+
+template <typename T>
+inline constexpr bool is_floating_type = !std::is_integral_v<T>;  // f32, f64, bf16, f16
+
+// Kernels that only move bytes (fill, same-dtype copy, where) run on the unsigned word of the
+// element's size, so 8 dtypes need 4 kernels, and NaN payloads travel untouched.
+template <std::size_t Size> struct WordOf;
+template <> struct WordOf<1> { using type = std::uint8_t; };
+template <> struct WordOf<2> { using type = std::uint16_t; };
+template <> struct WordOf<4> { using type = std::uint32_t; };
+template <> struct WordOf<8> { using type = std::uint64_t; };
+template <typename T>
+using word_t = typename WordOf<sizeof(T)>::type;
+
+template <typename T>
+__device__ bool is_negative(T value) {
+  if constexpr (std::is_signed_v<T>) {
+    return value < T(0);
+  } else {
+    return false;
+  }
+}
+
+template <typename T>
+__device__ bool either_nan(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return a != a || b != b;
+  } else {
+    return false;
+  }
+}
+
+// Only reached for floating T: either_nan is false for integers.
+template <typename T>
+__device__ T quiet_nan() {
+  return std::numeric_limits<T>::quiet_NaN();
+}
+
+// Integer +, -, *, negate in the unsigned type: wraps modulo 2^bits instead of being undefined.
+template <typename T>
+__device__ T wrapping_add(T a, T b) {
+  using U = std::make_unsigned_t<T>;
+  return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+}
+template <typename T>
+__device__ T wrapping_sub(T a, T b) {
+  using U = std::make_unsigned_t<T>;
+  return static_cast<T>(static_cast<U>(a) - static_cast<U>(b));
+}
+template <typename T>
+__device__ T wrapping_mul(T a, T b) {
+  using U = std::make_unsigned_t<T>;
+  return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+}
+
+// The float or double version of each math function, so float ops never detour through double.
+template <typename C> struct Math;
+template <> struct Math<float> {
+  static __device__ float abs(float x) { return fabsf(x); }
+  static __device__ float exp(float x) { return expf(x); }
+  static __device__ float log(float x) { return logf(x); }
+  static __device__ float sqrt(float x) { return sqrtf(x); }
+  static __device__ float tanh(float x) { return tanhf(x); }
+  static __device__ float erf(float x) { return erff(x); }
+  static __device__ float pow(float x, float y) { return powf(x, y); }
+};
+template <> struct Math<double> {
+  static __device__ double abs(double x) { return ::fabs(x); }
+  static __device__ double exp(double x) { return ::exp(x); }
+  static __device__ double log(double x) { return ::log(x); }
+  static __device__ double sqrt(double x) { return ::sqrt(x); }
+  static __device__ double tanh(double x) { return ::tanh(x); }
+  static __device__ double erf(double x) { return ::erf(x); }
+  static __device__ double pow(double x, double y) { return ::pow(x, y); }
+};
+
+// --- fill and copy -----------------------------------------------------------------------------
+
+template <typename Word>
+__global__ void fill_kernel(Word* out, Word value, Layout<1> layout) {
+  for_each_element(layout, [&](const Offsets<1>& at) { out[at.of[0]] = value; });
+}
+
+template <typename Word>
+__global__ void copy_kernel(const Word* src, Word* dst, Layout<2> layout) {
+  for_each_element(layout, [&](const Offsets<2>& at) { dst[at.of[1]] = src[at.of[0]]; });
+}
+
+template <typename Dst, typename Src>
+__device__ Dst convert(const void* src, std::int64_t offset) {
+  return narrow<Dst>(widen(static_cast<const Src*>(src)[offset]));
+}
+
+// Element `offset` of src converted to Dst; the switch keeps one kernel per destination type.
+template <typename Dst>
+__device__ Dst load_as(const void* src, DType src_dtype, std::int64_t offset) {
+  switch (src_dtype) {
+    case DType::f32: return convert<Dst, float>(src, offset);
+    case DType::f64: return convert<Dst, double>(src, offset);
+    case DType::bf16: return convert<Dst, bf16>(src, offset);
+    case DType::f16: return convert<Dst, f16>(src, offset);
+    case DType::i64: return convert<Dst, std::int64_t>(src, offset);
+    case DType::i32: return convert<Dst, std::int32_t>(src, offset);
+    case DType::u8: return convert<Dst, std::uint8_t>(src, offset);
+    case DType::boolean: return convert<Dst, bool>(src, offset);
+  }
+  __builtin_unreachable();  // every enumerator is handled above
+}
+
+template <typename Dst>
+__global__ void convert_kernel(const void* src, DType src_dtype, Dst* dst, Layout<2> layout) {
+  for_each_element(layout, [&](const Offsets<2>& at) {
+    dst[at.of[1]] = load_as<Dst>(src, src_dtype, at.of[0]);
+  });
+}
+
+// --- unary -------------------------------------------------------------------------------------
+
+template <typename C>
+__device__ C floating_unary(UnaryCode op, C x) {
+  using M = Math<C>;
+  switch (op) {
+    case UnaryCode::neg: return -x;
+    case UnaryCode::abs: return x < C(0) ? -x : x;  // keeps -0 and NaN signs, as the CPU does
+    case UnaryCode::exp: return M::exp(x);
+    case UnaryCode::log: return M::log(x);
+    case UnaryCode::sqrt: return M::sqrt(x);
+    case UnaryCode::rsqrt: return C(1) / M::sqrt(x);
+    case UnaryCode::tanh: return M::tanh(x);
+    case UnaryCode::sigmoid: return C(1) / (C(1) + M::exp(-x));
+    case UnaryCode::relu: return x < C(0) ? C(0) : x;  // NaN stays NaN, like max(x, 0)
+    case UnaryCode::silu: return x * (C(1) / (C(1) + M::exp(-x)));
+    case UnaryCode::gelu: return C(0.5) * x * (C(1) + M::erf(x * C(0.70710678118654752440)));
+    case UnaryCode::gelu_tanh: {
+      const C inner = C(0.79788456080286535588) * (x + C(0.044715) * x * x * x);  // sqrt(2/pi)
+      return C(0.5) * x * (C(1) + M::tanh(inner));
+    }
+  }
+  __builtin_unreachable();  // every enumerator is handled above
+}
+
+template <typename T>
+__device__ T integer_unary(UnaryCode op, T x) {
+  switch (op) {
+    case UnaryCode::neg: return wrapping_sub(T(0), x);
+    case UnaryCode::abs: return is_negative(x) ? wrapping_sub(T(0), x) : x;
+    case UnaryCode::relu: return is_negative(x) ? T(0) : x;
+    default: __builtin_unreachable();  // launch_unary refuses the other ops on integers
+  }
+}
+
+bool is_integer_unary(UnaryCode op) {
+  return op == UnaryCode::neg || op == UnaryCode::abs || op == UnaryCode::relu;
+}
+
+template <typename T>
+__global__ void unary_kernel(UnaryCode op, const T* in, T* out, Layout<2> layout) {
+  for_each_element(layout, [&](const Offsets<2>& at) {
+    if constexpr (is_floating_type<T>) {
+      out[at.of[1]] = narrow<T>(floating_unary(op, widen(in[at.of[0]])));
+    } else {
+      out[at.of[1]] = integer_unary(op, in[at.of[0]]);
+    }
+  });
+}
+
+template <typename T>
+__global__ void isfinite_kernel(const T* in, bool* out, Layout<2> layout) {
+  using C = compute_t<T>;
+  for_each_element(layout, [&](const Offsets<2>& at) {
+    // False for NaN (the comparison fails) and for infinities.
+    out[at.of[1]] = Math<C>::abs(widen(in[at.of[0]])) <= std::numeric_limits<C>::max();
+  });
+}
+
+// --- binary ------------------------------------------------------------------------------------
+
+// bool computes in int, so add/mul/maximum/minimum narrow back to or/and/or/and.
+template <typename T>
+using arithmetic_t = std::conditional_t<std::is_same_v<T, bool>, int, compute_t<T>>;
+
+// base^exponent by squaring, wrapping on overflow. A negative exponent gives the integer part
+// of 1 / base^-exponent: 1 for base 1, +-1 for base -1, else 0.
+template <typename C>
+__device__ C integer_power(C base, C exponent) {
+  if (is_negative(exponent)) {
+    if (base == C(1)) return C(1);
+    if (base == C(-1)) return (exponent & C(1)) ? C(-1) : C(1);
+    return C(0);
+  }
+  C result = C(1);
+  for (; exponent != C(0); exponent = static_cast<C>(exponent >> 1)) {
+    if (exponent & C(1)) result = wrapping_mul(result, base);
+    base = wrapping_mul(base, base);
+  }
+  return result;
+}
+
+template <typename C>
+__device__ C arithmetic(ArithmeticCode op, C a, C b) {
+  constexpr bool floating = std::is_floating_point_v<C>;
+  switch (op) {
+    case ArithmeticCode::add:
+      if constexpr (floating) return a + b; else return wrapping_add(a, b);
+    case ArithmeticCode::sub:
+      if constexpr (floating) return a - b; else return wrapping_sub(a, b);
+    case ArithmeticCode::mul:
+      if constexpr (floating) return a * b; else return wrapping_mul(a, b);
+    case ArithmeticCode::div:
+      if constexpr (floating) return a / b; else __builtin_unreachable();  // refused for integers
+    case ArithmeticCode::pow:
+      if constexpr (floating) return Math<C>::pow(a, b); else return integer_power(a, b);
+    // A NaN on either side gives NaN; ties keep a, so max(-0, +0) is -0 as on the CPU.
+    case ArithmeticCode::maximum: return either_nan(a, b) ? quiet_nan<C>() : a < b ? b : a;
+    case ArithmeticCode::minimum: return either_nan(a, b) ? quiet_nan<C>() : b < a ? b : a;
+  }
+  __builtin_unreachable();  // every enumerator is handled above
+}
+
+template <typename C>
+__device__ bool compare(CompareCode op, C a, C b) {
+  switch (op) {
+    case CompareCode::eq: return a == b;
+    case CompareCode::ne: return a != b;
+    case CompareCode::lt: return a < b;
+    case CompareCode::le: return a <= b;
+    case CompareCode::gt: return a > b;
+    case CompareCode::ge: return a >= b;
+  }
+  __builtin_unreachable();  // every enumerator is handled above
+}
+
+template <typename T>
+__global__ void arithmetic_kernel(ArithmeticCode op, const T* a, const T* b, T* out,
+                                  Layout<3> layout) {
+  using C = arithmetic_t<T>;
+  for_each_element(layout, [&](const Offsets<3>& at) {
+    const C x = static_cast<C>(widen(a[at.of[0]]));
+    const C y = static_cast<C>(widen(b[at.of[1]]));
+    out[at.of[2]] = narrow<T>(arithmetic(op, x, y));
+  });
+}
+
+template <typename T>
+__global__ void compare_kernel(CompareCode op, const T* a, const T* b, bool* out,
+                               Layout<3> layout) {
+  for_each_element(layout, [&](const Offsets<3>& at) {
+    out[at.of[2]] = compare(op, widen(a[at.of[0]]), widen(b[at.of[1]]));
+  });
+}
+
+template <typename Word>
+__global__ void where_kernel(const bool* condition, const Word* a, const Word* b, Word* out,
+                             Layout<4> layout) {
+  for_each_element(layout, [&](const Offsets<4>& at) {
+    out[at.of[3]] = condition[at.of[0]] ? a[at.of[1]] : b[at.of[2]];
+  });
+}
+
+}  // namespace
+
+// --- launchers ---------------------------------------------------------------------------------
+
+void launch_fill(void* out, DType dtype, const void* value, const Layout<1>& layout,
+                 cudaStream_t stream) {
+  if (layout.numel == 0) return;
+  visit_dtype(dtype, [&]<typename T>() {
+    using Word = word_t<T>;
+    Word bits;
+    std::memcpy(&bits, value, sizeof(Word));
+    fill_kernel<Word><<<grid_size(layout.numel), kBlockSize, 0, stream>>>(
+        static_cast<Word*>(out), bits, layout);
+    SHARDLAB_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void launch_copy(const void* src, DType src_dtype, void* dst, DType dst_dtype,
+                 const Layout<2>& layout, cudaStream_t stream) {
+  if (layout.numel == 0) return;
+  visit_dtype(dst_dtype, [&]<typename Dst>() {
+    if (src_dtype == dst_dtype) {
+      using Word = word_t<Dst>;
+      copy_kernel<Word><<<grid_size(layout.numel), kBlockSize, 0, stream>>>(
+          static_cast<const Word*>(src), static_cast<Word*>(dst), layout);
+      SHARDLAB_CUDA_CHECK_LAUNCH();
+    } else {
+      convert_kernel<Dst><<<grid_size(layout.numel), kBlockSize, 0, stream>>>(
+          src, src_dtype, static_cast<Dst*>(dst), layout);
+      SHARDLAB_CUDA_CHECK_LAUNCH();
+    }
+  });
+}
+
+bool launch_unary(UnaryCode op, DType dtype, const void* in, void* out, const Layout<2>& layout,
+                  cudaStream_t stream) {
+  return visit_dtype(dtype, [&]<typename T>() {
+    if constexpr (std::is_same_v<T, bool>) {
+      return false;
+    } else {
+      if (!is_floating_type<T> && !is_integer_unary(op)) return false;
+      if (layout.numel == 0) return true;
+      unary_kernel<T><<<grid_size(layout.numel), kBlockSize, 0, stream>>>(
+          op, static_cast<const T*>(in), static_cast<T*>(out), layout);
+      SHARDLAB_CUDA_CHECK_LAUNCH();
+      return true;
+    }
+  });
+}
+
+bool launch_isfinite(DType dtype, const void* in, bool* out, const Layout<2>& layout,
+                     cudaStream_t stream) {
+  return visit_dtype(dtype, [&]<typename T>() {
+    if constexpr (!is_floating_type<T>) {
+      return false;
+    } else {
+      if (layout.numel == 0) return true;
+      isfinite_kernel<T><<<grid_size(layout.numel), kBlockSize, 0, stream>>>(
+          static_cast<const T*>(in), out, layout);
+      SHARDLAB_CUDA_CHECK_LAUNCH();
+      return true;
+    }
+  });
+}
+
+bool launch_arithmetic(ArithmeticCode op, DType dtype, const void* a, const void* b, void* out,
+                       const Layout<3>& layout, cudaStream_t stream) {
+  return visit_dtype(dtype, [&]<typename T>() {
+    if (!is_floating_type<T> && op == ArithmeticCode::div) return false;
+    if (layout.numel == 0) return true;
+    arithmetic_kernel<T><<<grid_size(layout.numel), kBlockSize, 0, stream>>>(
+        op, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), layout);
+    SHARDLAB_CUDA_CHECK_LAUNCH();
+    return true;
+  });
+}
+
+void launch_compare(CompareCode op, DType dtype, const void* a, const void* b, bool* out,
+                    const Layout<3>& layout, cudaStream_t stream) {
+  if (layout.numel == 0) return;
+  visit_dtype(dtype, [&]<typename T>() {
+    compare_kernel<T><<<grid_size(layout.numel), kBlockSize, 0, stream>>>(
+        op, static_cast<const T*>(a), static_cast<const T*>(b), out, layout);
+    SHARDLAB_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void launch_where(const bool* condition, DType dtype, const void* a, const void* b, void* out,
+                  const Layout<4>& layout, cudaStream_t stream) {
+  if (layout.numel == 0) return;
+  visit_dtype(dtype, [&]<typename T>() {
+    using Word = word_t<T>;
+    where_kernel<Word><<<grid_size(layout.numel), kBlockSize, 0, stream>>>(
+        condition, static_cast<const Word*>(a), static_cast<const Word*>(b),
+        static_cast<Word*>(out), layout);
+    SHARDLAB_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace shardlab::cuda

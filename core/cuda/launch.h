@@ -1,0 +1,97 @@
+// core/cuda/launch.h: internal to core/cuda: the kernel launchers, in plain types (llm.c style),
+// between the Tensor-facing table (table.cpp, g++) and the kernels (*.cu, nvcc).
+//
+// Every launcher queues its kernel on `stream`, which must belong to the calling thread's
+// current device, and checks the launch (throws shardlab::Error). A launcher returning bool
+// returns false, launching nothing, when its kernel has no version for the dtype.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace shardlab::cuda {
+
+// Most dimensions an elementwise kernel indexes, after table.cpp merged every run of dims
+// that is contiguous in all operands (so a dense tensor of any rank is one dim).
+inline constexpr int kMaxDims = 8;
+
+// Launch geometry of every kernel here: 256-thread blocks and a grid-stride loop over at most
+// kMaxBlocks blocks (enough to fill any current GPU many times over), so no size overflows
+// the grid limits.
+inline constexpr int kBlockSize = 256;
+inline constexpr std::int64_t kMaxBlocks = 65536;
+inline unsigned grid_size(std::int64_t n) {
+  const std::int64_t blocks = (n + kBlockSize - 1) / kBlockSize;
+  return static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
+}
+
+// The index space of an elementwise kernel with N operands: one shape, each operand's element
+// strides in it (0 where broadcast). Element i of the row-major order of `sizes` is at
+// sum_d index_d * strides[k][d] in operand k; the last operand is the output.
+template <int N>
+struct Layout {
+  int rank = 0;
+  std::int64_t numel = 0;
+  std::int64_t sizes[kMaxDims] = {};
+  std::int64_t strides[N][kMaxDims] = {};
+};
+
+// The unary ops with a floating result in the input dtype (isfinite has its own launcher).
+enum class UnaryCode : unsigned char {
+  neg, abs, exp, log, sqrt, rsqrt, tanh, sigmoid, relu, silu, gelu, gelu_tanh
+};
+enum class ArithmeticCode : unsigned char { add, sub, mul, div, pow, maximum, minimum };
+enum class CompareCode : unsigned char { eq, ne, lt, le, gt, ge };
+
+enum class DrawKind : unsigned char { uniform, normal, bernoulli };
+
+// What a random kernel draws: element i of the output is draw number first_index + i of Philox
+// stream (seed, stream) (core/philox.h). a, b: uniform low and high, normal mean and std,
+// bernoulli p (b unused).
+struct PhiloxDraw {
+  DrawKind kind = DrawKind::uniform;
+  std::uint64_t seed = 0;
+  std::uint64_t stream = 0;
+  std::uint64_t first_index = 0;
+  double a = 0.0;
+  double b = 1.0;
+};
+
+// --- core/cuda/elementwise.cu ----------------------------------------------------------------
+
+// Writes the dtype_size(dtype) bytes at host address `value` to every element of out.
+void launch_fill(void* out, DType dtype, const void* value, const Layout<1>& layout,
+                 cudaStream_t stream);
+// Operands: src, dst. Converts like the CPU: narrow<Dst>(widen(src value)); equal dtypes copy bits.
+void launch_copy(const void* src, DType src_dtype, void* dst, DType dst_dtype,
+                 const Layout<2>& layout, cudaStream_t stream);
+// Operands: in, out (same dtype). Floating dtypes: every op, computed in float (f32, bf16,
+// f16) or double (f64). i64/i32/u8: neg, abs and relu, wrapping like unsigned arithmetic.
+[[nodiscard]] bool launch_unary(UnaryCode op, DType dtype, const void* in, void* out,
+                                const Layout<2>& layout, cudaStream_t stream);
+// Operands: in (floating), out (bool).
+[[nodiscard]] bool launch_isfinite(DType dtype, const void* in, bool* out, const Layout<2>& layout,
+                                   cudaStream_t stream);
+// Operands: a, b, out, all of `dtype`. Every dtype and op except div on i64/i32/u8/bool (the
+// op layer divides integers in f32). Integers wrap; bool computes in int and narrows (add is
+// or, mul is and); integer pow is exact repeated multiplication.
+[[nodiscard]] bool launch_arithmetic(ArithmeticCode op, DType dtype, const void* a, const void* b,
+                                     void* out, const Layout<3>& layout, cudaStream_t stream);
+// Operands: a, b (both `dtype`, any of the 8), out (bool).
+void launch_compare(CompareCode op, DType dtype, const void* a, const void* b, bool* out,
+                    const Layout<3>& layout, cudaStream_t stream);
+// Operands: condition (bool), a, b, out (a, b and out all of `dtype`).
+void launch_where(const bool* condition, DType dtype, const void* a, const void* b, void* out,
+                  const Layout<4>& layout, cudaStream_t stream);
+
+// --- core/cuda/random.cu ------------------------------------------------------------------------
+
+// Fills n contiguous elements of any dtype like the CPU kernel: the double that philox::uniform24
+// (uniform53 for f64), philox::normal or philox::bernoulli (1 or 0) gives, narrowed to the dtype.
+void launch_random(DType dtype, void* out, std::int64_t n, const PhiloxDraw& draw,
+                   cudaStream_t stream);
+
+}  // namespace shardlab::cuda

@@ -1,0 +1,201 @@
+// core/cuda/runtime.cpp: CUDA availability, devices, streams, events, the per-thread current
+// stream and host/device copies (core/cuda/runtime.h), plus the checks of core/cuda/check.h.
+#include "core/cuda/runtime.h"
+
+#include <cuda_runtime_api.h>
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/cuda/check.h"
+#include "core/device.h"
+#include "core/error.h"
+
+namespace shardlab::cuda {
+
+void fail_status(cudaError_t status, const char* expr, const char* file, int line) {
+  // Reset the thread's last-error slot, or the next launch check would report this failure
+  // again as its own (sticky errors, which poison the context, stay reported anyway).
+  cudaGetLastError();
+  fail("CUDA error at {}:{}: {} failed: {}: {}", file, line, expr, cudaGetErrorName(status),
+       cudaGetErrorString(status));
+}
+
+DeviceGuard::DeviceGuard(int device) {
+  SHARDLAB_CUDA_CHECK(cudaGetDevice(&previous_));
+  if (previous_ != device) {
+    SHARDLAB_CUDA_CHECK(cudaSetDevice(device));
+    switched_ = true;
+  }
+}
+
+DeviceGuard::~DeviceGuard() {
+  // A destructor cannot throw. Switching back to a device that was current a moment ago fails
+  // only when the context is already broken, and the next checked call reports that; clear
+  // the last error so no launch check mistakes it for its own.
+  if (switched_ && cudaSetDevice(previous_) != cudaSuccess) cudaGetLastError();
+}
+
+namespace {
+
+struct Availability {
+  int device_count = 0;
+  std::string reason;  // empty when device_count > 0
+};
+
+Availability probe() {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    // Without a driver this is cudaErrorInsufficientDriver or cudaErrorNoDevice: not an error
+    // of ours, just no GPU. Clear it so it cannot surface in a later check.
+    cudaGetLastError();
+    return {0, std::string("no usable CUDA driver or device (cudaGetDeviceCount: ") +
+                   cudaGetErrorName(status) + ": " + cudaGetErrorString(status) + ")"};
+  }
+  if (count == 0) return {0, "no CUDA device found (cudaGetDeviceCount returned 0)"};
+  return {count, ""};
+}
+
+// Probed once per process; C++ makes the static's initialisation thread-safe.
+const Availability& availability() {
+  static const Availability value = probe();
+  return value;
+}
+
+cudaStream_t raw(const Stream& stream) { return static_cast<cudaStream_t>(stream.handle()); }
+cudaEvent_t raw_event(void* handle) { return static_cast<cudaEvent_t>(handle); }
+
+struct DefaultStreams {
+  std::mutex mutex;
+  std::vector<Stream*> per_device;
+};
+
+// The default compute stream of each device, created on first use. Deliberately never
+// destroyed: tensors freed by static destructors may still queue work on them at exit, after
+// the CUDA runtime may have been torn down.
+Stream& default_stream(int device) {
+  static auto* streams =
+      new DefaultStreams{{}, std::vector<Stream*>(static_cast<std::size_t>(device_count()))};
+  const std::lock_guard lock(streams->mutex);
+  Stream*& stream = streams->per_device[static_cast<std::size_t>(device)];
+  if (stream == nullptr) stream = new Stream(device);
+  return *stream;
+}
+
+// This thread's StreamGuard-selected stream per device; null means the default stream.
+std::vector<Stream*>& guarded_streams() {
+  thread_local std::vector<Stream*> streams;
+  if (streams.empty()) streams.resize(static_cast<std::size_t>(device_count()), nullptr);
+  return streams;
+}
+
+cudaMemcpyKind copy_kind(bool dst_on_device, bool src_on_device) {
+  if (dst_on_device) return src_on_device ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice;
+  return src_on_device ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost;
+}
+
+}  // namespace
+
+bool available() { return availability().device_count > 0; }
+
+int device_count() { return availability().device_count; }
+
+std::string unavailable_reason() { return availability().reason; }
+
+void require_device(int index) {
+  const Availability& state = availability();
+  SHARDLAB_CHECK(state.device_count > 0, "{} is not usable: {}", Device::cuda(index).str(),
+                 state.reason);
+  SHARDLAB_CHECK(index >= 0 && index < state.device_count,
+                 "{} does not exist: this machine has {} CUDA device(s)",
+                 Device::cuda(index).str(), state.device_count);
+}
+
+// --- Stream ----------------------------------------------------------------------------------
+
+Stream::Stream(int device) : device_(device) {
+  require_device(device);
+  const DeviceGuard guard(device);
+  cudaStream_t stream = nullptr;
+  SHARDLAB_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  handle_ = stream;
+}
+
+Stream::~Stream() {
+  // Destroying a stream with queued work is allowed: the work completes first. Errors cannot
+  // be thrown from here; clear them so no later check reports them as its own.
+  if (cudaStreamDestroy(raw(*this)) != cudaSuccess) cudaGetLastError();
+}
+
+void Stream::synchronize() const { SHARDLAB_CUDA_CHECK(cudaStreamSynchronize(raw(*this))); }
+
+// --- Event -----------------------------------------------------------------------------------
+
+Event::Event(int device) : device_(device) {
+  require_device(device);
+  const DeviceGuard guard(device);
+  cudaEvent_t event = nullptr;
+  SHARDLAB_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  handle_ = event;
+}
+
+Event::~Event() {
+  if (cudaEventDestroy(raw_event(handle_)) != cudaSuccess) cudaGetLastError();  // as ~Stream
+}
+
+void Event::record(const Stream& stream) {
+  SHARDLAB_CHECK(stream.device() == device_,
+                 "Event::record: the event belongs to {} but the stream to {}",
+                 Device::cuda(device_).str(), Device::cuda(stream.device()).str());
+  SHARDLAB_CUDA_CHECK(cudaEventRecord(raw_event(handle_), raw(stream)));
+}
+
+void Event::wait(const Stream& stream) const {
+  SHARDLAB_CUDA_CHECK(cudaStreamWaitEvent(raw(stream), raw_event(handle_), 0));
+}
+
+bool Event::query() const {
+  const cudaError_t status = cudaEventQuery(raw_event(handle_));
+  if (status == cudaErrorNotReady) {
+    cudaGetLastError();  // "not ready" is an answer, not a failure: keep it out of later checks
+    return false;
+  }
+  SHARDLAB_CUDA_CHECK(status);
+  return true;
+}
+
+void Event::synchronize() const { SHARDLAB_CUDA_CHECK(cudaEventSynchronize(raw_event(handle_))); }
+
+// --- current stream --------------------------------------------------------------------------
+
+Stream& current_stream(int device) {
+  require_device(device);
+  Stream* guarded = guarded_streams()[static_cast<std::size_t>(device)];
+  return guarded != nullptr ? *guarded : default_stream(device);
+}
+
+StreamGuard::StreamGuard(Stream& stream) : device_(stream.device()) {
+  Stream*& slot = guarded_streams()[static_cast<std::size_t>(device_)];
+  previous_ = slot;
+  slot = &stream;
+}
+
+StreamGuard::~StreamGuard() { guarded_streams()[static_cast<std::size_t>(device_)] = previous_; }
+
+// --- copies ----------------------------------------------------------------------------------
+
+void copy_bytes(void* dst, bool dst_on_device, const void* src, bool src_on_device,
+                std::size_t nbytes, int device) {
+  if (nbytes == 0) return;
+  const Stream& stream = current_stream(device);
+  const DeviceGuard guard(device);
+  SHARDLAB_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, copy_kind(dst_on_device, src_on_device),
+                                      raw(stream)));
+  // Pageable host memory may be read or written after cudaMemcpyAsync returns: wait, so the
+  // caller can reuse or read its buffer at once.
+  stream.synchronize();
+}
+
+}  // namespace shardlab::cuda

@@ -1,0 +1,87 @@
+// core/cuda/runtime.h: CUDA devices, streams and events for code that must not include CUDA
+// headers. Safe to call on machines without a GPU or driver: available() is then false.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace shardlab {
+class Allocator;
+}
+
+namespace shardlab::cuda {
+
+// True when shardlab was built with CUDA and at least one device answers.
+bool available();
+int device_count();
+// Why available() is false ("built without CUDA", "no CUDA driver: ..."), or "".
+std::string unavailable_reason();
+
+// Throws Error naming the device and the reason when `index` is not a usable device.
+void require_device(int index);
+
+// An owned cudaStream_t (non-blocking with respect to the legacy default stream).
+class Stream {
+ public:
+  explicit Stream(int device);
+  ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  int device() const { return device_; }
+  void* handle() const { return handle_; }  // a cudaStream_t
+  void synchronize() const;
+
+ private:
+  int device_;
+  void* handle_ = nullptr;
+};
+
+// An owned cudaEvent_t without timing, for ordering streams and knowing when work is done.
+class Event {
+ public:
+  explicit Event(int device);
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+
+  void record(const Stream& stream);
+  void wait(const Stream& stream) const;  // `stream` waits for the recorded work
+  bool query() const;                     // true when the recorded work has completed
+  void synchronize() const;
+
+ private:
+  int device_;
+  void* handle_ = nullptr;
+};
+
+// The stream ops on `device` run on from this thread: the device's default compute stream
+// unless a StreamGuard says otherwise.
+Stream& current_stream(int device);
+
+// Makes `stream` the current stream of its device for this thread until destroyed.
+class StreamGuard {
+ public:
+  explicit StreamGuard(Stream& stream);
+  ~StreamGuard();
+  StreamGuard(const StreamGuard&) = delete;
+  StreamGuard& operator=(const StreamGuard&) = delete;
+
+ private:
+  Stream* previous_;
+  int device_;
+};
+
+// Copies bytes between host and device memory (either direction, or device to device) on
+// the current stream of the device involved; returns once the bytes are in place.
+void copy_bytes(void* dst, bool dst_on_device, const void* src, bool src_on_device,
+                std::size_t nbytes, int device);
+
+// The caching allocator of device `index` (core/caching_allocator.h); throws when the
+// device is not usable.
+Allocator& device_allocator(int index);
+// Tells device `index`'s allocator that `data` is also used by work queued on `stream`, so
+// it is not reused by another stream before that work completes.
+void record_stream(void* data, const Stream& stream);
+
+}  // namespace shardlab::cuda

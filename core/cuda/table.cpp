@@ -1,0 +1,196 @@
+// core/cuda/table.cpp: the CUDA kernel table (core/kernels.h): unpacks Tensors into the plain
+// launchers of core/cuda/launch.h, on the tensors' device and its current stream.
+#include <array>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "core/cuda/check.h"
+#include "core/cuda/launch.h"
+#include "core/cuda/runtime.h"
+#include "core/kernels.h"
+
+namespace shardlab {
+namespace {
+
+// Where a kernel for tensors on `device` runs: on that device (kernels launch on the current
+// device, which need not be theirs: rank r of mpirun uses cuda:r), in this thread's current
+// stream of it.
+class LaunchContext {
+ public:
+  explicit LaunchContext(const Tensor& tensor)
+      : stream_(static_cast<cudaStream_t>(cuda::current_stream(tensor.device().index).handle())),
+        guard_(tensor.device().index) {}
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  cudaStream_t stream_;  // first: current_stream checks the device before the guard selects it
+  cuda::DeviceGuard guard_;
+};
+
+// The layout of N operands of one shape (the last is the output). Size-1 dims are dropped and
+// a dim is merged into the one before it when that one steps over it exactly in every operand,
+// so dense operands of any rank index as one dim and the kernels' rank limit rarely binds.
+template <int N>
+cuda::Layout<N> layout_of(const char* op, const std::array<const Tensor*, N>& operands) {
+  const Shape& shape = operands[N - 1]->shape();
+  cuda::Layout<N> layout;
+  layout.numel = shape_numel(shape);
+  if (layout.numel == 0) return layout;  // launchers skip empty outputs: no dims needed
+  std::vector<std::int64_t> sizes;
+  std::vector<std::array<std::int64_t, N>> strides;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    std::array<std::int64_t, N> step;
+    bool mergeable = !sizes.empty();
+    for (int k = 0; k < N; ++k) {
+      step[k] = operands[k]->strides()[d];
+      mergeable = mergeable && strides.back()[k] == shape[d] * step[k];
+    }
+    if (mergeable) {
+      sizes.back() *= shape[d];
+      strides.back() = step;
+    } else {
+      sizes.push_back(shape[d]);
+      strides.push_back(step);
+    }
+  }
+  SHARDLAB_CHECK(sizes.size() <= static_cast<std::size_t>(cuda::kMaxDims),
+                 "{} on cuda: the operands of shape {} need {} dimensions after merging the "
+                 "contiguous ones, and CUDA kernels index at most {}; make them contiguous first",
+                 op, shape_str(shape), sizes.size(), cuda::kMaxDims);
+  layout.rank = static_cast<int>(sizes.size());
+  for (int d = 0; d < layout.rank; ++d) {
+    layout.sizes[d] = sizes[d];
+    for (int k = 0; k < N; ++k) layout.strides[k][d] = strides[d][k];
+  }
+  return layout;
+}
+
+void cuda_fill(const Tensor& out, Scalar value) {
+  const LaunchContext context(out);
+  visit_dtype(out.dtype(), [&]<typename T>() {
+    const T element = value.as<T>();
+    cuda::launch_fill(out.raw_data(), out.dtype(), &element, layout_of<1>("fill", {&out}),
+                      context.stream());
+  });
+}
+
+void cuda_copy(const Tensor& dst, const Tensor& src) {
+  const LaunchContext context(dst);
+  cuda::launch_copy(src.raw_data(), src.dtype(), dst.raw_data(), dst.dtype(),
+                    layout_of<2>("copy", {&src, &dst}), context.stream());
+}
+
+// False when the op has no kernel for the dtype.
+bool launch_unary_op(UnaryOp op, DType dtype, const void* in, void* out,
+                     const cuda::Layout<2>& layout, cudaStream_t stream) {
+  using cuda::UnaryCode;
+  const auto unary = [&](UnaryCode code) {
+    return cuda::launch_unary(code, dtype, in, out, layout, stream);
+  };
+  switch (op) {
+    case UnaryOp::neg: return unary(UnaryCode::neg);
+    case UnaryOp::abs: return unary(UnaryCode::abs);
+    case UnaryOp::exp: return unary(UnaryCode::exp);
+    case UnaryOp::log: return unary(UnaryCode::log);
+    case UnaryOp::sqrt: return unary(UnaryCode::sqrt);
+    case UnaryOp::rsqrt: return unary(UnaryCode::rsqrt);
+    case UnaryOp::tanh: return unary(UnaryCode::tanh);
+    case UnaryOp::sigmoid: return unary(UnaryCode::sigmoid);
+    case UnaryOp::relu: return unary(UnaryCode::relu);
+    case UnaryOp::silu: return unary(UnaryCode::silu);
+    case UnaryOp::gelu: return unary(UnaryCode::gelu);
+    case UnaryOp::gelu_tanh: return unary(UnaryCode::gelu_tanh);
+    case UnaryOp::isfinite:
+      return cuda::launch_isfinite(dtype, in, static_cast<bool*>(out), layout, stream);
+  }
+  __builtin_unreachable();  // every enumerator is handled above
+}
+
+void cuda_unary(UnaryOp op, const Tensor& in, const Tensor& out) {
+  const LaunchContext context(out);
+  const bool launched = launch_unary_op(op, in.dtype(), in.raw_data(), out.raw_data(),
+                                        layout_of<2>(op_name(op), {&in, &out}), context.stream());
+  SHARDLAB_CHECK(launched, "{}: no CUDA kernel for dtype {}", op_name(op), dtype_name(in.dtype()));
+}
+
+// False when the op has no kernel for the dtype.
+bool launch_binary_op(BinaryOp op, DType dtype, const void* a, const void* b, void* out,
+                      const cuda::Layout<3>& layout, cudaStream_t stream) {
+  using cuda::ArithmeticCode;
+  using cuda::CompareCode;
+  const auto arithmetic = [&](ArithmeticCode code) {
+    return cuda::launch_arithmetic(code, dtype, a, b, out, layout, stream);
+  };
+  const auto compare = [&](CompareCode code) {
+    cuda::launch_compare(code, dtype, a, b, static_cast<bool*>(out), layout, stream);
+    return true;
+  };
+  switch (op) {
+    case BinaryOp::add: return arithmetic(ArithmeticCode::add);
+    case BinaryOp::sub: return arithmetic(ArithmeticCode::sub);
+    case BinaryOp::mul: return arithmetic(ArithmeticCode::mul);
+    case BinaryOp::div: return arithmetic(ArithmeticCode::div);
+    case BinaryOp::pow: return arithmetic(ArithmeticCode::pow);
+    case BinaryOp::maximum: return arithmetic(ArithmeticCode::maximum);
+    case BinaryOp::minimum: return arithmetic(ArithmeticCode::minimum);
+    case BinaryOp::eq: return compare(CompareCode::eq);
+    case BinaryOp::ne: return compare(CompareCode::ne);
+    case BinaryOp::lt: return compare(CompareCode::lt);
+    case BinaryOp::le: return compare(CompareCode::le);
+    case BinaryOp::gt: return compare(CompareCode::gt);
+    case BinaryOp::ge: return compare(CompareCode::ge);
+  }
+  __builtin_unreachable();  // every enumerator is handled above
+}
+
+void cuda_binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  const LaunchContext context(out);
+  const bool launched =
+      launch_binary_op(op, a.dtype(), a.raw_data(), b.raw_data(), out.raw_data(),
+                       layout_of<3>(op_name(op), {&a, &b, &out}), context.stream());
+  SHARDLAB_CHECK(launched, "{}: no CUDA kernel for dtype {}", op_name(op), dtype_name(a.dtype()));
+}
+
+void cuda_where(const Tensor& condition, const Tensor& a, const Tensor& b, const Tensor& out) {
+  const LaunchContext context(out);
+  cuda::launch_where(condition.data<bool>(), out.dtype(), a.raw_data(), b.raw_data(),
+                     out.raw_data(), layout_of<4>("where", {&condition, &a, &b, &out}),
+                     context.stream());
+}
+
+cuda::DrawKind draw_kind(Distribution distribution) {
+  switch (distribution) {
+    case Distribution::uniform: return cuda::DrawKind::uniform;
+    case Distribution::normal: return cuda::DrawKind::normal;
+    case Distribution::bernoulli: return cuda::DrawKind::bernoulli;
+  }
+  __builtin_unreachable();  // every enumerator is handled above
+}
+
+void cuda_random(const RandomSpec& spec, const Tensor& out) {
+  SHARDLAB_CHECK(out.is_contiguous(), "random draws on cuda: the output must be contiguous");
+  const LaunchContext context(out);
+  const cuda::PhiloxDraw draw{draw_kind(spec.distribution), spec.key.seed, spec.key.stream,
+                              static_cast<std::uint64_t>(spec.first_index), spec.a, spec.b};
+  cuda::launch_random(out.dtype(), out.raw_data(), out.numel(), draw, context.stream());
+}
+
+}  // namespace
+
+const Kernels& cuda_kernels() {
+  static const Kernels table = [] {
+    Kernels kernels{};  // entries not set stay null: those ops have no CUDA kernel yet
+    kernels.fill = cuda_fill;
+    kernels.copy = cuda_copy;
+    kernels.unary = cuda_unary;
+    kernels.binary = cuda_binary;
+    kernels.where = cuda_where;
+    kernels.random = cuda_random;
+    return kernels;
+  }();
+  return table;
+}
+
+}  // namespace shardlab

@@ -1,0 +1,26 @@
+// core/device.h: where a tensor lives: the CPU or one CUDA device.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace shardlab {
+
+enum class DeviceType : unsigned char { cpu, cuda };
+
+struct Device {
+  DeviceType type = DeviceType::cpu;
+  int index = 0;
+
+  static Device cpu() { return {DeviceType::cpu, 0}; }
+  static Device cuda(int index = 0) { return {DeviceType::cuda, index}; }
+  // Parses "cpu", "cuda" and "cuda:N"; throws Error naming the text otherwise.
+  static Device parse(std::string_view text);
+
+  bool is_cpu() const { return type == DeviceType::cpu; }
+  bool is_cuda() const { return type == DeviceType::cuda; }
+  std::string str() const;  // "cpu", "cuda:1"
+  bool operator==(const Device&) const = default;
+};
+
+}  // namespace shardlab

@@ -1,0 +1,74 @@
+// core/kernels.h: the dispatch table: one Kernels table per device type, each entry a
+// function that computes into outputs the op layer (core/ops.cpp) has already validated
+// and allocated. A device without a kernel for an entry leaves it null; supports() says so.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/ops.h"
+#include "core/random.h"
+#include "core/tensor.h"
+
+namespace shardlab {
+
+enum class UnaryOp : unsigned char {
+  neg, abs, exp, log, sqrt, rsqrt, tanh, sigmoid, relu, silu, gelu, gelu_tanh, isfinite
+};
+enum class BinaryOp : unsigned char {
+  add, sub, mul, div, pow, maximum, minimum, eq, ne, lt, le, gt, ge
+};
+enum class ReduceOp : unsigned char { sum, mean, sum_squares, max, min, argmax };
+
+bool is_comparison(BinaryOp op);
+const char* op_name(UnaryOp op);
+const char* op_name(BinaryOp op);
+const char* op_name(ReduceOp op);
+
+// Conventions for every entry: inputs and outputs are on the table's device; elementwise
+// inputs are already broadcast (expanded views) to the output shape and share one dtype
+// (comparisons write bool); outputs are freshly allocated and contiguous unless noted.
+struct Kernels {
+  void (*fill)(const Tensor& out, Scalar value);  // out may be strided
+  // dst may be strided; src has dst's shape (possibly expanded), any dtype.
+  void (*copy)(const Tensor& dst, const Tensor& src);
+  void (*unary)(UnaryOp op, const Tensor& in, const Tensor& out);
+  void (*binary)(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);
+  void (*where)(const Tensor& condition, const Tensor& a, const Tensor& b, const Tensor& out);
+  // out has the keepdim shape (reduced dims of size 1); dims are sorted and distinct.
+  void (*reduce)(ReduceOp op, const Tensor& in, const Dims& dims, const Tensor& out);
+  // a [B, M, K], b [B, K, N] (any strides, batch stride may be 0) -> out [B, M, N].
+  void (*matmul)(const Tensor& a, const Tensor& b, const Tensor& out);
+  void (*softmax)(const Tensor& in, std::int64_t dim, bool log, const Tensor& out);
+  // Contiguous NCHW operands; bias may be undefined.
+  void (*conv2d)(const Tensor& input, const Tensor& weight, const Tensor& bias, Conv2dParams p,
+                 const Tensor& out);
+  void (*conv2d_backward_input)(const Tensor& grad_out, const Tensor& weight, Conv2dParams p,
+                                const Tensor& grad_in);
+  void (*conv2d_backward_weight)(const Tensor& grad_out, const Tensor& input, Conv2dParams p,
+                                 const Tensor& grad_weight);
+  void (*max_pool2d)(const Tensor& input, MaxPool2dParams p, const Tensor& out,
+                     const Tensor& indices);
+  void (*max_pool2d_backward)(const Tensor& grad_out, const Tensor& indices,
+                              const Tensor& grad_in);
+  // Index tensors are contiguous i64 and in range; data operands contiguous.
+  void (*index_select)(const Tensor& in, std::int64_t dim, const Tensor& index, const Tensor& out);
+  void (*gather)(const Tensor& in, std::int64_t dim, const Tensor& index, const Tensor& out);
+  // out already holds a copy of self; these add src into it.
+  void (*scatter_add)(const Tensor& out, std::int64_t dim, const Tensor& index, const Tensor& src);
+  void (*index_add)(const Tensor& out, std::int64_t dim, const Tensor& index, const Tensor& src);
+  // out is contiguous; element i receives draw number first_index + i.
+  void (*random)(const RandomSpec& spec, const Tensor& out);
+};
+
+const Kernels& kernels_for(Device device);
+const Kernels& cpu_kernels();
+const Kernels& cuda_kernels();  // entries are null for ops without a CUDA kernel yet
+
+// Whether `device` has a kernel for the entry, e.g. supports<&Kernels::softmax>(device).
+template <auto Entry>
+bool supports(Device device) {
+  return kernels_for(device).*Entry != nullptr;
+}
+
+}  // namespace shardlab

@@ -1,0 +1,727 @@
+// core/ops.cpp: the op layer: argument checks with clear errors, dtype promotion,
+// broadcasting, output allocation, then the device's kernel (core/kernels.h). Ops that are
+// compositions of others (clamp, logsumexp, triu, cat, ...) are written here once for all
+// devices.
+#include "core/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/kernels.h"
+
+namespace shardlab {
+namespace {
+
+// The device's kernel for `Entry`, or an Error naming the op and device.
+template <auto Entry>
+auto kernel(Device device, const char* op) {
+  auto fn = kernels_for(device).*Entry;
+  SHARDLAB_CHECK(fn != nullptr, "{}: not supported on {} (no kernel for it in this build)", op,
+                 device.str());
+  return fn;
+}
+
+void check_defined(const char* op, const Tensor& t, const char* what = "input") {
+  SHARDLAB_CHECK(t.defined(), "{}: {} tensor is undefined", op, what);
+}
+
+void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
+  SHARDLAB_CHECK(a.device() == b.device(), "{}: tensors are on different devices ({} and {})", op,
+                 a.device().str(), b.device().str());
+}
+
+void check_floating(const char* op, const Tensor& t) {
+  SHARDLAB_CHECK(is_floating(t.dtype()), "{}: needs a floating dtype, got {}", op,
+                 dtype_name(t.dtype()));
+}
+
+void check_index_dtype(const char* op, const Tensor& index) {
+  SHARDLAB_CHECK(index.dtype() == DType::i64 || index.dtype() == DType::i32,
+                 "{}: indices must be i64 or i32, got {}", op, dtype_name(index.dtype()));
+}
+
+Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b) {
+  const std::size_t rank = std::max(a.size(), b.size());
+  Shape out(rank);
+  for (std::size_t i = 0; i < rank; ++i) {
+    const std::int64_t sa = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
+    const std::int64_t sb = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
+    SHARDLAB_CHECK(sa == sb || sa == 1 || sb == 1,
+                   "{}: shapes {} and {} cannot be broadcast (dimension {}: {} vs {})", op,
+                   shape_str(a), shape_str(b), i, sa, sb);
+    out[i] = sa == 1 ? sb : sa;
+  }
+  return out;
+}
+
+// A Scalar operand as a 0-d tensor next to `like`: it keeps like's dtype unless it is
+// floating and like is not (then f32), or it is a number and like is bool (then i64).
+Tensor wrap_scalar(const Tensor& like, Scalar value) {
+  DType dtype = like.dtype();
+  if (value.is_floating() && !is_floating(dtype)) dtype = DType::f32;
+  if (value.kind() == Scalar::Kind::integral && dtype == DType::boolean) dtype = DType::i64;
+  return scalar_tensor(value, TensorOptions{dtype, like.device()});
+}
+
+// Validated dims of a reduction: wrapped, sorted, distinct; empty means all.
+Dims reduction_dims(const char* op, const Tensor& x, const Dims& dims) {
+  Dims out;
+  if (dims.empty()) {
+    for (std::int64_t d = 0; d < x.dim(); ++d) out.push_back(d);
+    return out;
+  }
+  for (const std::int64_t d : dims) out.push_back(wrap_dim(d, x.dim(), op));
+  std::sort(out.begin(), out.end());
+  SHARDLAB_CHECK(std::adjacent_find(out.begin(), out.end()) == out.end(),
+                 "{}: dims {} name a dimension twice", op, shape_str(dims));
+  return out;
+}
+
+// Index tensors as contiguous i64, with every value checked against [0, size).
+Tensor checked_index(const char* op, const Tensor& index, std::int64_t size, const char* what) {
+  check_index_dtype(op, index);
+  Tensor out = index.to(DType::i64).contiguous();
+  if (out.numel() == 0) return out;
+  const std::int64_t lowest = min(out).item<std::int64_t>();
+  const std::int64_t highest = max(out).item<std::int64_t>();
+  const std::int64_t bad = lowest < 0 ? lowest : highest;
+  SHARDLAB_CHECK(lowest >= 0 && highest < size, "{}: index {} is out of range for {} of size {}", op,
+                 bad, what, size);
+  return out;
+}
+
+Tensor unary(UnaryOp op, const Tensor& x, DType out_dtype) {
+  check_defined(op_name(op), x);
+  Tensor out = empty(x.shape(), TensorOptions{out_dtype, x.device()});
+  if (out.numel() > 0) kernel<&Kernels::unary>(x.device(), op_name(op))(op, x, out);
+  return out;
+}
+
+// exp, log, ...: integers and bools compute in f32, as in PyTorch.
+Tensor unary_floating(UnaryOp op, const Tensor& x) {
+  check_defined(op_name(op), x);
+  const Tensor input = is_floating(x.dtype()) ? x : x.to(DType::f32);
+  return unary(op, input, input.dtype());
+}
+
+// neg, abs, relu: keep the dtype; meaningless on bool.
+Tensor unary_numeric(UnaryOp op, const Tensor& x) {
+  check_defined(op_name(op), x);
+  SHARDLAB_CHECK(x.dtype() != DType::boolean, "{}: not defined for bool tensors", op_name(op));
+  return unary(op, x, x.dtype());
+}
+
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+  const char* name = op_name(op);
+  check_defined(name, a, "first");
+  check_defined(name, b, "second");
+  check_same_device(name, a, b);
+  const Shape shape = broadcast_shapes(name, a.shape(), b.shape());
+  DType dtype = promote_types(a.dtype(), b.dtype());
+  const bool arithmetic = !is_comparison(op) && op != BinaryOp::maximum && op != BinaryOp::minimum;
+  SHARDLAB_CHECK(!(arithmetic && dtype == DType::boolean),
+                 "{}: not defined for bool tensors (cast to an integer or float dtype first)", name);
+  if (op == BinaryOp::div && !is_floating(dtype)) dtype = DType::f32;
+  Tensor out = empty(shape, TensorOptions{is_comparison(op) ? DType::boolean : dtype, a.device()});
+  if (out.numel() > 0) {
+    kernel<&Kernels::binary>(a.device(), name)(op, a.to(dtype).expand(shape),
+                                               b.to(dtype).expand(shape), out);
+  }
+  return out;
+}
+
+Tensor reduce(ReduceOp op, const Tensor& x, const Dims& dims, bool keepdim, DType out_dtype) {
+  const char* name = op_name(op);
+  check_defined(name, x);
+  const Dims reduced = reduction_dims(name, x, dims);
+  Shape kept_shape = x.shape(), squeezed;
+  for (std::int64_t d = 0; d < x.dim(); ++d) {
+    const bool is_reduced = std::binary_search(reduced.begin(), reduced.end(), d);
+    if (is_reduced) {
+      const bool needs_elements = op == ReduceOp::max || op == ReduceOp::min || op == ReduceOp::argmax;
+      SHARDLAB_CHECK(!(needs_elements && x.size(d) == 0),
+                     "{}: cannot reduce over dimension {} of size 0 (shape {})", name, d,
+                     shape_str(x.shape()));
+      kept_shape[d] = 1;
+    } else {
+      squeezed.push_back(x.size(d));
+    }
+  }
+  Tensor out = empty(kept_shape, TensorOptions{out_dtype, x.device()});
+  if (out.numel() > 0) kernel<&Kernels::reduce>(x.device(), name)(op, x, reduced, out);
+  return keepdim ? out : out.view(squeezed);
+}
+
+DType sum_dtype(DType dtype) { return is_floating(dtype) ? dtype : DType::i64; }
+
+}  // namespace
+
+// --- elementwise ---------------------------------------------------------------------------
+
+Tensor neg(const Tensor& x) { return unary_numeric(UnaryOp::neg, x); }
+Tensor abs(const Tensor& x) { return unary_numeric(UnaryOp::abs, x); }
+Tensor relu(const Tensor& x) { return unary_numeric(UnaryOp::relu, x); }
+Tensor exp(const Tensor& x) { return unary_floating(UnaryOp::exp, x); }
+Tensor log(const Tensor& x) { return unary_floating(UnaryOp::log, x); }
+Tensor sqrt(const Tensor& x) { return unary_floating(UnaryOp::sqrt, x); }
+Tensor rsqrt(const Tensor& x) { return unary_floating(UnaryOp::rsqrt, x); }
+Tensor tanh(const Tensor& x) { return unary_floating(UnaryOp::tanh, x); }
+Tensor sigmoid(const Tensor& x) { return unary_floating(UnaryOp::sigmoid, x); }
+Tensor silu(const Tensor& x) { return unary_floating(UnaryOp::silu, x); }
+Tensor gelu(const Tensor& x, GeluApproximation approximate) {
+  return unary_floating(approximate == GeluApproximation::tanh ? UnaryOp::gelu_tanh : UnaryOp::gelu, x);
+}
+
+Tensor isfinite(const Tensor& x) {
+  check_defined("isfinite", x);
+  if (!is_floating(x.dtype())) return full(x.shape(), true, TensorOptions{DType::boolean, x.device()});
+  return unary(UnaryOp::isfinite, x, DType::boolean);
+}
+
+Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> max) {
+  check_defined("clamp", x);
+  SHARDLAB_CHECK(min || max, "clamp: at least one of min and max must be given");
+  Tensor out = x;
+  if (min) out = maximum(out, wrap_scalar(x, *min));
+  if (max) out = minimum(out, wrap_scalar(x, *max));
+  return out;
+}
+
+Tensor cast(const Tensor& x, DType dtype) {
+  check_defined("cast", x);
+  return x.to(dtype);
+}
+
+Tensor add(const Tensor& a, const Tensor& b) { return binary(BinaryOp::add, a, b); }
+Tensor sub(const Tensor& a, const Tensor& b) { return binary(BinaryOp::sub, a, b); }
+Tensor mul(const Tensor& a, const Tensor& b) { return binary(BinaryOp::mul, a, b); }
+Tensor div(const Tensor& a, const Tensor& b) { return binary(BinaryOp::div, a, b); }
+Tensor pow(const Tensor& a, const Tensor& b) { return binary(BinaryOp::pow, a, b); }
+Tensor maximum(const Tensor& a, const Tensor& b) { return binary(BinaryOp::maximum, a, b); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return binary(BinaryOp::minimum, a, b); }
+Tensor eq(const Tensor& a, const Tensor& b) { return binary(BinaryOp::eq, a, b); }
+Tensor ne(const Tensor& a, const Tensor& b) { return binary(BinaryOp::ne, a, b); }
+Tensor lt(const Tensor& a, const Tensor& b) { return binary(BinaryOp::lt, a, b); }
+Tensor le(const Tensor& a, const Tensor& b) { return binary(BinaryOp::le, a, b); }
+Tensor gt(const Tensor& a, const Tensor& b) { return binary(BinaryOp::gt, a, b); }
+Tensor ge(const Tensor& a, const Tensor& b) { return binary(BinaryOp::ge, a, b); }
+
+#define SHARDLAB_SCALAR_OPERAND(name)                                              \
+  Tensor name(const Tensor& a, Scalar b) {                                         \
+    check_defined(#name, a);                                                       \
+    return name(a, wrap_scalar(a, b));                                             \
+  }
+SHARDLAB_SCALAR_OPERAND(add)
+SHARDLAB_SCALAR_OPERAND(sub)
+SHARDLAB_SCALAR_OPERAND(mul)
+SHARDLAB_SCALAR_OPERAND(div)
+SHARDLAB_SCALAR_OPERAND(pow)
+SHARDLAB_SCALAR_OPERAND(eq)
+SHARDLAB_SCALAR_OPERAND(ne)
+SHARDLAB_SCALAR_OPERAND(lt)
+SHARDLAB_SCALAR_OPERAND(le)
+SHARDLAB_SCALAR_OPERAND(gt)
+SHARDLAB_SCALAR_OPERAND(ge)
+#undef SHARDLAB_SCALAR_OPERAND
+
+Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
+  check_defined("where", condition, "condition");
+  check_defined("where", a, "first");
+  check_defined("where", b, "second");
+  SHARDLAB_CHECK(condition.dtype() == DType::boolean, "where: condition must be bool, got {}",
+                 dtype_name(condition.dtype()));
+  check_same_device("where", condition, a);
+  check_same_device("where", a, b);
+  const Shape shape =
+      broadcast_shapes("where", condition.shape(), broadcast_shapes("where", a.shape(), b.shape()));
+  const DType dtype = promote_types(a.dtype(), b.dtype());
+  Tensor out = empty(shape, TensorOptions{dtype, a.device()});
+  if (out.numel() > 0) {
+    kernel<&Kernels::where>(a.device(), "where")(condition.expand(shape), a.to(dtype).expand(shape),
+                                                 b.to(dtype).expand(shape), out);
+  }
+  return out;
+}
+
+Tensor where(const Tensor& condition, const Tensor& a, Scalar b) {
+  check_defined("where", a, "first");
+  return where(condition, a, wrap_scalar(a, b));
+}
+
+Tensor operator-(const Tensor& x) { return neg(x); }
+Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+Tensor operator+(const Tensor& a, Scalar b) { return add(a, b); }
+Tensor operator-(const Tensor& a, Scalar b) { return sub(a, b); }
+Tensor operator*(const Tensor& a, Scalar b) { return mul(a, b); }
+Tensor operator/(const Tensor& a, Scalar b) { return div(a, b); }
+
+// --- reductions ------------------------------------------------------------------------------
+
+Tensor sum(const Tensor& x, const Dims& dims, bool keepdim) {
+  check_defined("sum", x);
+  return reduce(ReduceOp::sum, x, dims, keepdim, sum_dtype(x.dtype()));
+}
+
+Tensor sum_squares(const Tensor& x, const Dims& dims, bool keepdim) {
+  check_defined("sum_squares", x);
+  return reduce(ReduceOp::sum_squares, x, dims, keepdim, sum_dtype(x.dtype()));
+}
+
+Tensor mean(const Tensor& x, const Dims& dims, bool keepdim) {
+  check_defined("mean", x);
+  SHARDLAB_CHECK(is_floating(x.dtype()), "mean: needs a floating dtype, got {} (cast first)",
+                 dtype_name(x.dtype()));
+  return reduce(ReduceOp::mean, x, dims, keepdim, x.dtype());
+}
+
+Tensor max(const Tensor& x, const Dims& dims, bool keepdim) {
+  check_defined("max", x);
+  return reduce(ReduceOp::max, x, dims, keepdim, x.dtype());
+}
+
+Tensor min(const Tensor& x, const Dims& dims, bool keepdim) {
+  check_defined("min", x);
+  return reduce(ReduceOp::min, x, dims, keepdim, x.dtype());
+}
+
+Tensor argmax(const Tensor& x, const Dims& dims, bool keepdim) {
+  check_defined("argmax", x);
+  return reduce(ReduceOp::argmax, x, dims, keepdim, DType::i64);
+}
+
+Tensor logsumexp(const Tensor& x, const Dims& dims, bool keepdim) {
+  check_defined("logsumexp", x);
+  check_floating("logsumexp", x);
+  const Dims reduced = reduction_dims("logsumexp", x, dims);
+  // Subtracting the max keeps exp() in range; an all -inf (or inf) row has a non-finite
+  // max, which is replaced by 0 so the row gives log(0) = -inf (or inf) instead of NaN.
+  const Tensor row_max = max(x, dims, true);
+  const Tensor shift = where(isfinite(row_max), row_max, 0);
+  Tensor out = add(log(sum(exp(sub(x, shift)), dims, true)), shift);
+  if (keepdim) return out;
+  Shape squeezed;
+  for (std::int64_t d = 0; d < x.dim(); ++d) {
+    if (!std::binary_search(reduced.begin(), reduced.end(), d)) squeezed.push_back(x.size(d));
+  }
+  return out.view(squeezed);
+}
+
+// --- matmul ------------------------------------------------------------------------------------
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  check_defined("matmul", a, "first");
+  check_defined("matmul", b, "second");
+  check_same_device("matmul", a, b);
+  SHARDLAB_CHECK(a.dim() >= 1 && b.dim() >= 1,
+                 "matmul: both arguments need at least 1 dimension, got shapes {} and {}",
+                 shape_str(a.shape()), shape_str(b.shape()));
+  SHARDLAB_CHECK(a.dtype() == b.dtype(), "matmul: dtypes differ ({} and {}); cast one first",
+                 dtype_name(a.dtype()), dtype_name(b.dtype()));
+  check_floating("matmul", a);
+  // 1-D operands become a row (left) or column (right) matrix; the added dim is removed
+  // from the result.
+  const Tensor left = a.dim() == 1 ? a.unsqueeze(0) : a;
+  const Tensor right = b.dim() == 1 ? b.unsqueeze(1) : b;
+  const std::int64_t m = left.size(-2), k = left.size(-1), n = right.size(-1);
+  SHARDLAB_CHECK(k == right.size(-2), "matmul: shapes {} and {} cannot be multiplied ({} != {})",
+                 shape_str(a.shape()), shape_str(b.shape()), k, right.size(-2));
+  const Shape batch = broadcast_shapes(
+      "matmul", Shape(left.shape().begin(), left.shape().end() - 2),
+      Shape(right.shape().begin(), right.shape().end() - 2));
+  const std::int64_t batch_count = shape_numel(batch);
+  Shape left_shape = batch, right_shape = batch, out_shape = batch;
+  left_shape.insert(left_shape.end(), {m, k});
+  right_shape.insert(right_shape.end(), {k, n});
+  out_shape.insert(out_shape.end(), {m, n});
+  Tensor out = empty({batch_count, m, n}, TensorOptions{a.dtype(), a.device()});
+  if (out.numel() > 0) {
+    kernel<&Kernels::matmul>(a.device(), "matmul")(
+        left.expand(left_shape).reshape({batch_count, m, k}),
+        right.expand(right_shape).reshape({batch_count, k, n}), out);
+  }
+  out = out.view(out_shape);
+  if (a.dim() == 1) out = out.squeeze(-2);
+  if (b.dim() == 1) out = out.squeeze(-1);
+  return out;
+}
+
+// --- softmax -------------------------------------------------------------------------------
+
+namespace {
+Tensor softmax_impl(const char* op, const Tensor& x, std::int64_t dim, bool log) {
+  check_defined(op, x);
+  check_floating(op, x);
+  if (x.dim() == 0) return softmax_impl(op, x.view({1}), dim, log).view({});
+  const std::int64_t d = wrap_dim(dim, x.dim(), op);
+  Tensor out = empty(x.shape(), TensorOptions{x.dtype(), x.device()});
+  if (out.numel() > 0) kernel<&Kernels::softmax>(x.device(), op)(x, d, log, out);
+  return out;
+}
+}  // namespace
+
+Tensor softmax(const Tensor& x, std::int64_t dim) { return softmax_impl("softmax", x, dim, false); }
+Tensor log_softmax(const Tensor& x, std::int64_t dim) {
+  return softmax_impl("log_softmax", x, dim, true);
+}
+
+// --- convolution and pooling -------------------------------------------------------------------
+
+namespace {
+
+std::int64_t conv_output_size(const char* op, std::int64_t input, std::int64_t kernel,
+                              std::int64_t stride, std::int64_t padding) {
+  const std::int64_t span = input + 2 * padding - kernel;
+  SHARDLAB_CHECK(span >= 0, "{}: kernel size {} does not fit input size {} with padding {}", op,
+                 kernel, input, padding);
+  return span / stride + 1;
+}
+
+void check_conv_params(const char* op, Conv2dParams p) {
+  SHARDLAB_CHECK(p.stride >= 1, "{}: stride must be at least 1, got {}", op, p.stride);
+  SHARDLAB_CHECK(p.padding >= 0, "{}: padding must be non-negative, got {}", op, p.padding);
+}
+
+void check_rank4(const char* op, const Shape& shape, const char* what) {
+  SHARDLAB_CHECK(shape.size() == 4, "{}: {} must be 4-D, got shape {}", op, what, shape_str(shape));
+}
+
+// Output shape of conv2d, after checking input [N, C, H, W] against weight [O, C, KH, KW].
+Shape conv_output_shape(const char* op, const Shape& input, const Shape& weight, Conv2dParams p) {
+  check_conv_params(op, p);
+  check_rank4(op, input, "input [N, C, H, W]");
+  check_rank4(op, weight, "weight [O, C, KH, KW]");
+  SHARDLAB_CHECK(input[1] == weight[1], "{}: input {} has {} channels but weight {} expects {}", op,
+                 shape_str(input), input[1], shape_str(weight), weight[1]);
+  return {input[0], weight[0], conv_output_size(op, input[2], weight[2], p.stride, p.padding),
+          conv_output_size(op, input[3], weight[3], p.stride, p.padding)};
+}
+
+void check_conv_operands(const char* op, const Tensor& a, const Tensor& b) {
+  check_same_device(op, a, b);
+  check_floating(op, a);
+  SHARDLAB_CHECK(a.dtype() == b.dtype(), "{}: dtypes differ ({} and {})", op, dtype_name(a.dtype()),
+                 dtype_name(b.dtype()));
+}
+
+void check_grad_shape(const char* op, const Tensor& grad, const Shape& expected) {
+  SHARDLAB_CHECK(grad.shape() == expected, "{}: grad_output has shape {} but the forward output was {}",
+                 op, shape_str(grad.shape()), shape_str(expected));
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Conv2dParams params) {
+  check_defined("conv2d", input);
+  check_defined("conv2d", weight, "weight");
+  check_conv_operands("conv2d", input, weight);
+  const Shape out_shape = conv_output_shape("conv2d", input.shape(), weight.shape(), params);
+  if (bias.defined()) {
+    check_conv_operands("conv2d", input, bias);
+    SHARDLAB_CHECK(bias.shape() == Shape{weight.size(0)},
+                   "conv2d: bias has shape {} but weight {} needs [{}]", shape_str(bias.shape()),
+                   shape_str(weight.shape()), weight.size(0));
+  }
+  Tensor out = empty(out_shape, TensorOptions{input.dtype(), input.device()});
+  if (out.numel() > 0) {
+    kernel<&Kernels::conv2d>(input.device(), "conv2d")(
+        input.contiguous(), weight.contiguous(), bias.defined() ? bias.contiguous() : bias, params, out);
+  }
+  return out;
+}
+
+Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight,
+                             const Shape& input_shape, Conv2dParams params) {
+  const char* op = "conv2d_backward_input";
+  check_defined(op, grad_output, "grad_output");
+  check_defined(op, weight, "weight");
+  check_conv_operands(op, grad_output, weight);
+  check_grad_shape(op, grad_output, conv_output_shape(op, input_shape, weight.shape(), params));
+  Tensor grad_input = zeros(input_shape, TensorOptions{weight.dtype(), weight.device()});
+  if (grad_output.numel() > 0) {
+    kernel<&Kernels::conv2d_backward_input>(weight.device(), op)(
+        grad_output.contiguous(), weight.contiguous(), params, grad_input);
+  }
+  return grad_input;
+}
+
+Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input,
+                              const Shape& weight_shape, Conv2dParams params) {
+  const char* op = "conv2d_backward_weight";
+  check_defined(op, grad_output, "grad_output");
+  check_defined(op, input);
+  check_conv_operands(op, grad_output, input);
+  check_grad_shape(op, grad_output, conv_output_shape(op, input.shape(), weight_shape, params));
+  Tensor grad_weight = zeros(weight_shape, TensorOptions{input.dtype(), input.device()});
+  if (grad_output.numel() > 0) {
+    kernel<&Kernels::conv2d_backward_weight>(input.device(), op)(
+        grad_output.contiguous(), input.contiguous(), params, grad_weight);
+  }
+  return grad_weight;
+}
+
+MaxPool2dResult max_pool2d(const Tensor& input, MaxPool2dParams params) {
+  const char* op = "max_pool2d";
+  check_defined(op, input);
+  check_rank4(op, input.shape(), "input [N, C, H, W]");
+  SHARDLAB_CHECK(params.kernel_size >= 1, "{}: kernel_size must be at least 1, got {}", op,
+                 params.kernel_size);
+  if (params.stride == 0) params.stride = params.kernel_size;
+  SHARDLAB_CHECK(params.stride >= 1, "{}: stride must be at least 1, got {}", op, params.stride);
+  SHARDLAB_CHECK(params.padding >= 0 && 2 * params.padding <= params.kernel_size,
+                 "{}: padding must be between 0 and half the kernel size {}, got {}", op,
+                 params.kernel_size, params.padding);
+  SHARDLAB_CHECK(input.dtype() != DType::boolean, "{}: not defined for bool tensors", op);
+  const Shape out_shape{input.size(0), input.size(1),
+                        conv_output_size(op, input.size(2), params.kernel_size, params.stride, params.padding),
+                        conv_output_size(op, input.size(3), params.kernel_size, params.stride, params.padding)};
+  MaxPool2dResult result{empty(out_shape, TensorOptions{input.dtype(), input.device()}),
+                         empty(out_shape, TensorOptions{DType::i64, input.device()})};
+  if (result.values.numel() > 0) {
+    kernel<&Kernels::max_pool2d>(input.device(), op)(input.contiguous(), params, result.values,
+                                                     result.indices);
+  }
+  return result;
+}
+
+Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices, const Shape& input_shape) {
+  const char* op = "max_pool2d_backward";
+  check_defined(op, grad_output, "grad_output");
+  check_defined(op, indices, "indices");
+  check_same_device(op, grad_output, indices);
+  check_rank4(op, input_shape, "input shape");
+  SHARDLAB_CHECK(indices.dtype() == DType::i64, "{}: indices must be i64, got {}", op,
+                 dtype_name(indices.dtype()));
+  SHARDLAB_CHECK(grad_output.shape() == indices.shape() && grad_output.dim() == 4 &&
+                     grad_output.size(0) == input_shape[0] && grad_output.size(1) == input_shape[1],
+                 "{}: grad_output {} and indices {} do not match input {}", op,
+                 shape_str(grad_output.shape()), shape_str(indices.shape()), shape_str(input_shape));
+  Tensor grad_input = zeros(input_shape, TensorOptions{grad_output.dtype(), grad_output.device()});
+  if (grad_output.numel() > 0) {
+    kernel<&Kernels::max_pool2d_backward>(grad_output.device(), op)(
+        grad_output.contiguous(), checked_index(op, indices, input_shape[2] * input_shape[3], "an input plane"),
+        grad_input);
+  }
+  return grad_input;
+}
+
+// --- indexing ----------------------------------------------------------------------------------
+
+Tensor index_select(const Tensor& x, std::int64_t dim, const Tensor& index) {
+  const char* op = "index_select";
+  check_defined(op, x);
+  check_defined(op, index, "index");
+  check_same_device(op, x, index);
+  SHARDLAB_CHECK(index.dim() <= 1, "{}: index must be 1-D, got shape {}", op, shape_str(index.shape()));
+  const std::int64_t d = wrap_dim(dim, x.dim(), op);
+  const Tensor flat_index = checked_index(op, index.reshape({-1}), x.size(d), "the dimension");
+  Shape shape = x.shape();
+  shape[d] = flat_index.numel();
+  Tensor out = empty(shape, TensorOptions{x.dtype(), x.device()});
+  if (out.numel() > 0) kernel<&Kernels::index_select>(x.device(), op)(x.contiguous(), d, flat_index, out);
+  return out;
+}
+
+namespace {
+// gather/scatter_add: index has data's rank and is no larger than `bound` outside `dim`.
+void check_scatter_shapes(const char* op, const Tensor& index, const Tensor& bound, std::int64_t dim,
+                          bool including_dim) {
+  SHARDLAB_CHECK(index.dim() == bound.dim(), "{}: index {} must have the same rank as {}", op,
+                 shape_str(index.shape()), shape_str(bound.shape()));
+  for (std::int64_t d = 0; d < index.dim(); ++d) {
+    if (d == dim && !including_dim) continue;
+    SHARDLAB_CHECK(index.size(d) <= bound.size(d),
+                   "{}: index {} is larger than {} in dimension {}", op, shape_str(index.shape()),
+                   shape_str(bound.shape()), d);
+  }
+}
+}  // namespace
+
+Tensor gather(const Tensor& x, std::int64_t dim, const Tensor& index) {
+  const char* op = "gather";
+  check_defined(op, x);
+  check_defined(op, index, "index");
+  check_same_device(op, x, index);
+  const std::int64_t d = wrap_dim(dim, x.dim(), op);
+  check_scatter_shapes(op, index, x, d, false);
+  const Tensor checked = checked_index(op, index, x.size(d), "the dimension");
+  Tensor out = empty(index.shape(), TensorOptions{x.dtype(), x.device()});
+  if (out.numel() > 0) kernel<&Kernels::gather>(x.device(), op)(x.contiguous(), d, checked, out);
+  return out;
+}
+
+Tensor scatter_add(const Tensor& self, std::int64_t dim, const Tensor& index, const Tensor& src) {
+  const char* op = "scatter_add";
+  check_defined(op, self);
+  check_defined(op, index, "index");
+  check_defined(op, src, "src");
+  check_same_device(op, self, index);
+  check_same_device(op, self, src);
+  const std::int64_t d = wrap_dim(dim, self.dim(), op);
+  check_scatter_shapes(op, index, self, d, false);
+  check_scatter_shapes(op, index, src, d, true);
+  const Tensor checked = checked_index(op, index, self.size(d), "the dimension");
+  Tensor out = self.clone();
+  if (checked.numel() > 0) {
+    kernel<&Kernels::scatter_add>(self.device(), op)(out, d, checked, src.to(self.dtype()).contiguous());
+  }
+  return out;
+}
+
+Tensor index_add(const Tensor& self, std::int64_t dim, const Tensor& index, const Tensor& src) {
+  const char* op = "index_add";
+  check_defined(op, self);
+  check_defined(op, index, "index");
+  check_defined(op, src, "src");
+  check_same_device(op, self, index);
+  check_same_device(op, self, src);
+  SHARDLAB_CHECK(index.dim() <= 1, "{}: index must be 1-D, got shape {}", op, shape_str(index.shape()));
+  const std::int64_t d = wrap_dim(dim, self.dim(), op);
+  Shape expected = self.shape();
+  expected[d] = index.numel();
+  SHARDLAB_CHECK(src.shape() == expected, "{}: src has shape {} but self {} with {} indices needs {}",
+                 op, shape_str(src.shape()), shape_str(self.shape()), index.numel(), shape_str(expected));
+  const Tensor checked = checked_index(op, index.reshape({-1}), self.size(d), "the dimension");
+  Tensor out = self.clone();
+  if (src.numel() > 0) {
+    kernel<&Kernels::index_add>(self.device(), op)(out, d, checked, src.to(self.dtype()).contiguous());
+  }
+  return out;
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  const char* op = "embedding";
+  check_defined(op, weight, "weight");
+  check_defined(op, indices, "indices");
+  SHARDLAB_CHECK(weight.dim() == 2, "{}: weight must be 2-D [num_embeddings, dim], got {}", op,
+                 shape_str(weight.shape()));
+  // Checked here too so an out-of-range token id is reported as embedding's.
+  const Tensor rows = checked_index(op, indices.reshape({-1}), weight.size(0), "the embedding table");
+  Shape shape = indices.shape();
+  shape.push_back(weight.size(1));
+  return index_select(weight, 0, rows).view(shape);
+}
+
+Tensor embedding_backward(const Tensor& grad, const Tensor& indices, std::int64_t num_embeddings) {
+  const char* op = "embedding_backward";
+  check_defined(op, grad, "grad");
+  check_defined(op, indices, "indices");
+  SHARDLAB_CHECK(grad.dim() == indices.dim() + 1 &&
+                     Shape(grad.shape().begin(), grad.shape().end() - 1) == indices.shape(),
+                 "{}: grad {} does not match indices {} plus an embedding dim", op,
+                 shape_str(grad.shape()), shape_str(indices.shape()));
+  SHARDLAB_CHECK(num_embeddings >= 0, "{}: num_embeddings must be non-negative, got {}", op, num_embeddings);
+  const Tensor rows = checked_index(op, indices.reshape({-1}), num_embeddings, "the embedding table");
+  const std::int64_t width = grad.size(-1);
+  const Tensor table = zeros({num_embeddings, width}, TensorOptions{grad.dtype(), grad.device()});
+  return index_add(table, 0, rows, grad.reshape({-1, width}));
+}
+
+// --- joining and splitting -------------------------------------------------------------------
+
+Tensor cat(const std::vector<Tensor>& tensors, std::int64_t dim) {
+  SHARDLAB_CHECK(!tensors.empty(), "cat: needs at least one tensor");
+  const Tensor& first = tensors.front();
+  check_defined("cat", first);
+  const std::int64_t d = wrap_dim(dim, first.dim(), "cat");
+  Shape shape = first.shape();
+  shape[d] = 0;
+  DType dtype = first.dtype();
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    check_defined("cat", t);
+    check_same_device("cat", first, t);
+    bool matches = t.dim() == first.dim();
+    for (std::int64_t k = 0; matches && k < t.dim(); ++k) matches = k == d || t.size(k) == first.size(k);
+    SHARDLAB_CHECK(matches, "cat: tensor {} has shape {} but tensor 0 has {} (they must match except in dimension {})",
+                   i, shape_str(t.shape()), shape_str(first.shape()), d);
+    shape[d] += t.size(d);
+    dtype = promote_types(dtype, t.dtype());
+  }
+  Tensor out = empty(shape, TensorOptions{dtype, first.device()});
+  std::int64_t offset = 0;
+  for (const Tensor& t : tensors) {
+    out.narrow(d, offset, t.size(d)).copy_(t);
+    offset += t.size(d);
+  }
+  return out;
+}
+
+Tensor stack(const std::vector<Tensor>& tensors, std::int64_t dim) {
+  SHARDLAB_CHECK(!tensors.empty(), "stack: needs at least one tensor");
+  check_defined("stack", tensors.front());
+  const std::int64_t d = wrap_dim(dim, tensors.front().dim() + 1, "stack");
+  std::vector<Tensor> expanded;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    check_defined("stack", tensors[i]);
+    SHARDLAB_CHECK(tensors[i].shape() == tensors.front().shape(),
+                   "stack: tensor {} has shape {} but tensor 0 has {}", i,
+                   shape_str(tensors[i].shape()), shape_str(tensors.front().shape()));
+    expanded.push_back(tensors[i].unsqueeze(d));
+  }
+  return cat(expanded, d);
+}
+
+std::vector<Tensor> split(const Tensor& x, std::int64_t split_size, std::int64_t dim) {
+  check_defined("split", x);
+  const std::int64_t d = wrap_dim(dim, x.dim(), "split");
+  SHARDLAB_CHECK(split_size > 0, "split: split_size must be positive, got {}", split_size);
+  std::vector<Tensor> pieces;
+  for (std::int64_t start = 0; start < x.size(d); start += split_size) {
+    pieces.push_back(x.narrow(d, start, std::min(split_size, x.size(d) - start)));
+  }
+  return pieces;
+}
+
+std::vector<Tensor> chunk(const Tensor& x, std::int64_t chunks, std::int64_t dim) {
+  check_defined("chunk", x);
+  SHARDLAB_CHECK(chunks > 0, "chunk: number of chunks must be positive, got {}", chunks);
+  const std::int64_t size = x.size(wrap_dim(dim, x.dim(), "chunk"));
+  return split(x, std::max<std::int64_t>(1, (size + chunks - 1) / chunks), dim);
+}
+
+namespace {
+// Keeps x where (column - row) compares true against `diagonal` in the last two dims.
+Tensor triangle(const char* op, const Tensor& x, std::int64_t diagonal, bool upper) {
+  check_defined(op, x);
+  SHARDLAB_CHECK(x.dim() >= 2, "{}: needs at least 2 dims, got shape {}", op, shape_str(x.shape()));
+  const TensorOptions options{DType::i64, x.device()};
+  const Tensor rows = arange(x.size(-2), options).unsqueeze(1);
+  const Tensor columns = arange(x.size(-1), options).unsqueeze(0);
+  const Tensor offset = sub(columns, rows);
+  const Tensor keep = upper ? ge(offset, diagonal) : le(offset, diagonal);
+  return where(keep, x, zeros({}, TensorOptions{x.dtype(), x.device()}));
+}
+}  // namespace
+
+Tensor triu(const Tensor& x, std::int64_t diagonal) { return triangle("triu", x, diagonal, true); }
+Tensor tril(const Tensor& x, std::int64_t diagonal) { return triangle("tril", x, diagonal, false); }
+
+// --- loss building blocks ----------------------------------------------------------------------
+
+Tensor gather_targets(const Tensor& values, const Tensor& targets, std::int64_t ignore_index) {
+  const char* op = "gather_targets";
+  check_defined(op, values, "values");
+  check_defined(op, targets, "targets");
+  SHARDLAB_CHECK(values.dim() == 2, "{}: values must be 2-D [N, C], got {}", op, shape_str(values.shape()));
+  SHARDLAB_CHECK(targets.dim() == 1, "{}: targets must be 1-D [N], got {}", op, shape_str(targets.shape()));
+  check_index_dtype(op, targets);
+  SHARDLAB_CHECK(values.size(0) == targets.size(0),
+                 "{}: values {} and targets {} disagree on the batch size ({} != {})", op,
+                 shape_str(values.shape()), shape_str(targets.shape()), values.size(0), targets.size(0));
+  const Tensor kept = ne(targets, ignore_index);
+  const Tensor safe = where(kept, targets.to(DType::i64), 0);
+  if (safe.numel() > 0) {
+    const std::int64_t lowest = min(safe).item<std::int64_t>(), highest = max(safe).item<std::int64_t>();
+    SHARDLAB_CHECK(lowest >= 0 && highest < values.size(1),
+                   "{}: target {} is out of range for {} classes (ignore_index is {})", op,
+                   lowest < 0 ? lowest : highest, values.size(1), ignore_index);
+  }
+  const Tensor picked = gather(values, 1, safe.unsqueeze(1)).squeeze(1);
+  return where(kept, picked, zeros({}, TensorOptions{values.dtype(), values.device()}));
+}
+
+}  // namespace shardlab

@@ -1,0 +1,158 @@
+// core/ops.h: the tensor operations. Each validates its inputs, allocates its output and
+// runs the kernel of the input's device (core/kernels.h).
+//
+// Elementwise ops broadcast like NumPy and promote dtypes (promote_types); a Scalar operand
+// takes the tensor's dtype unless it is floating and the tensor is not (then f32).
+// Reductions take any set of dims (empty = all) and keepdim.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace shardlab {
+
+using Dims = std::vector<std::int64_t>;
+
+// --- elementwise: unary --------------------------------------------------------------------
+// Integer and bool inputs of exp/log/sqrt/rsqrt/tanh/sigmoid/silu/gelu compute in f32.
+Tensor neg(const Tensor& x);
+Tensor abs(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor rsqrt(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor relu(const Tensor& x);
+Tensor silu(const Tensor& x);
+enum class GeluApproximation : unsigned char { none, tanh };
+Tensor gelu(const Tensor& x, GeluApproximation approximate = GeluApproximation::none);
+Tensor isfinite(const Tensor& x);  // bool
+Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> max);
+Tensor cast(const Tensor& x, DType dtype);
+
+// --- elementwise: binary (broadcasting) ----------------------------------------------------
+// div of integers is true division (result f32), as in PyTorch.
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& a, const Tensor& b);
+Tensor maximum(const Tensor& a, const Tensor& b);  // NaN propagates
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, Scalar b);
+Tensor sub(const Tensor& a, Scalar b);
+Tensor mul(const Tensor& a, Scalar b);
+Tensor div(const Tensor& a, Scalar b);
+Tensor pow(const Tensor& a, Scalar exponent);
+// Comparisons give bool.
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, Scalar b);
+Tensor ne(const Tensor& a, Scalar b);
+Tensor lt(const Tensor& a, Scalar b);
+Tensor le(const Tensor& a, Scalar b);
+Tensor gt(const Tensor& a, Scalar b);
+Tensor ge(const Tensor& a, Scalar b);
+// condition ? a : b, elementwise; condition is bool; all three broadcast together.
+Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b);
+Tensor where(const Tensor& condition, const Tensor& a, Scalar b);
+
+Tensor operator-(const Tensor& x);
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator+(const Tensor& a, Scalar b);
+Tensor operator-(const Tensor& a, Scalar b);
+Tensor operator*(const Tensor& a, Scalar b);
+Tensor operator/(const Tensor& a, Scalar b);
+
+// --- reductions ------------------------------------------------------------------------------
+// sum of integers and bools gives i64; mean needs a floating input. Floating sums
+// accumulate in double on CPU.
+Tensor sum(const Tensor& x, const Dims& dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& x, const Dims& dims = {}, bool keepdim = false);
+Tensor sum_squares(const Tensor& x, const Dims& dims = {}, bool keepdim = false);
+Tensor max(const Tensor& x, const Dims& dims = {}, bool keepdim = false);  // NaN propagates
+Tensor min(const Tensor& x, const Dims& dims = {}, bool keepdim = false);
+// i64 index of the first maximum within the reduced dims, counted in row-major order over
+// those dims (the usual index when one dim is reduced).
+Tensor argmax(const Tensor& x, const Dims& dims = {}, bool keepdim = false);
+// log(sum(exp(x))) computed stably; rows of -inf give -inf.
+Tensor logsumexp(const Tensor& x, const Dims& dims, bool keepdim = false);
+
+// --- linear algebra and neural-network building blocks ---------------------------------------
+// torch.matmul semantics: 1-D operands are promoted and the added dim removed; leading
+// (batch) dims broadcast. Floating dtypes only; bf16/f16 accumulate in f32.
+Tensor matmul(const Tensor& a, const Tensor& b);
+
+Tensor softmax(const Tensor& x, std::int64_t dim);
+Tensor log_softmax(const Tensor& x, std::int64_t dim);
+
+struct Conv2dParams {
+  std::int64_t stride = 1;
+  std::int64_t padding = 0;
+};
+// input [N, C, H, W], weight [O, C, KH, KW], optional bias [O] -> [N, O, OH, OW].
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = {},
+              Conv2dParams params = {});
+// The two gradients of conv2d (bias gradient is sum(grad_output, {0, 2, 3})).
+Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight,
+                             const Shape& input_shape, Conv2dParams params = {});
+Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input,
+                              const Shape& weight_shape, Conv2dParams params = {});
+
+struct MaxPool2dParams {
+  std::int64_t kernel_size = 2;
+  std::int64_t stride = 0;  // 0 means kernel_size, as in PyTorch
+  std::int64_t padding = 0;
+};
+struct MaxPool2dResult {
+  Tensor values;   // [N, C, OH, OW]
+  Tensor indices;  // i64, flat index h * W + w of each maximum within its input plane
+};
+MaxPool2dResult max_pool2d(const Tensor& input, MaxPool2dParams params = {});
+Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices,
+                           const Shape& input_shape);
+
+// weight [V, D], indices (i64/i32, any shape) -> [..., D].
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+// Sums the rows of grad [..., D] into a [num_embeddings, D] gradient (scatter-add).
+Tensor embedding_backward(const Tensor& grad, const Tensor& indices, std::int64_t num_embeddings);
+
+// index is 1-D (i64/i32); picks slices of x along dim.
+Tensor index_select(const Tensor& x, std::int64_t dim, const Tensor& index);
+// out[i][j] = x[i][index[i][j]] (dim 1); index has x's rank, no larger in other dims.
+Tensor gather(const Tensor& x, std::int64_t dim, const Tensor& index);
+// A copy of self with src added at the positions index names along dim (gather's adjoint).
+Tensor scatter_add(const Tensor& self, std::int64_t dim, const Tensor& index, const Tensor& src);
+// A copy of self with src.select(dim, j) added to self.select(dim, index[j]).
+Tensor index_add(const Tensor& self, std::int64_t dim, const Tensor& index, const Tensor& src);
+
+Tensor cat(const std::vector<Tensor>& tensors, std::int64_t dim);
+Tensor stack(const std::vector<Tensor>& tensors, std::int64_t dim);
+// Views of pieces of split_size along dim (the last may be smaller).
+std::vector<Tensor> split(const Tensor& x, std::int64_t split_size, std::int64_t dim);
+// `chunks` views of equal size along dim, the last smaller if needed (torch.chunk).
+std::vector<Tensor> chunk(const Tensor& x, std::int64_t chunks, std::int64_t dim);
+
+// Keep elements on and above (triu) / on and below (tril) the diagonal-th diagonal of the
+// last two dims, zero elsewhere.
+Tensor triu(const Tensor& x, std::int64_t diagonal = 0);
+Tensor tril(const Tensor& x, std::int64_t diagonal = 0);
+
+// --- loss building blocks -----------------------------------------------------------------------
+// values [N, C], targets [N] (i64/i32) -> [N]: values[i, targets[i]], or 0 where
+// targets[i] == ignore_index. Targets outside [0, C) are an error.
+Tensor gather_targets(const Tensor& values, const Tensor& targets, std::int64_t ignore_index = -100);
+
+}  // namespace shardlab

@@ -1,0 +1,185 @@
+// core/parallel.cpp: a small fixed thread pool for CPU kernels, sized per process.
+#include "core/parallel.h"
+
+#include <cblas.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+
+namespace shardlab {
+namespace {
+
+thread_local bool inside_parallel_region = false;
+
+int cores_given_to_process() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) {
+    return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  }
+  return std::max(1, CPU_COUNT(&set));
+}
+
+int default_thread_count() {
+  if (const char* text = std::getenv("SHARDLAB_NUM_THREADS")) {
+    const int threads = std::atoi(text);
+    SHARDLAB_CHECK(threads > 0, "SHARDLAB_NUM_THREADS must be a positive integer, got '{}'", text);
+    return threads;
+  }
+  const int cores = cores_given_to_process();
+  // A process that mpirun did not pin sees every core of the node; share them among the
+  // node's ranks so two ranks on two cores use one each instead of fighting over both.
+  const char* local_size = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const int hardware = static_cast<int>(std::thread::hardware_concurrency());
+  if (local_size != nullptr && cores == hardware) {
+    return std::max(1, cores / std::max(1, std::atoi(local_size)));
+  }
+  return cores;
+}
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int threads) { start(threads); }
+  ~ThreadPool() { stop(); }
+
+  int size() const { return size_; }
+
+  void resize(int threads) {
+    stop();
+    start(threads);
+  }
+
+  void submit(std::function<void()> task) {
+    {
+      std::lock_guard lock(mutex_);
+      tasks_.push_back(std::move(task));
+    }
+    wake_.notify_one();
+  }
+
+ private:
+  void start(int threads) {
+    size_ = threads;
+    stopping_ = false;
+    for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { work(); });
+  }
+
+  void stop() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    for (auto& worker : workers_) worker.join();
+    workers_.clear();
+  }
+
+  void work() {
+    inside_parallel_region = true;  // nested parallel_for in a worker runs serially
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+        if (tasks_.empty()) return;
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      task();
+    }
+  }
+
+  int size_ = 1;
+  bool stopping_ = false;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::function<void()>> tasks_;
+  std::vector<std::thread> workers_;
+};
+
+std::mutex pool_mutex;
+
+ThreadPool& pool() {
+  static ThreadPool instance([] {
+    const int threads = default_thread_count();
+    openblas_set_num_threads(threads);
+    return threads;
+  }());
+  return instance;
+}
+
+// Completion of one parallel_for: chunks left and the first exception thrown.
+struct Job {
+  std::mutex mutex;
+  std::condition_variable done;
+  std::int64_t remaining = 0;
+  std::exception_ptr error;
+
+  void finish(std::exception_ptr chunk_error) {
+    std::lock_guard lock(mutex);
+    if (chunk_error && !error) error = chunk_error;
+    if (--remaining == 0) done.notify_all();
+  }
+};
+
+}  // namespace
+
+int num_threads() { return pool().size(); }
+
+void set_num_threads(int threads) {
+  SHARDLAB_CHECK(threads > 0, "set_num_threads: need at least 1 thread, got {}", threads);
+  std::lock_guard lock(pool_mutex);
+  pool().resize(threads);
+  openblas_set_num_threads(threads);
+}
+
+void parallel_for(std::int64_t begin, std::int64_t end, std::int64_t grain,
+                  const std::function<void(std::int64_t, std::int64_t)>& fn) {
+  const std::int64_t count = end - begin;
+  if (count <= 0) return;
+  const std::int64_t max_chunks = (count + std::max<std::int64_t>(grain, 1) - 1) /
+                                  std::max<std::int64_t>(grain, 1);
+  const std::int64_t chunks = std::min<std::int64_t>(pool().size(), max_chunks);
+  if (chunks <= 1 || inside_parallel_region) {
+    fn(begin, end);
+    return;
+  }
+  auto job = std::make_shared<Job>();
+  job->remaining = chunks;
+  const auto chunk_range = [&](std::int64_t chunk) {
+    return std::pair{begin + count * chunk / chunks, begin + count * (chunk + 1) / chunks};
+  };
+  auto run_chunk = [job, &fn](std::int64_t lo, std::int64_t hi) {
+    std::exception_ptr error;
+    try {
+      fn(lo, hi);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    job->finish(error);
+  };
+  for (std::int64_t chunk = 1; chunk < chunks; ++chunk) {
+    const auto [lo, hi] = chunk_range(chunk);
+    pool().submit([run_chunk, lo, hi] { run_chunk(lo, hi); });
+  }
+  inside_parallel_region = true;
+  const auto [lo, hi] = chunk_range(0);
+  run_chunk(lo, hi);
+  inside_parallel_region = false;
+  std::unique_lock lock(job->mutex);
+  job->done.wait(lock, [&] { return job->remaining == 0; });
+  if (job->error) std::rethrow_exception(job->error);
+}
+
+}  // namespace shardlab

@@ -1,0 +1,48 @@
+// core/random.cpp: random tensor factories over the device's Philox kernel.
+#include "core/random.h"
+
+#include "core/kernels.h"
+
+namespace shardlab {
+namespace {
+
+Tensor draw(const char* op, const Shape& shape, const RandomSpec& spec, TensorOptions options,
+            bool floating_only) {
+  SHARDLAB_CHECK(!floating_only || is_floating(options.dtype), "{}: needs a floating dtype, got {}", op,
+                 dtype_name(options.dtype));
+  SHARDLAB_CHECK(spec.first_index >= 0, "{}: first_index must be non-negative, got {}", op, spec.first_index);
+  Tensor out = empty(shape, options);
+  fill_random(out, spec);
+  return out;
+}
+
+}  // namespace
+
+void fill_random(const Tensor& out, const RandomSpec& spec) {
+  SHARDLAB_CHECK(out.is_contiguous(), "fill_random: output must be contiguous, got shape {} strides {}",
+                 shape_str(out.shape()), shape_str(out.strides()));
+  if (out.numel() == 0) return;
+  const auto fn = kernels_for(out.device()).random;
+  SHARDLAB_CHECK(fn != nullptr, "fill_random: not supported on {} (no kernel for it in this build)",
+                 out.device().str());
+  fn(spec, out);
+}
+
+Tensor uniform(const Shape& shape, RandomKey key, double low, double high, TensorOptions options,
+               std::int64_t first_index) {
+  SHARDLAB_CHECK(low <= high, "uniform: low {} is above high {}", low, high);
+  return draw("uniform", shape, RandomSpec{Distribution::uniform, key, low, high, first_index}, options, true);
+}
+
+Tensor normal(const Shape& shape, RandomKey key, double mean, double std, TensorOptions options,
+              std::int64_t first_index) {
+  SHARDLAB_CHECK(std >= 0, "normal: std must be non-negative, got {}", std);
+  return draw("normal", shape, RandomSpec{Distribution::normal, key, mean, std, first_index}, options, true);
+}
+
+Tensor bernoulli(const Shape& shape, RandomKey key, double p, TensorOptions options, std::int64_t first_index) {
+  SHARDLAB_CHECK(p >= 0 && p <= 1, "bernoulli: p must be in [0, 1], got {}", p);
+  return draw("bernoulli", shape, RandomSpec{Distribution::bernoulli, key, p, 0.0, first_index}, options, false);
+}
+
+}  // namespace shardlab

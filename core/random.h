@@ -1,0 +1,40 @@
+// core/random.h: counter-based random tensors (Philox4x32-10, core/philox.h).
+//
+// A draw is named by RandomKey{seed, stream}; element i of the tensor is draw number
+// first_index + i. So a rank can generate elements [r*S, (r+1)*S) of a parameter alone,
+// with first_index = r*S, and get exactly those elements of the full tensor, on any device.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace shardlab {
+
+struct RandomKey {
+  std::uint64_t seed = 0;
+  std::uint64_t stream = 0;
+};
+
+enum class Distribution : unsigned char { uniform, normal, bernoulli };
+
+struct RandomSpec {
+  Distribution distribution = Distribution::uniform;
+  RandomKey key;
+  double a = 0.0;  // uniform: low;  normal: mean; bernoulli: p
+  double b = 1.0;  // uniform: high; normal: std
+  std::int64_t first_index = 0;
+};
+
+// Uniform on [low, high). f32/bf16/f16 use 24 random bits per element, f64 uses 53.
+Tensor uniform(const Shape& shape, RandomKey key, double low = 0.0, double high = 1.0,
+               TensorOptions options = {}, std::int64_t first_index = 0);
+Tensor normal(const Shape& shape, RandomKey key, double mean = 0.0, double std = 1.0,
+              TensorOptions options = {}, std::int64_t first_index = 0);
+// 1 with probability p, else 0, in options.dtype (bool allowed).
+Tensor bernoulli(const Shape& shape, RandomKey key, double p, TensorOptions options = {},
+                 std::int64_t first_index = 0);
+// Fills a contiguous tensor in place with the draws of `spec`.
+void fill_random(const Tensor& out, const RandomSpec& spec);
+
+}  // namespace shardlab

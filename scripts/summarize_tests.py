@@ -1,0 +1,36 @@
+#!/usr/bin/env python3
+"""scripts/summarize_tests.py: adds up the test binaries' results from meson's testlog.json.
+
+Every test binary (tests/main.cpp) prints "<name>: N passed, N failed, N skipped" for its
+test cases. A binary that crashed, timed out or printed no such line counts as one failure,
+so a broken run can never look green. Prints the closing line and exits 1 on any failure.
+"""
+import json
+import re
+import sys
+
+SUMMARY = re.compile(r"^\S+: (\d+) passed, (\d+) failed, (\d+) skipped$", re.MULTILINE)
+
+
+def main(log_path):
+    passed = failed = skipped = 0
+    with open(log_path, encoding="utf-8") as log:
+        runs = [json.loads(line) for line in log if line.strip()]
+    if not runs:
+        print(f"summarize_tests: no test ran ({log_path} is empty)")
+        failed += 1
+    for run in runs:
+        lines = SUMMARY.findall(run.get("stdout") or "")
+        counts = [sum(int(line[i]) for line in lines) for i in range(3)]
+        binary_ok = run["result"] == "OK"
+        if not lines or (not binary_ok and counts[1] == 0):
+            print(f"summarize_tests: {run['name']} ended with {run['result']} "
+                  f"({'no summary line' if not lines else 'after its summary'})")
+            counts[1] += 1
+        passed, failed, skipped = passed + counts[0], failed + counts[1], skipped + counts[2]
+    print(f"{passed} passed, {failed} failed, {skipped} skipped")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

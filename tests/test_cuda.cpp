@@ -1,0 +1,444 @@
+// tests/test_cuda.cpp: the CUDA kernels against the CPU reference, streams and events, the CUDA
+// caching allocator, and how CUDA reports itself on a machine without a usable GPU.
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/caching_allocator.h"
+#include "core/cuda/runtime.h"
+#include "core/kernels.h"
+#include "tests/cuda_compare.h"
+
+namespace shardlab {
+namespace {
+
+using test::compare_cuda_with_cpu;
+using test::Inputs;
+using test::random_tensor;
+using test::Tolerance;
+
+const Device kCuda = Device::cuda(0);
+const Device kCpu = Device::cpu();
+constexpr DType kAllDTypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16,
+                                DType::i64, DType::i32, DType::u8,   DType::boolean};
+constexpr DType kFloatingDTypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16};
+
+// --- without a GPU: these run in CI ------------------------------------------------------------
+
+TEST_CASE("cuda availability is answered without throwing") {
+  bool is_available = false;
+  REQUIRE_NOTHROW(is_available = cuda::available());
+  if (is_available) {
+    CHECK(cuda::device_count() > 0);
+    CHECK(cuda::unavailable_reason().empty());
+  } else {
+    CHECK(cuda::device_count() == 0);
+    CHECK_FALSE(cuda::unavailable_reason().empty());
+  }
+}
+
+TEST_CASE("an unusable CUDA device is refused with an Error naming it and the reason") {
+  if (!cuda::available()) {
+    const std::string reason = cuda::unavailable_reason();
+    CHECK_THROWS_ERROR(empty({2, 3}, device(kCuda)), "cuda:0");
+    CHECK_THROWS_ERROR(empty({2, 3}, device(kCuda)), reason);
+    CHECK_THROWS_ERROR(ones({4}).to(kCuda), reason);
+    CHECK_THROWS_ERROR(cuda::Stream(0), reason);
+    CHECK_THROWS_ERROR(cuda::Event(0), reason);
+    CHECK_THROWS_ERROR(cuda::current_stream(0), reason);
+    CHECK_THROWS_ERROR(cuda::device_allocator(0), reason);
+  }
+  // With or without a GPU, an index past the last device is refused by name.
+  const int missing = cuda::device_count();
+  const std::string name = Device::cuda(missing).str();
+  CHECK_THROWS_ERROR(cuda::Stream(missing), name);
+  CHECK_THROWS_ERROR(empty({2}, device(Device::cuda(missing))), name);
+}
+
+// --- helpers ---------------------------------------------------------------------------------
+
+// Both tensors, brought to the CPU, hold the same bytes.
+void check_same_bits(const Tensor& actual, const Tensor& expected) {
+  const Tensor a = actual.to(kCpu).contiguous();
+  const Tensor e = expected.to(kCpu).contiguous();
+  REQUIRE(a.dtype() == e.dtype());
+  REQUIRE(a.shape() == e.shape());
+  REQUIRE(a.numel() > 0);
+  const auto nbytes = static_cast<std::size_t>(a.numel()) * a.element_size();
+  CHECK(std::memcmp(a.raw_data(), e.raw_data(), nbytes) == 0);
+}
+
+// Values every conversion between our dtypes defines the same way on both devices: [0, 200),
+// fractional where the dtype allows.
+Tensor castable_values(const Shape& shape, DType dtype, std::uint64_t seed) {
+  return random_tensor(shape, seed, DType::f64, 0.0, 200.0).to(dtype);
+}
+
+// Values of dtype in [low, high); integers truncate, bools are about half true.
+Tensor values_in(const Shape& shape, DType dtype, std::uint64_t seed, double low, double high) {
+  if (dtype == DType::boolean) return gt(random_tensor(shape, seed), 0.0);
+  return random_tensor(shape, seed, DType::f64, low, high).to(dtype);
+}
+
+// The shape cases every elementwise op runs on: scalars, sizes below and not a multiple of
+// the block size, and a [13, 257] operand used transposed (non-contiguous) on both devices.
+struct ShapeCase {
+  Shape a;
+  Shape b;
+  bool transpose_a = false;
+};
+const std::vector<ShapeCase> kShapeCases = {
+    {{}, {}},
+    {{1}, {1}},
+    {{7}, {7}},
+    {{7}, {1}},
+    {{13, 257}, {13, 257}},
+    {{3, 1, 5}, {4, 5}},
+    {{257, 13}, {13, 257}, true},
+};
+
+Tensor maybe_transposed(const Tensor& t, bool transpose) {
+  return transpose ? t.transpose(0, 1) : t;
+}
+
+// --- unary -------------------------------------------------------------------------------------
+
+constexpr UnaryOp kUnaryOps[] = {
+    UnaryOp::neg,  UnaryOp::abs,     UnaryOp::exp,  UnaryOp::log,  UnaryOp::sqrt,
+    UnaryOp::rsqrt, UnaryOp::tanh,   UnaryOp::sigmoid, UnaryOp::relu, UnaryOp::silu,
+    UnaryOp::gelu, UnaryOp::gelu_tanh, UnaryOp::isfinite};
+
+Tensor apply_unary(UnaryOp op, const Tensor& x) {
+  switch (op) {
+    case UnaryOp::neg: return neg(x);
+    case UnaryOp::abs: return abs(x);
+    case UnaryOp::exp: return exp(x);
+    case UnaryOp::log: return log(x);
+    case UnaryOp::sqrt: return sqrt(x);
+    case UnaryOp::rsqrt: return rsqrt(x);
+    case UnaryOp::tanh: return tanh(x);
+    case UnaryOp::sigmoid: return sigmoid(x);
+    case UnaryOp::relu: return relu(x);
+    case UnaryOp::silu: return silu(x);
+    case UnaryOp::gelu: return gelu(x);
+    case UnaryOp::gelu_tanh: return gelu(x, GeluApproximation::tanh);
+    case UnaryOp::isfinite: return isfinite(x);
+  }
+  __builtin_unreachable();  // every enumerator is handled above
+}
+
+bool needs_positive_input(UnaryOp op) {
+  return op == UnaryOp::log || op == UnaryOp::sqrt || op == UnaryOp::rsqrt;
+}
+
+TEST_CASE("cuda matches cpu: every unary op on every floating dtype", "[cuda]") {
+  const std::vector<double> special = {0.0, -0.0, 1.0, -2.5, 1e-30, 1e300, -1e300,
+                                       std::numeric_limits<double>::infinity(),
+                                       -std::numeric_limits<double>::infinity(),
+                                       std::numeric_limits<double>::quiet_NaN()};
+  for (const DType dtype : kFloatingDTypes) {
+    for (const UnaryOp op : kUnaryOps) {
+      INFO(op_name(op) << " on " << dtype_name(dtype));
+      const auto fn = [op](bool transpose) {
+        return [op, transpose](const Inputs& x) {
+          return apply_unary(op, maybe_transposed(x[0], transpose));
+        };
+      };
+      const double low = needs_positive_input(op) ? 0.1 : -4.0;
+      std::uint64_t seed = 100;
+      for (const ShapeCase& shapes : kShapeCases) {
+        compare_cuda_with_cpu({values_in(shapes.a, dtype, ++seed, low, 4.0)},
+                              fn(shapes.transpose_a));
+      }
+      // Infinities, NaN, signed zeros and overflow in the dtype: both devices agree on them too.
+      compare_cuda_with_cpu({from_vector(special).to(dtype)}, fn(false));
+    }
+  }
+}
+
+TEST_CASE("cuda matches cpu: neg, abs and relu on integers", "[cuda]") {
+  for (const DType dtype : {DType::i64, DType::i32, DType::u8}) {
+    for (const UnaryOp op : {UnaryOp::neg, UnaryOp::abs, UnaryOp::relu}) {
+      INFO(op_name(op) << " on " << dtype_name(dtype));
+      const double low = dtype == DType::u8 ? 0.0 : -100.0;
+      compare_cuda_with_cpu({values_in({13, 257}, dtype, 7, low, 250.0)}, [op](const Inputs& x) {
+        return apply_unary(op, x[0].transpose(0, 1));
+      });
+    }
+  }
+}
+
+// --- binary ------------------------------------------------------------------------------------
+
+constexpr BinaryOp kBinaryOps[] = {
+    BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div, BinaryOp::pow,
+    BinaryOp::maximum, BinaryOp::minimum, BinaryOp::eq, BinaryOp::ne, BinaryOp::lt,
+    BinaryOp::le, BinaryOp::gt, BinaryOp::ge};
+
+Tensor apply_binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+  switch (op) {
+    case BinaryOp::add: return add(a, b);
+    case BinaryOp::sub: return sub(a, b);
+    case BinaryOp::mul: return mul(a, b);
+    case BinaryOp::div: return div(a, b);
+    case BinaryOp::pow: return pow(a, b);
+    case BinaryOp::maximum: return maximum(a, b);
+    case BinaryOp::minimum: return minimum(a, b);
+    case BinaryOp::eq: return eq(a, b);
+    case BinaryOp::ne: return ne(a, b);
+    case BinaryOp::lt: return lt(a, b);
+    case BinaryOp::le: return le(a, b);
+    case BinaryOp::gt: return gt(a, b);
+    case BinaryOp::ge: return ge(a, b);
+  }
+  __builtin_unreachable();  // every enumerator is handled above
+}
+
+// The op layer refuses arithmetic on bools; maximum, minimum and comparisons are defined.
+bool defined_on_bool(BinaryOp op) {
+  return is_comparison(op) || op == BinaryOp::maximum || op == BinaryOp::minimum;
+}
+
+// Operands on which op is defined alike on both devices: positive bases for floating pow,
+// small bases and exponents >= 0 for integer pow, small integers elsewhere (u8 wraps).
+Tensor binary_operand(BinaryOp op, DType dtype, const Shape& shape, std::uint64_t seed,
+                      bool is_exponent) {
+  double low = -20.0, high = 20.0;
+  if (is_floating(dtype)) {
+    low = op == BinaryOp::pow && !is_exponent ? 0.1 : -3.0;
+    high = 3.0;
+  } else if (op == BinaryOp::pow) {
+    low = is_exponent || dtype == DType::u8 ? 0.0 : -4.0;
+    high = is_exponent ? 6.0 : 5.0;
+  } else if (dtype == DType::u8) {
+    low = 0.0;
+    high = 200.0;
+  }
+  return values_in(shape, dtype, seed, low, high);
+}
+
+TEST_CASE("cuda matches cpu: every binary op on every dtype, broadcast and strided", "[cuda]") {
+  for (const DType dtype : kAllDTypes) {
+    for (const BinaryOp op : kBinaryOps) {
+      if (dtype == DType::boolean && !defined_on_bool(op)) continue;
+      std::uint64_t seed = 200;
+      for (const ShapeCase& shapes : kShapeCases) {
+        INFO(op_name(op) << " on " << dtype_name(dtype) << ": " << shape_str(shapes.a)
+                         << (shapes.transpose_a ? " transposed" : "") << " with "
+                         << shape_str(shapes.b));
+        const Tensor a = binary_operand(op, dtype, shapes.a, ++seed, false);
+        const Tensor b = binary_operand(op, dtype, shapes.b, ++seed, true);
+        compare_cuda_with_cpu({a, b}, [op, transpose = shapes.transpose_a](const Inputs& x) {
+          return apply_binary(op, maybe_transposed(x[0], transpose), x[1]);
+        });
+      }
+    }
+  }
+}
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+SHARDLAB_CUDA_VS_CPU("maximum and minimum propagate NaN",
+                     {from_vector<float>({1.0f, kNaN, -0.0f, 3.0f}),
+                      from_vector<float>({kNaN, 2.0f, 0.0f, -1.0f})},
+                     [](const Inputs& x) {
+                       return stack({maximum(x[0], x[1]), minimum(x[0], x[1])}, 0);
+                     })
+
+SHARDLAB_CUDA_VS_CPU("binary ops with a Scalar operand",
+                     {random_tensor({13, 257}, 31, DType::bf16)},
+                     [](const Inputs& x) {
+                       return add(mul(x[0], 1.5), 0.25) - pow(x[0] * x[0], 0.5);
+                     })
+
+TEST_CASE("cuda refuses operands whose merged layout has more than 8 dims", "[cuda]") {
+  // Reversed dims of a [2, ..., 2] tensor: no two neighbours merge, in the input or the output.
+  const Tensor x = random_tensor(Shape(9, 2), 5).to(kCuda);
+  const Tensor reversed = x.permute({8, 7, 6, 5, 4, 3, 2, 1, 0});
+  CHECK_THROWS_ERROR(neg(reversed), "at most 8");
+  // Dense operands of any rank merge into one dim.
+  test::check_close(neg(x).to(kCpu), neg(x.to(kCpu)));
+}
+
+// --- copy, fill, where -------------------------------------------------------------------------
+
+TEST_CASE("cuda matches cpu: casts between all pairs of dtypes, from strided sources", "[cuda]") {
+  for (const DType from : kAllDTypes) {
+    for (const DType to : kAllDTypes) {
+      INFO(dtype_name(from) << " -> " << dtype_name(to));
+      compare_cuda_with_cpu({castable_values({257, 13}, from, 41)},
+                            [to](const Inputs& x) { return x[0].transpose(0, 1).to(to); },
+                            Tolerance{0.0, 0.0});
+    }
+  }
+}
+
+TEST_CASE("cuda copies keep every bit: cpu -> cuda -> cpu, and copies on the device", "[cuda]") {
+  for (const DType dtype : kAllDTypes) {
+    INFO(dtype_name(dtype));
+    const Tensor host = castable_values({13, 257}, dtype, 43);
+    const Tensor device_copy = host.to(kCuda);
+    REQUIRE(device_copy.device() == kCuda);
+    check_same_bits(device_copy.to(kCpu), host);
+    check_same_bits(device_copy.transpose(0, 1).contiguous(), host.transpose(0, 1).contiguous());
+    check_same_bits(device_copy.clone(), host);
+  }
+  // Float NaN payloads and negative zeros survive a same-dtype copy on the device.
+  const Tensor special = from_vector<float>({-0.0f, kNaN});
+  check_same_bits(special.to(kCuda).clone(), special);
+}
+
+TEST_CASE("cuda matches cpu: fill of strided views in every dtype", "[cuda]") {
+  for (const DType dtype : kAllDTypes) {
+    INFO(dtype_name(dtype));
+    compare_cuda_with_cpu({zeros({13, 257}, TensorOptions{dtype, kCpu})},
+                          [](const Inputs& x) {
+                            Tensor t = x[0].clone();
+                            t.transpose(0, 1).narrow(0, 3, 100).fill_(Scalar(2.75));
+                            return t;
+                          },
+                          Tolerance{0.0, 0.0});
+  }
+  // Integer fills are exact beyond 2^53.
+  const std::int64_t big = (std::int64_t{1} << 60) + 1;
+  const Tensor filled = full({3}, big, TensorOptions{DType::i64, kCuda});
+  CHECK(filled.to_vector<std::int64_t>() == std::vector<std::int64_t>(3, big));
+}
+
+TEST_CASE("cuda fills more elements than one grid covers", "[cuda]") {
+  // 20M elements exceed kMaxBlocks * 256 threads, so every thread loops.
+  const Tensor filled = full({5000, 4001}, 1.5, TensorOptions{DType::f32, kCuda});
+  CHECK(sum(ne(filled.to(kCpu), 1.5)).item<std::int64_t>() == 0);
+}
+
+SHARDLAB_CUDA_VS_CPU("where with broadcasting on f32",
+                     {random_tensor({3, 1, 5}, 51), random_tensor({4, 5}, 52),
+                      random_tensor({5}, 53)},
+                     [](const Inputs& x) { return where(gt(x[0], 0.0), x[1], x[2]); })
+
+SHARDLAB_CUDA_VS_CPU("where on i64, bf16 and bool, with a Scalar branch",
+                     {random_tensor({13, 257}, 54), random_tensor({257, 13}, 55)},
+                     [](const Inputs& x) {
+                       const Tensor condition = gt(x[0], 0.0);
+                       const Tensor other = x[1].transpose(0, 1);
+                       const Tensor integers = (other * 100.0).to(DType::i64);
+                       return stack({where(condition, integers, 7).to(DType::f32),
+                                     where(condition, other.to(DType::bf16), 0.5).to(DType::f32),
+                                     where(condition, lt(other, 0.0), gt(other, 0.5))
+                                         .to(DType::f32)},
+                                    0);
+                     })
+
+// --- random ------------------------------------------------------------------------------------
+
+TEST_CASE("cuda random draws have the CPU's bits; a sub-range drawn alone matches", "[cuda]") {
+  const RandomKey key{2024, 9};
+  for (const DType dtype : kFloatingDTypes) {
+    INFO(dtype_name(dtype));
+    const TensorOptions on_cuda{dtype, kCuda}, on_cpu{dtype, kCpu};
+    const Tensor whole_uniform = uniform({1001}, key, -2.0, 3.0, on_cpu);
+    const Tensor whole_normal = normal({1001}, key, 1.0, 0.5, on_cpu);
+    check_same_bits(uniform({1001}, key, -2.0, 3.0, on_cuda), whole_uniform);
+    check_same_bits(normal({1001}, key, 1.0, 0.5, on_cuda), whole_normal);
+    for (const std::int64_t start : {1, 3, 333}) {
+      check_same_bits(uniform({500}, key, -2.0, 3.0, on_cuda, start),
+                      whole_uniform.narrow(0, start, 500));
+      check_same_bits(normal({500}, key, 1.0, 0.5, on_cuda, start),
+                      whole_normal.narrow(0, start, 500));
+    }
+  }
+  for (const DType dtype : kAllDTypes) {
+    INFO("bernoulli " << dtype_name(dtype));
+    check_same_bits(bernoulli({7, 11}, key, 0.3, TensorOptions{dtype, kCuda}, 5),
+                    bernoulli({7, 11}, key, 0.3, TensorOptions{dtype, kCpu}, 5));
+  }
+  // fill_random on an integer tensor runs the same kernel path as on the CPU.
+  const RandomSpec spec{Distribution::uniform, key, 0.0, 1000.0, 17};
+  const Tensor on_cuda = empty({257}, TensorOptions{DType::i32, kCuda});
+  const Tensor on_cpu = empty({257}, TensorOptions{DType::i32, kCpu});
+  fill_random(on_cuda, spec);
+  fill_random(on_cpu, spec);
+  check_same_bits(on_cuda, on_cpu);
+}
+
+TEST_CASE("cuda random draws match the CPU beyond one grid", "[cuda]") {
+  const RandomKey key{7, 1};
+  check_same_bits(uniform({20'000'003}, key, 0.0, 1.0, TensorOptions{DType::f32, kCuda}),
+                  uniform({20'000'003}, key, 0.0, 1.0, TensorOptions{DType::f32, kCpu}));
+}
+
+// --- streams, events, allocator ------------------------------------------------------------------
+
+TEST_CASE("an event orders work queued on two streams", "[cuda]") {
+  cuda::Stream producer(0), consumer(0);
+  const Tensor host = random_tensor({1 << 22}, 61);
+  Tensor x;
+  {
+    const cuda::StreamGuard on_producer(producer);
+    CHECK(&cuda::current_stream(0) == &producer);
+    x = host.to(kCuda);
+    for (int i = 0; i < 20; ++i) x = x * 1.0001 + 0.5;  // enough queued work to race against
+  }
+  CHECK(&cuda::current_stream(0) != &producer);  // the guard restored the default stream
+  cuda::Event ready(0);
+  ready.record(producer);
+  ready.wait(consumer);
+  Tensor y;
+  {
+    const cuda::StreamGuard on_consumer(consumer);
+    y = x + 1.0;
+    cuda::record_stream(x.storage()->data(), consumer);  // x is freed while y may still read it
+  }
+  x = Tensor();
+  consumer.synchronize();
+  CHECK(ready.query());
+  ready.synchronize();
+
+  Tensor expected = host;
+  for (int i = 0; i < 20; ++i) expected = expected * 1.0001 + 0.5;
+  test::check_close(y.to(kCpu), expected + 1.0);
+}
+
+TEST_CASE("the CUDA allocator counts a tensor's rounded bytes while it lives", "[cuda]") {
+  auto& allocator = dynamic_cast<CachingAllocator&>(cuda::device_allocator(0));
+  allocator.empty_cache();
+  const MemoryStats before = memory_stats(kCuda);
+  {
+    const Tensor t = empty({1000}, TensorOptions{DType::f32, kCuda});  // 4000 -> 4096 bytes
+    const MemoryStats during = memory_stats(kCuda);
+    CHECK(during.bytes_in_use == before.bytes_in_use + 4096);
+    CHECK(during.allocations == before.allocations + 1);
+    CHECK(during.peak_bytes >= during.bytes_in_use);
+  }
+  const MemoryStats after = memory_stats(kCuda);
+  CHECK(after.bytes_in_use == before.bytes_in_use);
+  CHECK(after.bytes_cached == before.bytes_cached + 4096);
+  reset_peak_memory(kCuda);
+  CHECK(memory_stats(kCuda).peak_bytes == after.bytes_in_use);
+}
+
+TEST_CASE("record_stream holds a CUDA block back until the other stream's work ran", "[cuda]") {
+  auto& allocator = dynamic_cast<CachingAllocator&>(cuda::device_allocator(0));
+  cuda::Stream side(0);
+  allocator.empty_cache();
+  const Shape shape = {3, 1000, 1000};
+  const std::int64_t block = static_cast<std::int64_t>(CachingAllocator::round_size(12'000'000));
+  void* first = nullptr;
+  {
+    const Tensor t = random_tensor(shape, 71).to(kCuda);  // allocated on the default stream
+    first = t.storage()->data();
+    const cuda::StreamGuard on_side(side);
+    const Tensor doubled = t * 2.0;  // queued on side, reading t
+    cuda::record_stream(first, side);
+  }  // t is freed while side may still read it
+  CHECK(allocator.stats().bytes_cached >= 2 * block);  // t held back, doubled idle on side
+  side.synchronize();
+  const Tensor again = empty(shape, TensorOptions{DType::f32, kCuda});
+  CHECK(again.storage()->data() == first);  // collected once side's work completed
+}
+
+}  // namespace
+}  // namespace shardlab
