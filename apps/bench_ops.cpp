@@ -58,13 +58,15 @@ struct Row {
 };
 
 void print_row(const Row& row, int reps, bool with_cuda) {
-  const double ours = median_seconds(reps, [&] { row.run(Device::cpu()); }, [] {});
+  const double ours = median_seconds(
+      reps, [&] { row.run(Device::cpu()); }, [] {});
   const double blas = openblas_seconds(reps, row.m, row.n, row.k);
   std::string cuda_column = "-";
   if (with_cuda) {
     if (supports<&Kernels::matmul>(Device::cuda(0)) && supports<&Kernels::conv2d>(Device::cuda(0))) {
       cuda::Stream& stream = cuda::current_stream(0);
-      const double gpu = median_seconds(reps, [&] { row.run(Device::cuda(0)); }, [&] { stream.synchronize(); });
+      const double gpu = median_seconds(
+          reps, [&] { row.run(Device::cuda(0)); }, [&] { stream.synchronize(); });
       cuda_column = fmt::format("{:.1f}", row.flops / gpu / 1e9);
     } else {
       cuda_column = "no kernel yet";
@@ -75,7 +77,8 @@ void print_row(const Row& row, int reps, bool with_cuda) {
 }
 
 Row gemm_row(std::int64_t m, std::int64_t n, std::int64_t k) {
-  return {fmt::format("matmul [{}, {}] x [{}, {}]", m, k, k, n), 2.0 * m * n * k,
+  return {fmt::format("matmul [{}, {}] x [{}, {}]", m, k, k, n),
+          2.0 * m * n * k,
           [=](Device d) {
             static thread_local Tensor a, b;
             if (!a.defined() || a.device() != d || a.shape() != Shape{m, k}) {
@@ -84,7 +87,9 @@ Row gemm_row(std::int64_t m, std::int64_t n, std::int64_t k) {
             }
             (void)matmul(a, b);
           },
-          m, n, k};
+          m,
+          n,
+          k};
 }
 
 Row conv_row(const std::string& label, Shape input, Shape weight, Conv2dParams p) {
@@ -101,7 +106,9 @@ Row conv_row(const std::string& label, Shape input, Shape weight, Conv2dParams p
             }
             (void)conv2d(x, w, {}, p);
           },
-          weight[0], columns, patch};
+          weight[0],
+          columns,
+          patch};
 }
 
 }  // namespace
@@ -118,8 +125,8 @@ int main(int argc, char** argv) {
     const bool with_cuda = cuda::available();
     fmt::print("bench_ops: {} CPU threads; CUDA: {}\n", num_threads(),
                with_cuda ? "available" : cuda::unavailable_reason());
-    fmt::print("{:<44} {:>12} {:>14} {:>8} {:>16}\n", "op (f32)", "ours GFLOP/s", "OpenBLAS GF/s",
-               "ratio", "CUDA GFLOP/s");
+    fmt::print("{:<44} {:>12} {:>14} {:>8} {:>16}\n", "op (f32)", "ours GFLOP/s", "OpenBLAS GF/s", "ratio",
+               "CUDA GFLOP/s");
     const std::vector<Row> rows = {
         gemm_row(256, 256, 256),
         gemm_row(512, 512, 512),
@@ -132,8 +139,9 @@ int main(int argc, char** argv) {
         conv_row("stride 2", {8, 64, 56, 56}, {128, 64, 3, 3}, {2, 1}),
     };
     for (const Row& row : rows) print_row(row, reps, with_cuda);
-    fmt::print("ratio = OpenBLAS time / ours on the same GEMM shape (conv: O x C*KH*KW x N*OH*OW); "
-               "1.00 means parity\n");
+    fmt::print(
+        "ratio = OpenBLAS time / ours on the same GEMM shape (conv: O x C*KH*KW x N*OH*OW); "
+        "1.00 means parity\n");
   } catch (const std::exception& e) {
     fmt::print(stderr, "bench_ops: {}\n", e.what());
     return 1;

@@ -16,9 +16,7 @@ void StatsCounter::on_allocate(std::size_t nbytes) {
   stats_.allocations += 1;
 }
 
-void StatsCounter::on_free(std::size_t nbytes) {
-  stats_.bytes_in_use -= static_cast<std::int64_t>(nbytes);
-}
+void StatsCounter::on_free(std::size_t nbytes) { stats_.bytes_in_use -= static_cast<std::int64_t>(nbytes); }
 
 namespace {
 
@@ -28,8 +26,8 @@ class CpuAllocator final : public Allocator {
   void* allocate(std::size_t nbytes) override {
     const std::size_t rounded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
     void* data = std::aligned_alloc(kAlignment, rounded);
-    SHARDLAB_CHECK(data != nullptr, "cpu: out of memory allocating {} bytes ({} bytes in use)",
-                   nbytes, stats().bytes_in_use);
+    SHARDLAB_CHECK(data != nullptr, "cpu: out of memory allocating {} bytes ({} bytes in use)", nbytes,
+                   stats().bytes_in_use);
     std::lock_guard lock(mutex_);
     stats_.on_allocate(nbytes);
     return data;

@@ -9,10 +9,10 @@
 namespace shardlab {
 
 struct MemoryStats {
-  std::int64_t bytes_in_use = 0;   // bytes handed out and not yet freed
-  std::int64_t peak_bytes = 0;     // high-water mark of bytes_in_use since the last reset
-  std::int64_t allocations = 0;    // number of allocate() calls since start
-  std::int64_t bytes_cached = 0;   // bytes held by a caching allocator but not in use
+  std::int64_t bytes_in_use = 0;  // bytes handed out and not yet freed
+  std::int64_t peak_bytes = 0;    // high-water mark of bytes_in_use since the last reset
+  std::int64_t allocations = 0;   // number of allocate() calls since start
+  std::int64_t bytes_cached = 0;  // bytes held by a caching allocator but not in use
 };
 
 class Allocator {

@@ -18,9 +18,7 @@ constexpr std::size_t kSmallLimit = std::size_t{1} << 20;  // 1 MiB
 constexpr std::size_t kSmallGranule = 512;
 constexpr std::size_t kLargeGranule = std::size_t{128} << 10;  // 128 KiB
 
-std::size_t round_up(std::size_t n, std::size_t granule) {
-  return (n + granule - 1) / granule * granule;
-}
+std::size_t round_up(std::size_t n, std::size_t granule) { return (n + granule - 1) / granule * granule; }
 
 // Whether `block` sits in the cache (idle or held back) instead of being handed out.
 template <typename Block, typename IdleSet>
@@ -94,8 +92,8 @@ void CachingAllocator::deallocate(void* data, std::size_t nbytes) {
   SHARDLAB_CHECK(block != nullptr && !is_cached(block, idle_, held_back_),
                  "{}: deallocate({}) of a pointer this allocator did not hand out, or freed twice",
                  device_name_, data);
-  SHARDLAB_CHECK(nbytes <= block->size, "{}: deallocate({}, {} bytes) of a block of {} bytes",
-                 device_name_, data, nbytes, block->size);
+  SHARDLAB_CHECK(nbytes <= block->size, "{}: deallocate({}, {} bytes) of a block of {} bytes", device_name_,
+                 data, nbytes, block->size);
   // Work already queued on the recorded streams may still use the block: remember where each
   // of them stands now, and hand the block out again only once all of that has run.
   for (void* other : block->other_streams) {
@@ -125,12 +123,11 @@ void CachingAllocator::record_stream(void* data, void* stream) {
   const std::lock_guard lock(mutex_);
   const auto found = blocks_.find(data);
   SHARDLAB_CHECK(found != blocks_.end() && !is_cached(found->second.get(), idle_, held_back_),
-                 "{}: record_stream({}) of a pointer this allocator has not handed out",
-                 device_name_, data);
+                 "{}: record_stream({}) of a pointer this allocator has not handed out", device_name_, data);
   Block& block = *found->second;
   // Its own stream is ordered with its reuse already; another stream is recorded once.
-  const bool known = stream == block.stream ||
-                     std::ranges::find(block.other_streams, stream) != block.other_streams.end();
+  const bool known =
+      stream == block.stream || std::ranges::find(block.other_streams, stream) != block.other_streams.end();
   if (!known) block.other_streams.push_back(stream);
 }
 

@@ -55,7 +55,7 @@ class CachingAllocator final : public Allocator {
   struct Block {
     void* data;
     std::size_t size;
-    void* stream;                     // the stream it was allocated on
+    void* stream;                      // the stream it was allocated on
     std::vector<void*> other_streams;  // streams recorded with record_stream
     std::vector<void*> pending_events;
   };

@@ -21,8 +21,6 @@ Device Device::parse(std::string_view text) {
   fail("device: cannot parse '{}' (expected cpu, cuda or cuda:N)", text);
 }
 
-std::string Device::str() const {
-  return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index);
-}
+std::string Device::str() const { return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index); }
 
 }  // namespace shardlab

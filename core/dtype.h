@@ -105,21 +105,54 @@ SHARDLAB_HD inline f16 float_to_f16(float value) {
 
 template <typename T>
 struct DTypeOf;
-template <> struct DTypeOf<float> { static constexpr DType value = DType::f32; };
-template <> struct DTypeOf<double> { static constexpr DType value = DType::f64; };
-template <> struct DTypeOf<bf16> { static constexpr DType value = DType::bf16; };
-template <> struct DTypeOf<f16> { static constexpr DType value = DType::f16; };
-template <> struct DTypeOf<std::int64_t> { static constexpr DType value = DType::i64; };
-template <> struct DTypeOf<std::int32_t> { static constexpr DType value = DType::i32; };
-template <> struct DTypeOf<std::uint8_t> { static constexpr DType value = DType::u8; };
-template <> struct DTypeOf<bool> { static constexpr DType value = DType::boolean; };
+template <>
+struct DTypeOf<float> {
+  static constexpr DType value = DType::f32;
+};
+template <>
+struct DTypeOf<double> {
+  static constexpr DType value = DType::f64;
+};
+template <>
+struct DTypeOf<bf16> {
+  static constexpr DType value = DType::bf16;
+};
+template <>
+struct DTypeOf<f16> {
+  static constexpr DType value = DType::f16;
+};
+template <>
+struct DTypeOf<std::int64_t> {
+  static constexpr DType value = DType::i64;
+};
+template <>
+struct DTypeOf<std::int32_t> {
+  static constexpr DType value = DType::i32;
+};
+template <>
+struct DTypeOf<std::uint8_t> {
+  static constexpr DType value = DType::u8;
+};
+template <>
+struct DTypeOf<bool> {
+  static constexpr DType value = DType::boolean;
+};
 template <typename T>
 inline constexpr DType dtype_of = DTypeOf<T>::value;
 
 // The type arithmetic on T is carried out in: 16-bit floats compute in float.
-template <typename T> struct ComputeTypeOf { using type = T; };
-template <> struct ComputeTypeOf<bf16> { using type = float; };
-template <> struct ComputeTypeOf<f16> { using type = float; };
+template <typename T>
+struct ComputeTypeOf {
+  using type = T;
+};
+template <>
+struct ComputeTypeOf<bf16> {
+  using type = float;
+};
+template <>
+struct ComputeTypeOf<f16> {
+  using type = float;
+};
 template <typename T>
 using compute_t = typename ComputeTypeOf<T>::type;
 
@@ -152,17 +185,24 @@ SHARDLAB_HD inline T narrow(From value) {
 template <typename Fn>
 decltype(auto) visit_dtype(DType dtype, Fn&& fn) {
   switch (dtype) {
-    case DType::f32: return fn.template operator()<float>();
-    case DType::f64: return fn.template operator()<double>();
-    case DType::bf16: return fn.template operator()<bf16>();
-    case DType::f16: return fn.template operator()<f16>();
-    case DType::i64: return fn.template operator()<std::int64_t>();
-    case DType::i32: return fn.template operator()<std::int32_t>();
-    case DType::u8: return fn.template operator()<std::uint8_t>();
-    case DType::boolean: return fn.template operator()<bool>();
+    case DType::f32:
+      return fn.template operator()<float>();
+    case DType::f64:
+      return fn.template operator()<double>();
+    case DType::bf16:
+      return fn.template operator()<bf16>();
+    case DType::f16:
+      return fn.template operator()<f16>();
+    case DType::i64:
+      return fn.template operator()<std::int64_t>();
+    case DType::i32:
+      return fn.template operator()<std::int32_t>();
+    case DType::u8:
+      return fn.template operator()<std::uint8_t>();
+    case DType::boolean:
+      return fn.template operator()<bool>();
   }
   __builtin_unreachable();  // every enumerator is handled above
 }
-
 
 }  // namespace shardlab

@@ -24,7 +24,7 @@ template <typename... Args>
 }  // namespace shardlab
 
 // SHARDLAB_CHECK(cond, "fmt {}", args...): throws shardlab::Error with the formatted message.
-#define SHARDLAB_CHECK(cond, ...)          \
-  do {                                     \
+#define SHARDLAB_CHECK(cond, ...)               \
+  do {                                          \
     if (!(cond)) ::shardlab::fail(__VA_ARGS__); \
   } while (0)

@@ -6,21 +6,13 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/op_codes.h"
 #include "core/ops.h"
 #include "core/random.h"
 #include "core/tensor.h"
 
 namespace shardlab {
 
-enum class UnaryOp : unsigned char {
-  neg, abs, exp, log, sqrt, rsqrt, tanh, sigmoid, relu, silu, gelu, gelu_tanh, isfinite
-};
-enum class BinaryOp : unsigned char {
-  add, sub, mul, div, pow, maximum, minimum, eq, ne, lt, le, gt, ge
-};
-enum class ReduceOp : unsigned char { sum, mean, sum_squares, max, min, argmax };
-
-bool is_comparison(BinaryOp op);
 const char* op_name(UnaryOp op);
 const char* op_name(BinaryOp op);
 const char* op_name(ReduceOp op);
@@ -47,10 +39,8 @@ struct Kernels {
                                 const Tensor& grad_in);
   void (*conv2d_backward_weight)(const Tensor& grad_out, const Tensor& input, Conv2dParams p,
                                  const Tensor& grad_weight);
-  void (*max_pool2d)(const Tensor& input, MaxPool2dParams p, const Tensor& out,
-                     const Tensor& indices);
-  void (*max_pool2d_backward)(const Tensor& grad_out, const Tensor& indices,
-                              const Tensor& grad_in);
+  void (*max_pool2d)(const Tensor& input, MaxPool2dParams p, const Tensor& out, const Tensor& indices);
+  void (*max_pool2d_backward)(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_in);
   // Index tensors are contiguous i64 and in range; data operands contiguous.
   void (*index_select)(const Tensor& in, std::int64_t dim, const Tensor& index, const Tensor& out);
   void (*gather)(const Tensor& in, std::int64_t dim, const Tensor& index, const Tensor& out);

@@ -17,8 +17,7 @@ namespace {
 template <auto Entry>
 auto kernel(Device device, const char* op) {
   auto fn = kernels_for(device).*Entry;
-  SHARDLAB_CHECK(fn != nullptr, "{}: not supported on {} (no kernel for it in this build)", op,
-                 device.str());
+  SHARDLAB_CHECK(fn != nullptr, "{}: not supported on {} (no kernel for it in this build)", op, device.str());
   return fn;
 }
 
@@ -32,8 +31,7 @@ void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
 }
 
 void check_floating(const char* op, const Tensor& t) {
-  SHARDLAB_CHECK(is_floating(t.dtype()), "{}: needs a floating dtype, got {}", op,
-                 dtype_name(t.dtype()));
+  SHARDLAB_CHECK(is_floating(t.dtype()), "{}: needs a floating dtype, got {}", op, dtype_name(t.dtype()));
 }
 
 void check_index_dtype(const char* op, const Tensor& index) {
@@ -48,8 +46,8 @@ Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b) {
     const std::int64_t sa = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
     const std::int64_t sb = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
     SHARDLAB_CHECK(sa == sb || sa == 1 || sb == 1,
-                   "{}: shapes {} and {} cannot be broadcast (dimension {}: {} vs {})", op,
-                   shape_str(a), shape_str(b), i, sa, sb);
+                   "{}: shapes {} and {} cannot be broadcast (dimension {}: {} vs {})", op, shape_str(a),
+                   shape_str(b), i, sa, sb);
     out[i] = sa == 1 ? sb : sa;
   }
   return out;
@@ -86,8 +84,8 @@ Tensor checked_index(const char* op, const Tensor& index, std::int64_t size, con
   const std::int64_t lowest = min(out).item<std::int64_t>();
   const std::int64_t highest = max(out).item<std::int64_t>();
   const std::int64_t bad = lowest < 0 ? lowest : highest;
-  SHARDLAB_CHECK(lowest >= 0 && highest < size, "{}: index {} is out of range for {} of size {}", op,
-                 bad, what, size);
+  SHARDLAB_CHECK(lowest >= 0 && highest < size, "{}: index {} is out of range for {} of size {}", op, bad,
+                 what, size);
   return out;
 }
 
@@ -125,8 +123,7 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   if (op == BinaryOp::div && !is_floating(dtype)) dtype = DType::f32;
   Tensor out = empty(shape, TensorOptions{is_comparison(op) ? DType::boolean : dtype, a.device()});
   if (out.numel() > 0) {
-    kernel<&Kernels::binary>(a.device(), name)(op, a.to(dtype).expand(shape),
-                                               b.to(dtype).expand(shape), out);
+    kernel<&Kernels::binary>(a.device(), name)(op, a.to(dtype).expand(shape), b.to(dtype).expand(shape), out);
   }
   return out;
 }
@@ -207,10 +204,10 @@ Tensor le(const Tensor& a, const Tensor& b) { return binary(BinaryOp::le, a, b);
 Tensor gt(const Tensor& a, const Tensor& b) { return binary(BinaryOp::gt, a, b); }
 Tensor ge(const Tensor& a, const Tensor& b) { return binary(BinaryOp::ge, a, b); }
 
-#define SHARDLAB_SCALAR_OPERAND(name)                                              \
-  Tensor name(const Tensor& a, Scalar b) {                                         \
-    check_defined(#name, a);                                                       \
-    return name(a, wrap_scalar(a, b));                                             \
+#define SHARDLAB_SCALAR_OPERAND(name)      \
+  Tensor name(const Tensor& a, Scalar b) { \
+    check_defined(#name, a);               \
+    return name(a, wrap_scalar(a, b));     \
   }
 SHARDLAB_SCALAR_OPERAND(add)
 SHARDLAB_SCALAR_OPERAND(sub)
@@ -329,9 +326,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   const std::int64_t m = left.size(-2), k = left.size(-1), n = right.size(-1);
   SHARDLAB_CHECK(k == right.size(-2), "matmul: shapes {} and {} cannot be multiplied ({} != {})",
                  shape_str(a.shape()), shape_str(b.shape()), k, right.size(-2));
-  const Shape batch = broadcast_shapes(
-      "matmul", Shape(left.shape().begin(), left.shape().end() - 2),
-      Shape(right.shape().begin(), right.shape().end() - 2));
+  const Shape batch = broadcast_shapes("matmul", Shape(left.shape().begin(), left.shape().end() - 2),
+                                       Shape(right.shape().begin(), right.shape().end() - 2));
   const std::int64_t batch_count = shape_numel(batch);
   Shape left_shape = batch, right_shape = batch, out_shape = batch;
   left_shape.insert(left_shape.end(), {m, k});
@@ -339,9 +335,9 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   out_shape.insert(out_shape.end(), {m, n});
   Tensor out = empty({batch_count, m, n}, TensorOptions{a.dtype(), a.device()});
   if (out.numel() > 0) {
-    kernel<&Kernels::matmul>(a.device(), "matmul")(
-        left.expand(left_shape).reshape({batch_count, m, k}),
-        right.expand(right_shape).reshape({batch_count, k, n}), out);
+    kernel<&Kernels::matmul>(a.device(), "matmul")(left.expand(left_shape).reshape({batch_count, m, k}),
+                                                   right.expand(right_shape).reshape({batch_count, k, n}),
+                                                   out);
   }
   out = out.view(out_shape);
   if (a.dim() == 1) out = out.squeeze(-2);
@@ -364,19 +360,17 @@ Tensor softmax_impl(const char* op, const Tensor& x, std::int64_t dim, bool log)
 }  // namespace
 
 Tensor softmax(const Tensor& x, std::int64_t dim) { return softmax_impl("softmax", x, dim, false); }
-Tensor log_softmax(const Tensor& x, std::int64_t dim) {
-  return softmax_impl("log_softmax", x, dim, true);
-}
+Tensor log_softmax(const Tensor& x, std::int64_t dim) { return softmax_impl("log_softmax", x, dim, true); }
 
 // --- convolution and pooling -------------------------------------------------------------------
 
 namespace {
 
-std::int64_t conv_output_size(const char* op, std::int64_t input, std::int64_t kernel,
-                              std::int64_t stride, std::int64_t padding) {
+std::int64_t conv_output_size(const char* op, std::int64_t input, std::int64_t kernel, std::int64_t stride,
+                              std::int64_t padding) {
   const std::int64_t span = input + 2 * padding - kernel;
-  SHARDLAB_CHECK(span >= 0, "{}: kernel size {} does not fit input size {} with padding {}", op,
-                 kernel, input, padding);
+  SHARDLAB_CHECK(span >= 0, "{}: kernel size {} does not fit input size {} with padding {}", op, kernel,
+                 input, padding);
   return span / stride + 1;
 }
 
@@ -408,8 +402,8 @@ void check_conv_operands(const char* op, const Tensor& a, const Tensor& b) {
 }
 
 void check_grad_shape(const char* op, const Tensor& grad, const Shape& expected) {
-  SHARDLAB_CHECK(grad.shape() == expected, "{}: grad_output has shape {} but the forward output was {}",
-                 op, shape_str(grad.shape()), shape_str(expected));
+  SHARDLAB_CHECK(grad.shape() == expected, "{}: grad_output has shape {} but the forward output was {}", op,
+                 shape_str(grad.shape()), shape_str(expected));
 }
 
 }  // namespace
@@ -433,8 +427,8 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Con
   return out;
 }
 
-Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight,
-                             const Shape& input_shape, Conv2dParams params) {
+Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight, const Shape& input_shape,
+                             Conv2dParams params) {
   const char* op = "conv2d_backward_input";
   check_defined(op, grad_output, "grad_output");
   check_defined(op, weight, "weight");
@@ -442,14 +436,14 @@ Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight,
   check_grad_shape(op, grad_output, conv_output_shape(op, input_shape, weight.shape(), params));
   Tensor grad_input = zeros(input_shape, TensorOptions{weight.dtype(), weight.device()});
   if (grad_output.numel() > 0) {
-    kernel<&Kernels::conv2d_backward_input>(weight.device(), op)(
-        grad_output.contiguous(), weight.contiguous(), params, grad_input);
+    kernel<&Kernels::conv2d_backward_input>(weight.device(), op)(grad_output.contiguous(),
+                                                                 weight.contiguous(), params, grad_input);
   }
   return grad_input;
 }
 
-Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input,
-                              const Shape& weight_shape, Conv2dParams params) {
+Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input, const Shape& weight_shape,
+                              Conv2dParams params) {
   const char* op = "conv2d_backward_weight";
   check_defined(op, grad_output, "grad_output");
   check_defined(op, input);
@@ -457,8 +451,8 @@ Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input,
   check_grad_shape(op, grad_output, conv_output_shape(op, input.shape(), weight_shape, params));
   Tensor grad_weight = zeros(weight_shape, TensorOptions{input.dtype(), input.device()});
   if (grad_output.numel() > 0) {
-    kernel<&Kernels::conv2d_backward_weight>(input.device(), op)(
-        grad_output.contiguous(), input.contiguous(), params, grad_weight);
+    kernel<&Kernels::conv2d_backward_weight>(input.device(), op)(grad_output.contiguous(), input.contiguous(),
+                                                                 params, grad_weight);
   }
   return grad_weight;
 }
@@ -472,12 +466,13 @@ MaxPool2dResult max_pool2d(const Tensor& input, MaxPool2dParams params) {
   if (params.stride == 0) params.stride = params.kernel_size;
   SHARDLAB_CHECK(params.stride >= 1, "{}: stride must be at least 1, got {}", op, params.stride);
   SHARDLAB_CHECK(params.padding >= 0 && 2 * params.padding <= params.kernel_size,
-                 "{}: padding must be between 0 and half the kernel size {}, got {}", op,
-                 params.kernel_size, params.padding);
+                 "{}: padding must be between 0 and half the kernel size {}, got {}", op, params.kernel_size,
+                 params.padding);
   SHARDLAB_CHECK(input.dtype() != DType::boolean, "{}: not defined for bool tensors", op);
-  const Shape out_shape{input.size(0), input.size(1),
-                        conv_output_size(op, input.size(2), params.kernel_size, params.stride, params.padding),
-                        conv_output_size(op, input.size(3), params.kernel_size, params.stride, params.padding)};
+  const Shape out_shape{
+      input.size(0), input.size(1),
+      conv_output_size(op, input.size(2), params.kernel_size, params.stride, params.padding),
+      conv_output_size(op, input.size(3), params.kernel_size, params.stride, params.padding)};
   MaxPool2dResult result{empty(out_shape, TensorOptions{input.dtype(), input.device()}),
                          empty(out_shape, TensorOptions{DType::i64, input.device()})};
   if (result.values.numel() > 0) {
@@ -502,8 +497,8 @@ Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices, con
   Tensor grad_input = zeros(input_shape, TensorOptions{grad_output.dtype(), grad_output.device()});
   if (grad_output.numel() > 0) {
     kernel<&Kernels::max_pool2d_backward>(grad_output.device(), op)(
-        grad_output.contiguous(), checked_index(op, indices, input_shape[2] * input_shape[3], "an input plane"),
-        grad_input);
+        grad_output.contiguous(),
+        checked_index(op, indices, input_shape[2] * input_shape[3], "an input plane"), grad_input);
   }
   return grad_input;
 }
@@ -533,9 +528,8 @@ void check_scatter_shapes(const char* op, const Tensor& index, const Tensor& bou
                  shape_str(index.shape()), shape_str(bound.shape()));
   for (std::int64_t d = 0; d < index.dim(); ++d) {
     if (d == dim && !including_dim) continue;
-    SHARDLAB_CHECK(index.size(d) <= bound.size(d),
-                   "{}: index {} is larger than {} in dimension {}", op, shape_str(index.shape()),
-                   shape_str(bound.shape()), d);
+    SHARDLAB_CHECK(index.size(d) <= bound.size(d), "{}: index {} is larger than {} in dimension {}", op,
+                   shape_str(index.shape()), shape_str(bound.shape()), d);
   }
 }
 }  // namespace
@@ -582,8 +576,8 @@ Tensor index_add(const Tensor& self, std::int64_t dim, const Tensor& index, cons
   const std::int64_t d = wrap_dim(dim, self.dim(), op);
   Shape expected = self.shape();
   expected[d] = index.numel();
-  SHARDLAB_CHECK(src.shape() == expected, "{}: src has shape {} but self {} with {} indices needs {}",
-                 op, shape_str(src.shape()), shape_str(self.shape()), index.numel(), shape_str(expected));
+  SHARDLAB_CHECK(src.shape() == expected, "{}: src has shape {} but self {} with {} indices needs {}", op,
+                 shape_str(src.shape()), shape_str(self.shape()), index.numel(), shape_str(expected));
   const Tensor checked = checked_index(op, index.reshape({-1}), self.size(d), "the dimension");
   Tensor out = self.clone();
   if (src.numel() > 0) {
@@ -611,8 +605,8 @@ Tensor embedding_backward(const Tensor& grad, const Tensor& indices, std::int64_
   check_defined(op, indices, "indices");
   SHARDLAB_CHECK(grad.dim() == indices.dim() + 1 &&
                      Shape(grad.shape().begin(), grad.shape().end() - 1) == indices.shape(),
-                 "{}: grad {} does not match indices {} plus an embedding dim", op,
-                 shape_str(grad.shape()), shape_str(indices.shape()));
+                 "{}: grad {} does not match indices {} plus an embedding dim", op, shape_str(grad.shape()),
+                 shape_str(indices.shape()));
   SHARDLAB_CHECK(num_embeddings >= 0, "{}: num_embeddings must be non-negative, got {}", op, num_embeddings);
   const Tensor rows = checked_index(op, indices.reshape({-1}), num_embeddings, "the embedding table");
   const std::int64_t width = grad.size(-1);
@@ -636,7 +630,8 @@ Tensor cat(const std::vector<Tensor>& tensors, std::int64_t dim) {
     check_same_device("cat", first, t);
     bool matches = t.dim() == first.dim();
     for (std::int64_t k = 0; matches && k < t.dim(); ++k) matches = k == d || t.size(k) == first.size(k);
-    SHARDLAB_CHECK(matches, "cat: tensor {} has shape {} but tensor 0 has {} (they must match except in dimension {})",
+    SHARDLAB_CHECK(matches,
+                   "cat: tensor {} has shape {} but tensor 0 has {} (they must match except in dimension {})",
                    i, shape_str(t.shape()), shape_str(first.shape()), d);
     shape[d] += t.size(d);
     dtype = promote_types(dtype, t.dtype());
@@ -658,8 +653,8 @@ Tensor stack(const std::vector<Tensor>& tensors, std::int64_t dim) {
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     check_defined("stack", tensors[i]);
     SHARDLAB_CHECK(tensors[i].shape() == tensors.front().shape(),
-                   "stack: tensor {} has shape {} but tensor 0 has {}", i,
-                   shape_str(tensors[i].shape()), shape_str(tensors.front().shape()));
+                   "stack: tensor {} has shape {} but tensor 0 has {}", i, shape_str(tensors[i].shape()),
+                   shape_str(tensors.front().shape()));
     expanded.push_back(tensors[i].unsqueeze(d));
   }
   return cat(expanded, d);

@@ -103,13 +103,12 @@ struct Conv2dParams {
   std::int64_t padding = 0;
 };
 // input [N, C, H, W], weight [O, C, KH, KW], optional bias [O] -> [N, O, OH, OW].
-Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = {},
-              Conv2dParams params = {});
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = {}, Conv2dParams params = {});
 // The two gradients of conv2d (bias gradient is sum(grad_output, {0, 2, 3})).
-Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight,
-                             const Shape& input_shape, Conv2dParams params = {});
-Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input,
-                              const Shape& weight_shape, Conv2dParams params = {});
+Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight, const Shape& input_shape,
+                             Conv2dParams params = {});
+Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input, const Shape& weight_shape,
+                              Conv2dParams params = {});
 
 struct MaxPool2dParams {
   std::int64_t kernel_size = 2;
@@ -121,8 +120,7 @@ struct MaxPool2dResult {
   Tensor indices;  // i64, flat index h * W + w of each maximum within its input plane
 };
 MaxPool2dResult max_pool2d(const Tensor& input, MaxPool2dParams params = {});
-Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices,
-                           const Shape& input_shape);
+Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices, const Shape& input_shape);
 
 // weight [V, D], indices (i64/i32, any shape) -> [..., D].
 Tensor embedding(const Tensor& weight, const Tensor& indices);

@@ -148,8 +148,8 @@ void parallel_for(std::int64_t begin, std::int64_t end, std::int64_t grain,
                   const std::function<void(std::int64_t, std::int64_t)>& fn) {
   const std::int64_t count = end - begin;
   if (count <= 0) return;
-  const std::int64_t max_chunks = (count + std::max<std::int64_t>(grain, 1) - 1) /
-                                  std::max<std::int64_t>(grain, 1);
+  const std::int64_t max_chunks =
+      (count + std::max<std::int64_t>(grain, 1) - 1) / std::max<std::int64_t>(grain, 1);
   const std::int64_t chunks = std::min<std::int64_t>(pool().size(), max_chunks);
   if (chunks <= 1 || inside_parallel_region) {
     fn(begin, end);

@@ -17,8 +17,7 @@ struct Block {
   std::uint32_t word[4];
 };
 
-SHARDLAB_HD inline void mul_hi_lo(std::uint32_t a, std::uint32_t b, std::uint32_t& hi,
-                                  std::uint32_t& lo) {
+SHARDLAB_HD inline void mul_hi_lo(std::uint32_t a, std::uint32_t b, std::uint32_t& hi, std::uint32_t& lo) {
   const std::uint64_t product = static_cast<std::uint64_t>(a) * b;
   hi = static_cast<std::uint32_t>(product >> 32);
   lo = static_cast<std::uint32_t>(product);
@@ -129,32 +128,36 @@ SHARDLAB_HD inline double cos_two_pi(double t) {
     sin_angle = swap;
   }
   switch (quadrant & 3) {
-    case 0: return cos_angle;
-    case 1: return -sin_angle;
-    case 2: return -cos_angle;
-    default: return sin_angle;
+    case 0:
+      return cos_angle;
+    case 1:
+      return -sin_angle;
+    case 2:
+      return -cos_angle;
+    default:
+      return sin_angle;
   }
 }
 
 // Element `index` of a uniform draw on [low, high) for float-like (24-bit) dtypes:
 // word index % 4 of block index / 4, so four elements share one Philox call.
-SHARDLAB_HD inline double uniform24(std::uint64_t seed, std::uint64_t stream, std::uint64_t index,
-                                    double low, double high) {
+SHARDLAB_HD inline double uniform24(std::uint64_t seed, std::uint64_t stream, std::uint64_t index, double low,
+                                    double high) {
   const Block block = generate(seed, stream, index / 4);
   return add(low, mul(high - low, unit_from_word(block.word[index % 4])));
 }
 
 // The same for f64 (53 bits): words 2(index % 2) and 2(index % 2)+1 of block index / 2.
-SHARDLAB_HD inline double uniform53(std::uint64_t seed, std::uint64_t stream, std::uint64_t index,
-                                    double low, double high) {
+SHARDLAB_HD inline double uniform53(std::uint64_t seed, std::uint64_t stream, std::uint64_t index, double low,
+                                    double high) {
   const Block block = generate(seed, stream, index / 2);
   const int pair = static_cast<int>(index % 2) * 2;
   return add(low, mul(high - low, unit_from_words(block.word[pair], block.word[pair + 1])));
 }
 
 // Element `index` of a normal draw (Box-Muller on the 4 words of block `index`).
-SHARDLAB_HD inline double normal(std::uint64_t seed, std::uint64_t stream, std::uint64_t index,
-                                 double mean, double std) {
+SHARDLAB_HD inline double normal(std::uint64_t seed, std::uint64_t stream, std::uint64_t index, double mean,
+                                 double std) {
   const Block block = generate(seed, stream, index);
   const double u1 = 1.0 - unit_from_words(block.word[0], block.word[1]);  // (0, 1]
   const double u2 = unit_from_words(block.word[2], block.word[3]);
@@ -163,8 +166,7 @@ SHARDLAB_HD inline double normal(std::uint64_t seed, std::uint64_t stream, std::
 }
 
 // Element `index` of a Bernoulli(p) draw: 1 when its 24-bit uniform is below p.
-SHARDLAB_HD inline bool bernoulli(std::uint64_t seed, std::uint64_t stream, std::uint64_t index,
-                                  double p) {
+SHARDLAB_HD inline bool bernoulli(std::uint64_t seed, std::uint64_t stream, std::uint64_t index, double p) {
   return uniform24(seed, stream, index, 0.0, 1.0) < p;
 }
 

@@ -80,8 +80,12 @@ std::string Tensor::str() const {
   std::string out = fmt::format("{} {} {}", shape_str(shape_), dtype_name(dtype_), device().str());
   if (numel() == 0) return out + "\n[]";
   const std::vector<double> values = to_vector<double>();
-  Printer printer{values, shape_, contiguous_strides(shape_), numel() > kSummariseAbove,
-                  is_floating(dtype_), dtype_ == DType::boolean};
+  Printer printer{values,
+                  shape_,
+                  contiguous_strides(shape_),
+                  numel() > kSummariseAbove,
+                  is_floating(dtype_),
+                  dtype_ == DType::boolean};
   double largest = 0, smallest_nonzero = INFINITY;
   printer.visit_values(0, 0, [&](double v) {
     if (!std::isfinite(v)) return;
@@ -89,9 +93,8 @@ std::string Tensor::str() const {
     if (v != 0) smallest_nonzero = std::min(smallest_nonzero, std::abs(v));
   });
   printer.scientific = printer.floating && (largest >= 1e8 || smallest_nonzero < 1e-4);
-  printer.visit_values(0, 0, [&](double v) {
-    printer.width = std::max(printer.width, printer.format_value(v).size());
-  });
+  printer.visit_values(
+      0, 0, [&](double v) { printer.width = std::max(printer.width, printer.format_value(v).size()); });
   out += '\n';
   printer.render(0, 0, out);
   return out;

@@ -31,7 +31,8 @@ void fill_random(const Tensor& out, const RandomSpec& spec) {
 Tensor uniform(const Shape& shape, RandomKey key, double low, double high, TensorOptions options,
                std::int64_t first_index) {
   SHARDLAB_CHECK(low <= high, "uniform: low {} is above high {}", low, high);
-  return draw("uniform", shape, RandomSpec{Distribution::uniform, key, low, high, first_index}, options, true);
+  return draw("uniform", shape, RandomSpec{Distribution::uniform, key, low, high, first_index}, options,
+              true);
 }
 
 Tensor normal(const Shape& shape, RandomKey key, double mean, double std, TensorOptions options,
@@ -40,9 +41,11 @@ Tensor normal(const Shape& shape, RandomKey key, double mean, double std, Tensor
   return draw("normal", shape, RandomSpec{Distribution::normal, key, mean, std, first_index}, options, true);
 }
 
-Tensor bernoulli(const Shape& shape, RandomKey key, double p, TensorOptions options, std::int64_t first_index) {
+Tensor bernoulli(const Shape& shape, RandomKey key, double p, TensorOptions options,
+                 std::int64_t first_index) {
   SHARDLAB_CHECK(p >= 0 && p <= 1, "bernoulli: p must be in [0, 1], got {}", p);
-  return draw("bernoulli", shape, RandomSpec{Distribution::bernoulli, key, p, 0.0, first_index}, options, false);
+  return draw("bernoulli", shape, RandomSpec{Distribution::bernoulli, key, p, 0.0, first_index}, options,
+              false);
 }
 
 }  // namespace shardlab

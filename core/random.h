@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "core/op_codes.h"
 #include "core/tensor.h"
 
 namespace shardlab {
@@ -15,8 +16,6 @@ struct RandomKey {
   std::uint64_t seed = 0;
   std::uint64_t stream = 0;
 };
-
-enum class Distribution : unsigned char { uniform, normal, bernoulli };
 
 struct RandomSpec {
   Distribution distribution = Distribution::uniform;

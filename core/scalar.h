@@ -17,12 +17,12 @@ class Scalar {
 
   Scalar(bool value) : kind_(Kind::boolean), integer_(value), floating_(value) {}
   template <std::integral I>
-    requires(!std::same_as<I, bool>)
-  Scalar(I value) : kind_(Kind::integral), integer_(static_cast<std::int64_t>(value)),
-                    floating_(static_cast<double>(value)) {}
+  requires(!std::same_as<I, bool>) Scalar(I value)
+      : kind_(Kind::integral),
+        integer_(static_cast<std::int64_t>(value)),
+        floating_(static_cast<double>(value)) {}
   template <std::floating_point F>
-  Scalar(F value) : kind_(Kind::floating), integer_(truncate(value)),
-                    floating_(static_cast<double>(value)) {}
+  Scalar(F value) : kind_(Kind::floating), integer_(truncate(value)), floating_(static_cast<double>(value)) {}
 
   Kind kind() const { return kind_; }
   bool is_floating() const { return kind_ == Kind::floating; }

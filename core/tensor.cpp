@@ -29,24 +29,25 @@ Strides contiguous_strides(const Shape& shape) {
 
 std::int64_t wrap_dim(std::int64_t dim, std::int64_t rank, const char* op) {
   const std::int64_t wrapped = dim < 0 ? dim + rank : dim;
-  SHARDLAB_CHECK(wrapped >= 0 && wrapped < rank,
-                 "{}: dimension {} is out of range for a tensor of rank {}", op, dim, rank);
+  SHARDLAB_CHECK(wrapped >= 0 && wrapped < rank, "{}: dimension {} is out of range for a tensor of rank {}",
+                 op, dim, rank);
   return wrapped;
 }
 
 Tensor::Tensor(std::shared_ptr<Storage> storage, Shape shape, Strides strides, std::int64_t offset,
                DType dtype)
-    : storage_(std::move(storage)), shape_(std::move(shape)), strides_(std::move(strides)),
-      offset_(offset), dtype_(dtype) {}
+    : storage_(std::move(storage)),
+      shape_(std::move(shape)),
+      strides_(std::move(strides)),
+      offset_(offset),
+      dtype_(dtype) {}
 
 std::int64_t Tensor::wrap_dim(std::int64_t dim, std::int64_t rank, const char* op) const {
   return shardlab::wrap_dim(dim, rank, op);
 }
 
 std::int64_t Tensor::size(std::int64_t dim) const { return shape_[wrap_dim(dim, this->dim(), "size")]; }
-std::int64_t Tensor::stride(std::int64_t dim) const {
-  return strides_[wrap_dim(dim, this->dim(), "stride")];
-}
+std::int64_t Tensor::stride(std::int64_t dim) const { return strides_[wrap_dim(dim, this->dim(), "stride")]; }
 std::int64_t Tensor::numel() const { return shape_numel(shape_); }
 Device Tensor::device() const { return storage_ ? storage_->device() : Device::cpu(); }
 
@@ -84,12 +85,12 @@ Shape infer_size(Shape shape, std::int64_t numel, const char* op) {
     }
   }
   if (inferred) {
-    SHARDLAB_CHECK(known != 0 && numel % known == 0,
-                   "{}: shape {} is invalid for a tensor of {} elements", op, shape_str(shape), numel);
+    SHARDLAB_CHECK(known != 0 && numel % known == 0, "{}: shape {} is invalid for a tensor of {} elements",
+                   op, shape_str(shape), numel);
     shape[*inferred] = numel / known;
   }
-  SHARDLAB_CHECK(shape_numel(shape) == numel, "{}: shape {} is invalid for a tensor of {} elements",
-                 op, shape_str(shape), numel);
+  SHARDLAB_CHECK(shape_numel(shape) == numel, "{}: shape {} is invalid for a tensor of {} elements", op,
+                 shape_str(shape), numel);
   return shape;
 }
 
@@ -105,8 +106,7 @@ std::optional<Strides> view_strides(const Shape& old_shape, const Strides& old_s
   std::int64_t run_numel = 1, view_numel = 1;
   for (std::int64_t d = static_cast<std::int64_t>(old_shape.size()) - 1; d >= 0; --d) {
     run_numel *= old_shape[d];
-    const bool run_ends =
-        d == 0 || (old_shape[d - 1] != 1 && old_strides[d - 1] != run_numel * run_stride);
+    const bool run_ends = d == 0 || (old_shape[d - 1] != 1 && old_strides[d - 1] != run_numel * run_stride);
     if (!run_ends) continue;
     while (view_d >= 0 && (view_numel < run_numel || new_shape[view_d] == 1)) {
       strides[view_d] = view_numel * run_stride;
@@ -131,7 +131,8 @@ Tensor Tensor::view(Shape shape) const {
   const auto strides = view_strides(shape_, strides_, shape);
   SHARDLAB_CHECK(strides.has_value(),
                  "view: cannot view a tensor of shape {} and strides {} as {}; use reshape, "
-                 "which copies", shape_str(shape_), shape_str(strides_), shape_str(shape));
+                 "which copies",
+                 shape_str(shape_), shape_str(strides_), shape_str(shape));
   return Tensor(storage_, std::move(shape), *strides, offset_, dtype_);
 }
 
@@ -186,8 +187,8 @@ Tensor Tensor::narrow(std::int64_t dim, std::int64_t start, std::int64_t length)
   const std::int64_t d = wrap_dim(dim, this->dim(), "narrow");
   const std::int64_t first = start < 0 ? start + shape_[d] : start;
   SHARDLAB_CHECK(first >= 0 && length >= 0 && first + length <= shape_[d],
-                 "narrow: start {} and length {} do not fit dimension {} of size {}", start,
-                 length, d, shape_[d]);
+                 "narrow: start {} and length {} do not fit dimension {} of size {}", start, length, d,
+                 shape_[d]);
   Shape shape = shape_;
   shape[d] = length;
   return Tensor(storage_, std::move(shape), strides_, offset_ + first * strides_[d], dtype_);
@@ -228,8 +229,8 @@ Tensor Tensor::expand(Shape shape) const {
   Strides strides(shape.size(), 0);
   for (std::size_t d = 0; d < shape.size(); ++d) {
     if (d < lead) {
-      SHARDLAB_CHECK(shape[d] >= 0, "expand: new leading dimension {} cannot be {} in {}", d,
-                     shape[d], shape_str(shape));
+      SHARDLAB_CHECK(shape[d] >= 0, "expand: new leading dimension {} cannot be {} in {}", d, shape[d],
+                     shape_str(shape));
       continue;
     }
     const std::int64_t old_size = shape_[d - lead];
@@ -297,15 +298,15 @@ Tensor Tensor::to(DType dtype) const {
 Tensor Tensor::to(Device device) const {
   if (device == this->device()) return *this;
   SHARDLAB_CHECK(device.is_cpu() || this->device().is_cpu(),
-                 "to: copies between {} and {} go through the host: use .to(cpu) first",
-                 this->device().str(), device.str());
+                 "to: copies between {} and {} go through the host: use .to(cpu) first", this->device().str(),
+                 device.str());
   const Tensor source = contiguous();
   Tensor out = empty(shape_, TensorOptions{dtype_, device});
   const std::size_t nbytes = static_cast<std::size_t>(numel()) * element_size();
   if (nbytes > 0) {
     const int cuda_index = device.is_cuda() ? device.index : this->device().index;
-    cuda::copy_bytes(out.raw_data(), device.is_cuda(), source.raw_data(), this->device().is_cuda(),
-                     nbytes, cuda_index);
+    cuda::copy_bytes(out.raw_data(), device.is_cuda(), source.raw_data(), this->device().is_cuda(), nbytes,
+                     cuda_index);
   }
   return out;
 }
@@ -329,8 +330,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
 
 template <typename T>
 T Tensor::item() const {
-  SHARDLAB_CHECK(numel() == 1, "item: tensor of shape {} has {} elements, not 1", shape_str(shape_),
-                 numel());
+  SHARDLAB_CHECK(numel() == 1, "item: tensor of shape {} has {} elements, not 1", shape_str(shape_), numel());
   return to_vector<T>()[0];
 }
 
@@ -341,8 +341,8 @@ std::vector<T> Tensor::to_vector() const {
   return std::vector<T>(data, data + host.numel());
 }
 
-#define SHARDLAB_INSTANTIATE_ACCESS(T)              \
-  template T Tensor::item<T>() const;               \
+#define SHARDLAB_INSTANTIATE_ACCESS(T) \
+  template T Tensor::item<T>() const;  \
   template std::vector<T> Tensor::to_vector<T>() const;
 SHARDLAB_INSTANTIATE_ACCESS(float)
 SHARDLAB_INSTANTIATE_ACCESS(double)
@@ -384,8 +384,8 @@ Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions options) {
   const double span = (last - first) / increment;
   const auto count = static_cast<std::int64_t>(std::max(0.0, std::ceil(span)));
   // Computed on the host in the widest type of its kind, then converted once.
-  const bool integral = start.kind() != Scalar::Kind::floating &&
-                        end.kind() != Scalar::Kind::floating && step.kind() != Scalar::Kind::floating;
+  const bool integral = start.kind() != Scalar::Kind::floating && end.kind() != Scalar::Kind::floating &&
+                        step.kind() != Scalar::Kind::floating;
   Tensor host;
   if (integral) {
     std::vector<std::int64_t> values(count);
@@ -415,8 +415,8 @@ Tensor from_vector(const std::vector<T>& values, Device device) {
   return from_vector(values, Shape{static_cast<std::int64_t>(values.size())}, device);
 }
 
-#define SHARDLAB_INSTANTIATE_FROM_VECTOR(T)                                       \
-  template Tensor from_vector<T>(const std::vector<T>&, Shape, Device);           \
+#define SHARDLAB_INSTANTIATE_FROM_VECTOR(T)                             \
+  template Tensor from_vector<T>(const std::vector<T>&, Shape, Device); \
   template Tensor from_vector<T>(const std::vector<T>&, Device);
 SHARDLAB_INSTANTIATE_FROM_VECTOR(float)
 SHARDLAB_INSTANTIATE_FROM_VECTOR(double)

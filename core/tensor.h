@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "core/dtype.h"
 #include "core/device.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/scalar.h"
 #include "core/storage.h"
@@ -31,8 +31,14 @@ struct TensorOptions {
   DType dtype = DType::f32;
   Device device = Device::cpu();
 
-  TensorOptions& with_dtype(DType value) { dtype = value; return *this; }
-  TensorOptions& with_device(Device value) { device = value; return *this; }
+  TensorOptions& with_dtype(DType value) {
+    dtype = value;
+    return *this;
+  }
+  TensorOptions& with_device(Device value) {
+    device = value;
+    return *this;
+  }
 };
 inline TensorOptions dtype(DType value) { return TensorOptions{}.with_dtype(value); }
 inline TensorOptions device(Device value) { return TensorOptions{}.with_device(value); }
@@ -40,14 +46,13 @@ inline TensorOptions device(Device value) { return TensorOptions{}.with_device(v
 class Tensor {
  public:
   Tensor() = default;  // undefined: defined() is false
-  Tensor(std::shared_ptr<Storage> storage, Shape shape, Strides strides, std::int64_t offset,
-         DType dtype);
+  Tensor(std::shared_ptr<Storage> storage, Shape shape, Strides strides, std::int64_t offset, DType dtype);
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
   const Strides& strides() const { return strides_; }
   std::int64_t dim() const { return static_cast<std::int64_t>(shape_.size()); }
-  std::int64_t size(std::int64_t dim) const;    // negative dims count from the end
+  std::int64_t size(std::int64_t dim) const;  // negative dims count from the end
   std::int64_t stride(std::int64_t dim) const;
   std::int64_t offset() const { return offset_; }  // in elements, into the storage
   std::int64_t numel() const;
@@ -61,8 +66,8 @@ class Tensor {
   void* raw_data() const;
   template <typename T>
   T* data() const {
-    SHARDLAB_CHECK(dtype_of<T> == dtype_, "data<{}>(): tensor has dtype {}",
-                   dtype_name(dtype_of<T>), dtype_name(dtype_));
+    SHARDLAB_CHECK(dtype_of<T> == dtype_, "data<{}>(): tensor has dtype {}", dtype_name(dtype_of<T>),
+                   dtype_name(dtype_));
     return static_cast<T*>(raw_data());
   }
 

@@ -25,14 +25,11 @@ inline void compare_cuda_with_cpu(const Inputs& cpu_inputs, const CaseFn& fn,
   const Tensor actual = fn(cuda_inputs);
   REQUIRE(actual.device() == Device::cuda(0));
   REQUIRE(actual.dtype() == expected.dtype());
-  check_close(actual.to(Device::cpu()), expected,
-              tolerance.value_or(default_tolerance(expected.dtype())));
+  check_close(actual.to(Device::cpu()), expected, tolerance.value_or(default_tolerance(expected.dtype())));
 }
 
 }  // namespace shardlab::test
 
 // SHARDLAB_CUDA_VS_CPU(name, inputs, fn [, tolerance])
-#define SHARDLAB_CUDA_VS_CPU(name, ...)                 \
-  TEST_CASE("cuda matches cpu: " name, "[cuda]") {      \
-    ::shardlab::test::compare_cuda_with_cpu(__VA_ARGS__); \
-  }
+#define SHARDLAB_CUDA_VS_CPU(name, ...) \
+  TEST_CASE("cuda matches cpu: " name, "[cuda]") { ::shardlab::test::compare_cuda_with_cpu(__VA_ARGS__); }

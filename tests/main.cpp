@@ -3,7 +3,6 @@
 // line is "<binary>: N passed, N failed, N skipped" (test cases), which scripts/test adds up.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
-
 #include <cstdio>
 
 #include "core/cuda/runtime.h"
@@ -38,8 +37,8 @@ int main(int argc, char* argv[]) {
     probe.testsOrTags.push_back("[cuda]");
     Catch::Config probe_config(probe);
     skipped_cases = static_cast<int>(
-        Catch::filterTests(Catch::getAllTestCasesSorted(probe_config), probe_config.testSpec(),
-                           probe_config).size());
+        Catch::filterTests(Catch::getAllTestCasesSorted(probe_config), probe_config.testSpec(), probe_config)
+            .size());
     if (skipped_cases > 0) {
       std::printf("skipping %d [cuda] test case(s): %s\n", skipped_cases,
                   shardlab::cuda::unavailable_reason().c_str());

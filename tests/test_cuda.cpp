@@ -100,32 +100,43 @@ const std::vector<ShapeCase> kShapeCases = {
     {{257, 13}, {13, 257}, true},
 };
 
-Tensor maybe_transposed(const Tensor& t, bool transpose) {
-  return transpose ? t.transpose(0, 1) : t;
-}
+Tensor maybe_transposed(const Tensor& t, bool transpose) { return transpose ? t.transpose(0, 1) : t; }
 
 // --- unary -------------------------------------------------------------------------------------
 
-constexpr UnaryOp kUnaryOps[] = {
-    UnaryOp::neg,  UnaryOp::abs,     UnaryOp::exp,  UnaryOp::log,  UnaryOp::sqrt,
-    UnaryOp::rsqrt, UnaryOp::tanh,   UnaryOp::sigmoid, UnaryOp::relu, UnaryOp::silu,
-    UnaryOp::gelu, UnaryOp::gelu_tanh, UnaryOp::isfinite};
+constexpr UnaryOp kUnaryOps[] = {UnaryOp::neg,     UnaryOp::abs,   UnaryOp::exp,  UnaryOp::log,
+                                 UnaryOp::sqrt,    UnaryOp::rsqrt, UnaryOp::tanh, UnaryOp::sigmoid,
+                                 UnaryOp::relu,    UnaryOp::silu,  UnaryOp::gelu, UnaryOp::gelu_tanh,
+                                 UnaryOp::isfinite};
 
 Tensor apply_unary(UnaryOp op, const Tensor& x) {
   switch (op) {
-    case UnaryOp::neg: return neg(x);
-    case UnaryOp::abs: return abs(x);
-    case UnaryOp::exp: return exp(x);
-    case UnaryOp::log: return log(x);
-    case UnaryOp::sqrt: return sqrt(x);
-    case UnaryOp::rsqrt: return rsqrt(x);
-    case UnaryOp::tanh: return tanh(x);
-    case UnaryOp::sigmoid: return sigmoid(x);
-    case UnaryOp::relu: return relu(x);
-    case UnaryOp::silu: return silu(x);
-    case UnaryOp::gelu: return gelu(x);
-    case UnaryOp::gelu_tanh: return gelu(x, GeluApproximation::tanh);
-    case UnaryOp::isfinite: return isfinite(x);
+    case UnaryOp::neg:
+      return neg(x);
+    case UnaryOp::abs:
+      return abs(x);
+    case UnaryOp::exp:
+      return exp(x);
+    case UnaryOp::log:
+      return log(x);
+    case UnaryOp::sqrt:
+      return sqrt(x);
+    case UnaryOp::rsqrt:
+      return rsqrt(x);
+    case UnaryOp::tanh:
+      return tanh(x);
+    case UnaryOp::sigmoid:
+      return sigmoid(x);
+    case UnaryOp::relu:
+      return relu(x);
+    case UnaryOp::silu:
+      return silu(x);
+    case UnaryOp::gelu:
+      return gelu(x);
+    case UnaryOp::gelu_tanh:
+      return gelu(x, GeluApproximation::tanh);
+    case UnaryOp::isfinite:
+      return isfinite(x);
   }
   __builtin_unreachable();  // every enumerator is handled above
 }
@@ -135,7 +146,13 @@ bool needs_positive_input(UnaryOp op) {
 }
 
 TEST_CASE("cuda matches cpu: every unary op on every floating dtype", "[cuda]") {
-  const std::vector<double> special = {0.0, -0.0, 1.0, -2.5, 1e-30, 1e300, -1e300,
+  const std::vector<double> special = {0.0,
+                                       -0.0,
+                                       1.0,
+                                       -2.5,
+                                       1e-30,
+                                       1e300,
+                                       -1e300,
                                        std::numeric_limits<double>::infinity(),
                                        -std::numeric_limits<double>::infinity(),
                                        std::numeric_limits<double>::quiet_NaN()};
@@ -143,15 +160,13 @@ TEST_CASE("cuda matches cpu: every unary op on every floating dtype", "[cuda]") 
     for (const UnaryOp op : kUnaryOps) {
       INFO(op_name(op) << " on " << dtype_name(dtype));
       const auto fn = [op](bool transpose) {
-        return [op, transpose](const Inputs& x) {
-          return apply_unary(op, maybe_transposed(x[0], transpose));
-        };
+        return
+            [op, transpose](const Inputs& x) { return apply_unary(op, maybe_transposed(x[0], transpose)); };
       };
       const double low = needs_positive_input(op) ? 0.1 : -4.0;
       std::uint64_t seed = 100;
       for (const ShapeCase& shapes : kShapeCases) {
-        compare_cuda_with_cpu({values_in(shapes.a, dtype, ++seed, low, 4.0)},
-                              fn(shapes.transpose_a));
+        compare_cuda_with_cpu({values_in(shapes.a, dtype, ++seed, low, 4.0)}, fn(shapes.transpose_a));
       }
       // Infinities, NaN, signed zeros and overflow in the dtype: both devices agree on them too.
       compare_cuda_with_cpu({from_vector(special).to(dtype)}, fn(false));
@@ -164,35 +179,47 @@ TEST_CASE("cuda matches cpu: neg, abs and relu on integers", "[cuda]") {
     for (const UnaryOp op : {UnaryOp::neg, UnaryOp::abs, UnaryOp::relu}) {
       INFO(op_name(op) << " on " << dtype_name(dtype));
       const double low = dtype == DType::u8 ? 0.0 : -100.0;
-      compare_cuda_with_cpu({values_in({13, 257}, dtype, 7, low, 250.0)}, [op](const Inputs& x) {
-        return apply_unary(op, x[0].transpose(0, 1));
-      });
+      compare_cuda_with_cpu({values_in({13, 257}, dtype, 7, low, 250.0)},
+                            [op](const Inputs& x) { return apply_unary(op, x[0].transpose(0, 1)); });
     }
   }
 }
 
 // --- binary ------------------------------------------------------------------------------------
 
-constexpr BinaryOp kBinaryOps[] = {
-    BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div, BinaryOp::pow,
-    BinaryOp::maximum, BinaryOp::minimum, BinaryOp::eq, BinaryOp::ne, BinaryOp::lt,
-    BinaryOp::le, BinaryOp::gt, BinaryOp::ge};
+constexpr BinaryOp kBinaryOps[] = {BinaryOp::add, BinaryOp::sub,     BinaryOp::mul,     BinaryOp::div,
+                                   BinaryOp::pow, BinaryOp::maximum, BinaryOp::minimum, BinaryOp::eq,
+                                   BinaryOp::ne,  BinaryOp::lt,      BinaryOp::le,      BinaryOp::gt,
+                                   BinaryOp::ge};
 
 Tensor apply_binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   switch (op) {
-    case BinaryOp::add: return add(a, b);
-    case BinaryOp::sub: return sub(a, b);
-    case BinaryOp::mul: return mul(a, b);
-    case BinaryOp::div: return div(a, b);
-    case BinaryOp::pow: return pow(a, b);
-    case BinaryOp::maximum: return maximum(a, b);
-    case BinaryOp::minimum: return minimum(a, b);
-    case BinaryOp::eq: return eq(a, b);
-    case BinaryOp::ne: return ne(a, b);
-    case BinaryOp::lt: return lt(a, b);
-    case BinaryOp::le: return le(a, b);
-    case BinaryOp::gt: return gt(a, b);
-    case BinaryOp::ge: return ge(a, b);
+    case BinaryOp::add:
+      return add(a, b);
+    case BinaryOp::sub:
+      return sub(a, b);
+    case BinaryOp::mul:
+      return mul(a, b);
+    case BinaryOp::div:
+      return div(a, b);
+    case BinaryOp::pow:
+      return pow(a, b);
+    case BinaryOp::maximum:
+      return maximum(a, b);
+    case BinaryOp::minimum:
+      return minimum(a, b);
+    case BinaryOp::eq:
+      return eq(a, b);
+    case BinaryOp::ne:
+      return ne(a, b);
+    case BinaryOp::lt:
+      return lt(a, b);
+    case BinaryOp::le:
+      return le(a, b);
+    case BinaryOp::gt:
+      return gt(a, b);
+    case BinaryOp::ge:
+      return ge(a, b);
   }
   __builtin_unreachable();  // every enumerator is handled above
 }
@@ -204,8 +231,7 @@ bool defined_on_bool(BinaryOp op) {
 
 // Operands on which op is defined alike on both devices: positive bases for floating pow,
 // small bases and exponents >= 0 for integer pow, small integers elsewhere (u8 wraps).
-Tensor binary_operand(BinaryOp op, DType dtype, const Shape& shape, std::uint64_t seed,
-                      bool is_exponent) {
+Tensor binary_operand(BinaryOp op, DType dtype, const Shape& shape, std::uint64_t seed, bool is_exponent) {
   double low = -20.0, high = 20.0;
   if (is_floating(dtype)) {
     low = op == BinaryOp::pow && !is_exponent ? 0.1 : -3.0;
@@ -227,8 +253,7 @@ TEST_CASE("cuda matches cpu: every binary op on every dtype, broadcast and strid
       std::uint64_t seed = 200;
       for (const ShapeCase& shapes : kShapeCases) {
         INFO(op_name(op) << " on " << dtype_name(dtype) << ": " << shape_str(shapes.a)
-                         << (shapes.transpose_a ? " transposed" : "") << " with "
-                         << shape_str(shapes.b));
+                         << (shapes.transpose_a ? " transposed" : "") << " with " << shape_str(shapes.b));
         const Tensor a = binary_operand(op, dtype, shapes.a, ++seed, false);
         const Tensor b = binary_operand(op, dtype, shapes.b, ++seed, true);
         compare_cuda_with_cpu({a, b}, [op, transpose = shapes.transpose_a](const Inputs& x) {
@@ -248,11 +273,8 @@ SHARDLAB_CUDA_VS_CPU("maximum and minimum propagate NaN",
                        return stack({maximum(x[0], x[1]), minimum(x[0], x[1])}, 0);
                      })
 
-SHARDLAB_CUDA_VS_CPU("binary ops with a Scalar operand",
-                     {random_tensor({13, 257}, 31, DType::bf16)},
-                     [](const Inputs& x) {
-                       return add(mul(x[0], 1.5), 0.25) - pow(x[0] * x[0], 0.5);
-                     })
+SHARDLAB_CUDA_VS_CPU("binary ops with a Scalar operand", {random_tensor({13, 257}, 31, DType::bf16)},
+                     [](const Inputs& x) { return add(mul(x[0], 1.5), 0.25) - pow(x[0] * x[0], 0.5); })
 
 TEST_CASE("cuda refuses operands whose merged layout has more than 8 dims", "[cuda]") {
   // Reversed dims of a [2, ..., 2] tensor: no two neighbours merge, in the input or the output.
@@ -269,9 +291,9 @@ TEST_CASE("cuda matches cpu: casts between all pairs of dtypes, from strided sou
   for (const DType from : kAllDTypes) {
     for (const DType to : kAllDTypes) {
       INFO(dtype_name(from) << " -> " << dtype_name(to));
-      compare_cuda_with_cpu({castable_values({257, 13}, from, 41)},
-                            [to](const Inputs& x) { return x[0].transpose(0, 1).to(to); },
-                            Tolerance{0.0, 0.0});
+      compare_cuda_with_cpu(
+          {castable_values({257, 13}, from, 41)},
+          [to](const Inputs& x) { return x[0].transpose(0, 1).to(to); }, Tolerance{0.0, 0.0});
     }
   }
 }
@@ -294,13 +316,14 @@ TEST_CASE("cuda copies keep every bit: cpu -> cuda -> cpu, and copies on the dev
 TEST_CASE("cuda matches cpu: fill of strided views in every dtype", "[cuda]") {
   for (const DType dtype : kAllDTypes) {
     INFO(dtype_name(dtype));
-    compare_cuda_with_cpu({zeros({13, 257}, TensorOptions{dtype, kCpu})},
-                          [](const Inputs& x) {
-                            Tensor t = x[0].clone();
-                            t.transpose(0, 1).narrow(0, 3, 100).fill_(Scalar(2.75));
-                            return t;
-                          },
-                          Tolerance{0.0, 0.0});
+    compare_cuda_with_cpu(
+        {zeros({13, 257}, TensorOptions{dtype, kCpu})},
+        [](const Inputs& x) {
+          Tensor t = x[0].clone();
+          t.transpose(0, 1).narrow(0, 3, 100).fill_(Scalar(2.75));
+          return t;
+        },
+        Tolerance{0.0, 0.0});
   }
   // Integer fills are exact beyond 2^53.
   const std::int64_t big = (std::int64_t{1} << 60) + 1;
@@ -315,20 +338,17 @@ TEST_CASE("cuda fills more elements than one grid covers", "[cuda]") {
 }
 
 SHARDLAB_CUDA_VS_CPU("where with broadcasting on f32",
-                     {random_tensor({3, 1, 5}, 51), random_tensor({4, 5}, 52),
-                      random_tensor({5}, 53)},
+                     {random_tensor({3, 1, 5}, 51), random_tensor({4, 5}, 52), random_tensor({5}, 53)},
                      [](const Inputs& x) { return where(gt(x[0], 0.0), x[1], x[2]); })
 
 SHARDLAB_CUDA_VS_CPU("where on i64, bf16 and bool, with a Scalar branch",
-                     {random_tensor({13, 257}, 54), random_tensor({257, 13}, 55)},
-                     [](const Inputs& x) {
+                     {random_tensor({13, 257}, 54), random_tensor({257, 13}, 55)}, [](const Inputs& x) {
                        const Tensor condition = gt(x[0], 0.0);
                        const Tensor other = x[1].transpose(0, 1);
                        const Tensor integers = (other * 100.0).to(DType::i64);
                        return stack({where(condition, integers, 7).to(DType::f32),
                                      where(condition, other.to(DType::bf16), 0.5).to(DType::f32),
-                                     where(condition, lt(other, 0.0), gt(other, 0.5))
-                                         .to(DType::f32)},
+                                     where(condition, lt(other, 0.0), gt(other, 0.5)).to(DType::f32)},
                                     0);
                      })
 
@@ -344,10 +364,8 @@ TEST_CASE("cuda random draws have the CPU's bits; a sub-range drawn alone matche
     check_same_bits(uniform({1001}, key, -2.0, 3.0, on_cuda), whole_uniform);
     check_same_bits(normal({1001}, key, 1.0, 0.5, on_cuda), whole_normal);
     for (const std::int64_t start : {1, 3, 333}) {
-      check_same_bits(uniform({500}, key, -2.0, 3.0, on_cuda, start),
-                      whole_uniform.narrow(0, start, 500));
-      check_same_bits(normal({500}, key, 1.0, 0.5, on_cuda, start),
-                      whole_normal.narrow(0, start, 500));
+      check_same_bits(uniform({500}, key, -2.0, 3.0, on_cuda, start), whole_uniform.narrow(0, start, 500));
+      check_same_bits(normal({500}, key, 1.0, 0.5, on_cuda, start), whole_normal.narrow(0, start, 500));
     }
   }
   for (const DType dtype : kAllDTypes) {
@@ -433,7 +451,7 @@ TEST_CASE("record_stream holds a CUDA block back until the other stream's work r
     const cuda::StreamGuard on_side(side);
     const Tensor doubled = t * 2.0;  // queued on side, reading t
     cuda::record_stream(first, side);
-  }  // t is freed while side may still read it
+  }                                                    // t is freed while side may still read it
   CHECK(allocator.stats().bytes_cached >= 2 * block);  // t held back, doubled idle on side
   side.synchronize();
   const Tensor again = empty(shape, TensorOptions{DType::f32, kCuda});

@@ -53,8 +53,8 @@ std::uint16_t nearest_pattern(double value, Decode decode) {
     const double candidate = decode(static_cast<std::uint16_t>(bits));
     if (std::isnan(candidate)) continue;
     const double distance = std::abs(candidate - value);
-    if (distance < best_distance || (distance == best_distance && (bits & 1) == 0 &&
-                                     std::signbit(candidate) == std::signbit(value))) {
+    if (distance < best_distance ||
+        (distance == best_distance && (bits & 1) == 0 && std::signbit(candidate) == std::signbit(value))) {
       best = static_cast<std::uint16_t>(bits);
       best_distance = distance;
     }
@@ -83,16 +83,18 @@ TEST_CASE("bf16 conversion rounds to nearest even", "[dtype]") {
     REQUIRE(float_to_bf16(f).bits == bits);
   }
   // Against the brute-force nearest pattern on random floats.
-  const std::vector<float> samples = test::random_tensor({2000}, 3, DType::f32, -300.0, 300.0).to_vector<float>();
+  const std::vector<float> samples =
+      test::random_tensor({2000}, 3, DType::f32, -300.0, 300.0).to_vector<float>();
   for (const float f : samples) {
-    REQUIRE(float_to_bf16(f).bits == nearest_pattern(f, [](std::uint16_t b) { return double(bf16_to_float(bf16{b})); }));
+    REQUIRE(float_to_bf16(f).bits ==
+            nearest_pattern(f, [](std::uint16_t b) { return double(bf16_to_float(bf16{b})); }));
   }
 }
 
 TEST_CASE("f16 conversion agrees with the compiler's _Float16", "[dtype]") {
   CHECK(float_to_f16(1.0f).bits == 0x3c00);
-  CHECK(float_to_f16(65504.0f).bits == 0x7bff);   // largest finite
-  CHECK(float_to_f16(65520.0f).bits == 0x7c00);   // halfway to 2^16: ties to even = inf
+  CHECK(float_to_f16(65504.0f).bits == 0x7bff);  // largest finite
+  CHECK(float_to_f16(65520.0f).bits == 0x7c00);  // halfway to 2^16: ties to even = inf
   CHECK(float_to_f16(65519.0f).bits == 0x7bff);
   CHECK(float_to_f16(std::ldexp(1.0f, -24)).bits == 0x0001);  // smallest subnormal
   CHECK(float_to_f16(std::ldexp(1.0f, -25)).bits == 0x0000);  // halfway to it: even = 0
@@ -118,7 +120,8 @@ TEST_CASE("f16 conversion agrees with the compiler's _Float16", "[dtype]") {
       REQUIRE(float_to_f16(mid).bits == expected);
     }
   }
-  const std::vector<float> samples = test::random_tensor({5000}, 4, DType::f32, -70000.0, 70000.0).to_vector<float>();
+  const std::vector<float> samples =
+      test::random_tensor({5000}, 4, DType::f32, -70000.0, 70000.0).to_vector<float>();
   for (float f : samples) {
     for (const float scaled : {f, f * 1e-9f, f * 1e-6f}) {
       std::uint16_t expected;

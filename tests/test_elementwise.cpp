@@ -1,4 +1,4 @@
-// tests/test_elementwise.cpp: unary and binary elementwise ops, Scalar operands, where, promotion, broadcasting.
+// tests/test_elementwise.cpp: unary/binary elementwise ops, Scalar operands, where, promotion, broadcasting.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -20,18 +20,6 @@ const std::vector<Shape> kShapes{{1}, {7}, {13}, {3, 5}};
 
 using Unary = std::function<double(double)>;
 using Binary = std::function<double(double, double)>;
-
-std::vector<double> values(const Tensor& t) { return t.to_vector<double>(); }
-
-// Row-major coordinates of element `flat` of `shape`.
-std::vector<std::int64_t> coordinates(std::int64_t flat, const Shape& shape) {
-  std::vector<std::int64_t> c(shape.size());
-  for (std::size_t d = shape.size(); d-- > 0;) {
-    c[d] = flat % shape[d];
-    flat /= shape[d];
-  }
-  return c;
-}
 
 // The values of a tensor of `shape` (row-major `v`) broadcast NumPy-style to `out`: dims
 // aligned on the right, a size-1 dim repeats its only element.
@@ -361,16 +349,11 @@ TEST_CASE("binary ops broadcast [3, 1, 5] with [4, 5], scalars and 0-d tensors",
     Shape a, b, out;
   };
   const std::vector<ShapePair> pairs{
-      {{3, 1, 5}, {4, 5}, {3, 4, 5}},
-      {{4, 5}, {3, 1, 5}, {3, 4, 5}},
-      {{2, 1}, {1, 3}, {2, 3}},
-      {{7, 13}, {13}, {7, 13}},
-      {{7, 1}, {7, 13}, {7, 13}},
-      {{5}, {}, {5}},
-      {{}, {2, 3}, {2, 3}},
-      {{}, {}, {}},
-      {{1}, {1, 1, 1}, {1, 1, 1}},
-      {{1}, {0}, {0}},
+      {{3, 1, 5}, {4, 5}, {3, 4, 5}}, {{4, 5}, {3, 1, 5}, {3, 4, 5}},
+      {{2, 1}, {1, 3}, {2, 3}},       {{7, 13}, {13}, {7, 13}},
+      {{7, 1}, {7, 13}, {7, 13}},     {{5}, {}, {5}},
+      {{}, {2, 3}, {2, 3}},           {{}, {}, {}},
+      {{1}, {1, 1, 1}, {1, 1, 1}},    {{1}, {0}, {0}},
       {{2, 0, 3}, {3}, {2, 0, 3}},
   };
   std::uint64_t seed = 400;
@@ -437,6 +420,52 @@ TEST_CASE("integer add, sub, mul, maximum, minimum are exact and keep the dtype"
   check_equal(sub(u, v), {254, 240, 0});
   check_equal(add(u, v), {8, 4, 32});
   check_equal(mul(u, v), {15, (250 * 10) % 256, 0});
+}
+
+TEST_CASE("integer binary ops broadcast and take non-contiguous operands", "[elementwise]") {
+  // u8 results wrap modulo 256 (mul stays below 256 with operands under 16).
+  struct IntCase {
+    std::string name;
+    std::function<Tensor(const Tensor&, const Tensor&)> op;
+    Binary reference;
+  };
+  const std::vector<IntCase> cases{
+      {"add", [](const Tensor& a, const Tensor& b) { return add(a, b); },
+       [](double x, double y) { return x + y; }},
+      {"sub", [](const Tensor& a, const Tensor& b) { return sub(a, b); },
+       [](double x, double y) { return x - y; }},
+      {"mul", [](const Tensor& a, const Tensor& b) { return mul(a, b); },
+       [](double x, double y) { return x * y; }},
+      {"maximum", [](const Tensor& a, const Tensor& b) { return maximum(a, b); },
+       [](double x, double y) { return x > y ? x : y; }},
+      {"minimum", [](const Tensor& a, const Tensor& b) { return minimum(a, b); },
+       [](double x, double y) { return x < y ? x : y; }},
+  };
+  std::uint64_t seed = 700;
+  for (const IntCase& c : cases) {
+    for (const DType dtype : {DType::i32, DType::i64, DType::u8}) {
+      INFO(c.name << " " << dtype_name(dtype));
+      const double low = dtype == DType::u8 ? 0 : -50, high = dtype == DType::u8 ? 16 : 50;
+      const auto ints = [&](const Shape& shape) {
+        return random_tensor(shape, ++seed, DType::f64, low, high).to(DType::i64).to(dtype);
+      };
+      const auto wrapped = [&](double x, double y) {
+        const double v = c.reference(x, y);
+        return dtype == DType::u8 ? std::fmod(std::fmod(v, 256) + 256, 256) : v;
+      };
+      const Tensor a = ints({3, 1, 5});
+      const Tensor b = ints({4, 5});
+      const Tensor y = c.op(a, b);
+      CHECK(y.dtype() == dtype);
+      CHECK(y.shape() == Shape{3, 4, 5});
+      check_equal(y, reference_binary(a, b, {3, 4, 5}, wrapped));
+      const Tensor transposed = ints({13, 7}).transpose(0, 1);
+      const Tensor sliced = ints({7, 26}).slice(1, 0, 26, 2);
+      check_equal(c.op(transposed, sliced), reference_binary(transposed, sliced, {7, 13}, wrapped));
+      const Tensor scalar = ints({});
+      check_equal(c.op(sliced, scalar), reference_binary(sliced, scalar, {7, 13}, wrapped));
+    }
+  }
 }
 
 TEST_CASE("integer div is true division with an f32 result", "[elementwise]") {
@@ -509,15 +538,22 @@ TEST_CASE("comparisons give bool and treat NaN as unordered", "[elementwise]") {
     std::function<bool(double, double)> reference;
   };
   const std::vector<CompareCase> cases{
-      {"eq", [](const Tensor& a, const Tensor& b) { return eq(a, b); }, [](double x, double y) { return x == y; }},
-      {"ne", [](const Tensor& a, const Tensor& b) { return ne(a, b); }, [](double x, double y) { return x != y; }},
-      {"lt", [](const Tensor& a, const Tensor& b) { return lt(a, b); }, [](double x, double y) { return x < y; }},
-      {"le", [](const Tensor& a, const Tensor& b) { return le(a, b); }, [](double x, double y) { return x <= y; }},
-      {"gt", [](const Tensor& a, const Tensor& b) { return gt(a, b); }, [](double x, double y) { return x > y; }},
-      {"ge", [](const Tensor& a, const Tensor& b) { return ge(a, b); }, [](double x, double y) { return x >= y; }},
+      {"eq", [](const Tensor& a, const Tensor& b) { return eq(a, b); },
+       [](double x, double y) { return x == y; }},
+      {"ne", [](const Tensor& a, const Tensor& b) { return ne(a, b); },
+       [](double x, double y) { return x != y; }},
+      {"lt", [](const Tensor& a, const Tensor& b) { return lt(a, b); },
+       [](double x, double y) { return x < y; }},
+      {"le", [](const Tensor& a, const Tensor& b) { return le(a, b); },
+       [](double x, double y) { return x <= y; }},
+      {"gt", [](const Tensor& a, const Tensor& b) { return gt(a, b); },
+       [](double x, double y) { return x > y; }},
+      {"ge", [](const Tensor& a, const Tensor& b) { return ge(a, b); },
+       [](double x, double y) { return x >= y; }},
   };
   for (const CompareCase& c : cases) {
-    for (const DType dtype : {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64, DType::u8}) {
+    for (const DType dtype :
+         {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64, DType::u8}) {
       INFO(c.name << " " << dtype_name(dtype));
       // Truncating uniform [0, 4) gives 0..3, exact in every dtype, so ties occur.
       const Tensor a = random_tensor({3, 1, 5}, ++seed, DType::f64, 0, 4).to(DType::i64).to(dtype);
@@ -565,7 +601,8 @@ TEST_CASE("comparisons with a Scalar operand", "[elementwise]") {
 
 // --- Scalar operands and promotion -----------------------------------------------------------
 
-TEST_CASE("Scalar operand takes the tensor's dtype unless floating with a non-floating tensor", "[elementwise]") {
+TEST_CASE("Scalar operand takes the tensor's dtype unless floating with a non-floating tensor",
+          "[elementwise]") {
   SECTION("integer Scalar keeps the tensor's dtype") {
     const Tensor i = add(from_vector<std::int32_t>({1, -2}), 3);
     CHECK(i.dtype() == DType::i32);
@@ -628,13 +665,19 @@ TEST_CASE("mixed-dtype inputs promote before computing", "[elementwise]") {
   };
   const std::vector<PromotionCase> cases{
       // i32 + f16 -> f16
-      {from_vector<std::int32_t>({3, -100}), from_vector<float>({0.5f, 0.25f}).to(DType::f16), DType::f16,
+      {from_vector<std::int32_t>({3, -100}),
+       from_vector<float>({0.5f, 0.25f}).to(DType::f16),
+       DType::f16,
        {3.5, -99.75}},
       // u8 + i64 -> i64: 200 + 100 = 300 does not wrap at 256.
-      {from_vector<std::uint8_t>({200, 255}), from_vector<std::int64_t>({100, std::int64_t{1} << 40}), DType::i64,
+      {from_vector<std::uint8_t>({200, 255}),
+       from_vector<std::int64_t>({100, std::int64_t{1} << 40}),
+       DType::i64,
        {300, 255 + 1099511627776.0}},
       // bf16 + f16 -> f32: 1/3 in bf16 and 1/3 in f16 added in f32.
-      {from_vector<float>({1.0f / 3}).to(DType::bf16), from_vector<float>({1.0f / 3}).to(DType::f16), DType::f32,
+      {from_vector<float>({1.0f / 3}).to(DType::bf16),
+       from_vector<float>({1.0f / 3}).to(DType::f16),
+       DType::f32,
        {0.333984375 + 0.333251953125}},
       // u8 + i32 -> i32
       {from_vector<std::uint8_t>({255}), from_vector<std::int32_t>({-300}), DType::i32, {-45}},
@@ -743,7 +786,8 @@ TEST_CASE("elementwise errors name the op and the offending values", "[elementwi
                        "add: shapes [2, 3] and [4] cannot be broadcast (dimension 1: 3 vs 4)");
     CHECK_THROWS_ERROR(mul(empty({2, 3}), empty({3, 2})),
                        "mul: shapes [2, 3] and [3, 2] cannot be broadcast (dimension 0: 2 vs 3)");
-    CHECK_THROWS_ERROR(lt(empty({0}), empty({2})), "lt: shapes [0] and [2] cannot be broadcast (dimension 0: 0 vs 2)");
+    CHECK_THROWS_ERROR(lt(empty({0}), empty({2})),
+                       "lt: shapes [0] and [2] cannot be broadcast (dimension 0: 0 vs 2)");
     CHECK_THROWS_ERROR(empty({5}) - empty({4}), "sub: shapes [5] and [4] cannot be broadcast");
   }
   SECTION("arithmetic on bool") {
@@ -785,8 +829,10 @@ TEST_CASE("elementwise errors name the op and the offending values", "[elementwi
     CHECK_THROWS_ERROR(clamp(undefined, 0, 1), "clamp: input tensor is undefined");
     CHECK_THROWS_ERROR(cast(undefined, DType::f32), "cast: input tensor is undefined");
     CHECK_THROWS_ERROR(where(undefined, x, x), "where: condition tensor is undefined");
-    CHECK_THROWS_ERROR(where(from_vector<bool>({true, false}), undefined, x), "where: first tensor is undefined");
-    CHECK_THROWS_ERROR(where(from_vector<bool>({true, false}), x, undefined), "where: second tensor is undefined");
+    CHECK_THROWS_ERROR(where(from_vector<bool>({true, false}), undefined, x),
+                       "where: first tensor is undefined");
+    CHECK_THROWS_ERROR(where(from_vector<bool>({true, false}), x, undefined),
+                       "where: second tensor is undefined");
   }
 }
 

@@ -1,4 +1,4 @@
-// tests/test_index.cpp: embedding, index_select, gather/scatter_add, index_add, cat/stack/split/chunk, triu/tril, gather_targets.
+// tests/test_index.cpp: embedding, index_select, gather/scatter/index_add, cat/stack/split, triu, targets.
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -9,25 +9,7 @@
 namespace shardlab::test {
 namespace {
 
-std::vector<double> values(const Tensor& t) { return t.to_vector<double>(); }
-
-double dot(const std::vector<double>& a, const std::vector<double>& b) {
-  REQUIRE(a.size() == b.size());
-  double total = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) total += a[i] * b[i];
-  return total;
-}
-
-// Row-major coordinates of element `flat` of `shape`, and back.
-std::vector<std::int64_t> coordinates(std::int64_t flat, const Shape& shape) {
-  std::vector<std::int64_t> c(shape.size());
-  for (std::size_t d = shape.size(); d-- > 0;) {
-    c[d] = flat % shape[d];
-    flat /= shape[d];
-  }
-  return c;
-}
-
+// Back from coordinates to the row-major position.
 std::size_t flat_index(const std::vector<std::int64_t>& c, const Shape& shape) {
   std::int64_t flat = 0;
   for (std::size_t d = 0; d < shape.size(); ++d) flat = flat * shape[d] + c[d];
@@ -47,7 +29,8 @@ std::vector<double> naive_index_select(const Tensor& x, std::int64_t dim, const 
   std::vector<double> out;
   for (std::int64_t i = 0; i < shape_numel(out_shape); ++i) {
     std::vector<std::int64_t> c = coordinates(i, out_shape);
-    c[static_cast<std::size_t>(dim)] = static_cast<std::int64_t>(index[static_cast<std::size_t>(c[static_cast<std::size_t>(dim)])]);
+    c[static_cast<std::size_t>(dim)] =
+        static_cast<std::int64_t>(index[static_cast<std::size_t>(c[static_cast<std::size_t>(dim)])]);
     out.push_back(xv[flat_index(c, x.shape())]);
   }
   return out;
@@ -66,7 +49,8 @@ std::vector<double> naive_gather(const Tensor& x, std::int64_t dim, const Tensor
 }
 
 // scatter_add by hand: out = self; out[c with c[dim] = index[c]] += src[c] for every c of index.
-std::vector<double> naive_scatter_add(const Tensor& self, std::int64_t dim, const Tensor& index, const Tensor& src) {
+std::vector<double> naive_scatter_add(const Tensor& self, std::int64_t dim, const Tensor& index,
+                                      const Tensor& src) {
   std::vector<double> out = values(self);
   const std::vector<double> iv = values(index), sv = values(src);
   for (std::int64_t i = 0; i < index.numel(); ++i) {
@@ -85,7 +69,8 @@ std::vector<double> naive_index_add(const Tensor& self, std::int64_t dim, const 
   const std::vector<double> sv = values(src);
   for (std::int64_t i = 0; i < src.numel(); ++i) {
     std::vector<std::int64_t> c = coordinates(i, src.shape());
-    c[static_cast<std::size_t>(dim)] = static_cast<std::int64_t>(index[static_cast<std::size_t>(c[static_cast<std::size_t>(dim)])]);
+    c[static_cast<std::size_t>(dim)] =
+        static_cast<std::int64_t>(index[static_cast<std::size_t>(c[static_cast<std::size_t>(dim)])]);
     out[flat_index(c, self.shape())] += sv[static_cast<std::size_t>(i)];
   }
   return out;
@@ -146,8 +131,8 @@ TEST_CASE("embedding_backward sums the gradient rows of repeated indices", "[ind
   const Tensor w = random_tensor({12, 5}, 4101, DType::f64);
   const Tensor i = random_indices({4, 7}, 4102, 12);
   const Tensor g = random_tensor({4, 7, 5}, 4103, DType::f64);
-  CHECK(std::abs(dot(values(embedding(w, i)), values(g)) - dot(values(w), values(embedding_backward(g, i, 12)))) <=
-        1e-12);
+  CHECK(std::abs(dot(values(embedding(w, i)), values(g)) -
+                 dot(values(w), values(embedding_backward(g, i, 12)))) <= 1e-12);
 }
 
 TEST_CASE("embedding_backward and scatter_add in bf16 do not round after every addition", "[index]") {
@@ -159,7 +144,8 @@ TEST_CASE("embedding_backward and scatter_add in bf16 do not round after every a
   CHECK(table.dtype() == DType::bf16);
   check_close(table, {1000 * 0.010009765625, 0});
   const Tensor scattered =
-      scatter_add(zeros({1, 1}, dtype(DType::bf16)), 1, zeros({1, 1000}, dtype(DType::i64)), full({1, 1000}, 0.01, dtype(DType::bf16)));
+      scatter_add(zeros({1, 1}, dtype(DType::bf16)), 1, zeros({1, 1000}, dtype(DType::i64)),
+                  full({1, 1000}, 0.01, dtype(DType::bf16)));
   check_close(scattered, {1000 * 0.010009765625});
 }
 
@@ -170,13 +156,16 @@ TEST_CASE("embedding errors", "[index]") {
                      "embedding: index 10 is out of range for the embedding table of size 10");
   CHECK_THROWS_ERROR(embedding(weight, from_vector<std::int32_t>({-1})),
                      "embedding: index -1 is out of range for the embedding table of size 10");
-  CHECK_THROWS_ERROR(embedding(weight, from_vector<float>({1})), "embedding: indices must be i64 or i32, got f32");
+  CHECK_THROWS_ERROR(embedding(weight, from_vector<float>({1})),
+                     "embedding: indices must be i64 or i32, got f32");
   CHECK_THROWS_ERROR(embedding(zeros({10}), from_vector<std::int64_t>({1})),
                      "embedding: weight must be 2-D [num_embeddings, dim], got [10]");
-  CHECK_THROWS_ERROR(embedding(Tensor{}, from_vector<std::int64_t>({1})), "embedding: weight tensor is undefined");
+  CHECK_THROWS_ERROR(embedding(Tensor{}, from_vector<std::int64_t>({1})),
+                     "embedding: weight tensor is undefined");
   CHECK_THROWS_ERROR(embedding(weight, Tensor{}), "embedding: indices tensor is undefined");
-  CHECK_THROWS_ERROR(embedding_backward(zeros({2, 3, 4}), zeros({3, 2}, dtype(DType::i64)), 10),
-                     "embedding_backward: grad [2, 3, 4] does not match indices [3, 2] plus an embedding dim");
+  CHECK_THROWS_ERROR(
+      embedding_backward(zeros({2, 3, 4}), zeros({3, 2}, dtype(DType::i64)), 10),
+      "embedding_backward: grad [2, 3, 4] does not match indices [3, 2] plus an embedding dim");
   CHECK_THROWS_ERROR(embedding_backward(zeros({2, 4}), from_vector<std::int64_t>({3, 10}), 10),
                      "embedding_backward: index 10 is out of range for the embedding table of size 10");
   CHECK_THROWS_ERROR(embedding_backward(zeros({2, 4}), from_vector<std::int64_t>({3, 1}), -1),
@@ -216,10 +205,12 @@ TEST_CASE("index_select errors", "[index]") {
                      "index_select: index 5 is out of range for the dimension of size 5");
   CHECK_THROWS_ERROR(index_select(x, 0, from_vector<std::int64_t>({-1})),
                      "index_select: index -1 is out of range for the dimension of size 3");
-  CHECK_THROWS_ERROR(index_select(x, 0, zeros({2, 2}, dtype(DType::i64))), "index_select: index must be 1-D, got shape [2, 2]");
+  CHECK_THROWS_ERROR(index_select(x, 0, zeros({2, 2}, dtype(DType::i64))),
+                     "index_select: index must be 1-D, got shape [2, 2]");
   CHECK_THROWS_ERROR(index_select(x, 2, from_vector<std::int64_t>({0})),
                      "index_select: dimension 2 is out of range for a tensor of rank 2");
-  CHECK_THROWS_ERROR(index_select(x, 0, from_vector<double>({0})), "index_select: indices must be i64 or i32, got f64");
+  CHECK_THROWS_ERROR(index_select(x, 0, from_vector<double>({0})),
+                     "index_select: indices must be i64 or i32, got f64");
 }
 
 // --- gather and scatter_add ------------------------------------------------------------------
@@ -300,20 +291,24 @@ TEST_CASE("gather and scatter_add are adjoint", "[index]") {
 
 TEST_CASE("gather and scatter_add errors", "[index]") {
   const Tensor x = zeros({3, 4});
-  CHECK_THROWS_ERROR(gather(x, 1, from_vector<std::int64_t>({0})), "gather: index [1] must have the same rank as [3, 4]");
+  CHECK_THROWS_ERROR(gather(x, 1, from_vector<std::int64_t>({0})),
+                     "gather: index [1] must have the same rank as [3, 4]");
   CHECK_THROWS_ERROR(gather(x, 1, zeros({4, 2}, dtype(DType::i64))),
                      "gather: index [4, 2] is larger than [3, 4] in dimension 0");
   CHECK_THROWS_ERROR(gather(x, 1, full({1, 1}, 4, dtype(DType::i64))),
                      "gather: index 4 is out of range for the dimension of size 4");
-  CHECK_THROWS_ERROR(gather(x, 2, zeros({1, 1}, dtype(DType::i64))), "gather: dimension 2 is out of range for a tensor of rank 2");
-  CHECK_THROWS_ERROR(gather(x, 0, zeros({1, 1}, dtype(DType::u8))), "gather: indices must be i64 or i32, got u8");
+  CHECK_THROWS_ERROR(gather(x, 2, zeros({1, 1}, dtype(DType::i64))),
+                     "gather: dimension 2 is out of range for a tensor of rank 2");
+  CHECK_THROWS_ERROR(gather(x, 0, zeros({1, 1}, dtype(DType::u8))),
+                     "gather: indices must be i64 or i32, got u8");
   CHECK_THROWS_ERROR(scatter_add(x, 1, zeros({3, 5}, dtype(DType::i64)), zeros({3, 4})),
                      "scatter_add: index [3, 5] is larger than [3, 4] in dimension 1");
   CHECK_THROWS_ERROR(scatter_add(x, 1, zeros({4, 1}, dtype(DType::i64)), zeros({4, 1})),
                      "scatter_add: index [4, 1] is larger than [3, 4] in dimension 0");
   CHECK_THROWS_ERROR(scatter_add(x, 0, full({1, 1}, -2, dtype(DType::i64)), zeros({1, 1})),
                      "scatter_add: index -2 is out of range for the dimension of size 3");
-  CHECK_THROWS_ERROR(scatter_add(x, 0, zeros({1, 1}, dtype(DType::i64)), Tensor{}), "scatter_add: src tensor is undefined");
+  CHECK_THROWS_ERROR(scatter_add(x, 0, zeros({1, 1}, dtype(DType::i64)), Tensor{}),
+                     "scatter_add: src tensor is undefined");
 }
 
 // --- index_add -------------------------------------------------------------------------------
@@ -332,7 +327,8 @@ TEST_CASE("index_add adds slices at repeated indices", "[index]") {
     const std::vector<double> picks{2, 0, 2, 2, 1, 0};
     const std::vector<double> in_range = [&] {
       std::vector<double> v;
-      for (const double p : picks) v.push_back(static_cast<double>(static_cast<std::int64_t>(p) % base.size(d)));
+      for (const double p : picks)
+        v.push_back(static_cast<double>(static_cast<std::int64_t>(p) % base.size(d)));
       return v;
     }();
     Shape src_shape = base.shape();
@@ -370,7 +366,8 @@ TEST_CASE("cat joins along dims 0 and 1 and promotes mixed dtypes", "[index]") {
   const Tensor mixed = cat({from_vector<std::int32_t>({1, 2}), from_vector<float>({0.5f})}, 0);
   CHECK(mixed.dtype() == DType::f32);
   check_equal(mixed, {1, 2, 0.5});
-  const Tensor halves = cat({from_vector<float>({0.25f}).to(DType::bf16), from_vector<float>({1.5f}).to(DType::f16)}, 0);
+  const Tensor halves =
+      cat({from_vector<float>({0.25f}).to(DType::bf16), from_vector<float>({1.5f}).to(DType::f16)}, 0);
   CHECK(halves.dtype() == DType::f32);
   check_equal(halves, {0.25, 1.5});
   const Tensor wide = cat({from_vector<std::uint8_t>({255}), from_vector<std::int64_t>({-1})}, 0);
@@ -384,10 +381,12 @@ TEST_CASE("cat joins along dims 0 and 1 and promotes mixed dtypes", "[index]") {
 }
 
 TEST_CASE("cat errors", "[index]") {
-  CHECK_THROWS_ERROR(cat({zeros({2, 3}), zeros({2, 4})}, 0),
-                     "cat: tensor 1 has shape [2, 4] but tensor 0 has [2, 3] (they must match except in dimension 0)");
-  CHECK_THROWS_ERROR(cat({zeros({2, 3}), zeros({2, 3}), zeros({3})}, 1),
-                     "cat: tensor 2 has shape [3] but tensor 0 has [2, 3] (they must match except in dimension 1)");
+  CHECK_THROWS_ERROR(
+      cat({zeros({2, 3}), zeros({2, 4})}, 0),
+      "cat: tensor 1 has shape [2, 4] but tensor 0 has [2, 3] (they must match except in dimension 0)");
+  CHECK_THROWS_ERROR(
+      cat({zeros({2, 3}), zeros({2, 3}), zeros({3})}, 1),
+      "cat: tensor 2 has shape [3] but tensor 0 has [2, 3] (they must match except in dimension 1)");
   CHECK_THROWS_ERROR(cat({}, 0), "cat: needs at least one tensor");
   CHECK_THROWS_ERROR(cat({zeros({2})}, 1), "cat: dimension 1 is out of range for a tensor of rank 1");
   CHECK_THROWS_ERROR(cat({zeros({2}), Tensor{}}, 0), "cat: input tensor is undefined");
@@ -411,7 +410,8 @@ TEST_CASE("stack adds a new dim at the front, the middle or the end", "[index]")
   const Tensor v = stack({scalar_tensor(1.0), scalar_tensor(2.0), scalar_tensor(3.0)}, 0);
   CHECK(v.shape() == Shape{3});
   check_equal(v, {1, 2, 3});
-  CHECK_THROWS_ERROR(stack({a, zeros({2, 4})}, 0), "stack: tensor 1 has shape [2, 4] but tensor 0 has [2, 3]");
+  CHECK_THROWS_ERROR(stack({a, zeros({2, 4})}, 0),
+                     "stack: tensor 1 has shape [2, 4] but tensor 0 has [2, 3]");
   CHECK_THROWS_ERROR(stack({a, b}, 3), "stack: dimension 3 is out of range for a tensor of rank 3");
   CHECK_THROWS_ERROR(stack({}, 0), "stack: needs at least one tensor");
 }
@@ -536,9 +536,12 @@ TEST_CASE("gather_targets errors", "[index]") {
                      "gather_targets: values [3, 5] and targets [2] disagree on the batch size (3 != 2)");
   CHECK_THROWS_ERROR(gather_targets(zeros({5}), from_vector<std::int64_t>({0})),
                      "gather_targets: values must be 2-D [N, C], got [5]");
-  CHECK_THROWS_ERROR(gather_targets(v, zeros({3, 1}, dtype(DType::i64))), "gather_targets: targets must be 1-D [N], got [3, 1]");
-  CHECK_THROWS_ERROR(gather_targets(v, from_vector<float>({0, 1, 2})), "gather_targets: indices must be i64 or i32, got f32");
-  CHECK_THROWS_ERROR(gather_targets(Tensor{}, from_vector<std::int64_t>({0})), "gather_targets: values tensor is undefined");
+  CHECK_THROWS_ERROR(gather_targets(v, zeros({3, 1}, dtype(DType::i64))),
+                     "gather_targets: targets must be 1-D [N], got [3, 1]");
+  CHECK_THROWS_ERROR(gather_targets(v, from_vector<float>({0, 1, 2})),
+                     "gather_targets: indices must be i64 or i32, got f32");
+  CHECK_THROWS_ERROR(gather_targets(Tensor{}, from_vector<std::int64_t>({0})),
+                     "gather_targets: values tensor is undefined");
 }
 
 }  // namespace shardlab::test

@@ -1,4 +1,4 @@
-// tests/test_linalg.cpp: matmul, softmax/log_softmax, conv2d (forward and both gradients) and max_pool2d against naive loops.
+// tests/test_linalg.cpp: matmul, softmax, conv2d and its gradients, max_pool2d vs naive loops.
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -13,15 +13,6 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 const std::vector<DType> kFloatDTypes{DType::f32, DType::f64, DType::bf16, DType::f16};
-
-std::vector<double> values(const Tensor& t) { return t.to_vector<double>(); }
-
-double dot(const std::vector<double>& a, const std::vector<double>& b) {
-  REQUIRE(a.size() == b.size());
-  double total = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) total += a[i] * b[i];
-  return total;
-}
 
 // --- matmul reference ------------------------------------------------------------------------
 
@@ -96,7 +87,8 @@ void check_matmul(const Tensor& a, const Tensor& b) {
 
 // The naive formulas exp(x_i) / sum_j exp(x_j) and x_i - log(sum_j exp(x_j)) along `dim`, in
 // double; fine for inputs of moderate size.
-std::vector<double> naive_softmax(const std::vector<double>& x, const Shape& shape, std::int64_t dim, bool log) {
+std::vector<double> naive_softmax(const std::vector<double>& x, const Shape& shape, std::int64_t dim,
+                                  bool log) {
   const auto d = static_cast<std::size_t>(dim < 0 ? dim + static_cast<std::int64_t>(shape.size()) : dim);
   std::int64_t inner = 1, outer = 1;
   for (std::size_t i = 0; i < shape.size(); ++i) {
@@ -150,8 +142,8 @@ std::size_t at4(const Shape& s, std::int64_t a, std::int64_t b, std::int64_t c, 
   return static_cast<std::size_t>(((a * s[1] + b) * s[2] + c) * s[3] + d);
 }
 
-std::vector<double> naive_conv(const ConvShapes& s, const std::vector<double>& x, const std::vector<double>& w,
-                               const std::vector<double>& bias) {
+std::vector<double> naive_conv(const ConvShapes& s, const std::vector<double>& x,
+                               const std::vector<double>& w, const std::vector<double>& bias) {
   const Shape os = s.output();
   std::vector<double> out(static_cast<std::size_t>(shape_numel(os)), 0.0);
   if (!bias.empty()) {
@@ -214,7 +206,8 @@ struct Pooled {
 Pooled naive_max_pool(const std::vector<double>& x, const Shape& s, std::int64_t kernel, std::int64_t stride,
                       std::int64_t padding) {
   const std::int64_t H = s[2], W = s[3];
-  const std::int64_t OH = (H + 2 * padding - kernel) / stride + 1, OW = (W + 2 * padding - kernel) / stride + 1;
+  const std::int64_t OH = (H + 2 * padding - kernel) / stride + 1,
+                     OW = (W + 2 * padding - kernel) / stride + 1;
   Pooled out;
   for (std::int64_t plane = 0; plane < s[0] * s[1]; ++plane) {
     for (std::int64_t oh = 0; oh < OH; ++oh) {
@@ -257,7 +250,7 @@ TEST_CASE("matmul of 1-D and 2-D operands with odd sizes matches a naive triple 
     check_matmul(r({7}), r({7, 3}));       // vector-matrix -> [3]
     check_matmul(r({7, 13}), r({13, 5}));  // 7x13x5
     check_matmul(r({1, 1}), r({1, 1}));
-    check_matmul(r({13, 1}), r({1, 7}));   // outer product
+    check_matmul(r({13, 1}), r({1, 7}));  // outer product
     check_matmul(r({1, 13}), r({13, 1}));
     check_matmul(r({33, 65}), r({65, 17}));
   }
@@ -271,8 +264,8 @@ TEST_CASE("batched matmul broadcasts batch dims", "[linalg]") {
     check_matmul(r({2, 1, 3, 4}), r({5, 4, 6}));  // -> [2, 5, 3, 6]
     check_matmul(r({3, 4}), r({2, 4, 5}));        // matrix against a batch
     check_matmul(r({2, 3, 4}), r({4, 5}));
-    check_matmul(r({2, 3, 4}), r({4}));           // batch x vector -> [2, 3]
-    check_matmul(r({4}), r({2, 4, 5}));           // vector x batch -> [2, 5]
+    check_matmul(r({2, 3, 4}), r({4}));  // batch x vector -> [2, 3]
+    check_matmul(r({4}), r({2, 4, 5}));  // vector x batch -> [2, 5]
     check_matmul(r({3, 1, 2, 7}), r({1, 4, 7, 2}));
   }
   CHECK(matmul(random_tensor({2, 1, 3, 4}, 1), random_tensor({5, 4, 6}, 2)).shape() == Shape{2, 5, 3, 6});
@@ -319,7 +312,8 @@ TEST_CASE("matmul with an empty inner dimension gives zeros", "[linalg]") {
                                   empty({0, 5}, TensorOptions{}.with_dtype(dtype)));
     CHECK(batched.shape() == Shape{2, 3, 5});
     check_equal(batched, std::vector<double>(30, 0.0));
-    const Tensor inner = matmul(empty({0}, TensorOptions{}.with_dtype(dtype)), empty({0}, TensorOptions{}.with_dtype(dtype)));
+    const Tensor inner =
+        matmul(empty({0}, TensorOptions{}.with_dtype(dtype)), empty({0}, TensorOptions{}.with_dtype(dtype)));
     CHECK(inner.shape() == Shape{});
     check_equal(inner, {0.0});
   }
@@ -332,7 +326,8 @@ TEST_CASE("matmul with an empty inner dimension gives zeros", "[linalg]") {
 TEST_CASE("matmul errors", "[linalg]") {
   CHECK_THROWS_ERROR(matmul(empty({2, 3}), empty({4, 5})),
                      "matmul: shapes [2, 3] and [4, 5] cannot be multiplied (3 != 4)");
-  CHECK_THROWS_ERROR(matmul(empty({3}), empty({4})), "matmul: shapes [3] and [4] cannot be multiplied (3 != 4)");
+  CHECK_THROWS_ERROR(matmul(empty({3}), empty({4})),
+                     "matmul: shapes [3] and [4] cannot be multiplied (3 != 4)");
   CHECK_THROWS_ERROR(matmul(empty({2, 5, 3}), empty({4, 3})),
                      "matmul: shapes [2, 5, 3] and [4, 3] cannot be multiplied (3 != 4)");
   CHECK_THROWS_ERROR(matmul(empty({2, 3, 4}), empty({3, 4, 5})),
@@ -412,15 +407,15 @@ TEST_CASE("softmax is stable for values in the thousands", "[linalg]") {
 TEST_CASE("softmax of rows of -inf with one finite value is one-hot", "[linalg]") {
   for (const DType dtype : kFloatDTypes) {
     INFO(dtype_name(dtype));
-    const Tensor x = from_vector<double>({-kInf, 3, -kInf, -kInf,  //
+    const Tensor x = from_vector<double>({-kInf, 3, -kInf, -kInf,      //
                                           -kInf, -kInf, -kInf, -2000,  //
                                           0, -kInf, 1, -kInf},
                                          {3, 4})
                          .to(dtype);
     const double e = 1 / (1 + std::exp(1.0));
     check_close(softmax(x, 1), {0, 1, 0, 0, 0, 0, 0, 1, e, 0, 1 - e, 0});
-    check_close(log_softmax(x, 1), {-kInf, 0, -kInf, -kInf, -kInf, -kInf, -kInf, 0, std::log(e), -kInf,
-                                    std::log(1 - e), -kInf});
+    check_close(log_softmax(x, 1),
+                {-kInf, 0, -kInf, -kInf, -kInf, -kInf, -kInf, 0, std::log(e), -kInf, std::log(1 - e), -kInf});
     // Along dim 0 of the transpose: the same numbers.
     check_close(softmax(x.transpose(0, 1), 0).transpose(0, 1), {0, 1, 0, 0, 0, 0, 0, 1, e, 0, 1 - e, 0});
   }
@@ -429,7 +424,8 @@ TEST_CASE("softmax of rows of -inf with one finite value is one-hot", "[linalg]"
 TEST_CASE("softmax identities, 0-d and empty inputs", "[linalg]") {
   const Tensor x = random_tensor({4, 7, 5}, 2501, DType::f64, -4, 4);
   for (const std::int64_t dim : {0, 1, 2}) {
-    check_close(sum(softmax(x, dim), {dim}), std::vector<double>(static_cast<std::size_t>(x.numel() / x.size(dim)), 1.0),
+    check_close(sum(softmax(x, dim), {dim}),
+                std::vector<double>(static_cast<std::size_t>(x.numel() / x.size(dim)), 1.0),
                 Tolerance{1e-14, 0});
     check_close(exp(log_softmax(x, dim)), softmax(x, dim), Tolerance{1e-15, 1e-13});
   }
@@ -442,10 +438,14 @@ TEST_CASE("softmax identities, 0-d and empty inputs", "[linalg]") {
 }
 
 TEST_CASE("softmax errors", "[linalg]") {
-  CHECK_THROWS_ERROR(softmax(from_vector<std::int32_t>({1, 2}), 0), "softmax: needs a floating dtype, got i32");
-  CHECK_THROWS_ERROR(log_softmax(from_vector<std::int64_t>({1, 2}), 0), "log_softmax: needs a floating dtype, got i64");
-  CHECK_THROWS_ERROR(softmax(empty({2, 3, 4}), 3), "softmax: dimension 3 is out of range for a tensor of rank 3");
-  CHECK_THROWS_ERROR(log_softmax(empty({2, 3}), -3), "log_softmax: dimension -3 is out of range for a tensor of rank 2");
+  CHECK_THROWS_ERROR(softmax(from_vector<std::int32_t>({1, 2}), 0),
+                     "softmax: needs a floating dtype, got i32");
+  CHECK_THROWS_ERROR(log_softmax(from_vector<std::int64_t>({1, 2}), 0),
+                     "log_softmax: needs a floating dtype, got i64");
+  CHECK_THROWS_ERROR(softmax(empty({2, 3, 4}), 3),
+                     "softmax: dimension 3 is out of range for a tensor of rank 3");
+  CHECK_THROWS_ERROR(log_softmax(empty({2, 3}), -3),
+                     "log_softmax: dimension -3 is out of range for a tensor of rank 2");
   CHECK_THROWS_ERROR(softmax(Tensor{}, 0), "softmax: input tensor is undefined");
 }
 
@@ -520,9 +520,11 @@ TEST_CASE("conv2d on a batch large enough to be split into chunks", "[linalg]") 
     const Tensor b = random_tensor({3}, ++seed, dtype);
     const Tensor g = random_tensor(s.output(), ++seed, dtype);
     check_close(conv2d(x, w, b, {1, 1}), naive_conv(s, values(x), values(w), values(b)));
-    check_close(conv2d_backward_input(g, w, s.input, {1, 1}), naive_conv_backward_input(s, values(g), values(w)));
+    check_close(conv2d_backward_input(g, w, s.input, {1, 1}),
+                naive_conv_backward_input(s, values(g), values(w)));
     // Each weight gradient sums 5 x 130 x 130 products (magnitude ~300): f32 gets a wider atol.
-    check_close(conv2d_backward_weight(g, x, s.weight, {1, 1}), naive_conv_backward_weight(s, values(g), values(x)),
+    check_close(conv2d_backward_weight(g, x, s.weight, {1, 1}),
+                naive_conv_backward_weight(s, values(g), values(x)),
                 dtype == DType::f32 ? Tolerance{1e-4, 1e-5} : default_tolerance(dtype));
   }
 }
@@ -530,15 +532,16 @@ TEST_CASE("conv2d on a batch large enough to be split into chunks", "[linalg]") 
 TEST_CASE("conv2d in bf16 and f16 agrees with f32 on the same values", "[linalg]") {
   std::uint64_t seed = 3000;
   for (const DType dtype : {DType::bf16, DType::f16}) {
-    for (const ConvShapes& s : std::vector<ConvShapes>{{{2, 3, 7, 9}, {4, 3, 3, 3}, 1, 1},
-                                                       {{2, 3, 7, 9}, {4, 3, 5, 2}, 2, 2}}) {
+    for (const ConvShapes& s :
+         std::vector<ConvShapes>{{{2, 3, 7, 9}, {4, 3, 3, 3}, 1, 1}, {{2, 3, 7, 9}, {4, 3, 5, 2}, 2, 2}}) {
       INFO(describe(s) << " " << dtype_name(dtype));
       const Tensor x = random_tensor(s.input, ++seed, dtype);
       const Tensor w = random_tensor(s.weight, ++seed, dtype);
       const Tensor b = random_tensor({s.weight[0]}, ++seed, dtype);
       const Tensor g = random_tensor(s.output(), ++seed, dtype);
       const Conv2dParams p{s.stride, s.padding};
-      const Tensor x32 = x.to(DType::f32), w32 = w.to(DType::f32), b32 = b.to(DType::f32), g32 = g.to(DType::f32);
+      const Tensor x32 = x.to(DType::f32), w32 = w.to(DType::f32), b32 = b.to(DType::f32),
+                   g32 = g.to(DType::f32);
       const Tensor y = conv2d(x, w, b, p);
       CHECK(y.dtype() == dtype);
       check_close(y, conv2d(x32, w32, b32, p), default_tolerance(dtype));
@@ -569,8 +572,10 @@ TEST_CASE("conv2d with a kernel exactly as large as the padded input gives one p
 TEST_CASE("conv2d errors", "[linalg]") {
   const Tensor x = empty({2, 3, 7, 9});
   const Tensor w = empty({4, 3, 3, 3});
-  CHECK_THROWS_ERROR(conv2d(empty({3, 7, 9}), w), "conv2d: input [N, C, H, W] must be 4-D, got shape [3, 7, 9]");
-  CHECK_THROWS_ERROR(conv2d(x, empty({4, 3, 3})), "conv2d: weight [O, C, KH, KW] must be 4-D, got shape [4, 3, 3]");
+  CHECK_THROWS_ERROR(conv2d(empty({3, 7, 9}), w),
+                     "conv2d: input [N, C, H, W] must be 4-D, got shape [3, 7, 9]");
+  CHECK_THROWS_ERROR(conv2d(x, empty({4, 3, 3})),
+                     "conv2d: weight [O, C, KH, KW] must be 4-D, got shape [4, 3, 3]");
   CHECK_THROWS_ERROR(conv2d(x, empty({4, 2, 3, 3})),
                      "conv2d: input [2, 3, 7, 9] has 3 channels but weight [4, 2, 3, 3] expects 2");
   CHECK_THROWS_ERROR(conv2d(empty({1, 1, 3, 3}), empty({1, 1, 5, 5})),
@@ -580,20 +585,25 @@ TEST_CASE("conv2d errors", "[linalg]") {
   CHECK_THROWS_ERROR(conv2d(x, w, {}, {0, 0}), "conv2d: stride must be at least 1, got 0");
   CHECK_THROWS_ERROR(conv2d(x, w, {}, {-2, 0}), "conv2d: stride must be at least 1, got -2");
   CHECK_THROWS_ERROR(conv2d(x, w, {}, {1, -1}), "conv2d: padding must be non-negative, got -1");
-  CHECK_THROWS_ERROR(conv2d(x, w, empty({3})), "conv2d: bias has shape [3] but weight [4, 3, 3, 3] needs [4]");
-  CHECK_THROWS_ERROR(conv2d(x, empty({4, 3, 3, 3}, dtype(DType::f64))), "conv2d: dtypes differ (f32 and f64)");
+  CHECK_THROWS_ERROR(conv2d(x, w, empty({3})),
+                     "conv2d: bias has shape [3] but weight [4, 3, 3, 3] needs [4]");
+  CHECK_THROWS_ERROR(conv2d(x, empty({4, 3, 3, 3}, dtype(DType::f64))),
+                     "conv2d: dtypes differ (f32 and f64)");
   CHECK_THROWS_ERROR(conv2d(x, w, empty({4}, dtype(DType::bf16))), "conv2d: dtypes differ (f32 and bf16)");
   CHECK_THROWS_ERROR(conv2d(empty({2, 3, 7, 9}, dtype(DType::i32)), empty({4, 3, 3, 3}, dtype(DType::i32))),
                      "conv2d: needs a floating dtype, got i32");
   CHECK_THROWS_ERROR(conv2d(Tensor{}, w), "conv2d: input tensor is undefined");
   CHECK_THROWS_ERROR(conv2d(x, Tensor{}), "conv2d: weight tensor is undefined");
   // Gradients: grad_output must have the forward output's shape ([2, 4, 5, 7] here).
-  CHECK_THROWS_ERROR(conv2d_backward_input(empty({2, 4, 5, 5}), w, {2, 3, 7, 9}),
-                     "conv2d_backward_input: grad_output has shape [2, 4, 5, 5] but the forward output was [2, 4, 5, 7]");
-  CHECK_THROWS_ERROR(conv2d_backward_weight(empty({2, 4, 5, 5}), x, {4, 3, 3, 3}),
-                     "conv2d_backward_weight: grad_output has shape [2, 4, 5, 5] but the forward output was [2, 4, 5, 7]");
-  CHECK_THROWS_ERROR(conv2d_backward_input(empty({2, 4, 5, 7}), w, {2, 2, 7, 9}),
-                     "conv2d_backward_input: input [2, 2, 7, 9] has 2 channels but weight [4, 3, 3, 3] expects 3");
+  CHECK_THROWS_ERROR(
+      conv2d_backward_input(empty({2, 4, 5, 5}), w, {2, 3, 7, 9}),
+      "conv2d_backward_input: grad_output has shape [2, 4, 5, 5] but the forward output was [2, 4, 5, 7]");
+  CHECK_THROWS_ERROR(
+      conv2d_backward_weight(empty({2, 4, 5, 5}), x, {4, 3, 3, 3}),
+      "conv2d_backward_weight: grad_output has shape [2, 4, 5, 5] but the forward output was [2, 4, 5, 7]");
+  CHECK_THROWS_ERROR(
+      conv2d_backward_input(empty({2, 4, 5, 7}), w, {2, 2, 7, 9}),
+      "conv2d_backward_input: input [2, 2, 7, 9] has 2 channels but weight [4, 3, 3, 3] expects 3");
   CHECK_THROWS_ERROR(conv2d_backward_weight(empty({2, 4, 5, 7}), x, {4, 3, 3}),
                      "conv2d_backward_weight: weight [O, C, KH, KW] must be 4-D, got shape [4, 3, 3]");
   CHECK_THROWS_ERROR(conv2d_backward_input(empty({2, 4, 5, 7}, dtype(DType::f64)), w, {2, 3, 7, 9}),
@@ -612,7 +622,8 @@ TEST_CASE("max_pool2d values and flat indices match a naive window scan", "[lina
   };
   std::uint64_t seed = 3200;
   for (const DType dtype : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
-    for (const PoolCase& c : std::vector<PoolCase>{{2, 2, 0}, {3, 2, 1}, {3, 1, 1}, {2, 1, 0}, {3, 3, 0}, {2, 2, 1}}) {
+    for (const PoolCase& c :
+         std::vector<PoolCase>{{2, 2, 0}, {3, 2, 1}, {3, 1, 1}, {2, 1, 0}, {3, 3, 0}, {2, 2, 1}}) {
       for (const Shape& shape : std::vector<Shape>{{2, 3, 7, 9}, {1, 2, 8, 8}, {1, 1, 3, 13}}) {
         INFO(dtype_name(dtype) << " " << shape_str(shape) << " kernel " << c.kernel << " stride " << c.stride
                                << " padding " << c.padding);
@@ -635,7 +646,8 @@ TEST_CASE("max_pool2d values and flat indices match a naive window scan", "[lina
   check_equal(max_pool2d(x, {3, 0, 0}).indices, values(max_pool2d(x, {3, 3, 0}).indices));
   CHECK(max_pool2d(x, {3, 0, 0}).values.shape() == Shape{1, 1, 2, 2});
   // Integer inputs pool too.
-  const Tensor ints = from_vector<std::int32_t>({1, 5, 2, 2, 7, 0, 3, 3, 4, 4, 9, 9, 1, 8, 0, 9}, {1, 1, 4, 4});
+  const Tensor ints =
+      from_vector<std::int32_t>({1, 5, 2, 2, 7, 0, 3, 3, 4, 4, 9, 9, 1, 8, 0, 9}, {1, 1, 4, 4});
   const MaxPool2dResult ri = max_pool2d(ints, {2, 2, 0});
   CHECK(ri.values.dtype() == DType::i32);
   check_equal(ri.values, {7, 3, 8, 9});
@@ -657,9 +669,9 @@ TEST_CASE("max_pool2d picks the first maximum on ties and NaN over everything", 
   // NaN beats every number, the first NaN wins.
   for (const DType dtype : {DType::f32, DType::bf16}) {
     INFO(dtype_name(dtype));
-    const Tensor x = from_vector<double>({1, kNaN, 5, 2,  //
+    const Tensor x = from_vector<double>({1, kNaN, 5, 2,        //
                                           kInf, 3, kNaN, kNaN,  //
-                                          0, 0, 1, 2,  //
+                                          0, 0, 1, 2,           //
                                           3, 4, 5, 6},
                                          {1, 1, 4, 4})
                          .to(dtype);
@@ -706,8 +718,10 @@ TEST_CASE("max_pool2d_backward scatters and accumulates gradients at the maxima"
   // Random inputs: the gradient is the naive scatter-sum at the naive argmax positions.
   std::uint64_t seed = 3300;
   for (const DType dtype : {DType::f32, DType::f64, DType::bf16}) {
-    for (const MaxPool2dParams p : {MaxPool2dParams{3, 2, 1}, MaxPool2dParams{2, 2, 0}, MaxPool2dParams{3, 1, 1}}) {
-      INFO(dtype_name(dtype) << " kernel " << p.kernel_size << " stride " << p.stride << " padding " << p.padding);
+    for (const MaxPool2dParams p :
+         {MaxPool2dParams{3, 2, 1}, MaxPool2dParams{2, 2, 0}, MaxPool2dParams{3, 1, 1}}) {
+      INFO(dtype_name(dtype) << " kernel " << p.kernel_size << " stride " << p.stride << " padding "
+                             << p.padding);
       const Shape shape{2, 3, 7, 9};
       const Tensor input = random_tensor(shape, ++seed, dtype);
       const MaxPool2dResult pooled = max_pool2d(input, p);
@@ -718,7 +732,8 @@ TEST_CASE("max_pool2d_backward scatters and accumulates gradients at the maxima"
       const std::int64_t per_plane = pooled.values.size(2) * pooled.values.size(3);
       for (std::size_t j = 0; j < gv.size(); ++j) {
         const auto plane_index = static_cast<std::int64_t>(j) / per_plane;
-        scattered[static_cast<std::size_t>(plane_index * 63 + static_cast<std::int64_t>(e.indices[j]))] += gv[j];
+        scattered[static_cast<std::size_t>(plane_index * 63 + static_cast<std::int64_t>(e.indices[j]))] +=
+            gv[j];
       }
       const Tensor result = max_pool2d_backward(grad, pooled.indices, shape);
       CHECK(result.dtype() == dtype);
@@ -729,7 +744,8 @@ TEST_CASE("max_pool2d_backward scatters and accumulates gradients at the maxima"
 
 TEST_CASE("max_pool2d errors", "[linalg]") {
   const Tensor x = empty({2, 3, 7, 9});
-  CHECK_THROWS_ERROR(max_pool2d(empty({3, 7, 9})), "max_pool2d: input [N, C, H, W] must be 4-D, got shape [3, 7, 9]");
+  CHECK_THROWS_ERROR(max_pool2d(empty({3, 7, 9})),
+                     "max_pool2d: input [N, C, H, W] must be 4-D, got shape [3, 7, 9]");
   CHECK_THROWS_ERROR(max_pool2d(x, {3, 2, 2}),
                      "max_pool2d: padding must be between 0 and half the kernel size 3, got 2");
   CHECK_THROWS_ERROR(max_pool2d(x, {2, 2, -1}),
@@ -743,16 +759,22 @@ TEST_CASE("max_pool2d errors", "[linalg]") {
   CHECK_THROWS_ERROR(max_pool2d(Tensor{}), "max_pool2d: input tensor is undefined");
   // Backward: grad_output and indices must match each other and the input's N and C.
   const Tensor idx = zeros({1, 1, 2, 2}, dtype(DType::i64));
-  CHECK_THROWS_ERROR(max_pool2d_backward(empty({1, 1, 2, 2}), zeros({1, 1, 3, 3}, dtype(DType::i64)), {1, 1, 4, 4}),
-                     "max_pool2d_backward: grad_output [1, 1, 2, 2] and indices [1, 1, 3, 3] do not match input [1, 1, 4, 4]");
+  CHECK_THROWS_ERROR(
+      max_pool2d_backward(empty({1, 1, 2, 2}), zeros({1, 1, 3, 3}, dtype(DType::i64)), {1, 1, 4, 4}),
+      "max_pool2d_backward: grad_output [1, 1, 2, 2] and indices [1, 1, 3, 3] do not match input [1, 1, 4, "
+      "4]");
   CHECK_THROWS_ERROR(max_pool2d_backward(empty({1, 1, 2, 2}), idx, {1, 2, 4, 4}),
-                     "max_pool2d_backward: grad_output [1, 1, 2, 2] and indices [1, 1, 2, 2] do not match input [1, 2, 4, 4]");
-  CHECK_THROWS_ERROR(max_pool2d_backward(empty({1, 1, 2, 2}), zeros({1, 1, 2, 2}, dtype(DType::i32)), {1, 1, 4, 4}),
-                     "max_pool2d_backward: indices must be i64, got i32");
-  CHECK_THROWS_ERROR(max_pool2d_backward(empty({1, 1, 2, 2}), full({1, 1, 2, 2}, 16, dtype(DType::i64)), {1, 1, 4, 4}),
-                     "max_pool2d_backward: index 16 is out of range for an input plane of size 16");
-  CHECK_THROWS_ERROR(max_pool2d_backward(empty({1, 1, 2, 2}), full({1, 1, 2, 2}, -1, dtype(DType::i64)), {1, 1, 4, 4}),
-                     "max_pool2d_backward: index -1 is out of range for an input plane of size 16");
+                     "max_pool2d_backward: grad_output [1, 1, 2, 2] and indices [1, 1, 2, 2] do not match "
+                     "input [1, 2, 4, 4]");
+  CHECK_THROWS_ERROR(
+      max_pool2d_backward(empty({1, 1, 2, 2}), zeros({1, 1, 2, 2}, dtype(DType::i32)), {1, 1, 4, 4}),
+      "max_pool2d_backward: indices must be i64, got i32");
+  CHECK_THROWS_ERROR(
+      max_pool2d_backward(empty({1, 1, 2, 2}), full({1, 1, 2, 2}, 16, dtype(DType::i64)), {1, 1, 4, 4}),
+      "max_pool2d_backward: index 16 is out of range for an input plane of size 16");
+  CHECK_THROWS_ERROR(
+      max_pool2d_backward(empty({1, 1, 2, 2}), full({1, 1, 2, 2}, -1, dtype(DType::i64)), {1, 1, 4, 4}),
+      "max_pool2d_backward: index -1 is out of range for an input plane of size 16");
   CHECK_THROWS_ERROR(max_pool2d_backward(empty({1, 1, 2, 2}), idx, {1, 4, 4}),
                      "max_pool2d_backward: input shape must be 4-D, got shape [1, 4, 4]");
   CHECK_THROWS_ERROR(max_pool2d_backward(Tensor{}, idx, {1, 1, 4, 4}),

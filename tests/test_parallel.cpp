@@ -27,13 +27,16 @@ TEST_CASE("parallel_for covers every index exactly once", "[parallel]") {
 TEST_CASE("parallel_for rethrows a worker's exception and nested calls run serially", "[parallel]") {
   const int original = num_threads();
   set_num_threads(3);
-  CHECK_THROWS_ERROR(parallel_for(0, 300, 1, [](std::int64_t first, std::int64_t) {
-                       if (first > 0) throw Error("chunk failed");
-                     }),
+  CHECK_THROWS_ERROR(parallel_for(0, 300, 1,
+                                  [](std::int64_t first, std::int64_t) {
+                                    if (first > 0) throw Error("chunk failed");
+                                  }),
                      "chunk failed");
   std::atomic<int> total{0};
   parallel_for(0, 10, 1, [&](std::int64_t first, std::int64_t last) {
-    parallel_for(0, 10, 1, [&](std::int64_t a, std::int64_t b) { total += static_cast<int>((last - first) * (b - a)); });
+    parallel_for(0, 10, 1, [&](std::int64_t a, std::int64_t b) {
+      total += static_cast<int>((last - first) * (b - a));
+    });
   });
   CHECK(total.load() == 100);
   CHECK_THROWS_ERROR(set_num_threads(0), "set_num_threads: need at least 1 thread, got 0");

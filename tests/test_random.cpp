@@ -21,7 +21,8 @@ TEST_CASE("Philox4x32-10 matches the Random123 known-answer vectors", "[random]"
   CHECK(ones.word[2] == 0xa20bc7c6u);
   CHECK(ones.word[3] == 0x6d5451fdu);
   // counter {0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, key {0xa4093822, 0x299f31d0}
-  const philox::Block pi = philox::generate(0x299f31d0a4093822ull, 0x0370734413198a2eull, 0x85a308d3243f6a88ull);
+  const philox::Block pi =
+      philox::generate(0x299f31d0a4093822ull, 0x0370734413198a2eull, 0x85a308d3243f6a88ull);
   CHECK(pi.word[0] == 0xd16cfe09u);
   CHECK(pi.word[1] == 0x94fdccebu);
   CHECK(pi.word[2] == 0x5001e420u);
@@ -30,7 +31,7 @@ TEST_CASE("Philox4x32-10 matches the Random123 known-answer vectors", "[random]"
 
 TEST_CASE("the device-independent log and cos are accurate to double precision", "[random]") {
   for (int i = 1; i <= 20000; ++i) {
-    const double x = std::ldexp(static_cast<double>(i) * 0.7548776662466927, -(i % 60)) ;
+    const double x = std::ldexp(static_cast<double>(i) * 0.7548776662466927, -(i % 60));
     const double u = x - std::floor(x);
     if (u == 0) continue;
     REQUIRE(std::abs(philox::log_unit(u) - std::log(u)) <= 4e-16 * std::max(1.0, std::abs(std::log(u))));
@@ -105,5 +106,6 @@ TEST_CASE("random factories reject bad arguments", "[random]") {
   CHECK_THROWS_ERROR(normal({2}, {}, 0, -1), "normal: std must be non-negative, got -1");
   CHECK_THROWS_ERROR(bernoulli({2}, {}, 1.5), "bernoulli: p must be in [0, 1], got 1.5");
   CHECK_THROWS_ERROR(uniform({2}, {}, 0, 1, {}, -4), "uniform: first_index must be non-negative, got -4");
-  CHECK_THROWS_ERROR(fill_random(zeros({2, 3}).transpose(0, 1), {}), "fill_random: output must be contiguous");
+  CHECK_THROWS_ERROR(fill_random(zeros({2, 3}).transpose(0, 1), {}),
+                     "fill_random: output must be contiguous");
 }

@@ -21,7 +21,8 @@ TEST_CASE("factories fill shape, dtype and values", "[tensor]") {
   check_equal(z, {0, 0, 0, 0, 0, 0});
   check_equal(ones({2}, dtype(DType::i32)), {1, 1});
   check_equal(full({3}, 2.5, dtype(DType::f64)), {2.5, 2.5, 2.5});
-  check_equal(full({2}, std::int64_t{1} << 60, dtype(DType::i64)), {double(std::int64_t{1} << 60), double(std::int64_t{1} << 60)});
+  check_equal(full({2}, std::int64_t{1} << 60, dtype(DType::i64)),
+              {double(std::int64_t{1} << 60), double(std::int64_t{1} << 60)});
   CHECK(full({1}, std::int64_t{(1LL << 60) + 1}, dtype(DType::i64)).item<std::int64_t>() == (1LL << 60) + 1);
   check_equal(arange(5), {0, 1, 2, 3, 4});
   CHECK(arange(5).dtype() == DType::i64);
@@ -101,7 +102,8 @@ TEST_CASE("expand, squeeze, unsqueeze and flatten", "[tensor][view]") {
   CHECK(e.strides() == Strides{0, 0, 1});
   check_equal(e, {1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3});
   CHECK(row.expand({-1, 3}).shape() == Shape{1, 3});
-  CHECK_THROWS_ERROR(row.expand({2, 4}), "expand: cannot expand shape [1, 3] to [2, 4] (dimension 1: 3 vs 4)");
+  CHECK_THROWS_ERROR(row.expand({2, 4}),
+                     "expand: cannot expand shape [1, 3] to [2, 4] (dimension 1: 3 vs 4)");
   CHECK_THROWS_ERROR(row.expand({3}), "expand: cannot expand shape [1, 3] to fewer dims [3]");
   CHECK(row.broadcast_to({5, 3}).shape() == Shape{5, 3});
   const Tensor s = zeros({1, 3, 1, 2});
@@ -147,7 +149,7 @@ TEST_CASE("contiguous, clone, copy_ and casts", "[tensor]") {
   check_equal(from_vector<float>({0.1f}).to(DType::f16), {0.0999755859375});
   check_equal(from_vector<std::int64_t>({-3, 7}).to(DType::f64), {-3, 7});
   check_equal(from_vector<std::int64_t>({258}).to(DType::u8), {2});  // wraps like C++
-  CHECK(f.to(DType::f32).storage() == f.storage());  // same dtype: no copy
+  CHECK(f.to(DType::f32).storage() == f.storage());                  // same dtype: no copy
 }
 
 TEST_CASE("fill_ writes through strided views only", "[tensor]") {

@@ -11,7 +11,7 @@ namespace shardlab::cpu {
 namespace {
 
 struct ConvGeometry {
-  std::int64_t batch, channels, height, width;   // input
+  std::int64_t batch, channels, height, width;    // input
   std::int64_t out_channels, kernel_h, kernel_w;  // weight
   std::int64_t out_h, out_w, stride, padding;
 
@@ -26,8 +26,8 @@ struct ConvGeometry {
 };
 
 ConvGeometry geometry(const Shape& input, const Shape& weight, const Shape& output, Conv2dParams p) {
-  return {input[0], input[1], input[2], input[3], weight[0], weight[2], weight[3],
-          output[2], output[3], p.stride, p.padding};
+  return {input[0],  input[1],  input[2],  input[3], weight[0], weight[2],
+          weight[3], output[2], output[3], p.stride, p.padding};
 }
 
 // cols[(c, kh, kw), image * pixels + (oh, ow)] = input pixel under that kernel tap (0 in
@@ -82,31 +82,43 @@ void col2im(const ConvGeometry& g, const T* cols, std::int64_t count, T* images)
 // Between [image, channel, pixel] (tensor layout) and [channel, image * pixels + pixel]
 // (GEMM layout) for `count` images.
 template <typename T>
-void to_gemm_layout(const T* nchw, std::int64_t count, std::int64_t channels, std::int64_t pixels, T* gemm_layout) {
+void to_gemm_layout(const T* nchw, std::int64_t count, std::int64_t channels, std::int64_t pixels,
+                    T* gemm_layout) {
   parallel_for(0, channels, 1, [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t c = first; c < last; ++c) {
       for (std::int64_t image = 0; image < count; ++image) {
-        std::copy_n(nchw + (image * channels + c) * pixels, pixels, gemm_layout + (c * count + image) * pixels);
+        std::copy_n(nchw + (image * channels + c) * pixels, pixels,
+                    gemm_layout + (c * count + image) * pixels);
       }
     }
   });
 }
 
+// A [rows, chunk * pixels] GEMM-layout buffer for one chunk of images.
+template <typename T>
+std::vector<T> chunk_buffer(const ConvGeometry& g, std::int64_t rows) {
+  return std::vector<T>(static_cast<std::size_t>(rows * g.chunk(sizeof(T)) * g.pixels()));
+}
+
+// fn(start, count) for consecutive chunks of the batch.
+template <typename T, typename Fn>
+void for_each_chunk(const ConvGeometry& g, Fn fn) {
+  const std::int64_t chunk = g.chunk(sizeof(T));
+  for (std::int64_t start = 0; start < g.batch; start += chunk) fn(start, std::min(chunk, g.batch - start));
+}
+
 template <typename T>
 void conv2d_typed(const ConvGeometry& g, const T* input, const T* weight, const T* bias, T* out) {
-  const std::int64_t chunk = g.chunk(sizeof(T));
-  std::vector<T> cols(static_cast<std::size_t>(g.patch() * chunk * g.pixels()));
-  for (std::int64_t start = 0; start < g.batch; start += chunk) {
-    const std::int64_t count = std::min(chunk, g.batch - start);
-    const std::int64_t columns = count * g.pixels();
+  std::vector<T> cols = chunk_buffer<T>(g, g.patch());
+  for_each_chunk<T>(g, [&](std::int64_t start, std::int64_t count) {
     im2col(g, input + start * g.channels * g.height * g.width, count, cols.data());
     // One GEMM per image writes its [O, pixels] output in place: no reshuffle afterwards.
     for (std::int64_t image = 0; image < count; ++image) {
       gemm<T>(false, false, g.out_channels, g.pixels(), g.patch(), T(1), weight, g.patch(),
-              cols.data() + image * g.pixels(), columns, T(0),
+              cols.data() + image * g.pixels(), count * g.pixels(), T(0),
               out + (start + image) * g.out_channels * g.pixels(), g.pixels());
     }
-  }
+  });
   if (bias == nullptr) return;
   parallel_for(0, g.batch * g.out_channels, 16, [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t plane = first; plane < last; ++plane) {
@@ -119,34 +131,30 @@ void conv2d_typed(const ConvGeometry& g, const T* input, const T* weight, const 
 
 template <typename T>
 void conv2d_backward_input_typed(const ConvGeometry& g, const T* grad_out, const T* weight, T* grad_in) {
-  const std::int64_t chunk = g.chunk(sizeof(T));
-  std::vector<T> cols(static_cast<std::size_t>(g.patch() * chunk * g.pixels()));
-  std::vector<T> grad(static_cast<std::size_t>(g.out_channels * chunk * g.pixels()));
-  for (std::int64_t start = 0; start < g.batch; start += chunk) {
-    const std::int64_t count = std::min(chunk, g.batch - start);
+  std::vector<T> cols = chunk_buffer<T>(g, g.patch()), grad = chunk_buffer<T>(g, g.out_channels);
+  for_each_chunk<T>(g, [&](std::int64_t start, std::int64_t count) {
     const std::int64_t columns = count * g.pixels();
-    to_gemm_layout(grad_out + start * g.out_channels * g.pixels(), count, g.out_channels, g.pixels(), grad.data());
+    to_gemm_layout(grad_out + start * g.out_channels * g.pixels(), count, g.out_channels, g.pixels(),
+                   grad.data());
     // cols = W^T [patch, O] x grad [O, columns]
     gemm<T>(true, false, g.patch(), columns, g.out_channels, T(1), weight, g.patch(), grad.data(), columns,
             T(0), cols.data(), columns);
     col2im(g, cols.data(), count, grad_in + start * g.channels * g.height * g.width);
-  }
+  });
 }
 
 template <typename T>
 void conv2d_backward_weight_typed(const ConvGeometry& g, const T* grad_out, const T* input, T* grad_weight) {
-  const std::int64_t chunk = g.chunk(sizeof(T));
-  std::vector<T> cols(static_cast<std::size_t>(g.patch() * chunk * g.pixels()));
-  std::vector<T> grad(static_cast<std::size_t>(g.out_channels * chunk * g.pixels()));
-  for (std::int64_t start = 0; start < g.batch; start += chunk) {
-    const std::int64_t count = std::min(chunk, g.batch - start);
+  std::vector<T> cols = chunk_buffer<T>(g, g.patch()), grad = chunk_buffer<T>(g, g.out_channels);
+  for_each_chunk<T>(g, [&](std::int64_t start, std::int64_t count) {
     const std::int64_t columns = count * g.pixels();
-    to_gemm_layout(grad_out + start * g.out_channels * g.pixels(), count, g.out_channels, g.pixels(), grad.data());
+    to_gemm_layout(grad_out + start * g.out_channels * g.pixels(), count, g.out_channels, g.pixels(),
+                   grad.data());
     im2col(g, input + start * g.channels * g.height * g.width, count, cols.data());
     // grad_weight [O, patch] += grad [O, columns] x cols^T [columns, patch]
     gemm<T>(false, true, g.out_channels, g.patch(), columns, T(1), grad.data(), columns, cols.data(), columns,
             T(1), grad_weight, g.patch());
-  }
+  });
 }
 
 template <typename T>
@@ -163,7 +171,8 @@ void in_float_type(const Tensor& out, Fn fn) {
 
 }  // namespace
 
-void conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Conv2dParams p, const Tensor& out) {
+void conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Conv2dParams p,
+            const Tensor& out) {
   const ConvGeometry g = geometry(input.shape(), weight.shape(), out.shape(), p);
   in_f32_precision(
       out,
@@ -175,7 +184,8 @@ void conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Conv2
       input, weight, bias);
 }
 
-void conv2d_backward_input(const Tensor& grad_out, const Tensor& weight, Conv2dParams p, const Tensor& grad_in) {
+void conv2d_backward_input(const Tensor& grad_out, const Tensor& weight, Conv2dParams p,
+                           const Tensor& grad_in) {
   const ConvGeometry g = geometry(grad_in.shape(), weight.shape(), grad_out.shape(), p);
   in_f32_precision(
       grad_in,

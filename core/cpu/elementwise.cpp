@@ -17,7 +17,8 @@ constexpr bool is_float_like = std::is_floating_point_v<compute_t<T>>;
 template <typename Out, typename In, typename F>
 void map1(const Tensor& out, const Tensor& in, F f) {
   for_each_row<2>(out.shape(), {&out, &in}, [&](Pointers<2> p, ByteStrides<2> s, std::int64_t n) {
-    for (std::int64_t i = 0; i < n; ++i) at<Out>(p[0], s[0], i) = narrow<Out>(f(widen(at<In>(p[1], s[1], i))));
+    for (std::int64_t i = 0; i < n; ++i)
+      at<Out>(p[0], s[0], i) = narrow<Out>(f(widen(at<In>(p[1], s[1], i))));
   });
 }
 
@@ -57,17 +58,28 @@ template <typename T>
 void unary_floating(UnaryOp op, const Tensor& in, const Tensor& out) {
   using C = compute_t<T>;
   switch (op) {
-    case UnaryOp::exp: return map1<T, T>(out, in, [](C x) { return std::exp(x); });
-    case UnaryOp::log: return map1<T, T>(out, in, [](C x) { return std::log(x); });
-    case UnaryOp::sqrt: return map1<T, T>(out, in, [](C x) { return std::sqrt(x); });
-    case UnaryOp::rsqrt: return map1<T, T>(out, in, [](C x) { return C(1) / std::sqrt(x); });
-    case UnaryOp::tanh: return map1<T, T>(out, in, [](C x) { return std::tanh(x); });
-    case UnaryOp::sigmoid: return map1<T, T>(out, in, [](C x) { return sigmoid_of(x); });
-    case UnaryOp::silu: return map1<T, T>(out, in, [](C x) { return x * sigmoid_of(x); });
-    case UnaryOp::gelu: return map1<T, T>(out, in, [](C x) { return gelu_exact(x); });
-    case UnaryOp::gelu_tanh: return map1<T, T>(out, in, [](C x) { return gelu_tanh(x); });
-    case UnaryOp::isfinite: return map1<bool, T>(out, in, [](C x) { return std::isfinite(x); });
-    default: fail("{}: no CPU kernel for {}", op_name(op), dtype_name(in.dtype()));
+    case UnaryOp::exp:
+      return map1<T, T>(out, in, [](C x) { return std::exp(x); });
+    case UnaryOp::log:
+      return map1<T, T>(out, in, [](C x) { return std::log(x); });
+    case UnaryOp::sqrt:
+      return map1<T, T>(out, in, [](C x) { return std::sqrt(x); });
+    case UnaryOp::rsqrt:
+      return map1<T, T>(out, in, [](C x) { return C(1) / std::sqrt(x); });
+    case UnaryOp::tanh:
+      return map1<T, T>(out, in, [](C x) { return std::tanh(x); });
+    case UnaryOp::sigmoid:
+      return map1<T, T>(out, in, [](C x) { return sigmoid_of(x); });
+    case UnaryOp::silu:
+      return map1<T, T>(out, in, [](C x) { return x * sigmoid_of(x); });
+    case UnaryOp::gelu:
+      return map1<T, T>(out, in, [](C x) { return gelu_exact(x); });
+    case UnaryOp::gelu_tanh:
+      return map1<T, T>(out, in, [](C x) { return gelu_tanh(x); });
+    case UnaryOp::isfinite:
+      return map1<bool, T>(out, in, [](C x) { return std::isfinite(x); });
+    default:
+      fail("{}: no CPU kernel for {}", op_name(op), dtype_name(in.dtype()));
   }
 }
 
@@ -75,7 +87,8 @@ template <typename T>
 void unary_numeric(UnaryOp op, const Tensor& in, const Tensor& out) {
   using C = compute_t<T>;
   switch (op) {
-    case UnaryOp::neg: return map1<T, T>(out, in, [](C x) { return static_cast<C>(-x); });
+    case UnaryOp::neg:
+      return map1<T, T>(out, in, [](C x) { return static_cast<C>(-x); });
     case UnaryOp::abs:
       if constexpr (std::is_unsigned_v<C>) return map1<T, T>(out, in, [](C x) { return x; });
       return map1<T, T>(out, in, [](C x) { return x < C(0) ? static_cast<C>(-x) : x; });
@@ -113,10 +126,14 @@ void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& o
   using C = compute_t<T>;
   constexpr C nan = std::numeric_limits<C>::quiet_NaN();
   switch (op) {
-    case BinaryOp::add: return map2<T, T>(out, a, b, [](C x, C y) { return static_cast<C>(x + y); });
-    case BinaryOp::sub: return map2<T, T>(out, a, b, [](C x, C y) { return static_cast<C>(x - y); });
-    case BinaryOp::mul: return map2<T, T>(out, a, b, [](C x, C y) { return static_cast<C>(x * y); });
-    case BinaryOp::div: return map2<T, T>(out, a, b, [](C x, C y) { return static_cast<C>(x / y); });
+    case BinaryOp::add:
+      return map2<T, T>(out, a, b, [](C x, C y) { return static_cast<C>(x + y); });
+    case BinaryOp::sub:
+      return map2<T, T>(out, a, b, [](C x, C y) { return static_cast<C>(x - y); });
+    case BinaryOp::mul:
+      return map2<T, T>(out, a, b, [](C x, C y) { return static_cast<C>(x * y); });
+    case BinaryOp::div:
+      return map2<T, T>(out, a, b, [](C x, C y) { return static_cast<C>(x / y); });
     case BinaryOp::pow:
       if constexpr (std::is_floating_point_v<C>) {
         return map2<T, T>(out, a, b, [](C x, C y) { return std::pow(x, y); });
@@ -127,12 +144,18 @@ void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& o
       return map2<T, T>(out, a, b, [](C x, C y) { return either_nan(x, y) ? nan : (x < y ? y : x); });
     case BinaryOp::minimum:
       return map2<T, T>(out, a, b, [](C x, C y) { return either_nan(x, y) ? nan : (y < x ? y : x); });
-    case BinaryOp::eq: return map2<bool, T>(out, a, b, [](C x, C y) { return x == y; });
-    case BinaryOp::ne: return map2<bool, T>(out, a, b, [](C x, C y) { return x != y; });
-    case BinaryOp::lt: return map2<bool, T>(out, a, b, [](C x, C y) { return x < y; });
-    case BinaryOp::le: return map2<bool, T>(out, a, b, [](C x, C y) { return x <= y; });
-    case BinaryOp::gt: return map2<bool, T>(out, a, b, [](C x, C y) { return x > y; });
-    case BinaryOp::ge: return map2<bool, T>(out, a, b, [](C x, C y) { return x >= y; });
+    case BinaryOp::eq:
+      return map2<bool, T>(out, a, b, [](C x, C y) { return x == y; });
+    case BinaryOp::ne:
+      return map2<bool, T>(out, a, b, [](C x, C y) { return x != y; });
+    case BinaryOp::lt:
+      return map2<bool, T>(out, a, b, [](C x, C y) { return x < y; });
+    case BinaryOp::le:
+      return map2<bool, T>(out, a, b, [](C x, C y) { return x <= y; });
+    case BinaryOp::gt:
+      return map2<bool, T>(out, a, b, [](C x, C y) { return x > y; });
+    case BinaryOp::ge:
+      return map2<bool, T>(out, a, b, [](C x, C y) { return x >= y; });
   }
 }
 
@@ -184,12 +207,12 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
 
 void where(const Tensor& condition, const Tensor& a, const Tensor& b, const Tensor& out) {
   visit_dtype(out.dtype(), [&]<typename T>() {
-    for_each_row<4>(out.shape(), {&out, &condition, &a, &b},
-                    [&](Pointers<4> p, ByteStrides<4> s, std::int64_t n) {
-                      for (std::int64_t i = 0; i < n; ++i) {
-                        at<T>(p[0], s[0], i) = at<bool>(p[1], s[1], i) ? at<T>(p[2], s[2], i) : at<T>(p[3], s[3], i);
-                      }
-                    });
+    for_each_row<4>(
+        out.shape(), {&out, &condition, &a, &b}, [&](Pointers<4> p, ByteStrides<4> s, std::int64_t n) {
+          for (std::int64_t i = 0; i < n; ++i) {
+            at<T>(p[0], s[0], i) = at<bool>(p[1], s[1], i) ? at<T>(p[2], s[2], i) : at<T>(p[3], s[3], i);
+          }
+        });
   });
 }
 

@@ -53,7 +53,8 @@ void index_select(const Tensor& in, std::int64_t dim, const Tensor& index, const
   parallel_for(0, a.outer * picks, 64, [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t task = first; task < last; ++task) {
       const std::int64_t o = task / picks, j = task % picks;
-      std::memcpy(dst + task * row_bytes, src + (o * size + idx[j]) * static_cast<std::int64_t>(row_bytes), row_bytes);
+      std::memcpy(dst + task * row_bytes, src + (o * size + idx[j]) * static_cast<std::int64_t>(row_bytes),
+                  row_bytes);
     }
   });
 }
@@ -67,7 +68,8 @@ void gather(const Tensor& in, std::int64_t dim, const Tensor& index, const Tenso
   parallel_for(0, index.numel(), 1024, [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t p = first; p < last; ++p) {
       const std::int64_t offset = remapped_offset(index.shape(), in_strides, dim, p, idx[p]);
-      std::memcpy(dst + p * static_cast<std::int64_t>(esize), src + offset * static_cast<std::int64_t>(esize), esize);
+      std::memcpy(dst + p * static_cast<std::int64_t>(esize), src + offset * static_cast<std::int64_t>(esize),
+                  esize);
     }
   });
 }

@@ -13,8 +13,7 @@ void where(const Tensor& condition, const Tensor& a, const Tensor& b, const Tens
 void reduce(ReduceOp op, const Tensor& in, const Dims& dims, const Tensor& out);
 void matmul(const Tensor& a, const Tensor& b, const Tensor& out);
 void softmax(const Tensor& in, std::int64_t dim, bool log, const Tensor& out);
-void conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Conv2dParams p,
-            const Tensor& out);
+void conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Conv2dParams p, const Tensor& out);
 void conv2d_backward_input(const Tensor& grad_out, const Tensor& weight, Conv2dParams p,
                            const Tensor& grad_in);
 void conv2d_backward_weight(const Tensor& grad_out, const Tensor& input, Conv2dParams p,

@@ -24,11 +24,14 @@ void max_pool2d(const Tensor& input, MaxPool2dParams p, const Tensor& out, const
             const std::int64_t h0 = oh * p.stride - p.padding, w0 = ow * p.stride - p.padding;
             std::int64_t best = -1;
             C best_value{};
-            for (std::int64_t h = std::max<std::int64_t>(h0, 0); h < std::min(h0 + p.kernel_size, height); ++h) {
-              for (std::int64_t w = std::max<std::int64_t>(w0, 0); w < std::min(w0 + p.kernel_size, width); ++w) {
+            for (std::int64_t h = std::max<std::int64_t>(h0, 0); h < std::min(h0 + p.kernel_size, height);
+                 ++h) {
+              for (std::int64_t w = std::max<std::int64_t>(w0, 0); w < std::min(w0 + p.kernel_size, width);
+                   ++w) {
                 const C v = widen(src[h * width + w]);
                 bool take = best < 0 || v > best_value;
-                if constexpr (std::is_floating_point_v<C>) take = take || (std::isnan(v) && !std::isnan(best_value));
+                if constexpr (std::is_floating_point_v<C>)
+                  take = take || (std::isnan(v) && !std::isnan(best_value));
                 if (take) {
                   best = h * width + w;
                   best_value = v;

@@ -1,8 +1,8 @@
 // core/cpu/random.cpp: fills a contiguous tensor from Philox draws (core/philox.h); the same
 // functions run in the CUDA kernel, so both devices produce identical bits.
 #include "core/cpu/kernels.h"
-#include "core/philox.h"
 #include "core/parallel.h"
+#include "core/philox.h"
 
 namespace shardlab::cpu {
 
@@ -20,8 +20,12 @@ void random(const RandomSpec& spec, const Tensor& out) {
             value = out.dtype() == DType::f64 ? philox::uniform53(seed, stream, index, spec.a, spec.b)
                                               : philox::uniform24(seed, stream, index, spec.a, spec.b);
             break;
-          case Distribution::normal: value = philox::normal(seed, stream, index, spec.a, spec.b); break;
-          case Distribution::bernoulli: value = philox::bernoulli(seed, stream, index, spec.a) ? 1.0 : 0.0; break;
+          case Distribution::normal:
+            value = philox::normal(seed, stream, index, spec.a, spec.b);
+            break;
+          case Distribution::bernoulli:
+            value = philox::bernoulli(seed, stream, index, spec.a) ? 1.0 : 0.0;
+            break;
         }
         data[i] = narrow<T>(value);
       }

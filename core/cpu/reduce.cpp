@@ -84,30 +84,37 @@ void reduce_typed(ReduceOp op, const Tensor& in, const Dims& dims, const Tensor&
         start += (rest % kept_sizes[d]) * kept_strides[d];
         rest /= kept_sizes[d];
       }
-      const auto value_at = [](const char* p) { return static_cast<A>(widen(*reinterpret_cast<const T*>(p))); };
+      const auto value_at = [](const char* p) {
+        return static_cast<A>(widen(*reinterpret_cast<const T*>(p)));
+      };
       A acc = 0;
       std::int64_t best_index = 0;
       bool first_seen = false;
-      if (count > 0) block.for_each(start, [&](const char* p, std::int64_t position) {
-        const A v = value_at(p);
-        switch (op) {
-          case ReduceOp::sum:
-          case ReduceOp::mean: acc += v; break;
-          case ReduceOp::sum_squares: acc += v * v; break;
-          case ReduceOp::max:
-          case ReduceOp::min:
-          case ReduceOp::argmax: {
-            // NaN wins and stays; otherwise strictly better replaces (first index on ties).
-            const bool better = op == ReduceOp::min ? v < acc : v > acc;
-            if (!first_seen || (!is_nan(acc) && (is_nan(v) || better))) {
-              acc = v;
-              best_index = position;
+      if (count > 0)
+        block.for_each(start, [&](const char* p, std::int64_t position) {
+          const A v = value_at(p);
+          switch (op) {
+            case ReduceOp::sum:
+            case ReduceOp::mean:
+              acc += v;
+              break;
+            case ReduceOp::sum_squares:
+              acc += v * v;
+              break;
+            case ReduceOp::max:
+            case ReduceOp::min:
+            case ReduceOp::argmax: {
+              // NaN wins and stays; otherwise strictly better replaces (first index on ties).
+              const bool better = op == ReduceOp::min ? v < acc : v > acc;
+              if (!first_seen || (!is_nan(acc) && (is_nan(v) || better))) {
+                acc = v;
+                best_index = position;
+              }
+              first_seen = true;
+              break;
             }
-            first_seen = true;
-            break;
           }
-        }
-      });
+        });
       if (op == ReduceOp::argmax) {
         result[o] = narrow<Out>(best_index);
       } else if (op == ReduceOp::mean) {

@@ -6,14 +6,17 @@ namespace {
 
 // Accumulating kernels sum 16-bit floats in f32 and round once at the end.
 void scatter_add_f32(const Tensor& out, std::int64_t dim, const Tensor& index, const Tensor& src) {
-  cpu::in_f32_precision(out, [&](const Tensor& o, const Tensor& s) { cpu::scatter_add(o, dim, index, s); }, src);
+  cpu::in_f32_precision(
+      out, [&](const Tensor& o, const Tensor& s) { cpu::scatter_add(o, dim, index, s); }, src);
 }
 void index_add_f32(const Tensor& out, std::int64_t dim, const Tensor& index, const Tensor& src) {
-  cpu::in_f32_precision(out, [&](const Tensor& o, const Tensor& s) { cpu::index_add(o, dim, index, s); }, src);
+  cpu::in_f32_precision(
+      out, [&](const Tensor& o, const Tensor& s) { cpu::index_add(o, dim, index, s); }, src);
 }
 void max_pool2d_backward_f32(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_in) {
   cpu::in_f32_precision(
-      grad_in, [&](const Tensor& gi, const Tensor& go) { cpu::max_pool2d_backward(go, indices, gi); }, grad_out);
+      grad_in, [&](const Tensor& gi, const Tensor& go) { cpu::max_pool2d_backward(go, indices, gi); },
+      grad_out);
 }
 
 }  // namespace
@@ -42,8 +45,6 @@ const Kernels& cpu_kernels() {
   return table;
 }
 
-const Kernels& kernels_for(Device device) {
-  return device.is_cuda() ? cuda_kernels() : cpu_kernels();
-}
+const Kernels& kernels_for(Device device) { return device.is_cuda() ? cuda_kernels() : cpu_kernels(); }
 
 }  // namespace shardlab

@@ -79,8 +79,7 @@ CachingAllocator& caching_allocator(int index) {
   const std::lock_guard lock(allocators->mutex);
   CachingAllocator*& allocator = allocators->per_device[static_cast<std::size_t>(index)];
   if (allocator == nullptr) {
-    allocator =
-        new CachingAllocator(Device::cuda(index).str(), std::make_unique<CudaMemory>(index));
+    allocator = new CachingAllocator(Device::cuda(index).str(), std::make_unique<CudaMemory>(index));
   }
   return *allocator;
 }

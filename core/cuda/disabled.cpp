@@ -14,8 +14,7 @@ const Kernels& cuda_kernels() {
 namespace cuda {
 namespace {
 
-constexpr const char* kReason =
-    "shardlab was built without CUDA (nvcc not found or -Dcuda=disabled)";
+constexpr const char* kReason = "shardlab was built without CUDA (nvcc not found or -Dcuda=disabled)";
 
 [[noreturn]] void fail_unavailable(int device) {
   fail("{} is not usable: {}", Device::cuda(device).str(), kReason);
@@ -46,9 +45,7 @@ StreamGuard::StreamGuard(Stream& stream) : previous_(nullptr), device_(stream.de
 }
 StreamGuard::~StreamGuard() = default;  // never reached: no Stream exists to guard
 
-void copy_bytes(void*, bool, const void*, bool, std::size_t, int device) {
-  fail_unavailable(device);
-}
+void copy_bytes(void*, bool, const void*, bool, std::size_t, int device) { fail_unavailable(device); }
 
 Allocator& device_allocator(int index) { fail_unavailable(index); }
 void record_stream(void*, const Stream& stream) { fail_unavailable(stream.device()); }

@@ -41,8 +41,8 @@ __device__ Offsets<N> offsets_of(const Layout<N>& layout, std::int64_t index) {
 template <int N, typename Fn>
 __device__ void for_each_element(const Layout<N>& layout, Fn&& fn) {
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < layout.numel; i += step) {
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < layout.numel;
+       i += step) {
     fn(offsets_of(layout, i));
   }
 }
@@ -54,11 +54,24 @@ inline constexpr bool is_floating_type = !std::is_integral_v<T>;  // f32, f64, b
 
 // Kernels that only move bytes (fill, same-dtype copy, where) run on the unsigned word of the
 // element's size, so 8 dtypes need 4 kernels, and NaN payloads travel untouched.
-template <std::size_t Size> struct WordOf;
-template <> struct WordOf<1> { using type = std::uint8_t; };
-template <> struct WordOf<2> { using type = std::uint16_t; };
-template <> struct WordOf<4> { using type = std::uint32_t; };
-template <> struct WordOf<8> { using type = std::uint64_t; };
+template <std::size_t Size>
+struct WordOf;
+template <>
+struct WordOf<1> {
+  using type = std::uint8_t;
+};
+template <>
+struct WordOf<2> {
+  using type = std::uint16_t;
+};
+template <>
+struct WordOf<4> {
+  using type = std::uint32_t;
+};
+template <>
+struct WordOf<8> {
+  using type = std::uint64_t;
+};
 template <typename T>
 using word_t = typename WordOf<sizeof(T)>::type;
 
@@ -104,8 +117,10 @@ __device__ T wrapping_mul(T a, T b) {
 }
 
 // The float or double version of each math function, so float ops never detour through double.
-template <typename C> struct Math;
-template <> struct Math<float> {
+template <typename C>
+struct Math;
+template <>
+struct Math<float> {
   static __device__ float abs(float x) { return fabsf(x); }
   static __device__ float exp(float x) { return expf(x); }
   static __device__ float log(float x) { return logf(x); }
@@ -114,7 +129,8 @@ template <> struct Math<float> {
   static __device__ float erf(float x) { return erff(x); }
   static __device__ float pow(float x, float y) { return powf(x, y); }
 };
-template <> struct Math<double> {
+template <>
+struct Math<double> {
   static __device__ double abs(double x) { return ::fabs(x); }
   static __device__ double exp(double x) { return ::exp(x); }
   static __device__ double log(double x) { return ::log(x); }
@@ -145,66 +161,88 @@ __device__ Dst convert(const void* src, std::int64_t offset) {
 template <typename Dst>
 __device__ Dst load_as(const void* src, DType src_dtype, std::int64_t offset) {
   switch (src_dtype) {
-    case DType::f32: return convert<Dst, float>(src, offset);
-    case DType::f64: return convert<Dst, double>(src, offset);
-    case DType::bf16: return convert<Dst, bf16>(src, offset);
-    case DType::f16: return convert<Dst, f16>(src, offset);
-    case DType::i64: return convert<Dst, std::int64_t>(src, offset);
-    case DType::i32: return convert<Dst, std::int32_t>(src, offset);
-    case DType::u8: return convert<Dst, std::uint8_t>(src, offset);
-    case DType::boolean: return convert<Dst, bool>(src, offset);
+    case DType::f32:
+      return convert<Dst, float>(src, offset);
+    case DType::f64:
+      return convert<Dst, double>(src, offset);
+    case DType::bf16:
+      return convert<Dst, bf16>(src, offset);
+    case DType::f16:
+      return convert<Dst, f16>(src, offset);
+    case DType::i64:
+      return convert<Dst, std::int64_t>(src, offset);
+    case DType::i32:
+      return convert<Dst, std::int32_t>(src, offset);
+    case DType::u8:
+      return convert<Dst, std::uint8_t>(src, offset);
+    case DType::boolean:
+      return convert<Dst, bool>(src, offset);
   }
   __builtin_unreachable();  // every enumerator is handled above
 }
 
 template <typename Dst>
 __global__ void convert_kernel(const void* src, DType src_dtype, Dst* dst, Layout<2> layout) {
-  for_each_element(layout, [&](const Offsets<2>& at) {
-    dst[at.of[1]] = load_as<Dst>(src, src_dtype, at.of[0]);
-  });
+  for_each_element(layout,
+                   [&](const Offsets<2>& at) { dst[at.of[1]] = load_as<Dst>(src, src_dtype, at.of[0]); });
 }
 
 // --- unary -------------------------------------------------------------------------------------
 
 template <typename C>
-__device__ C floating_unary(UnaryCode op, C x) {
+__device__ C floating_unary(UnaryOp op, C x) {
   using M = Math<C>;
   switch (op) {
-    case UnaryCode::neg: return -x;
-    case UnaryCode::abs: return x < C(0) ? -x : x;  // keeps -0 and NaN signs, as the CPU does
-    case UnaryCode::exp: return M::exp(x);
-    case UnaryCode::log: return M::log(x);
-    case UnaryCode::sqrt: return M::sqrt(x);
-    case UnaryCode::rsqrt: return C(1) / M::sqrt(x);
-    case UnaryCode::tanh: return M::tanh(x);
-    case UnaryCode::sigmoid: return C(1) / (C(1) + M::exp(-x));
-    case UnaryCode::relu: return x < C(0) ? C(0) : x;  // NaN stays NaN, like max(x, 0)
-    case UnaryCode::silu: return x * (C(1) / (C(1) + M::exp(-x)));
-    case UnaryCode::gelu: return C(0.5) * x * (C(1) + M::erf(x * C(0.70710678118654752440)));
-    case UnaryCode::gelu_tanh: {
+    case UnaryOp::neg:
+      return -x;
+    case UnaryOp::abs:
+      return x < C(0) ? -x : x;  // keeps -0 and NaN signs, as the CPU does
+    case UnaryOp::exp:
+      return M::exp(x);
+    case UnaryOp::log:
+      return M::log(x);
+    case UnaryOp::sqrt:
+      return M::sqrt(x);
+    case UnaryOp::rsqrt:
+      return C(1) / M::sqrt(x);
+    case UnaryOp::tanh:
+      return M::tanh(x);
+    case UnaryOp::sigmoid:
+      return C(1) / (C(1) + M::exp(-x));
+    case UnaryOp::relu:
+      return x < C(0) ? C(0) : x;  // NaN stays NaN, like max(x, 0)
+    case UnaryOp::silu:
+      return x * (C(1) / (C(1) + M::exp(-x)));
+    case UnaryOp::gelu:
+      return C(0.5) * x * (C(1) + M::erf(x * C(0.70710678118654752440)));
+    case UnaryOp::gelu_tanh: {
       const C inner = C(0.79788456080286535588) * (x + C(0.044715) * x * x * x);  // sqrt(2/pi)
       return C(0.5) * x * (C(1) + M::tanh(inner));
     }
+    default:
+      break;  // isfinite has its own kernel (launch_isfinite)
   }
-  __builtin_unreachable();  // every enumerator is handled above
+  __builtin_unreachable();
 }
 
 template <typename T>
-__device__ T integer_unary(UnaryCode op, T x) {
+__device__ T integer_unary(UnaryOp op, T x) {
   switch (op) {
-    case UnaryCode::neg: return wrapping_sub(T(0), x);
-    case UnaryCode::abs: return is_negative(x) ? wrapping_sub(T(0), x) : x;
-    case UnaryCode::relu: return is_negative(x) ? T(0) : x;
-    default: __builtin_unreachable();  // launch_unary refuses the other ops on integers
+    case UnaryOp::neg:
+      return wrapping_sub(T(0), x);
+    case UnaryOp::abs:
+      return is_negative(x) ? wrapping_sub(T(0), x) : x;
+    case UnaryOp::relu:
+      return is_negative(x) ? T(0) : x;
+    default:
+      __builtin_unreachable();  // launch_unary refuses the other ops on integers
   }
 }
 
-bool is_integer_unary(UnaryCode op) {
-  return op == UnaryCode::neg || op == UnaryCode::abs || op == UnaryCode::relu;
-}
+bool is_integer_unary(UnaryOp op) { return op == UnaryOp::neg || op == UnaryOp::abs || op == UnaryOp::relu; }
 
 template <typename T>
-__global__ void unary_kernel(UnaryCode op, const T* in, T* out, Layout<2> layout) {
+__global__ void unary_kernel(UnaryOp op, const T* in, T* out, Layout<2> layout) {
   for_each_element(layout, [&](const Offsets<2>& at) {
     if constexpr (is_floating_type<T>) {
       out[at.of[1]] = narrow<T>(floating_unary(op, widen(in[at.of[0]])));
@@ -247,42 +285,68 @@ __device__ C integer_power(C base, C exponent) {
 }
 
 template <typename C>
-__device__ C arithmetic(ArithmeticCode op, C a, C b) {
+__device__ C arithmetic(BinaryOp op, C a, C b) {
   constexpr bool floating = std::is_floating_point_v<C>;
   switch (op) {
-    case ArithmeticCode::add:
-      if constexpr (floating) return a + b; else return wrapping_add(a, b);
-    case ArithmeticCode::sub:
-      if constexpr (floating) return a - b; else return wrapping_sub(a, b);
-    case ArithmeticCode::mul:
-      if constexpr (floating) return a * b; else return wrapping_mul(a, b);
-    case ArithmeticCode::div:
-      if constexpr (floating) return a / b; else __builtin_unreachable();  // refused for integers
-    case ArithmeticCode::pow:
-      if constexpr (floating) return Math<C>::pow(a, b); else return integer_power(a, b);
+    case BinaryOp::add:
+      if constexpr (floating)
+        return a + b;
+      else
+        return wrapping_add(a, b);
+    case BinaryOp::sub:
+      if constexpr (floating)
+        return a - b;
+      else
+        return wrapping_sub(a, b);
+    case BinaryOp::mul:
+      if constexpr (floating)
+        return a * b;
+      else
+        return wrapping_mul(a, b);
+    case BinaryOp::div:
+      if constexpr (floating)
+        return a / b;
+      else
+        __builtin_unreachable();  // refused for integers
+    case BinaryOp::pow:
+      if constexpr (floating)
+        return Math<C>::pow(a, b);
+      else
+        return integer_power(a, b);
     // A NaN on either side gives NaN; ties keep a, so max(-0, +0) is -0 as on the CPU.
-    case ArithmeticCode::maximum: return either_nan(a, b) ? quiet_nan<C>() : a < b ? b : a;
-    case ArithmeticCode::minimum: return either_nan(a, b) ? quiet_nan<C>() : b < a ? b : a;
+    case BinaryOp::maximum:
+      return either_nan(a, b) ? quiet_nan<C>() : a < b ? b : a;
+    case BinaryOp::minimum:
+      return either_nan(a, b) ? quiet_nan<C>() : b < a ? b : a;
+    default:
+      break;  // comparisons run in compare_kernel
   }
-  __builtin_unreachable();  // every enumerator is handled above
+  __builtin_unreachable();
 }
 
 template <typename C>
-__device__ bool compare(CompareCode op, C a, C b) {
+__device__ bool compare(BinaryOp op, C a, C b) {
   switch (op) {
-    case CompareCode::eq: return a == b;
-    case CompareCode::ne: return a != b;
-    case CompareCode::lt: return a < b;
-    case CompareCode::le: return a <= b;
-    case CompareCode::gt: return a > b;
-    case CompareCode::ge: return a >= b;
+    case BinaryOp::eq:
+      return a == b;
+    case BinaryOp::ne:
+      return a != b;
+    case BinaryOp::lt:
+      return a < b;
+    case BinaryOp::le:
+      return a <= b;
+    case BinaryOp::gt:
+      return a > b;
+    case BinaryOp::ge:
+      return a >= b;
+    default:
+      break;  // arithmetic runs in arithmetic_kernel
   }
-  __builtin_unreachable();  // every enumerator is handled above
+  __builtin_unreachable();
 }
 
 template <typename T>
-__global__ void arithmetic_kernel(ArithmeticCode op, const T* a, const T* b, T* out,
-                                  Layout<3> layout) {
+__global__ void arithmetic_kernel(BinaryOp op, const T* a, const T* b, T* out, Layout<3> layout) {
   using C = arithmetic_t<T>;
   for_each_element(layout, [&](const Offsets<3>& at) {
     const C x = static_cast<C>(widen(a[at.of[0]]));
@@ -292,8 +356,7 @@ __global__ void arithmetic_kernel(ArithmeticCode op, const T* a, const T* b, T* 
 }
 
 template <typename T>
-__global__ void compare_kernel(CompareCode op, const T* a, const T* b, bool* out,
-                               Layout<3> layout) {
+__global__ void compare_kernel(BinaryOp op, const T* a, const T* b, bool* out, Layout<3> layout) {
   for_each_element(layout, [&](const Offsets<3>& at) {
     out[at.of[2]] = compare(op, widen(a[at.of[0]]), widen(b[at.of[1]]));
   });
@@ -302,80 +365,78 @@ __global__ void compare_kernel(CompareCode op, const T* a, const T* b, bool* out
 template <typename Word>
 __global__ void where_kernel(const bool* condition, const Word* a, const Word* b, Word* out,
                              Layout<4> layout) {
-  for_each_element(layout, [&](const Offsets<4>& at) {
-    out[at.of[3]] = condition[at.of[0]] ? a[at.of[1]] : b[at.of[2]];
-  });
+  for_each_element(
+      layout, [&](const Offsets<4>& at) { out[at.of[3]] = condition[at.of[0]] ? a[at.of[1]] : b[at.of[2]]; });
 }
 
 }  // namespace
 
 // --- launchers ---------------------------------------------------------------------------------
 
-void launch_fill(void* out, DType dtype, const void* value, const Layout<1>& layout,
-                 cudaStream_t stream) {
+void launch_fill(void* out, DType dtype, const void* value, const Layout<1>& layout, cudaStream_t stream) {
   if (layout.numel == 0) return;
   visit_dtype(dtype, [&]<typename T>() {
     using Word = word_t<T>;
     Word bits;
     std::memcpy(&bits, value, sizeof(Word));
-    fill_kernel<Word><<<grid_size(layout.numel), kBlockSize, 0, stream>>>(
-        static_cast<Word*>(out), bits, layout);
+    fill_kernel<Word>
+        <<<grid_size(layout.numel), kBlockSize, 0, stream>>>(static_cast<Word*>(out), bits, layout);
     SHARDLAB_CUDA_CHECK_LAUNCH();
   });
 }
 
-void launch_copy(const void* src, DType src_dtype, void* dst, DType dst_dtype,
-                 const Layout<2>& layout, cudaStream_t stream) {
+void launch_copy(const void* src, DType src_dtype, void* dst, DType dst_dtype, const Layout<2>& layout,
+                 cudaStream_t stream) {
   if (layout.numel == 0) return;
   visit_dtype(dst_dtype, [&]<typename Dst>() {
     if (src_dtype == dst_dtype) {
       using Word = word_t<Dst>;
-      copy_kernel<Word><<<grid_size(layout.numel), kBlockSize, 0, stream>>>(
-          static_cast<const Word*>(src), static_cast<Word*>(dst), layout);
+      copy_kernel<Word><<<grid_size(layout.numel), kBlockSize, 0, stream>>>(static_cast<const Word*>(src),
+                                                                            static_cast<Word*>(dst), layout);
       SHARDLAB_CUDA_CHECK_LAUNCH();
     } else {
-      convert_kernel<Dst><<<grid_size(layout.numel), kBlockSize, 0, stream>>>(
-          src, src_dtype, static_cast<Dst*>(dst), layout);
+      convert_kernel<Dst><<<grid_size(layout.numel), kBlockSize, 0, stream>>>(src, src_dtype,
+                                                                              static_cast<Dst*>(dst), layout);
       SHARDLAB_CUDA_CHECK_LAUNCH();
     }
   });
 }
 
-bool launch_unary(UnaryCode op, DType dtype, const void* in, void* out, const Layout<2>& layout,
+bool launch_unary(UnaryOp op, DType dtype, const void* in, void* out, const Layout<2>& layout,
                   cudaStream_t stream) {
+  if (op == UnaryOp::isfinite) return false;  // writes bool: launch_isfinite
   return visit_dtype(dtype, [&]<typename T>() {
     if constexpr (std::is_same_v<T, bool>) {
       return false;
     } else {
       if (!is_floating_type<T> && !is_integer_unary(op)) return false;
       if (layout.numel == 0) return true;
-      unary_kernel<T><<<grid_size(layout.numel), kBlockSize, 0, stream>>>(
-          op, static_cast<const T*>(in), static_cast<T*>(out), layout);
+      unary_kernel<T><<<grid_size(layout.numel), kBlockSize, 0, stream>>>(op, static_cast<const T*>(in),
+                                                                          static_cast<T*>(out), layout);
       SHARDLAB_CUDA_CHECK_LAUNCH();
       return true;
     }
   });
 }
 
-bool launch_isfinite(DType dtype, const void* in, bool* out, const Layout<2>& layout,
-                     cudaStream_t stream) {
+bool launch_isfinite(DType dtype, const void* in, bool* out, const Layout<2>& layout, cudaStream_t stream) {
   return visit_dtype(dtype, [&]<typename T>() {
     if constexpr (!is_floating_type<T>) {
       return false;
     } else {
       if (layout.numel == 0) return true;
-      isfinite_kernel<T><<<grid_size(layout.numel), kBlockSize, 0, stream>>>(
-          static_cast<const T*>(in), out, layout);
+      isfinite_kernel<T>
+          <<<grid_size(layout.numel), kBlockSize, 0, stream>>>(static_cast<const T*>(in), out, layout);
       SHARDLAB_CUDA_CHECK_LAUNCH();
       return true;
     }
   });
 }
 
-bool launch_arithmetic(ArithmeticCode op, DType dtype, const void* a, const void* b, void* out,
+bool launch_arithmetic(BinaryOp op, DType dtype, const void* a, const void* b, void* out,
                        const Layout<3>& layout, cudaStream_t stream) {
   return visit_dtype(dtype, [&]<typename T>() {
-    if (!is_floating_type<T> && op == ArithmeticCode::div) return false;
+    if (!is_floating_type<T> && op == BinaryOp::div) return false;
     if (layout.numel == 0) return true;
     arithmetic_kernel<T><<<grid_size(layout.numel), kBlockSize, 0, stream>>>(
         op, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), layout);
@@ -384,7 +445,7 @@ bool launch_arithmetic(ArithmeticCode op, DType dtype, const void* a, const void
   });
 }
 
-void launch_compare(CompareCode op, DType dtype, const void* a, const void* b, bool* out,
+void launch_compare(BinaryOp op, DType dtype, const void* a, const void* b, bool* out,
                     const Layout<3>& layout, cudaStream_t stream) {
   if (layout.numel == 0) return;
   visit_dtype(dtype, [&]<typename T>() {
@@ -400,8 +461,7 @@ void launch_where(const bool* condition, DType dtype, const void* a, const void*
   visit_dtype(dtype, [&]<typename T>() {
     using Word = word_t<T>;
     where_kernel<Word><<<grid_size(layout.numel), kBlockSize, 0, stream>>>(
-        condition, static_cast<const Word*>(a), static_cast<const Word*>(b),
-        static_cast<Word*>(out), layout);
+        condition, static_cast<const Word*>(a), static_cast<const Word*>(b), static_cast<Word*>(out), layout);
     SHARDLAB_CUDA_CHECK_LAUNCH();
   });
 }

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "core/op_codes.h"
 
 namespace shardlab::cuda {
 
@@ -39,20 +40,11 @@ struct Layout {
   std::int64_t strides[N][kMaxDims] = {};
 };
 
-// The unary ops with a floating result in the input dtype (isfinite has its own launcher).
-enum class UnaryCode : unsigned char {
-  neg, abs, exp, log, sqrt, rsqrt, tanh, sigmoid, relu, silu, gelu, gelu_tanh
-};
-enum class ArithmeticCode : unsigned char { add, sub, mul, div, pow, maximum, minimum };
-enum class CompareCode : unsigned char { eq, ne, lt, le, gt, ge };
-
-enum class DrawKind : unsigned char { uniform, normal, bernoulli };
-
 // What a random kernel draws: element i of the output is draw number first_index + i of Philox
 // stream (seed, stream) (core/philox.h). a, b: uniform low and high, normal mean and std,
 // bernoulli p (b unused).
 struct PhiloxDraw {
-  DrawKind kind = DrawKind::uniform;
+  Distribution kind = Distribution::uniform;
   std::uint64_t seed = 0;
   std::uint64_t stream = 0;
   std::uint64_t first_index = 0;
@@ -63,25 +55,25 @@ struct PhiloxDraw {
 // --- core/cuda/elementwise.cu ----------------------------------------------------------------
 
 // Writes the dtype_size(dtype) bytes at host address `value` to every element of out.
-void launch_fill(void* out, DType dtype, const void* value, const Layout<1>& layout,
-                 cudaStream_t stream);
+void launch_fill(void* out, DType dtype, const void* value, const Layout<1>& layout, cudaStream_t stream);
 // Operands: src, dst. Converts like the CPU: narrow<Dst>(widen(src value)); equal dtypes copy bits.
-void launch_copy(const void* src, DType src_dtype, void* dst, DType dst_dtype,
-                 const Layout<2>& layout, cudaStream_t stream);
-// Operands: in, out (same dtype). Floating dtypes: every op, computed in float (f32, bf16,
+void launch_copy(const void* src, DType src_dtype, void* dst, DType dst_dtype, const Layout<2>& layout,
+                 cudaStream_t stream);
+// Operands: in, out (same dtype). Floating dtypes: every op but isfinite, computed in float (f32, bf16,
 // f16) or double (f64). i64/i32/u8: neg, abs and relu, wrapping like unsigned arithmetic.
-[[nodiscard]] bool launch_unary(UnaryCode op, DType dtype, const void* in, void* out,
-                                const Layout<2>& layout, cudaStream_t stream);
+[[nodiscard]] bool launch_unary(UnaryOp op, DType dtype, const void* in, void* out, const Layout<2>& layout,
+                                cudaStream_t stream);
 // Operands: in (floating), out (bool).
 [[nodiscard]] bool launch_isfinite(DType dtype, const void* in, bool* out, const Layout<2>& layout,
                                    cudaStream_t stream);
-// Operands: a, b, out, all of `dtype`. Every dtype and op except div on i64/i32/u8/bool (the
+// Operands: a, b, out, all of `dtype`. Arithmetic ops only (comparisons: launch_compare);
+// every dtype and op except div on i64/i32/u8/bool (the
 // op layer divides integers in f32). Integers wrap; bool computes in int and narrows (add is
 // or, mul is and); integer pow is exact repeated multiplication.
-[[nodiscard]] bool launch_arithmetic(ArithmeticCode op, DType dtype, const void* a, const void* b,
-                                     void* out, const Layout<3>& layout, cudaStream_t stream);
-// Operands: a, b (both `dtype`, any of the 8), out (bool).
-void launch_compare(CompareCode op, DType dtype, const void* a, const void* b, bool* out,
+[[nodiscard]] bool launch_arithmetic(BinaryOp op, DType dtype, const void* a, const void* b, void* out,
+                                     const Layout<3>& layout, cudaStream_t stream);
+// Operands: a, b (both `dtype`, any of the 8), out (bool). Comparison ops only.
+void launch_compare(BinaryOp op, DType dtype, const void* a, const void* b, bool* out,
                     const Layout<3>& layout, cudaStream_t stream);
 // Operands: condition (bool), a, b, out (a, b and out all of `dtype`).
 void launch_where(const bool* condition, DType dtype, const void* a, const void* b, void* out,
@@ -91,7 +83,6 @@ void launch_where(const bool* condition, DType dtype, const void* a, const void*
 
 // Fills n contiguous elements of any dtype like the CPU kernel: the double that philox::uniform24
 // (uniform53 for f64), philox::normal or philox::bernoulli (1 or 0) gives, narrowed to the dtype.
-void launch_random(DType dtype, void* out, std::int64_t n, const PhiloxDraw& draw,
-                   cudaStream_t stream);
+void launch_random(DType dtype, void* out, std::int64_t n, const PhiloxDraw& draw, cudaStream_t stream);
 
 }  // namespace shardlab::cuda

@@ -14,14 +14,15 @@ namespace {
 template <typename T>
 __device__ double draw_value(const PhiloxDraw& draw, std::uint64_t index) {
   switch (draw.kind) {
-    case DrawKind::uniform:
+    case Distribution::uniform:
       if constexpr (std::is_same_v<T, double>) {
         return philox::uniform53(draw.seed, draw.stream, index, draw.a, draw.b);
       } else {
         return philox::uniform24(draw.seed, draw.stream, index, draw.a, draw.b);
       }
-    case DrawKind::normal: return philox::normal(draw.seed, draw.stream, index, draw.a, draw.b);
-    case DrawKind::bernoulli:
+    case Distribution::normal:
+      return philox::normal(draw.seed, draw.stream, index, draw.a, draw.b);
+    case Distribution::bernoulli:
       return philox::bernoulli(draw.seed, draw.stream, index, draw.a) ? 1.0 : 0.0;
   }
   __builtin_unreachable();  // every enumerator is handled above
@@ -30,16 +31,14 @@ __device__ double draw_value(const PhiloxDraw& draw, std::uint64_t index) {
 template <typename T>
 __global__ void random_kernel(T* out, std::int64_t n, PhiloxDraw draw) {
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += step) {
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     out[i] = narrow<T>(draw_value<T>(draw, draw.first_index + static_cast<std::uint64_t>(i)));
   }
 }
 
 }  // namespace
 
-void launch_random(DType dtype, void* out, std::int64_t n, const PhiloxDraw& draw,
-                   cudaStream_t stream) {
+void launch_random(DType dtype, void* out, std::int64_t n, const PhiloxDraw& draw, cudaStream_t stream) {
   if (n == 0) return;
   visit_dtype(dtype, [&]<typename T>() {
     random_kernel<T><<<grid_size(n), kBlockSize, 0, stream>>>(static_cast<T*>(out), n, draw);

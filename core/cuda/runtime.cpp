@@ -106,11 +106,10 @@ std::string unavailable_reason() { return availability().reason; }
 
 void require_device(int index) {
   const Availability& state = availability();
-  SHARDLAB_CHECK(state.device_count > 0, "{} is not usable: {}", Device::cuda(index).str(),
-                 state.reason);
+  SHARDLAB_CHECK(state.device_count > 0, "{} is not usable: {}", Device::cuda(index).str(), state.reason);
   SHARDLAB_CHECK(index >= 0 && index < state.device_count,
-                 "{} does not exist: this machine has {} CUDA device(s)",
-                 Device::cuda(index).str(), state.device_count);
+                 "{} does not exist: this machine has {} CUDA device(s)", Device::cuda(index).str(),
+                 state.device_count);
 }
 
 // --- Stream ----------------------------------------------------------------------------------
@@ -146,8 +145,7 @@ Event::~Event() {
 }
 
 void Event::record(const Stream& stream) {
-  SHARDLAB_CHECK(stream.device() == device_,
-                 "Event::record: the event belongs to {} but the stream to {}",
+  SHARDLAB_CHECK(stream.device() == device_, "Event::record: the event belongs to {} but the stream to {}",
                  Device::cuda(device_).str(), Device::cuda(stream.device()).str());
   SHARDLAB_CUDA_CHECK(cudaEventRecord(raw_event(handle_), raw(stream)));
 }
@@ -186,13 +184,13 @@ StreamGuard::~StreamGuard() { guarded_streams()[static_cast<std::size_t>(device_
 
 // --- copies ----------------------------------------------------------------------------------
 
-void copy_bytes(void* dst, bool dst_on_device, const void* src, bool src_on_device,
-                std::size_t nbytes, int device) {
+void copy_bytes(void* dst, bool dst_on_device, const void* src, bool src_on_device, std::size_t nbytes,
+                int device) {
   if (nbytes == 0) return;
   const Stream& stream = current_stream(device);
   const DeviceGuard guard(device);
-  SHARDLAB_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, copy_kind(dst_on_device, src_on_device),
-                                      raw(stream)));
+  SHARDLAB_CUDA_CHECK(
+      cudaMemcpyAsync(dst, src, nbytes, copy_kind(dst_on_device, src_on_device), raw(stream)));
   // Pageable host memory may be read or written after cudaMemcpyAsync returns: wait, so the
   // caller can reuse or read its buffer at once.
   stream.synchronize();

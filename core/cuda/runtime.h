@@ -74,8 +74,8 @@ class StreamGuard {
 
 // Copies bytes between host and device memory (either direction, or device to device) on
 // the current stream of the device involved; returns once the bytes are in place.
-void copy_bytes(void* dst, bool dst_on_device, const void* src, bool src_on_device,
-                std::size_t nbytes, int device);
+void copy_bytes(void* dst, bool dst_on_device, const void* src, bool src_on_device, std::size_t nbytes,
+                int device);
 
 // The caching allocator of device `index` (core/caching_allocator.h); throws when the
 // device is not usable.

@@ -71,8 +71,7 @@ void cuda_fill(const Tensor& out, Scalar value) {
   const LaunchContext context(out);
   visit_dtype(out.dtype(), [&]<typename T>() {
     const T element = value.as<T>();
-    cuda::launch_fill(out.raw_data(), out.dtype(), &element, layout_of<1>("fill", {&out}),
-                      context.stream());
+    cuda::launch_fill(out.raw_data(), out.dtype(), &element, layout_of<1>("fill", {&out}), context.stream());
   });
 }
 
@@ -83,29 +82,12 @@ void cuda_copy(const Tensor& dst, const Tensor& src) {
 }
 
 // False when the op has no kernel for the dtype.
-bool launch_unary_op(UnaryOp op, DType dtype, const void* in, void* out,
-                     const cuda::Layout<2>& layout, cudaStream_t stream) {
-  using cuda::UnaryCode;
-  const auto unary = [&](UnaryCode code) {
-    return cuda::launch_unary(code, dtype, in, out, layout, stream);
-  };
-  switch (op) {
-    case UnaryOp::neg: return unary(UnaryCode::neg);
-    case UnaryOp::abs: return unary(UnaryCode::abs);
-    case UnaryOp::exp: return unary(UnaryCode::exp);
-    case UnaryOp::log: return unary(UnaryCode::log);
-    case UnaryOp::sqrt: return unary(UnaryCode::sqrt);
-    case UnaryOp::rsqrt: return unary(UnaryCode::rsqrt);
-    case UnaryOp::tanh: return unary(UnaryCode::tanh);
-    case UnaryOp::sigmoid: return unary(UnaryCode::sigmoid);
-    case UnaryOp::relu: return unary(UnaryCode::relu);
-    case UnaryOp::silu: return unary(UnaryCode::silu);
-    case UnaryOp::gelu: return unary(UnaryCode::gelu);
-    case UnaryOp::gelu_tanh: return unary(UnaryCode::gelu_tanh);
-    case UnaryOp::isfinite:
-      return cuda::launch_isfinite(dtype, in, static_cast<bool*>(out), layout, stream);
+bool launch_unary_op(UnaryOp op, DType dtype, const void* in, void* out, const cuda::Layout<2>& layout,
+                     cudaStream_t stream) {
+  if (op == UnaryOp::isfinite) {
+    return cuda::launch_isfinite(dtype, in, static_cast<bool*>(out), layout, stream);
   }
-  __builtin_unreachable();  // every enumerator is handled above
+  return cuda::launch_unary(op, dtype, in, out, layout, stream);
 }
 
 void cuda_unary(UnaryOp op, const Tensor& in, const Tensor& out) {
@@ -118,62 +100,33 @@ void cuda_unary(UnaryOp op, const Tensor& in, const Tensor& out) {
 // False when the op has no kernel for the dtype.
 bool launch_binary_op(BinaryOp op, DType dtype, const void* a, const void* b, void* out,
                       const cuda::Layout<3>& layout, cudaStream_t stream) {
-  using cuda::ArithmeticCode;
-  using cuda::CompareCode;
-  const auto arithmetic = [&](ArithmeticCode code) {
-    return cuda::launch_arithmetic(code, dtype, a, b, out, layout, stream);
-  };
-  const auto compare = [&](CompareCode code) {
-    cuda::launch_compare(code, dtype, a, b, static_cast<bool*>(out), layout, stream);
-    return true;
-  };
-  switch (op) {
-    case BinaryOp::add: return arithmetic(ArithmeticCode::add);
-    case BinaryOp::sub: return arithmetic(ArithmeticCode::sub);
-    case BinaryOp::mul: return arithmetic(ArithmeticCode::mul);
-    case BinaryOp::div: return arithmetic(ArithmeticCode::div);
-    case BinaryOp::pow: return arithmetic(ArithmeticCode::pow);
-    case BinaryOp::maximum: return arithmetic(ArithmeticCode::maximum);
-    case BinaryOp::minimum: return arithmetic(ArithmeticCode::minimum);
-    case BinaryOp::eq: return compare(CompareCode::eq);
-    case BinaryOp::ne: return compare(CompareCode::ne);
-    case BinaryOp::lt: return compare(CompareCode::lt);
-    case BinaryOp::le: return compare(CompareCode::le);
-    case BinaryOp::gt: return compare(CompareCode::gt);
-    case BinaryOp::ge: return compare(CompareCode::ge);
-  }
-  __builtin_unreachable();  // every enumerator is handled above
+  if (!is_comparison(op)) return cuda::launch_arithmetic(op, dtype, a, b, out, layout, stream);
+  cuda::launch_compare(op, dtype, a, b, static_cast<bool*>(out), layout, stream);
+  return true;
 }
 
 void cuda_binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   const LaunchContext context(out);
-  const bool launched =
-      launch_binary_op(op, a.dtype(), a.raw_data(), b.raw_data(), out.raw_data(),
-                       layout_of<3>(op_name(op), {&a, &b, &out}), context.stream());
+  const bool launched = launch_binary_op(op, a.dtype(), a.raw_data(), b.raw_data(), out.raw_data(),
+                                         layout_of<3>(op_name(op), {&a, &b, &out}), context.stream());
   SHARDLAB_CHECK(launched, "{}: no CUDA kernel for dtype {}", op_name(op), dtype_name(a.dtype()));
 }
 
 void cuda_where(const Tensor& condition, const Tensor& a, const Tensor& b, const Tensor& out) {
   const LaunchContext context(out);
-  cuda::launch_where(condition.data<bool>(), out.dtype(), a.raw_data(), b.raw_data(),
-                     out.raw_data(), layout_of<4>("where", {&condition, &a, &b, &out}),
-                     context.stream());
-}
-
-cuda::DrawKind draw_kind(Distribution distribution) {
-  switch (distribution) {
-    case Distribution::uniform: return cuda::DrawKind::uniform;
-    case Distribution::normal: return cuda::DrawKind::normal;
-    case Distribution::bernoulli: return cuda::DrawKind::bernoulli;
-  }
-  __builtin_unreachable();  // every enumerator is handled above
+  cuda::launch_where(condition.data<bool>(), out.dtype(), a.raw_data(), b.raw_data(), out.raw_data(),
+                     layout_of<4>("where", {&condition, &a, &b, &out}), context.stream());
 }
 
 void cuda_random(const RandomSpec& spec, const Tensor& out) {
   SHARDLAB_CHECK(out.is_contiguous(), "random draws on cuda: the output must be contiguous");
   const LaunchContext context(out);
-  const cuda::PhiloxDraw draw{draw_kind(spec.distribution), spec.key.seed, spec.key.stream,
-                              static_cast<std::uint64_t>(spec.first_index), spec.a, spec.b};
+  const cuda::PhiloxDraw draw{spec.distribution,
+                              spec.key.seed,
+                              spec.key.stream,
+                              static_cast<std::uint64_t>(spec.first_index),
+                              spec.a,
+                              spec.b};
   cuda::launch_random(out.dtype(), out.raw_data(), out.numel(), draw, context.stream());
 }
 
