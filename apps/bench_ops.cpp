@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,73 +20,89 @@ using namespace shardlab;
 
 namespace {
 
-// Median seconds of `reps` runs after one warm-up; `sync` waits for asynchronous devices.
-double median_seconds(int reps, const std::function<void()>& run, const std::function<void()>& sync) {
-  run();
+// Seconds of one run of fn, then `sync` (which waits for asynchronous devices).
+double seconds(const std::function<void()>& fn, const std::function<void()>& sync) {
+  const auto start = std::chrono::steady_clock::now();
+  fn();
   sync();
-  std::vector<double> times;
-  for (int i = 0; i < reps; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    run();
-    sync();
-    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double median(std::vector<double> values) {
+  std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
+  return values[values.size() / 2];
+}
+
+// Median seconds per call of each contender over `reps` rounds. Every sample repeats a call
+// enough times to last about 20 ms (short calls are otherwise all noise on a VM), and the
+// contenders alternate within each round, after a warm-up round, so clock ramps and
+// neighbours' noise hit them alike.
+std::vector<double> race(int reps, const std::vector<std::function<void()>>& contenders,
+                         const std::function<void()>& sync) {
+  std::vector<int> calls;
+  for (const auto& contender : contenders) {
+    const double once = seconds(contender, sync);
+    calls.push_back(static_cast<int>(std::clamp(0.02 / std::max(once, 1e-7), 1.0, 10000.0)));
   }
-  std::nth_element(times.begin(), times.begin() + reps / 2, times.end());
-  return times[reps / 2];
+  std::vector<std::vector<double>> times(contenders.size());
+  for (int round = -1; round < reps; ++round) {
+    for (std::size_t c = 0; c < contenders.size(); ++c) {
+      const auto repeated = [&] {
+        for (int i = 0; i < calls[c]; ++i) contenders[c]();
+      };
+      const double t = seconds(repeated, sync) / calls[c];
+      if (round >= 0) times[c].push_back(t);
+    }
+  }
+  std::vector<double> medians;
+  for (auto& t : times) medians.push_back(median(t));
+  return medians;
 }
 
-// OpenBLAS sgemm on row-major [m, k] x [k, n], our baseline for both tables.
-double openblas_seconds(int reps, std::int64_t m, std::int64_t n, std::int64_t k) {
-  const Tensor a = uniform({m, k}, {1, 1}), b = uniform({k, n}, {1, 2}), c = empty({m, n});
-  const float* pa = a.data<float>();
-  const float* pb = b.data<float>();
-  float* pc = c.data<float>();
-  return median_seconds(
-      reps,
-      [&] {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
-                    static_cast<int>(k), 1.0f, pa, static_cast<int>(k), pb, static_cast<int>(n), 0.0f, pc,
-                    static_cast<int>(n));
-      },
-      [] {});
+// OpenBLAS sgemm on row-major [m, k] x [k, n] into a preallocated C: the baseline.
+std::function<void()> openblas_sgemm(std::int64_t m, std::int64_t n, std::int64_t k) {
+  auto a = std::make_shared<Tensor>(uniform({m, k}, {1, 1}));
+  auto b = std::make_shared<Tensor>(uniform({k, n}, {1, 2}));
+  auto c = std::make_shared<Tensor>(empty({m, n}));
+  return [=] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), 1.0f, a->data<float>(), static_cast<int>(k), b->data<float>(),
+                static_cast<int>(n), 0.0f, c->data<float>(), static_cast<int>(n));
+  };
 }
 
+// One table row: shardlab's op on a device, and the GEMM it amounts to.
 struct Row {
   std::string name;
   double flops;
-  std::function<void(Device)> run;
-  std::int64_t m, n, k;  // the equivalent GEMM for the OpenBLAS column
+  std::function<std::function<void()>(Device)> prepare;  // inputs made once, op run per call
+  std::int64_t m, n, k;
 };
 
 void print_row(const Row& row, int reps, bool with_cuda) {
-  const double ours = median_seconds(
-      reps, [&] { row.run(Device::cpu()); }, [] {});
-  const double blas = openblas_seconds(reps, row.m, row.n, row.k);
+  const auto timings = race(reps, {row.prepare(Device::cpu()), openblas_sgemm(row.m, row.n, row.k)}, [] {});
+  const double ours = timings[0], blas = timings[1];
   std::string cuda_column = "-";
   if (with_cuda) {
     if (supports<&Kernels::matmul>(Device::cuda(0)) && supports<&Kernels::conv2d>(Device::cuda(0))) {
       cuda::Stream& stream = cuda::current_stream(0);
-      const double gpu = median_seconds(
-          reps, [&] { row.run(Device::cuda(0)); }, [&] { stream.synchronize(); });
+      const double gpu = race(reps, {row.prepare(Device::cuda(0))}, [&] { stream.synchronize(); })[0];
       cuda_column = fmt::format("{:.1f}", row.flops / gpu / 1e9);
     } else {
       cuda_column = "no kernel yet";
     }
   }
-  fmt::print("{:<44} {:>12.1f} {:>14.1f} {:>8.2f} {:>16}\n", row.name, row.flops / ours / 1e9,
+  fmt::print("{:<52} {:>12.1f} {:>14.1f} {:>8.2f} {:>14}\n", row.name, row.flops / ours / 1e9,
              row.flops / blas / 1e9, blas / ours, cuda_column);
 }
 
 Row gemm_row(std::int64_t m, std::int64_t n, std::int64_t k) {
   return {fmt::format("matmul [{}, {}] x [{}, {}]", m, k, k, n),
           2.0 * m * n * k,
-          [=](Device d) {
-            static thread_local Tensor a, b;
-            if (!a.defined() || a.device() != d || a.shape() != Shape{m, k}) {
-              a = uniform({m, k}, {7, 1}, -1, 1, device(d));
-              b = uniform({k, n}, {7, 2}, -1, 1, device(d));
-            }
-            (void)matmul(a, b);
+          [=](Device d) -> std::function<void()> {
+            const Tensor a = uniform({m, k}, {7, 1}, -1, 1, device(d));
+            const Tensor b = uniform({k, n}, {7, 2}, -1, 1, device(d));
+            return [a, b] { (void)matmul(a, b); };
           },
           m,
           n,
@@ -96,15 +113,12 @@ Row conv_row(const std::string& label, Shape input, Shape weight, Conv2dParams p
   const std::int64_t oh = (input[2] + 2 * p.padding - weight[2]) / p.stride + 1;
   const std::int64_t ow = (input[3] + 2 * p.padding - weight[3]) / p.stride + 1;
   const std::int64_t patch = weight[1] * weight[2] * weight[3], columns = input[0] * oh * ow;
-  return {fmt::format("conv2d {} {}x{}", label, shape_str(input), shape_str(weight)),
+  return {fmt::format("conv2d {} {} * {}", label, shape_str(input), shape_str(weight)),
           2.0 * weight[0] * patch * columns,
-          [=](Device d) {
-            static thread_local Tensor x, w;
-            if (!x.defined() || x.device() != d || x.shape() != input) {
-              x = uniform(input, {9, 1}, -1, 1, device(d));
-              w = uniform(weight, {9, 2}, -1, 1, device(d));
-            }
-            (void)conv2d(x, w, {}, p);
+          [=](Device d) -> std::function<void()> {
+            const Tensor x = uniform(input, {9, 1}, -1, 1, device(d));
+            const Tensor w = uniform(weight, {9, 2}, -1, 1, device(d));
+            return [x, w, p] { (void)conv2d(x, w, {}, p); };
           },
           weight[0],
           columns,
@@ -115,9 +129,9 @@ Row conv_row(const std::string& label, Shape input, Shape weight, Conv2dParams p
 
 int main(int argc, char** argv) {
   CLI::App app{"bench_ops: GEMM and conv2d GFLOP/s of shardlab next to OpenBLAS sgemm"};
-  int reps = 5;
+  int reps = 10;
   int threads = 0;
-  app.add_option("--reps", reps, "timed repetitions per row (median reported)")->check(CLI::PositiveNumber);
+  app.add_option("--reps", reps, "timed rounds per row (medians reported)")->check(CLI::PositiveNumber);
   app.add_option("--threads", threads, "CPU threads (default: the cores this process has)");
   CLI11_PARSE(app, argc, argv);
   try {
@@ -125,7 +139,7 @@ int main(int argc, char** argv) {
     const bool with_cuda = cuda::available();
     fmt::print("bench_ops: {} CPU threads; CUDA: {}\n", num_threads(),
                with_cuda ? "available" : cuda::unavailable_reason());
-    fmt::print("{:<44} {:>12} {:>14} {:>8} {:>16}\n", "op (f32)", "ours GFLOP/s", "OpenBLAS GF/s", "ratio",
+    fmt::print("{:<52} {:>12} {:>14} {:>8} {:>14}\n", "op (f32)", "ours GFLOP/s", "OpenBLAS GF/s", "ratio",
                "CUDA GFLOP/s");
     const std::vector<Row> rows = {
         gemm_row(256, 256, 256),

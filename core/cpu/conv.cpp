@@ -1,6 +1,7 @@
 // core/cpu/conv.cpp: conv2d forward and its input/weight gradients as im2col + GEMM over
 // chunks of images, so each GEMM is large enough for OpenBLAS's threads.
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "core/cpu/gemm.h"
@@ -94,10 +95,25 @@ void to_gemm_layout(const T* nchw, std::int64_t count, std::int64_t channels, st
   });
 }
 
-// A [rows, chunk * pixels] GEMM-layout buffer for one chunk of images.
+// A [rows, chunk * pixels] GEMM-layout buffer for one chunk of images, uninitialised
+// (every element is written before it is read). The two slots persist per thread and only
+// grow: fresh multi-megabyte buffers on every call cost more in page faults than im2col.
+enum class Slot { columns, gemm_output };
+
 template <typename T>
-std::vector<T> chunk_buffer(const ConvGeometry& g, std::int64_t rows) {
-  return std::vector<T>(static_cast<std::size_t>(rows * g.chunk(sizeof(T)) * g.pixels()));
+T* chunk_buffer(const ConvGeometry& g, std::int64_t rows, Slot slot) {
+  struct Buffer {
+    std::unique_ptr<char[]> bytes;
+    std::size_t size = 0;
+  };
+  thread_local Buffer buffers[2];
+  Buffer& buffer = buffers[static_cast<int>(slot)];
+  const auto needed = static_cast<std::size_t>(rows * g.chunk(sizeof(T)) * g.pixels()) * sizeof(T);
+  if (buffer.size < needed) {
+    buffer.bytes = std::make_unique_for_overwrite<char[]>(needed);
+    buffer.size = needed;
+  }
+  return reinterpret_cast<T*>(buffer.bytes.get());
 }
 
 // fn(start, count) for consecutive chunks of the batch.
@@ -109,51 +125,52 @@ void for_each_chunk(const ConvGeometry& g, Fn fn) {
 
 template <typename T>
 void conv2d_typed(const ConvGeometry& g, const T* input, const T* weight, const T* bias, T* out) {
-  std::vector<T> cols = chunk_buffer<T>(g, g.patch());
+  T* cols = chunk_buffer<T>(g, g.patch(), Slot::columns);
+  T* result = chunk_buffer<T>(g, g.out_channels, Slot::gemm_output);
   for_each_chunk<T>(g, [&](std::int64_t start, std::int64_t count) {
-    im2col(g, input + start * g.channels * g.height * g.width, count, cols.data());
-    // One GEMM per image writes its [O, pixels] output in place: no reshuffle afterwards.
-    for (std::int64_t image = 0; image < count; ++image) {
-      gemm<T>(false, false, g.out_channels, g.pixels(), g.patch(), T(1), weight, g.patch(),
-              cols.data() + image * g.pixels(), count * g.pixels(), T(0),
-              out + (start + image) * g.out_channels * g.pixels(), g.pixels());
-    }
-  });
-  if (bias == nullptr) return;
-  parallel_for(0, g.batch * g.out_channels, 16, [&](std::int64_t first, std::int64_t last) {
-    for (std::int64_t plane = first; plane < last; ++plane) {
-      T* dst = out + plane * g.pixels();
-      const T shift = bias[plane % g.out_channels];
-      for (std::int64_t p = 0; p < g.pixels(); ++p) dst[p] += shift;
-    }
+    const std::int64_t columns = count * g.pixels();
+    im2col(g, input + start * g.channels * g.height * g.width, count, cols);
+    // One GEMM for the whole chunk keeps OpenBLAS busy even when one image is a small
+    // problem; its [O, image, pixel] result is then laid out as [image, O, pixel].
+    gemm<T>(false, false, g.out_channels, columns, g.patch(), T(1), weight, g.patch(), cols, columns, T(0),
+            result, columns);
+    parallel_for(0, count * g.out_channels, 16, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t task = first; task < last; ++task) {
+        const std::int64_t image = task / g.out_channels, o = task % g.out_channels;
+        const T* src = result + o * columns + image * g.pixels();
+        T* dst = out + ((start + image) * g.out_channels + o) * g.pixels();
+        const T shift = bias ? bias[o] : T(0);
+        for (std::int64_t p = 0; p < g.pixels(); ++p) dst[p] = src[p] + shift;
+      }
+    });
   });
 }
 
 template <typename T>
 void conv2d_backward_input_typed(const ConvGeometry& g, const T* grad_out, const T* weight, T* grad_in) {
-  std::vector<T> cols = chunk_buffer<T>(g, g.patch()), grad = chunk_buffer<T>(g, g.out_channels);
+  T* cols = chunk_buffer<T>(g, g.patch(), Slot::columns);
+  T* grad = chunk_buffer<T>(g, g.out_channels, Slot::gemm_output);
   for_each_chunk<T>(g, [&](std::int64_t start, std::int64_t count) {
     const std::int64_t columns = count * g.pixels();
-    to_gemm_layout(grad_out + start * g.out_channels * g.pixels(), count, g.out_channels, g.pixels(),
-                   grad.data());
+    to_gemm_layout(grad_out + start * g.out_channels * g.pixels(), count, g.out_channels, g.pixels(), grad);
     // cols = W^T [patch, O] x grad [O, columns]
-    gemm<T>(true, false, g.patch(), columns, g.out_channels, T(1), weight, g.patch(), grad.data(), columns,
-            T(0), cols.data(), columns);
-    col2im(g, cols.data(), count, grad_in + start * g.channels * g.height * g.width);
+    gemm<T>(true, false, g.patch(), columns, g.out_channels, T(1), weight, g.patch(), grad, columns, T(0),
+            cols, columns);
+    col2im(g, cols, count, grad_in + start * g.channels * g.height * g.width);
   });
 }
 
 template <typename T>
 void conv2d_backward_weight_typed(const ConvGeometry& g, const T* grad_out, const T* input, T* grad_weight) {
-  std::vector<T> cols = chunk_buffer<T>(g, g.patch()), grad = chunk_buffer<T>(g, g.out_channels);
+  T* cols = chunk_buffer<T>(g, g.patch(), Slot::columns);
+  T* grad = chunk_buffer<T>(g, g.out_channels, Slot::gemm_output);
   for_each_chunk<T>(g, [&](std::int64_t start, std::int64_t count) {
     const std::int64_t columns = count * g.pixels();
-    to_gemm_layout(grad_out + start * g.out_channels * g.pixels(), count, g.out_channels, g.pixels(),
-                   grad.data());
-    im2col(g, input + start * g.channels * g.height * g.width, count, cols.data());
+    to_gemm_layout(grad_out + start * g.out_channels * g.pixels(), count, g.out_channels, g.pixels(), grad);
+    im2col(g, input + start * g.channels * g.height * g.width, count, cols);
     // grad_weight [O, patch] += grad [O, columns] x cols^T [columns, patch]
-    gemm<T>(false, true, g.out_channels, g.patch(), columns, T(1), grad.data(), columns, cols.data(), columns,
-            T(1), grad_weight, g.patch());
+    gemm<T>(false, true, g.out_channels, g.patch(), columns, T(1), grad, columns, cols, columns, T(1),
+            grad_weight, g.patch());
   });
 }
 
