@@ -1,0 +1,49 @@
+// tests/test_dispatch.cpp: the per-device kernel tables: the CPU table is complete, and an
+// op a device has no kernel for fails with an error naming the op and the device.
+#include "core/kernels.h"
+#include "tests/check.h"
+
+using namespace shardlab;
+
+namespace {
+
+// Each entry of Kernels, by name, for the completeness check.
+template <auto... Entries>
+std::vector<bool> supported_on(Device device) {
+  return {supports<Entries>(device)...};
+}
+
+std::vector<bool> every_entry(Device device) {
+  return supported_on<&Kernels::fill, &Kernels::copy, &Kernels::unary, &Kernels::binary, &Kernels::where,
+                      &Kernels::reduce, &Kernels::matmul, &Kernels::softmax, &Kernels::conv2d,
+                      &Kernels::conv2d_backward_input, &Kernels::conv2d_backward_weight, &Kernels::max_pool2d,
+                      &Kernels::max_pool2d_backward, &Kernels::index_select, &Kernels::gather,
+                      &Kernels::scatter_add, &Kernels::index_add, &Kernels::random>(device);
+}
+
+}  // namespace
+
+TEST_CASE("the CPU table has a kernel for every entry", "[dispatch]") {
+  static_assert(sizeof(Kernels) == 18 * sizeof(void*), "a new Kernels entry must be added to this test");
+  for (const bool supported : every_entry(Device::cpu())) CHECK(supported);
+}
+
+TEST_CASE("the CUDA table has the elementwise family and random draws", "[dispatch]") {
+  // Built without CUDA every entry is empty; with it, the elementwise family is there.
+  const bool built = supports<&Kernels::fill>(Device::cuda(0));
+  CHECK(supports<&Kernels::copy>(Device::cuda(0)) == built);
+  CHECK(supports<&Kernels::unary>(Device::cuda(0)) == built);
+  CHECK(supports<&Kernels::binary>(Device::cuda(0)) == built);
+  CHECK(supports<&Kernels::where>(Device::cuda(0)) == built);
+  CHECK(supports<&Kernels::random>(Device::cuda(0)) == built);
+}
+
+TEST_CASE("softmax on cuda: the CPU's values, or an error naming op and device", "[dispatch][cuda]") {
+  const Tensor x = test::random_tensor({3, 5}, 1);
+  if (supports<&Kernels::softmax>(Device::cuda(0))) {
+    test::check_close(softmax(x.to(Device::cuda(0)), -1).to(Device::cpu()), softmax(x, -1));
+  } else {
+    CHECK_THROWS_ERROR(softmax(x.to(Device::cuda(0)), -1),
+                       "softmax: not supported on cuda:0 (no kernel for it in this build)");
+  }
+}
