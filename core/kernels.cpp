@@ -27,6 +27,8 @@ const char* op_name(UnaryOp op) {
       return "silu";
     case UnaryOp::gelu:
       return "gelu";
+    case UnaryOp::erf:
+      return "erf";
     case UnaryOp::gelu_tanh:
       return "gelu(tanh)";
     case UnaryOp::isfinite:

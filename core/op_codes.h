@@ -17,6 +17,7 @@ enum class UnaryOp : unsigned char {
   silu,
   gelu,
   gelu_tanh,
+  erf,
   isfinite
 };
 enum class BinaryOp : unsigned char { add, sub, mul, div, pow, maximum, minimum, eq, ne, lt, le, gt, ge };

@@ -170,6 +170,8 @@ Tensor gelu(const Tensor& x, GeluApproximation approximate) {
   return unary_floating(approximate == GeluApproximation::tanh ? UnaryOp::gelu_tanh : UnaryOp::gelu, x);
 }
 
+Tensor erf(const Tensor& x) { return unary_floating(UnaryOp::erf, x); }
+
 Tensor isfinite(const Tensor& x) {
   check_defined("isfinite", x);
   if (!is_floating(x.dtype())) return full(x.shape(), true, TensorOptions{DType::boolean, x.device()});
@@ -244,6 +246,48 @@ Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
 Tensor where(const Tensor& condition, const Tensor& a, Scalar b) {
   check_defined("where", a, "first");
   return where(condition, a, wrap_scalar(a, b));
+}
+
+namespace {
+const Tensor& binary_in_place(BinaryOp op, const Tensor& self, const Tensor& other) {
+  const char* name = op_name(op);
+  check_defined(name, self, "self");
+  check_defined(name, other, "other");
+  check_same_device(name, self, other);
+  SHARDLAB_CHECK(self.dtype() != DType::boolean, "{}_: not defined for bool tensors", name);
+  SHARDLAB_CHECK(!(op == BinaryOp::div && !is_floating(self.dtype())),
+                 "{}_: true division cannot be written into {} (use a floating tensor)", name,
+                 dtype_name(self.dtype()));
+  // Elementwise kernels read element i before writing it, so self may be input and output.
+  const Tensor operand = other.to(self.dtype()).expand(self.shape());
+  if (self.numel() > 0) kernel<&Kernels::binary>(self.device(), name)(op, self, operand, self);
+  return self;
+}
+}  // namespace
+
+const Tensor& add_(const Tensor& self, const Tensor& other) {
+  return binary_in_place(BinaryOp::add, self, other);
+}
+const Tensor& sub_(const Tensor& self, const Tensor& other) {
+  return binary_in_place(BinaryOp::sub, self, other);
+}
+const Tensor& mul_(const Tensor& self, const Tensor& other) {
+  return binary_in_place(BinaryOp::mul, self, other);
+}
+const Tensor& div_(const Tensor& self, const Tensor& other) {
+  return binary_in_place(BinaryOp::div, self, other);
+}
+const Tensor& add_(const Tensor& self, Scalar other) {
+  return add_(self, scalar_tensor(other, {DType::f64, self.device()}));
+}
+const Tensor& sub_(const Tensor& self, Scalar other) {
+  return sub_(self, scalar_tensor(other, {DType::f64, self.device()}));
+}
+const Tensor& mul_(const Tensor& self, Scalar other) {
+  return mul_(self, scalar_tensor(other, {DType::f64, self.device()}));
+}
+const Tensor& div_(const Tensor& self, Scalar other) {
+  return div_(self, scalar_tensor(other, {DType::f64, self.device()}));
 }
 
 Tensor operator-(const Tensor& x) { return neg(x); }

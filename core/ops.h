@@ -31,6 +31,7 @@ Tensor relu(const Tensor& x);
 Tensor silu(const Tensor& x);
 enum class GeluApproximation : unsigned char { none, tanh };
 Tensor gelu(const Tensor& x, GeluApproximation approximate = GeluApproximation::none);
+Tensor erf(const Tensor& x);
 Tensor isfinite(const Tensor& x);  // bool
 Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> max);
 Tensor cast(const Tensor& x, DType dtype);
@@ -65,6 +66,17 @@ Tensor ge(const Tensor& a, Scalar b);
 // condition ? a : b, elementwise; condition is bool; all three broadcast together.
 Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b);
 Tensor where(const Tensor& condition, const Tensor& a, Scalar b);
+
+// In place: self = self op other, other broadcast to self's shape and cast to self's dtype
+// (self keeps its shape and dtype). other must not partially overlap self. Returns self.
+const Tensor& add_(const Tensor& self, const Tensor& other);
+const Tensor& sub_(const Tensor& self, const Tensor& other);
+const Tensor& mul_(const Tensor& self, const Tensor& other);
+const Tensor& div_(const Tensor& self, const Tensor& other);
+const Tensor& add_(const Tensor& self, Scalar other);
+const Tensor& sub_(const Tensor& self, Scalar other);
+const Tensor& mul_(const Tensor& self, Scalar other);
+const Tensor& div_(const Tensor& self, Scalar other);
 
 Tensor operator-(const Tensor& x);
 Tensor operator+(const Tensor& a, const Tensor& b);

@@ -104,10 +104,10 @@ Tensor maybe_transposed(const Tensor& t, bool transpose) { return transpose ? t.
 
 // --- unary -------------------------------------------------------------------------------------
 
-constexpr UnaryOp kUnaryOps[] = {UnaryOp::neg,     UnaryOp::abs,   UnaryOp::exp,  UnaryOp::log,
-                                 UnaryOp::sqrt,    UnaryOp::rsqrt, UnaryOp::tanh, UnaryOp::sigmoid,
-                                 UnaryOp::relu,    UnaryOp::silu,  UnaryOp::gelu, UnaryOp::gelu_tanh,
-                                 UnaryOp::isfinite};
+constexpr UnaryOp kUnaryOps[] = {UnaryOp::neg,  UnaryOp::abs,     UnaryOp::exp,  UnaryOp::log,
+                                 UnaryOp::sqrt, UnaryOp::rsqrt,   UnaryOp::tanh, UnaryOp::sigmoid,
+                                 UnaryOp::relu, UnaryOp::silu,    UnaryOp::gelu, UnaryOp::gelu_tanh,
+                                 UnaryOp::erf,  UnaryOp::isfinite};
 
 Tensor apply_unary(UnaryOp op, const Tensor& x) {
   switch (op) {
@@ -135,6 +135,8 @@ Tensor apply_unary(UnaryOp op, const Tensor& x) {
       return gelu(x);
     case UnaryOp::gelu_tanh:
       return gelu(x, GeluApproximation::tanh);
+    case UnaryOp::erf:
+      return erf(x);
     case UnaryOp::isfinite:
       return isfinite(x);
   }

@@ -82,6 +82,7 @@ std::vector<UnaryCase> unary_cases() {
       {"silu", [](const Tensor& x) { return silu(x); }, [](double x) { return x * sigmoid_ref(x); }, -6, 6},
       {"gelu", [](const Tensor& x) { return gelu(x); }, gelu_ref, -4, 4},
       {"gelu tanh", [](const Tensor& x) { return gelu(x, GeluApproximation::tanh); }, gelu_tanh_ref, -4, 4},
+      {"erf", [](const Tensor& x) { return erf(x); }, [](double x) { return std::erf(x); }, -3, 3},
   };
 }
 
@@ -834,6 +835,35 @@ TEST_CASE("elementwise errors name the op and the offending values", "[elementwi
     CHECK_THROWS_ERROR(where(from_vector<bool>({true, false}), x, undefined),
                        "where: second tensor is undefined");
   }
+}
+
+}  // namespace shardlab::test
+
+namespace shardlab::test {
+
+TEST_CASE("in-place arithmetic writes into self, broadcasting and casting other", "[elementwise][inplace]") {
+  Tensor x = from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
+  const void* before = x.raw_data();
+  add_(x, from_vector<double>({10, 20, 30}));
+  CHECK(x.raw_data() == before);
+  check_equal(x, {11, 22, 33, 14, 25, 36});
+  mul_(x, 2);
+  check_equal(x, {22, 44, 66, 28, 50, 72});
+  sub_(x.select(0, 1), 8);  // a strided view of self
+  check_equal(x, {22, 44, 66, 20, 42, 64});
+  div_(x, from_vector<float>({2, 4}, {2, 1}));
+  check_equal(x, {11, 22, 33, 5, 10.5, 16});
+  Tensor counts = zeros({3}, dtype(DType::i64));
+  add_(counts, from_vector<std::int64_t>({1, 2, 3}));
+  add_(counts, 1.9);  // cast to self's dtype: 1.9 -> 1
+  check_equal(counts, {2, 3, 4});
+  Tensor t = zeros({2, 2});
+  add_(t.transpose(0, 1), from_vector<float>({1, 2, 3, 4}, {2, 2}));
+  check_equal(t, {1, 3, 2, 4});
+  CHECK_THROWS_ERROR(add_(zeros({2}), zeros({3})), "expand: cannot expand shape [3] to [2]");
+  CHECK_THROWS_ERROR(div_(counts, 2), "div_: true division cannot be written into i64");
+  CHECK_THROWS_ERROR(add_(zeros({2}, dtype(DType::boolean)), 1), "add_: not defined for bool tensors");
+  CHECK_THROWS_ERROR(add_(Tensor(), zeros({1})), "add: self tensor is undefined");
 }
 
 }  // namespace shardlab::test

@@ -74,6 +74,8 @@ void unary_floating(UnaryOp op, const Tensor& in, const Tensor& out) {
       return map1<T, T>(out, in, [](C x) { return x * sigmoid_of(x); });
     case UnaryOp::gelu:
       return map1<T, T>(out, in, [](C x) { return gelu_exact(x); });
+    case UnaryOp::erf:
+      return map1<T, T>(out, in, [](C x) { return std::erf(x); });
     case UnaryOp::gelu_tanh:
       return map1<T, T>(out, in, [](C x) { return gelu_tanh(x); });
     case UnaryOp::isfinite:

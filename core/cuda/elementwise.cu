@@ -215,6 +215,8 @@ __device__ C floating_unary(UnaryOp op, C x) {
       return x * (C(1) / (C(1) + M::exp(-x)));
     case UnaryOp::gelu:
       return C(0.5) * x * (C(1) + M::erf(x * C(0.70710678118654752440)));
+    case UnaryOp::erf:
+      return M::erf(x);
     case UnaryOp::gelu_tanh: {
       const C inner = C(0.79788456080286535588) * (x + C(0.044715) * x * x * x);  // sqrt(2/pi)
       return C(0.5) * x * (C(1) + M::tanh(inner));
