@@ -311,12 +311,12 @@ Tensor Tensor::to(Device device) const {
   return out;
 }
 
-Tensor& Tensor::fill_(Scalar value) {
+const Tensor& Tensor::fill_(Scalar value) const {
   if (numel() > 0) kernels_for(device()).fill(*this, value);
   return *this;
 }
 
-Tensor& Tensor::copy_(const Tensor& src) {
+const Tensor& Tensor::copy_(const Tensor& src) const {
   SHARDLAB_CHECK(src.defined(), "copy_: source tensor is undefined");
   Tensor expanded = src.expand(shape_);
   if (numel() == 0) return *this;

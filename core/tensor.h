@@ -95,9 +95,10 @@ class Tensor {
   Tensor to(Device device) const;
   Tensor to(DType dtype) const;
 
-  // In place: fill with a value; copy from src (broadcast to this shape, any dtype).
-  Tensor& fill_(Scalar value);
-  Tensor& copy_(const Tensor& src);
+  // In place: fill with a value; copy from src (broadcast to this shape, any dtype). They
+  // change the elements, not the handle, so they work on const tensors and views.
+  const Tensor& fill_(Scalar value) const;
+  const Tensor& copy_(const Tensor& src) const;
 
   // The value of a one-element tensor, converted to T (copies from the device if needed).
   template <typename T>

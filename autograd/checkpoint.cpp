@@ -1,0 +1,41 @@
+// autograd/checkpoint.cpp: checkpoint(): forward without a graph, recompute in backward.
+#include "autograd/checkpoint.h"
+
+#include "autograd/engine.h"
+#include "autograd/function.h"
+#include "autograd/random_context.h"
+
+namespace shardlab {
+
+Variable checkpoint(const CheckpointFn& fn, const std::vector<Variable>& inputs) {
+  const RandomContext context = random_context();
+  Tensor output;
+  {
+    const NoGradGuard no_grad;
+    output = fn(inputs).data();
+  }
+  // Keep the inputs' tensors and flags, not the Variables: the node must not hold their graphs.
+  std::vector<Tensor> tensors;
+  std::vector<bool> requires_grad;
+  for (const Variable& input : inputs) {
+    SHARDLAB_CHECK(input.defined(), "checkpoint: input {} is undefined", tensors.size());
+    tensors.push_back(input.data());
+    requires_grad.push_back(input.requires_grad());
+  }
+  return autograd::record("checkpoint", inputs, output,
+                          [fn, tensors, requires_grad, context](const Tensor& g) -> autograd::Grads {
+                            const RandomContextGuard same_randomness(context);
+                            const GradModeGuard recording(true);
+                            std::vector<Variable> leaves;
+                            for (std::size_t i = 0; i < tensors.size(); ++i) {
+                              leaves.emplace_back(tensors[i], requires_grad[i]);
+                            }
+                            const Variable recomputed = fn(leaves);
+                            if (recomputed.requires_grad()) autograd::backward({recomputed}, {g}, false);
+                            autograd::Grads grads;
+                            for (const Variable& leaf : leaves) grads.push_back(leaf.grad());
+                            return grads;
+                          });
+}
+
+}  // namespace shardlab

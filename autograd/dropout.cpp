@@ -1,0 +1,55 @@
+// autograd/dropout.cpp: dropout with masks keyed by (seed, layer stream, step, sample index).
+#include "autograd/functional.h"
+#include "autograd/random_context.h"
+#include "core/random.h"
+
+namespace shardlab {
+namespace {
+
+// SplitMix64's finaliser: spreads (stream, step) over the 64-bit Philox stream id.
+std::uint64_t mix(std::uint64_t value) {
+  value += 0x9e3779b97f4a7c15ull;
+  value = (value ^ (value >> 30)) * 0xbf58476d1ce4e5b9ull;
+  value = (value ^ (value >> 27)) * 0x94d049bb133111ebull;
+  return value ^ (value >> 31);
+}
+
+// The keep-mask (1 with probability keep) of x's shape, rows drawn at their global offsets.
+// Runs of rows with consecutive sample indices are drawn in one call.
+Tensor keep_mask(const Tensor& x, double keep, std::uint64_t stream) {
+  const RandomContext& context = random_context();
+  const std::int64_t rows = x.dim() == 0 ? 1 : x.size(0);
+  const std::int64_t row_size = rows == 0 ? 0 : x.numel() / rows;
+  const auto& indices = context.sample_indices;
+  SHARDLAB_CHECK(indices.empty() || static_cast<std::int64_t>(indices.size()) == rows,
+                 "dropout: the random context names {} sample indices but the input has {} rows (shape {})",
+                 indices.size(), rows, shape_str(x.shape()));
+  const RandomKey key{context.seed, mix(mix(stream) ^ static_cast<std::uint64_t>(context.step))};
+  const auto index_of = [&](std::int64_t row) {
+    return indices.empty() ? row : indices[static_cast<std::size_t>(row)];
+  };
+  Tensor mask = empty({rows, row_size}, TensorOptions{x.dtype(), x.device()});
+  for (std::int64_t first = 0; first < rows;) {
+    std::int64_t last = first + 1;
+    while (last < rows && index_of(last) == index_of(last - 1) + 1) ++last;
+    SHARDLAB_CHECK(index_of(first) >= 0, "dropout: sample index {} of row {} is negative", index_of(first),
+                   first);
+    fill_random(mask.narrow(0, first, last - first),
+                RandomSpec{Distribution::bernoulli, key, keep, 0.0, index_of(first) * row_size});
+    first = last;
+  }
+  return mask.view(x.shape());
+}
+
+}  // namespace
+
+Variable dropout(const Variable& x, double p, bool training, std::uint64_t stream) {
+  SHARDLAB_CHECK(p >= 0 && p <= 1, "dropout: p must be in [0, 1], got {}", p);
+  SHARDLAB_CHECK(is_floating(x.dtype()), "dropout: needs a floating input, got {}", dtype_name(x.dtype()));
+  if (!training || p == 0) return x;
+  if (p == 1) return mul(x, 0.0);
+  const Tensor scaled_mask = div(keep_mask(x.data(), 1 - p, stream), 1 - p);
+  return mul(x, constant(scaled_mask));
+}
+
+}  // namespace shardlab

@@ -1,0 +1,133 @@
+// autograd/variable.cpp: Variable's accessors, hooks, detach/set_data, and grad mode.
+#include "autograd/variable.h"
+
+#include "autograd/engine.h"
+#include "autograd/node.h"
+#include "core/ops.h"
+
+namespace shardlab {
+
+namespace {
+thread_local bool grad_enabled = true;
+}  // namespace
+
+bool is_grad_enabled() { return grad_enabled; }
+void set_grad_enabled(bool enabled) { grad_enabled = enabled; }
+
+Variable::Variable(Tensor data, bool requires_grad, std::string name)
+    : impl_(std::make_shared<autograd::VariableImpl>()) {
+  SHARDLAB_CHECK(data.defined(), "Variable: the tensor is undefined");
+  impl_->data = std::move(data);
+  impl_->name = std::move(name);
+  set_requires_grad(requires_grad);
+}
+
+Variable Variable::from_impl(std::shared_ptr<autograd::VariableImpl> impl) {
+  Variable v;
+  v.impl_ = std::move(impl);
+  return v;
+}
+
+void Variable::require_defined(const char* what) const {
+  SHARDLAB_CHECK(impl_ != nullptr, "{}: the variable is undefined", what);
+}
+
+const Tensor& Variable::data() const {
+  require_defined("data");
+  return impl_->data;
+}
+const Tensor& Variable::grad() const {
+  require_defined("grad");
+  return impl_->grad;
+}
+bool Variable::requires_grad() const { return impl_ != nullptr && impl_->requires_grad; }
+bool Variable::is_leaf() const { return impl_ == nullptr || impl_->grad_fn == nullptr; }
+const std::string& Variable::name() const {
+  require_defined("name");
+  return impl_->name;
+}
+const std::shared_ptr<autograd::Node>& Variable::grad_fn() const {
+  require_defined("grad_fn");
+  return impl_->grad_fn;
+}
+
+Variable& Variable::set_requires_grad(bool requires_grad) {
+  require_defined("set_requires_grad");
+  SHARDLAB_CHECK(is_leaf(), "set_requires_grad: '{}' is computed by {}; only leaves can change it", name(),
+                 impl_->grad_fn->name());
+  SHARDLAB_CHECK(!requires_grad || is_floating(impl_->data.dtype()),
+                 "set_requires_grad: only floating tensors can require grad, '{}' is {}", name(),
+                 dtype_name(impl_->data.dtype()));
+  impl_->requires_grad = requires_grad;
+  return *this;
+}
+
+Variable& Variable::set_name(std::string name) {
+  require_defined("set_name");
+  impl_->name = std::move(name);
+  return *this;
+}
+
+void Variable::set_data(Tensor data) const {
+  require_defined("set_data");
+  SHARDLAB_CHECK(data.defined(), "set_data: the new tensor for '{}' is undefined", name());
+  impl_->data = std::move(data);
+}
+
+void Variable::set_grad(Tensor grad) const {
+  require_defined("set_grad");
+  SHARDLAB_CHECK(!grad.defined() || grad.shape() == impl_->data.shape(),
+                 "set_grad: gradient of shape {} for '{}' of shape {}", shape_str(grad.shape()), name(),
+                 shape_str(impl_->data.shape()));
+  impl_->grad = std::move(grad);
+}
+
+void Variable::zero_grad(bool set_to_none) const {
+  require_defined("zero_grad");
+  if (set_to_none) {
+    impl_->grad = Tensor();
+  } else if (impl_->grad.defined()) {
+    impl_->grad.fill_(0);
+  }
+}
+
+Variable Variable::detach() const {
+  require_defined("detach");
+  return Variable(impl_->data, false, impl_->name);
+}
+
+void Variable::backward(const Tensor& gradient, bool retain_graph) const {
+  require_defined("backward");
+  autograd::backward({*this}, {gradient}, retain_graph);
+}
+
+void Variable::register_hook(GradHook hook) const {
+  require_defined("register_hook");
+  SHARDLAB_CHECK(requires_grad(), "register_hook: '{}' does not require grad, so no gradient will reach it",
+                 name());
+  if (is_leaf()) {
+    impl_->grad_hooks.push_back(std::move(hook));
+  } else {
+    impl_->grad_fn->add_grad_hook(std::move(hook));
+  }
+}
+
+void Variable::register_post_accumulate_grad_hook(PostAccumulateHook hook) const {
+  require_defined("register_post_accumulate_grad_hook");
+  SHARDLAB_CHECK(is_leaf() && requires_grad(),
+                 "register_post_accumulate_grad_hook: '{}' is not a leaf that requires grad", name());
+  impl_->post_accumulate_hooks.push_back(std::move(hook));
+}
+
+std::string Variable::str() const {
+  if (impl_ == nullptr) return "undefined variable";
+  std::string head = "Variable";
+  if (!impl_->name.empty()) head += " '" + impl_->name + "'";
+  if (impl_->grad_fn)
+    head += " grad_fn=" + impl_->grad_fn->name();
+  else if (impl_->requires_grad)
+    head += " requires_grad";
+  return head + " " + impl_->data.str();
+}
+
+}  // namespace shardlab

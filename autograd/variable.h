@@ -1,0 +1,110 @@
+// autograd/variable.h: Variable, a Tensor that remembers how it was computed, and grad mode.
+//
+//   Variable w(uniform({3, 2}, key), /*requires_grad=*/true, "w");
+//   Variable loss = sum(mul(matmul(x, w), y));
+//   loss.backward();                 // w.grad() now holds d loss / d w
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace shardlab {
+
+namespace autograd {
+class Node;
+struct VariableImpl;
+}  // namespace autograd
+
+class Variable {
+ public:
+  // Runs when the gradient with respect to this variable has been computed, before it is
+  // passed on (or accumulated, for a leaf). Returning a defined tensor replaces the
+  // gradient; it must have the variable's shape.
+  using GradHook = std::function<Tensor(const Tensor& grad)>;
+  // Runs on a leaf right after its .grad() was accumulated.
+  using PostAccumulateHook = std::function<void(const Variable& leaf)>;
+
+  Variable() = default;
+  // A leaf holding `data`. With requires_grad, backward() accumulates into grad().
+  explicit Variable(Tensor data, bool requires_grad = false, std::string name = "");
+
+  bool defined() const { return impl_ != nullptr; }
+  const Tensor& data() const;
+  // The accumulated gradient of a leaf; undefined until a backward reaches it.
+  const Tensor& grad() const;
+  bool requires_grad() const;
+  bool is_leaf() const;
+  const std::string& name() const;
+  const std::shared_ptr<autograd::Node>& grad_fn() const;
+
+  const Shape& shape() const { return data().shape(); }
+  std::int64_t dim() const { return data().dim(); }
+  std::int64_t size(std::int64_t dim) const { return data().size(dim); }
+  std::int64_t numel() const { return data().numel(); }
+  DType dtype() const { return data().dtype(); }
+  Device device() const { return data().device(); }
+
+  // Leaves only: whether gradients are accumulated for this variable.
+  Variable& set_requires_grad(bool requires_grad);
+  Variable& set_name(std::string name);
+  // Swaps the tensor behind this variable without touching the graph or the gradient
+  // (FSDP points parameters at gathered buffers and back).
+  void set_data(Tensor data) const;
+  // Replaces the accumulated gradient (undefined clears it); later backwards accumulate
+  // into this tensor in place, so it may be a view into a larger buffer.
+  void set_grad(Tensor grad) const;
+  // Clears the gradient: drops it (set_to_none) or fills it with zeros in place.
+  void zero_grad(bool set_to_none = true) const;
+
+  // A new leaf sharing this variable's tensor, outside any graph.
+  Variable detach() const;
+
+  // Backpropagates from this variable. Without `gradient` it must have one element (the
+  // gradient is then 1). The graph is freed afterwards unless retain_graph.
+  void backward(const Tensor& gradient = {}, bool retain_graph = false) const;
+
+  void register_hook(GradHook hook) const;
+  void register_post_accumulate_grad_hook(PostAccumulateHook hook) const;
+
+  // Whether both refer to the same variable (not merely equal values).
+  bool same(const Variable& other) const { return impl_ == other.impl_; }
+  const std::shared_ptr<autograd::VariableImpl>& impl() const { return impl_; }
+  std::string str() const;
+
+  // Wraps a computed tensor: used by autograd ops (autograd/function.h).
+  static Variable from_impl(std::shared_ptr<autograd::VariableImpl> impl);
+
+ private:
+  void require_defined(const char* what) const;
+  std::shared_ptr<autograd::VariableImpl> impl_;
+};
+
+// A tensor used in an op as a constant: no gradient flows to it.
+inline Variable constant(Tensor data) { return Variable(std::move(data), false); }
+
+// --- grad mode ---------------------------------------------------------------------------------
+// Thread-local: while disabled, ops record no graph (inference, optimizer steps, backward).
+bool is_grad_enabled();
+void set_grad_enabled(bool enabled);
+
+class GradModeGuard {
+ public:
+  explicit GradModeGuard(bool enabled) : previous_(is_grad_enabled()) { set_grad_enabled(enabled); }
+  ~GradModeGuard() { set_grad_enabled(previous_); }
+  GradModeGuard(const GradModeGuard&) = delete;
+  GradModeGuard& operator=(const GradModeGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// RAII: no graph is recorded in this scope.
+class NoGradGuard : public GradModeGuard {
+ public:
+  NoGradGuard() : GradModeGuard(false) {}
+};
+
+}  // namespace shardlab
