@@ -8,12 +8,6 @@
 namespace shardlab {
 
 Variable checkpoint(const CheckpointFn& fn, const std::vector<Variable>& inputs) {
-  const RandomContext context = random_context();
-  Tensor output;
-  {
-    const NoGradGuard no_grad;
-    output = fn(inputs).data();
-  }
   // Keep the inputs' tensors and flags, not the Variables: the node must not hold their graphs.
   std::vector<Tensor> tensors;
   std::vector<bool> requires_grad;
@@ -22,20 +16,29 @@ Variable checkpoint(const CheckpointFn& fn, const std::vector<Variable>& inputs)
     tensors.push_back(input.data());
     requires_grad.push_back(input.requires_grad());
   }
-  return autograd::record("checkpoint", inputs, output,
-                          [fn, tensors, requires_grad, context](const Tensor& g) -> autograd::Grads {
-                            const RandomContextGuard same_randomness(context);
-                            const GradModeGuard recording(true);
-                            std::vector<Variable> leaves;
-                            for (std::size_t i = 0; i < tensors.size(); ++i) {
-                              leaves.emplace_back(tensors[i], requires_grad[i]);
-                            }
-                            const Variable recomputed = fn(leaves);
-                            if (recomputed.requires_grad()) autograd::backward({recomputed}, {g}, false);
-                            autograd::Grads grads;
-                            for (const Variable& leaf : leaves) grads.push_back(leaf.grad());
-                            return grads;
-                          });
+  const RandomContext context = random_context();
+  Tensor output;
+  {
+    const NoGradGuard no_grad;
+    output = fn(inputs).data();
+  }
+  return autograd::record(
+      "checkpoint", inputs, output,
+      [fn, tensors, requires_grad, context](const Tensor& g) -> autograd::Grads {
+        const RandomContextGuard same_randomness(context);
+        const GradModeGuard recording(true);
+        std::vector<Variable> leaves;
+        for (std::size_t i = 0; i < tensors.size(); ++i) {
+          leaves.emplace_back(tensors[i], requires_grad[i]);
+        }
+        const Variable recomputed = fn(leaves);
+        if (recomputed.requires_grad()) autograd::backward({recomputed}, {g}, false);
+        autograd::Grads grads;
+        for (const Variable& leaf : leaves) grads.push_back(leaf.grad());
+        return grads;
+      },
+      // Parameters fn uses are reached through the recompute, not the inputs.
+      autograd::Recording::always);
 }
 
 }  // namespace shardlab

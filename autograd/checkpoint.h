@@ -16,7 +16,8 @@ using CheckpointFn = std::function<Variable(const std::vector<Variable>&)>;
 // under the random context (autograd/random_context.h) of the first run so dropout draws
 // the same masks, and backpropagates through the rerun: inputs get their gradients through
 // the node, variables fn uses directly (parameters) get theirs during the rerun's backward.
-// The gradients equal those of calling fn directly, bit for bit.
+// The gradients equal those of calling fn directly, bit for bit. With grad mode on, the
+// output requires grad even when no input does (fn may use parameters that do).
 Variable checkpoint(const CheckpointFn& fn, const std::vector<Variable>& inputs);
 
 }  // namespace shardlab

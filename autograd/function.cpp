@@ -5,12 +5,13 @@
 
 namespace shardlab::autograd {
 
-Variable record(const char* name, const std::vector<Variable>& inputs, Tensor output, BackwardFn backward) {
+Variable record(const char* name, const std::vector<Variable>& inputs, Tensor output, BackwardFn backward,
+                Recording when) {
   auto impl = std::make_shared<VariableImpl>();
   impl->data = std::move(output);
   bool any_requires_grad = false;
   for (const Variable& input : inputs) any_requires_grad = any_requires_grad || input.requires_grad();
-  if (is_grad_enabled() && any_requires_grad) {
+  if (is_grad_enabled() && (any_requires_grad || when == Recording::always)) {
     std::vector<Edge> edges;
     std::vector<TensorMeta> metas;
     for (const Variable& input : inputs) {

@@ -16,10 +16,17 @@
 
 namespace shardlab::autograd {
 
-// A Variable holding `output`. When grad mode is on and some input requires grad, it gets a
-// node named "<name>_backward" whose backward returns one gradient per input (undefined
-// for inputs that need none); otherwise `backward` is dropped with whatever it captured.
-Variable record(const char* name, const std::vector<Variable>& inputs, Tensor output, BackwardFn backward);
+// When an op's output is part of the graph (grad mode on, in both cases):
+enum class Recording : unsigned char {
+  if_inputs_require_grad,  // some input requires grad (every op)
+  always,                  // even if none does: the op reaches variables that are not inputs
+};
+
+// A Variable holding `output`. When recorded, it gets a node named "<name>_backward" whose
+// backward returns one gradient per input (undefined for inputs that need none); otherwise
+// `backward` is dropped with whatever it captured.
+Variable record(const char* name, const std::vector<Variable>& inputs, Tensor output, BackwardFn backward,
+                Recording when = Recording::if_inputs_require_grad);
 
 // Sums a broadcast gradient back to `shape` (the adjoint of broadcasting).
 Tensor sum_to(const Tensor& grad, const Shape& shape);
