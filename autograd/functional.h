@@ -37,8 +37,8 @@ struct AttentionOptions {
   Tensor mask;                  // optional additive mask broadcastable to [B, H, T, S]
   std::optional<double> scale;  // default 1 / sqrt(head_dim)
 };
-// q [B, H, T, D], k and v [B, Hkv, S, D] with H a multiple of Hkv (grouped-query attention:
-// query head h uses key/value head h / (H / Hkv)) -> [B, H, T, D].
+// q [B, H, T, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv] with H a multiple of Hkv
+// (grouped-query attention: query head h uses key/value head h / (H / Hkv)) -> [B, H, T, Dv].
 Variable scaled_dot_product_attention(const Variable& q, const Variable& k, const Variable& v,
                                       const AttentionOptions& options = {});
 

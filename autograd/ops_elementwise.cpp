@@ -119,6 +119,8 @@ Variable pow(const Variable& x, Scalar exponent) {
   const Tensor input = x.data();
   return unary("pow", x, pow(input, exponent), [input, exponent](const Tensor& g) {
     const double p = exponent.to_double();
+    // x^0 = 1 everywhere (0^0 included): the gradient is 0, where p x^(p-1) gives 0 * inf = NaN at 0.
+    if (p == 0.0) return zeros_as(g);
     return mul(g, mul(pow(input, p - 1), p));
   });
 }
@@ -127,7 +129,8 @@ Variable pow(const Variable& base, const Variable& exponent) {
   const Tensor b = base.data(), e = exponent.data(), y = pow(b, e);
   const bool need_exponent = exponent.requires_grad();
   return record("pow", {base, exponent}, y, [b, e, y, need_exponent](const Tensor& g) -> Grads {
-    const Tensor grad_base = sum_to(mul(g, mul(e, pow(b, sub(e, 1.0)))), b.shape());
+    // Where e = 0 the output is 1 for every base: gradient 0, not e b^(e-1) = 0 * inf = NaN at b = 0.
+    const Tensor grad_base = sum_to(where(ne(e, 0.0), mul(g, mul(e, pow(b, sub(e, 1.0)))), 0.0), b.shape());
     if (!need_exponent) return {grad_base, {}};
     return {grad_base, sum_to(mul(g, mul(y, log(b))), e.shape())};
   });
@@ -140,15 +143,17 @@ Variable cast(const Variable& x, DType dtype) {
 
 Variable add(const Variable& a, const Variable& b) {
   const Shape sa = a.shape(), sb = b.shape();
-  return record("add", {a, b}, add(a.data(), b.data()), [sa, sb](const Tensor& g) -> Grads {
-    return {sum_to(g, sa), sum_to(g, sb)};
+  const bool need_a = a.requires_grad(), need_b = b.requires_grad();
+  return record("add", {a, b}, add(a.data(), b.data()), [sa, sb, need_a, need_b](const Tensor& g) -> Grads {
+    return {need_a ? sum_to(g, sa) : Tensor(), need_b ? sum_to(g, sb) : Tensor()};
   });
 }
 
 Variable sub(const Variable& a, const Variable& b) {
   const Shape sa = a.shape(), sb = b.shape();
-  return record("sub", {a, b}, sub(a.data(), b.data()), [sa, sb](const Tensor& g) -> Grads {
-    return {sum_to(g, sa), sum_to(neg(g), sb)};
+  const bool need_a = a.requires_grad(), need_b = b.requires_grad();
+  return record("sub", {a, b}, sub(a.data(), b.data()), [sa, sb, need_a, need_b](const Tensor& g) -> Grads {
+    return {need_a ? sum_to(g, sa) : Tensor(), need_b ? sum_to(neg(g), sb) : Tensor()};
   });
 }
 
@@ -163,11 +168,10 @@ Variable mul(const Variable& a, const Variable& b) {
 
 Variable div(const Variable& a, const Variable& b) {
   const Tensor x = a.data(), y = b.data(), quotient = div(x, y);
-  const bool need_b = b.requires_grad();
-  return record("div", {a, b}, quotient, [x, y, quotient, need_b](const Tensor& g) -> Grads {
-    const Tensor grad_a = sum_to(div(g, y), x.shape());
-    if (!need_b) return {grad_a, {}};
-    return {grad_a, sum_to(neg(div(mul(g, quotient), y)), y.shape())};  // d(x/y)/dy = -(x/y)/y
+  const bool need_a = a.requires_grad(), need_b = b.requires_grad();
+  return record("div", {a, b}, quotient, [x, y, quotient, need_a, need_b](const Tensor& g) -> Grads {
+    return {need_a ? sum_to(div(g, y), x.shape()) : Tensor(),
+            need_b ? sum_to(neg(div(mul(g, quotient), y)), y.shape()) : Tensor()};  // d(x/y)/dy = -(x/y)/y
   });
 }
 
@@ -176,13 +180,13 @@ namespace {
 Variable select_larger(const char* name, const Variable& a, const Variable& b, bool larger) {
   const Tensor x = a.data(), y = b.data();
   const Tensor output = larger ? maximum(x, y) : minimum(x, y);
-  return record(name, {a, b}, output, [x, y, larger](const Tensor& g) -> Grads {
+  const bool need_a = a.requires_grad(), need_b = b.requires_grad();
+  return record(name, {a, b}, output, [x, y, larger, need_a, need_b](const Tensor& g) -> Grads {
     const Tensor a_wins = larger ? gt(x, y) : lt(x, y);
     const Tensor tie = eq(x, y);
     const Tensor half = mul(g, 0.5), none = zeros_as(g);
-    const Tensor to_a = where(a_wins, g, where(tie, half, none));
-    const Tensor to_b = where(a_wins, none, where(tie, half, g));
-    return {sum_to(to_a, x.shape()), sum_to(to_b, y.shape())};
+    return {need_a ? sum_to(where(a_wins, g, where(tie, half, none)), x.shape()) : Tensor(),
+            need_b ? sum_to(where(a_wins, none, where(tie, half, g)), y.shape()) : Tensor()};
   });
 }
 }  // namespace
@@ -206,10 +210,11 @@ Variable div(const Variable& a, Scalar b) {
 
 Variable where(const Tensor& condition, const Variable& a, const Variable& b) {
   const Shape sa = a.shape(), sb = b.shape();
+  const bool need_a = a.requires_grad(), need_b = b.requires_grad();
   return record("where", {a, b}, where(condition, a.data(), b.data()),
-                [condition, sa, sb](const Tensor& g) -> Grads {
-                  const Tensor none = zeros_as(g);
-                  return {sum_to(where(condition, g, none), sa), sum_to(where(condition, none, g), sb)};
+                [condition, sa, sb, need_a, need_b](const Tensor& g) -> Grads {
+                  return {need_a ? sum_to(where(condition, g, 0), sa) : Tensor(),
+                          need_b ? sum_to(where(condition, zeros_as(g), g), sb) : Tensor()};
                 });
 }
 

@@ -120,6 +120,10 @@ Variable cat(const std::vector<Variable>& xs, std::int64_t dim) {
 
 Variable stack(const std::vector<Variable>& xs, std::int64_t dim) {
   SHARDLAB_CHECK(!xs.empty(), "stack: needs at least one tensor");
+  // Checked before the shapes are read: an undefined Variable would throw a message that names no op.
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    SHARDLAB_CHECK(xs[i].defined(), "stack: tensor {} is undefined", i);
+  }
   const std::int64_t d = wrap_dim(dim, xs.front().dim() + 1, "stack");
   std::vector<Variable> expanded;
   for (std::size_t i = 0; i < xs.size(); ++i) {

@@ -4,6 +4,8 @@
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "core/cuda/runtime.h"
 
@@ -22,6 +24,23 @@ class SummaryListener : public Catch::TestEventListenerBase {
   }
 };
 
+// Catch2 reads its test-spec arguments as one expression in which commas separate
+// alternatives and spaces join terms. Returns that expression with `term` added to every
+// alternative (commas inside quoted names are not separators).
+std::string with_term_in_every_alternative(const std::vector<std::string>& args, const std::string& term) {
+  std::string spec;
+  for (const auto& arg : args) spec += (spec.empty() ? "" : " ") + arg;
+  if (spec.empty()) return term;
+  std::string out;
+  bool quoted = false;
+  for (const char c : spec) {
+    if (c == '"') quoted = !quoted;
+    if (c == ',' && !quoted) out += " " + term;
+    out += c;
+  }
+  return out + " " + term;
+}
+
 }  // namespace
 
 CATCH_REGISTER_LISTENER(SummaryListener)
@@ -30,12 +49,10 @@ int main(int argc, char* argv[]) {
   Catch::Session session;
   if (const int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
   if (!shardlab::cuda::available()) {
-    // Count the [cuda] cases the filters would run, then exclude them.
-    // Separate test-spec arguments are AND-ed by Catch2.
     auto& config = session.configData();
     Catch::ConfigData probe = config;
-    probe.testsOrTags.push_back("[cuda]");
-    Catch::Config probe_config(probe);
+    probe.testsOrTags = {with_term_in_every_alternative(config.testsOrTags, "[cuda]")};
+    const Catch::Config probe_config(probe);
     skipped_cases = static_cast<int>(
         Catch::filterTests(Catch::getAllTestCasesSorted(probe_config), probe_config.testSpec(), probe_config)
             .size());
@@ -43,7 +60,7 @@ int main(int argc, char* argv[]) {
       std::printf("skipping %d [cuda] test case(s): %s\n", skipped_cases,
                   shardlab::cuda::unavailable_reason().c_str());
     }
-    config.testsOrTags.push_back("~[cuda]");
+    config.testsOrTags = {with_term_in_every_alternative(config.testsOrTags, "~[cuda]")};
   }
   return session.run();
 }

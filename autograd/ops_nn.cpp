@@ -1,0 +1,172 @@
+// autograd/ops_nn.cpp: differentiable matmul, softmax, convolution, pooling and indexing, each
+// forward next to its backward. Operands that need no gradient get none computed.
+#include <algorithm>
+
+#include "autograd/function.h"
+#include "autograd/ops.h"
+
+namespace shardlab {
+
+using autograd::Grads;
+using autograd::record;
+using autograd::sum_to;
+
+namespace {
+
+// The sum over the batch dims of lhs[i] @ rhs[i], for lhs [..., p, q] and rhs [..., q, r] with the
+// same batch dims: one [p, batch * q] x [batch * q, r] product instead of a product per batch
+// entry and a sum (the weight gradient of x @ w for a batched x).
+Tensor batch_summed_matmul(const Tensor& lhs, const Tensor& rhs) {
+  const std::int64_t rank = lhs.dim();
+  std::vector<std::int64_t> rows_first{rank - 2};
+  for (std::int64_t d = 0; d < rank - 2; ++d) rows_first.push_back(d);
+  rows_first.push_back(rank - 1);
+  std::int64_t inner = lhs.size(-1);
+  for (std::int64_t d = 0; d < rank - 2; ++d) inner *= lhs.size(d);
+  return matmul(lhs.permute(rows_first).reshape({lhs.size(-2), inner}), rhs.reshape({inner, rhs.size(-1)}));
+}
+
+// Zeros of `shape` in the gradient's dtype and device.
+Tensor zeros_for(const Shape& shape, const Tensor& g) {
+  return zeros(shape, TensorOptions{g.dtype(), g.device()});
+}
+
+}  // namespace
+
+Variable matmul(const Variable& a, const Variable& b) {
+  const Tensor x = a.data(), y = b.data();
+  const Tensor output = matmul(x, y);  // validates shapes and dtypes
+  const bool need_a = a.requires_grad(), need_b = b.requires_grad();
+  // Each gradient needs only the other operand.
+  const Tensor saved_x = need_b ? x : Tensor(), saved_y = need_a ? y : Tensor();
+  const Shape shape_a = x.shape(), shape_b = y.shape();
+  return record("matmul", {a, b}, output, [=](const Tensor& g) -> Grads {
+    // 1-D operands as a row (a) or column (b) matrix, and g with the dims they lost restored.
+    Tensor g2 = g;
+    if (shape_b.size() == 1) g2 = g2.unsqueeze(-1);
+    if (shape_a.size() == 1) g2 = g2.unsqueeze(-2);
+    Tensor grad_a, grad_b;
+    if (need_a) {
+      const Tensor y2 = shape_b.size() == 1 ? saved_y.unsqueeze(1) : saved_y;
+      const Shape a2 = shape_a.size() == 1 ? Shape{1, shape_a[0]} : shape_a;
+      // dA = dC B^T, summed over the batch dims A was broadcast along.
+      grad_a = a2.size() == 2 && g2.dim() > 2 ? batch_summed_matmul(g2, y2.transpose(-1, -2))
+                                              : sum_to(matmul(g2, y2.transpose(-1, -2)), a2);
+      grad_a = grad_a.reshape(shape_a);
+    }
+    if (need_b) {
+      const Tensor x2 = shape_a.size() == 1 ? saved_x.unsqueeze(0) : saved_x;
+      const Shape b2 = shape_b.size() == 1 ? Shape{shape_b[0], 1} : shape_b;
+      // dB = A^T dC, summed over the batch dims B was broadcast along.
+      grad_b = b2.size() == 2 && g2.dim() > 2 ? batch_summed_matmul(x2.transpose(-1, -2), g2)
+                                              : sum_to(matmul(x2.transpose(-1, -2), g2), b2);
+      grad_b = grad_b.reshape(shape_b);
+    }
+    return {grad_a, grad_b};
+  });
+}
+
+Variable softmax(const Variable& x, std::int64_t dim) {
+  const Tensor y = softmax(x.data(), dim);  // validates dim
+  const std::int64_t d = wrap_dim(dim, std::max<std::int64_t>(y.dim(), 1), "softmax");
+  return record("softmax", {x}, y, [y, d](const Tensor& g) -> Grads {
+    if (y.dim() == 0) return {zeros_for(y.shape(), g)};  // the softmax of one element is 1
+    // dx = y * (g - sum(g * y)) over dim
+    const Tensor gy = mul(g, y);
+    return {sub(gy, mul(y, sum(gy, {d}, true)))};
+  });
+}
+
+Variable log_softmax(const Variable& x, std::int64_t dim) {
+  const Tensor y = log_softmax(x.data(), dim);  // validates dim
+  const std::int64_t d = wrap_dim(dim, std::max<std::int64_t>(y.dim(), 1), "log_softmax");
+  return record("log_softmax", {x}, y, [y, d](const Tensor& g) -> Grads {
+    if (y.dim() == 0) return {zeros_for(y.shape(), g)};  // log_softmax of one element is 0
+    // dx = g - softmax(x) * sum(g) over dim
+    return {sub(g, mul(exp(y), sum(g, {d}, true)))};
+  });
+}
+
+Variable conv2d(const Variable& input, const Variable& weight, const Variable& bias, Conv2dParams params) {
+  const Tensor x = input.data(), w = weight.data();
+  const Tensor output = conv2d(x, w, bias.defined() ? bias.data() : Tensor(), params);
+  const bool need_input = input.requires_grad(), need_weight = weight.requires_grad(),
+             need_bias = bias.requires_grad();
+  // Each gradient needs only the other operand: the first layer's image needs no gradient, so
+  // nothing is kept for one.
+  const Tensor saved_x = need_weight ? x : Tensor(), saved_w = need_input ? w : Tensor();
+  const Shape input_shape = x.shape(), weight_shape = w.shape();
+  return record("conv2d", {input, weight, bias}, output, [=](const Tensor& g) -> Grads {
+    return {need_input ? conv2d_backward_input(g, saved_w, input_shape, params) : Tensor(),
+            need_weight ? conv2d_backward_weight(g, saved_x, weight_shape, params) : Tensor(),
+            need_bias ? sum(g, {0, 2, 3}) : Tensor()};
+  });
+}
+
+Variable max_pool2d(const Variable& input, MaxPool2dParams params) {
+  MaxPool2dResult pooled = max_pool2d(input.data(), params);
+  const Tensor indices = pooled.indices;
+  const Shape shape = input.shape();
+  // Each output's gradient goes to the input element that was its maximum.
+  return record("max_pool2d", {input}, std::move(pooled.values), [indices, shape](const Tensor& g) -> Grads {
+    return {max_pool2d_backward(g, indices, shape)};
+  });
+}
+
+Variable embedding(const Variable& weight, const Tensor& indices) {
+  const Tensor output = embedding(weight.data(), indices);  // validates weight and indices
+  const std::int64_t rows = weight.size(0);
+  // Rows looked up several times sum their gradients.
+  return record("embedding", {weight}, output,
+                [indices, rows](const Tensor& g) -> Grads { return {embedding_backward(g, indices, rows)}; });
+}
+
+// index_select and gather pick elements of x: their gradient adds each picked element's
+// gradient, into zeros, where the element came from (an element picked twice gets both).
+Variable index_select(const Variable& x, std::int64_t dim, const Tensor& index) {
+  const Shape shape = x.shape();
+  return record("index_select", {x}, index_select(x.data(), dim, index),
+                [shape, dim, index](const Tensor& g) -> Grads {
+                  return {index_add(zeros_for(shape, g), dim, index, g)};
+                });
+}
+
+Variable gather(const Variable& x, std::int64_t dim, const Tensor& index) {
+  const Shape shape = x.shape();
+  return record("gather", {x}, gather(x.data(), dim, index), [shape, dim, index](const Tensor& g) -> Grads {
+    return {scatter_add(zeros_for(shape, g), dim, index, g)};
+  });
+}
+
+Variable scatter_add(const Variable& self, std::int64_t dim, const Tensor& index, const Variable& src) {
+  const Tensor output = scatter_add(self.data(), dim, index, src.data());  // validates shapes
+  const Shape src_shape = src.shape();
+  const bool need_src = src.requires_grad();
+  return record("scatter_add", {self, src}, output, [=](const Tensor& g) -> Grads {
+    if (!need_src) return {g, {}};
+    // src element j went to the position index[j] names; elements of src beyond index's
+    // extent were not used and get 0.
+    const Tensor picked = gather(g, dim, index);
+    if (picked.shape() == src_shape) return {g, picked};
+    Tensor grad_src = zeros_for(src_shape, g), block = grad_src;
+    for (std::int64_t d = 0; d < index.dim(); ++d) block = block.narrow(d, 0, index.size(d));
+    block.copy_(picked);
+    return {g, grad_src};
+  });
+}
+
+Variable gather_targets(const Variable& values, const Tensor& targets, std::int64_t ignore_index) {
+  const Tensor output = gather_targets(values.data(), targets, ignore_index);  // validates targets
+  const std::int64_t classes = values.size(1);
+  return record(
+      "gather_targets", {values}, output, [targets, ignore_index, classes](const Tensor& g) -> Grads {
+        // Row i's gradient goes to column targets[i]; ignored rows get none (even when
+        // ignore_index is a valid class). A one-hot select needs no scatter and no index check.
+        const Tensor routed = where(ne(targets, ignore_index), g, 0).unsqueeze(1);
+        const Tensor hit =
+            eq(arange(classes, TensorOptions{DType::i64, g.device()}).unsqueeze(0), targets.unsqueeze(1));
+        return {where(hit, routed, 0)};
+      });
+}
+
+}  // namespace shardlab

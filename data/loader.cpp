@@ -1,0 +1,161 @@
+// data/loader.cpp: TensorDataset, the samplers (sequential, Philox-shuffled, distributed) and
+// the DataLoader's batching.
+#include "data/loader.h"
+
+#include <algorithm>
+#include <numeric>
+#include <utility>
+
+#include "core/error.h"
+#include "core/ops.h"
+#include "core/random.h"
+
+namespace shardlab::data {
+
+namespace {
+
+void check_size(const char* op, std::int64_t size) {
+  SHARDLAB_CHECK(size >= 0, "{}: dataset size must be non-negative, got {}", op, size);
+}
+
+void check_epoch(const char* op, std::int64_t epoch) {
+  SHARDLAB_CHECK(epoch >= 0, "{}: epoch must be non-negative, got {}", op, epoch);
+}
+
+}  // namespace
+
+// --- TensorDataset ---------------------------------------------------------------------------
+
+TensorDataset::TensorDataset(Tensor inputs, Tensor targets)
+    : inputs_(std::move(inputs)), targets_(std::move(targets)) {
+  SHARDLAB_CHECK(inputs_.defined() && targets_.defined(),
+                 "TensorDataset: inputs and targets must both be defined");
+  SHARDLAB_CHECK(inputs_.dim() >= 1 && targets_.dim() >= 1,
+                 "TensorDataset: inputs {} and targets {} need a leading sample dimension",
+                 shape_str(inputs_.shape()), shape_str(targets_.shape()));
+  SHARDLAB_CHECK(inputs_.size(0) == targets_.size(0),
+                 "TensorDataset: inputs have {} rows but targets have {}", inputs_.size(0), targets_.size(0));
+}
+
+Batch TensorDataset::gather(const std::vector<std::int64_t>& indices) const {
+  for (const std::int64_t index : indices) {
+    SHARDLAB_CHECK(index >= 0 && index < size(),
+                   "TensorDataset::gather: index {} is out of range for {} samples", index, size());
+  }
+  const Tensor rows = from_vector(indices);
+  return Batch{index_select(inputs_, 0, rows.to(inputs_.device())),
+               index_select(targets_, 0, rows.to(targets_.device())), indices};
+}
+
+TensorDataset TensorDataset::head(std::int64_t n) const {
+  SHARDLAB_CHECK(n >= 0 && n <= size(), "TensorDataset::head: n = {} is outside [0, {}] (the dataset size)",
+                 n, size());
+  return TensorDataset(inputs_.narrow(0, 0, n), targets_.narrow(0, 0, n));
+}
+
+// --- samplers -------------------------------------------------------------------------------------
+
+SequentialSampler::SequentialSampler(std::int64_t size) : size_(size) {
+  check_size("SequentialSampler", size);
+}
+
+std::vector<std::int64_t> SequentialSampler::indices(std::int64_t epoch) const {
+  check_epoch("SequentialSampler", epoch);
+  std::vector<std::int64_t> order(static_cast<std::size_t>(size_));
+  std::iota(order.begin(), order.end(), std::int64_t{0});
+  return order;
+}
+
+std::vector<std::int64_t> permutation(std::int64_t size, std::uint64_t seed, std::int64_t epoch) {
+  check_size("permutation", size);
+  check_epoch("permutation", epoch);
+  // One f64 key per index from Philox stream `epoch`; sorting the keys gives a uniformly random
+  // order that any rank recomputes bit for bit. The stable sort settles (unlikely) equal keys
+  // by index, so the result is still a pure function of (size, seed, epoch).
+  const Tensor keys = uniform({size}, RandomKey{seed, static_cast<std::uint64_t>(epoch)}, 0.0, 1.0,
+                              TensorOptions{}.with_dtype(DType::f64));
+  const double* key = keys.data<double>();
+  std::vector<std::int64_t> order(static_cast<std::size_t>(size));
+  std::iota(order.begin(), order.end(), std::int64_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [key](std::int64_t a, std::int64_t b) { return key[a] < key[b]; });
+  return order;
+}
+
+RandomSampler::RandomSampler(std::int64_t size, std::uint64_t seed) : size_(size), seed_(seed) {
+  check_size("RandomSampler", size);
+}
+
+std::vector<std::int64_t> RandomSampler::indices(std::int64_t epoch) const {
+  return permutation(size_, seed_, epoch);
+}
+
+DistributedSampler::DistributedSampler(std::int64_t size, int world_size, int rank, bool shuffle,
+                                       std::uint64_t seed, bool drop_last)
+    : size_(size),
+      world_size_(world_size),
+      rank_(rank),
+      shuffle_(shuffle),
+      seed_(seed),
+      drop_last_(drop_last) {
+  check_size("DistributedSampler", size);
+  SHARDLAB_CHECK(world_size > 0, "DistributedSampler: world_size must be positive, got {}", world_size);
+  SHARDLAB_CHECK(rank >= 0 && rank < world_size, "DistributedSampler: rank {} is outside [0, {})", rank,
+                 world_size);
+}
+
+std::int64_t DistributedSampler::samples_per_rank() const {
+  // PyTorch: ceil((n - w) / w) when dropping a ragged tail, which is floor(n / w); else ceil(n / w).
+  const std::int64_t world = world_size_;
+  return drop_last_ ? size_ / world : (size_ + world - 1) / world;
+}
+
+std::vector<std::int64_t> DistributedSampler::indices(std::int64_t epoch) const {
+  check_epoch("DistributedSampler", epoch);
+  std::vector<std::int64_t> order =
+      shuffle_ ? permutation(size_, seed_, epoch) : SequentialSampler(size_).indices(0);
+  const std::int64_t per_rank = samples_per_rank();
+  const std::int64_t total = per_rank * world_size_;
+  // Padding repeats the order from its start, as often as needed (PyTorch's
+  // `(indices * ceil(pad / len(indices)))[:pad]`), so every rank gets per_rank samples.
+  for (std::int64_t i = size_; i < total; ++i) order.push_back(order[static_cast<std::size_t>(i % size_)]);
+  std::vector<std::int64_t> mine;
+  mine.reserve(static_cast<std::size_t>(per_rank));
+  for (std::int64_t i = rank_; i < total; i += world_size_)
+    mine.push_back(order[static_cast<std::size_t>(i)]);
+  return mine;
+}
+
+// --- DataLoader -----------------------------------------------------------------------------------
+
+DataLoader::DataLoader(const TensorDataset& dataset, std::int64_t batch_size,
+                       std::shared_ptr<const Sampler> sampler, bool drop_last)
+    : dataset_(dataset), batch_size_(batch_size), sampler_(std::move(sampler)), drop_last_(drop_last) {
+  SHARDLAB_CHECK(batch_size > 0, "DataLoader: batch_size must be positive, got {}", batch_size);
+  SHARDLAB_CHECK(sampler_ != nullptr, "DataLoader: sampler must not be null");
+}
+
+std::vector<std::vector<std::int64_t>> DataLoader::batch_indices(std::int64_t epoch) const {
+  const std::vector<std::int64_t> order = sampler_->indices(epoch);
+  for (const std::int64_t index : order) {
+    SHARDLAB_CHECK(index >= 0 && index < dataset_.size(),
+                   "DataLoader: the sampler yields index {} but the dataset has {} samples", index,
+                   dataset_.size());
+  }
+  std::vector<std::vector<std::int64_t>> batches;
+  const auto count = static_cast<std::int64_t>(order.size());
+  for (std::int64_t start = 0; start < count; start += batch_size_) {
+    const std::int64_t end = std::min(count, start + batch_size_);
+    if (drop_last_ && end - start < batch_size_) break;
+    batches.emplace_back(order.begin() + start, order.begin() + end);
+  }
+  return batches;
+}
+
+std::int64_t DataLoader::batches_per_epoch() const {
+  // Samplers do not expose their length, and every epoch of every sampler has the same one.
+  const auto count = static_cast<std::int64_t>(sampler_->indices(0).size());
+  return drop_last_ ? count / batch_size_ : (count + batch_size_ - 1) / batch_size_;
+}
+
+}  // namespace shardlab::data

@@ -1,0 +1,238 @@
+// nn/module.cpp: Module's registry, tree walks, moves, state dicts, printer, initialize().
+#include "nn/module.h"
+
+#include <cmath>
+#include <map>
+
+#include "autograd/variable.h"
+#include "core/ops.h"
+
+namespace shardlab::nn {
+
+Init Init::fan_in_uniform(std::int64_t fan_in) {
+  const double bound = fan_in > 0 ? 1.0 / std::sqrt(static_cast<double>(fan_in)) : 0.0;
+  return uniform(-bound, bound);
+}
+
+void Init::fill(const Tensor& out, std::uint64_t seed, const std::string& name,
+                std::int64_t first_index) const {
+  const RandomKey key{seed, name_stream(name)};
+  switch (kind) {
+    case Kind::uniform:
+      fill_random(out, {Distribution::uniform, key, a, b, first_index});
+      return;
+    case Kind::normal:
+      fill_random(out, {Distribution::normal, key, a, b, first_index});
+      return;
+    case Kind::constant:
+      out.fill_(a);
+      return;
+  }
+}
+
+std::uint64_t name_stream(const std::string& name) {
+  std::uint64_t hash = 0xcbf29ce484222325ull;
+  for (const unsigned char c : name) {
+    hash ^= c;
+    hash *= 0x100000001b3ull;
+  }
+  return hash;
+}
+
+Module::Module(std::string type_name) : type_name_(std::move(type_name)) {}
+
+void Module::check_new_name(const std::string& name, const char* what) const {
+  SHARDLAB_CHECK(!name.empty() && name.find('.') == std::string::npos,
+                 "{}: {} name '{}' must be non-empty and contain no '.'", type_name_, what, name);
+  bool taken = false;
+  for (const auto& p : parameters_) taken = taken || p.name == name;
+  for (const auto& [n, b] : buffers_) taken = taken || n == name;
+  for (const auto& [n, c] : children_) taken = taken || n == name;
+  SHARDLAB_CHECK(!taken, "{}: the name '{}' is already registered", type_name_, name);
+}
+
+Variable Module::register_parameter(std::string name, const Shape& shape, Init init, bool requires_grad) {
+  check_new_name(name, "parameter");
+  // Drawn at once (seed 0, local name) so a lone layer is usable; initialize(root, seed)
+  // redraws every parameter by its dotted name from the root.
+  const Tensor data = empty(shape);
+  init.fill(data, 0, name);
+  Variable variable(data, requires_grad, name);
+  parameters_.push_back({std::move(name), variable, init});
+  return variable;
+}
+
+Tensor Module::register_buffer(std::string name, Tensor value) {
+  check_new_name(name, "buffer");
+  buffers_.emplace_back(std::move(name), value);
+  return value;
+}
+
+void Module::add_child(std::string name, std::shared_ptr<Module> child) {
+  check_new_name(name, "module");
+  SHARDLAB_CHECK(child != nullptr, "{}: child module '{}' is null", type_name_, name);
+  children_.emplace_back(std::move(name), std::move(child));
+}
+
+namespace {
+std::string join(const std::string& prefix, const std::string& name) {
+  if (prefix.empty()) return name;
+  return name.empty() ? prefix : prefix + "." + name;
+}
+
+// Visits (dotted name, module) depth first, parents before children.
+void walk(const Module& module, const std::string& prefix,
+          const std::function<void(const std::string&, const Module&)>& visit) {
+  visit(prefix, module);
+  for (const auto& [name, child] : module.named_children()) walk(*child, join(prefix, name), visit);
+}
+}  // namespace
+
+Named<Variable> Module::named_parameters(bool recurse) const {
+  Named<Variable> out;
+  if (!recurse) {
+    for (const auto& p : parameters_) out.emplace_back(p.name, p.variable);
+    return out;
+  }
+  walk(*this, "", [&](const std::string& prefix, const Module& m) {
+    for (const auto& [name, v] : m.named_parameters(false)) out.emplace_back(join(prefix, name), v);
+  });
+  return out;
+}
+
+std::vector<Variable> Module::parameters(bool recurse) const {
+  std::vector<Variable> out;
+  for (auto& [name, v] : named_parameters(recurse)) out.push_back(v);
+  return out;
+}
+
+Named<Init> Module::named_inits() const {
+  Named<Init> out;
+  walk(*this, "", [&](const std::string& prefix, const Module& m) {
+    for (const auto& p : m.parameters_) out.emplace_back(join(prefix, p.name), p.init);
+  });
+  return out;
+}
+
+Named<Tensor> Module::named_buffers(bool recurse) const {
+  if (!recurse) return buffers_;
+  Named<Tensor> out;
+  walk(*this, "", [&](const std::string& prefix, const Module& m) {
+    for (const auto& [name, b] : m.buffers_) out.emplace_back(join(prefix, name), b);
+  });
+  return out;
+}
+
+Named<std::shared_ptr<Module>> Module::named_children() const { return children_; }
+
+Named<std::shared_ptr<Module>> Module::named_modules() {
+  Named<std::shared_ptr<Module>> out;
+  out.emplace_back("", shared_from_this());
+  for (const auto& [name, child] : children_) {
+    for (auto& [sub, module] : child->named_modules()) out.emplace_back(join(name, sub), module);
+  }
+  return out;
+}
+
+std::int64_t Module::parameter_count() const {
+  std::int64_t count = 0;
+  for (const auto& [name, v] : named_parameters()) count += v.numel();
+  return count;
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (const auto& [name, child] : children_) child->train(on);
+}
+
+void Module::to(Device device) {
+  for (auto& p : parameters_) p.variable.set_data(p.variable.data().to(device));
+  for (auto& [name, b] : buffers_) b = b.to(device);
+  for (const auto& [name, child] : children_) child->to(device);
+}
+
+void Module::to(DType dtype) {
+  for (auto& p : parameters_) {
+    if (is_floating(p.variable.dtype())) p.variable.set_data(p.variable.data().to(dtype));
+  }
+  for (auto& [name, b] : buffers_) {
+    if (is_floating(b.dtype())) b = b.to(dtype);
+  }
+  for (const auto& [name, child] : children_) child->to(dtype);
+}
+
+StateDict Module::state_dict() const {
+  StateDict out;
+  walk(*this, "", [&](const std::string& prefix, const Module& m) {
+    for (const auto& p : m.parameters_) out.emplace_back(join(prefix, p.name), p.variable.data());
+    for (const auto& [name, b] : m.buffers_) out.emplace_back(join(prefix, name), b);
+  });
+  return out;
+}
+
+void Module::load_state_dict(const StateDict& state, bool strict) {
+  std::map<std::string, const Tensor*> given;
+  for (const auto& [name, t] : state) {
+    SHARDLAB_CHECK(given.emplace(name, &t).second, "load_state_dict: key '{}' appears twice", name);
+  }
+  const StateDict own = state_dict();
+  std::vector<std::pair<Tensor, const Tensor*>> copies;
+  for (const auto& [name, target] : own) {
+    const auto it = given.find(name);
+    if (it == given.end()) {
+      SHARDLAB_CHECK(!strict, "load_state_dict: missing key '{}' (expected shape {})", name,
+                     shape_str(target.shape()));
+      continue;
+    }
+    SHARDLAB_CHECK(it->second->shape() == target.shape(),
+                   "load_state_dict: key '{}' has shape {} in the state dict but {} in the module", name,
+                   shape_str(it->second->shape()), shape_str(target.shape()));
+    copies.emplace_back(target, it->second);
+    given.erase(it);
+  }
+  SHARDLAB_CHECK(!strict || given.empty(), "load_state_dict: unexpected key '{}' (shape {})",
+                 given.empty() ? "" : given.begin()->first,
+                 given.empty() ? "" : shape_str(given.begin()->second->shape()));
+  const NoGradGuard no_grad;
+  for (const auto& [target, source] : copies) target.copy_(*source);
+}
+
+void Module::render(std::string& out, const std::string& name, int depth) const {
+  const std::string indent(static_cast<std::size_t>(2 * depth), ' ');
+  out += indent + (name.empty() ? "" : "(" + name + "): ") + describe();
+  std::int64_t own = 0;
+  for (const auto& p : parameters_) own += p.variable.numel();
+  if (!parameters_.empty()) out += fmt::format("  [{} parameters]", own);
+  out += '\n';
+  for (const auto& p : parameters_) {
+    out += fmt::format("{}  {} {} {}\n", indent, p.name, shape_str(p.variable.shape()),
+                       dtype_name(p.variable.dtype()));
+  }
+  for (const auto& [child_name, child] : children_) child->render(out, child_name, depth + 1);
+}
+
+std::string Module::str() const {
+  std::string out;
+  render(out, "", 0);
+  out += fmt::format("total: {} parameters", parameter_count());
+  return out;
+}
+
+void Module::initialize_subtree(const std::string& prefix, std::uint64_t seed) {
+  stream_ = name_stream(prefix);
+  for (const auto& p : parameters_) {
+    const Tensor& data = p.variable.data();
+    const Tensor target =
+        data.is_contiguous() ? data : empty(data.shape(), TensorOptions{data.dtype(), data.device()});
+    p.init.fill(target, seed, join(prefix, p.name));
+    if (!data.is_contiguous()) data.copy_(target);
+  }
+  for (const auto& [name, child] : children_) child->initialize_subtree(join(prefix, name), seed);
+}
+
+void initialize(Module& root, std::uint64_t seed) {
+  const NoGradGuard no_grad;
+  root.initialize_subtree("", seed);
+}
+
+}  // namespace shardlab::nn

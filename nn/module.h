@@ -1,0 +1,172 @@
+// nn/module.h: Module, the base of every layer and model: named parameters, buffers and
+// children in registration order, train/eval, device and dtype moves, state dicts, forward
+// hooks, and a printer. Holder<Impl> gives modules value syntax: `Linear fc(LinearOptions(9216, 128));
+// fc(x)`.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "autograd/variable.h"
+#include "core/random.h"
+
+namespace shardlab::nn {
+
+// How a parameter is filled by initialize(): a distribution, drawn from Philox keyed by
+// (seed, hash of the parameter's dotted name), so values never depend on construction order,
+// device, or which rank draws which range.
+struct Init {
+  enum class Kind : unsigned char { uniform, normal, constant };
+  Kind kind = Kind::constant;
+  double a = 0.0;  // uniform: low;  normal: mean; constant: value
+  double b = 0.0;  // uniform: high; normal: std
+
+  static Init uniform(double low, double high) { return {Kind::uniform, low, high}; }
+  static Init normal(double mean, double std) { return {Kind::normal, mean, std}; }
+  static Init constant(double value) { return {Kind::constant, value, 0.0}; }
+  // PyTorch's default for Linear/Conv weights and biases: kaiming_uniform(a = sqrt(5)) reduces
+  // to U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+  static Init fan_in_uniform(std::int64_t fan_in);
+
+  // Fills `out` (contiguous) with elements [first_index, first_index + numel) of the draw
+  // for parameter `name` under `seed`.
+  void fill(const Tensor& out, std::uint64_t seed, const std::string& name,
+            std::int64_t first_index = 0) const;
+};
+
+// The Philox stream of a dotted name (FNV-1a, 64-bit).
+std::uint64_t name_stream(const std::string& name);
+
+using StateDict = std::vector<std::pair<std::string, Tensor>>;
+template <typename T>
+using Named = std::vector<std::pair<std::string, T>>;
+
+class Module : public std::enable_shared_from_this<Module> {
+ public:
+  using ForwardPreHook = std::function<void(Module& module)>;
+  using ForwardHook = std::function<void(Module& module, const Variable& output)>;
+
+  explicit Module(std::string type_name);
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  const std::string& type_name() const { return type_name_; }
+
+  // --- the tree --------------------------------------------------------------------------------
+  // Recursive, in registration order, names dotted from this module ("conv1.weight").
+  Named<Variable> named_parameters(bool recurse = true) const;
+  std::vector<Variable> parameters(bool recurse = true) const;
+  Named<Tensor> named_buffers(bool recurse = true) const;
+  Named<std::shared_ptr<Module>> named_children() const;
+  // This module (named "") and every descendant, depth first.
+  Named<std::shared_ptr<Module>> named_modules();
+  std::int64_t parameter_count() const;
+  // The Init of each parameter, by the same dotted names.
+  Named<Init> named_inits() const;
+
+  // --- modes and moves -------------------------------------------------------------------------
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+  // Moves every parameter and buffer (set_data: the Variables stay the same objects).
+  void to(Device device);
+  // Casts floating parameters and buffers.
+  void to(DType dtype);
+
+  // --- state dicts -----------------------------------------------------------------------------
+  // Each module's parameters, then its buffers, then its children's, depth first (PyTorch's
+  // order), as tensors (not copies).
+  StateDict state_dict() const;
+  // Copies values in. Strict: every key must exist on both sides. Any mismatch of shape is an
+  // error naming the key and both shapes; nothing is copied unless everything matches.
+  void load_state_dict(const StateDict& state, bool strict = true);
+
+  // --- hooks -------------------------------------------------------------------------------------
+  void register_forward_pre_hook(ForwardPreHook hook) { pre_hooks_.push_back(std::move(hook)); }
+  void register_forward_hook(ForwardHook hook) { post_hooks_.push_back(std::move(hook)); }
+
+  // The Philox stream random layers (dropout) use: the hash of this module's dotted name,
+  // set by initialize(); 0 before.
+  std::uint64_t stream() const { return stream_; }
+
+  // The tree with each module's description and parameter shapes.
+  std::string str() const;
+  // One line about this module, e.g. "Linear(in=9216, out=128, bias=true)".
+  virtual std::string describe() const { return type_name_; }
+
+ protected:
+  // A new parameter, filled from `init` with seed 0 (initialize() redraws it).
+  Variable register_parameter(std::string name, const Shape& shape, Init init, bool requires_grad = true);
+  Tensor register_buffer(std::string name, Tensor value);
+  template <typename M>
+  std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> child) {
+    add_child(std::move(name), child);
+    return child;
+  }
+
+  // Runs the forward pre-hooks, fn(), then the forward hooks on its output. Every module's
+  // operator() goes through it so hooks see every call.
+  template <typename Fn>
+  Variable with_hooks(Fn&& fn) {
+    for (const auto& hook : pre_hooks_) hook(*this);
+    Variable output = fn();
+    for (const auto& hook : post_hooks_) hook(*this, output);
+    return output;
+  }
+
+ private:
+  friend void initialize(Module& root, std::uint64_t seed);
+  void initialize_subtree(const std::string& prefix, std::uint64_t seed);
+  void add_child(std::string name, std::shared_ptr<Module> child);
+  void check_new_name(const std::string& name, const char* what) const;
+  void render(std::string& out, const std::string& name, int depth) const;
+
+  struct Parameter {
+    std::string name;
+    Variable variable;
+    Init init;
+  };
+  std::string type_name_;
+  bool training_ = true;
+  std::uint64_t stream_ = 0;
+  std::vector<Parameter> parameters_;
+  Named<Tensor> buffers_;
+  Named<std::shared_ptr<Module>> children_;
+  std::vector<ForwardPreHook> pre_hooks_;
+  std::vector<ForwardHook> post_hooks_;
+};
+
+// Fills every parameter of `root` from its Init, keyed by (seed, dotted name from root), and
+// gives every module its stream. Call it once the model tree is complete.
+void initialize(Module& root, std::uint64_t seed);
+
+// Value-like handle to a module: `Linear fc(LinearOptions(4, 2)); Variable y = fc(x);`.
+template <typename Impl>
+class Holder {
+ public:
+  template <typename... Args>
+  requires std::constructible_from<Impl, Args...>
+  explicit Holder(Args&&... args) : impl_(std::make_shared<Impl>(std::forward<Args>(args)...)) {}
+  Holder(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+  Impl* operator->() const { return impl_.get(); }
+  Impl& operator*() const { return *impl_; }
+  const std::shared_ptr<Impl>& ptr() const { return impl_; }
+  operator std::shared_ptr<Module>() const { return impl_; }
+
+  template <typename... Args>
+  decltype(auto) operator()(Args&&... args) const {
+    return (*impl_)(std::forward<Args>(args)...);
+  }
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace shardlab::nn

@@ -1,0 +1,37 @@
+// nn/safetensors.h: the safetensors file format (model weights readable by PyTorch and
+// Hugging Face): an 8-byte little-endian header length, a JSON header mapping each name to
+// {dtype, shape, data_offsets} (plus optional "__metadata__" strings), then the raw
+// little-endian bytes, contiguous and in offset order.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "nn/module.h"
+
+namespace shardlab::nn {
+
+// Writes `tensors` (any device, any strides; copied to the host in row-major order) to `path`
+// in the given order, "__metadata__" first when `metadata` is not empty, the header padded with
+// spaces to a multiple of 8 bytes. The bytes go to a temporary file next to `path`, flushed and
+// renamed into place when complete, so a reader never sees half a file; on failure the
+// temporary file is removed. Names must be unique and not "__metadata__".
+void save_safetensors(const std::string& path, const StateDict& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+
+struct SafetensorsFile {
+  StateDict tensors;  // in file order (by data offset)
+  std::map<std::string, std::string> metadata;
+};
+
+// Reads and validates an untrusted file: header length bounded (100 MB) and inside the file,
+// valid JSON (no NUL bytes, no key repeated within an object) of the expected structure, known
+// dtypes (F32, F64, BF16, F16, I64, I32, U8, BOOL), shapes non-negative with numel x dtype size
+// free of overflow and equal to the offsets' span, offsets inside the data section and, sorted,
+// covering it exactly (no gap, overlap or trailing byte), BOOL bytes 0 or 1. Keys of an entry
+// other than dtype, shape and data_offsets are ignored, as the reference implementation does.
+// Each problem is an Error naming the file, the tensor and what was expected; nothing is
+// returned unless the whole file is valid.
+SafetensorsFile load_safetensors(const std::string& path);
+
+}  // namespace shardlab::nn

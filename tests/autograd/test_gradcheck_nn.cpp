@@ -1,0 +1,596 @@
+// tests/autograd/test_gradcheck_nn.cpp: finite-difference checks of matmul, softmax, conv2d,
+// pooling, indexing, losses, norms and attention, their forward values against naive loops,
+// and their errors.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "autograd/functional.h"
+#include "autograd/gradcheck.h"
+#include "autograd/ops.h"
+#include "tests/check.h"
+
+using namespace shardlab;
+using test::check_close;
+using test::check_equal;
+using test::values;
+
+namespace {
+
+Tensor random64(const Shape& shape, std::uint64_t seed) {
+  return test::random_tensor(shape, seed, DType::f64);
+}
+
+Variable leaf(const Shape& shape, std::uint64_t seed, std::string name = "x") {
+  return Variable(random64(shape, seed), true, std::move(name));
+}
+
+Tensor indices(const std::vector<std::int64_t>& values, Shape shape) {
+  return from_vector<std::int64_t>(values, std::move(shape));
+}
+
+// gradcheck with default options (f64); the report names the failing entries.
+void check_gradients(const std::string& what, const GradcheckFn& fn, const std::vector<Variable>& inputs) {
+  const GradcheckResult result = gradcheck(fn, inputs);
+  INFO(what << ": " << result.report);
+  CHECK(result.ok);
+}
+
+// Distinct values 0.1 apart in a scrambled order (37 is coprime with the element count), so
+// no pooling window has a tie and no perturbation changes its maximum.
+Tensor without_ties(const Shape& shape) {
+  const std::int64_t n = shape_numel(shape);
+  REQUIRE(std::gcd(n, std::int64_t{37}) == 1);
+  std::vector<double> v;
+  for (std::int64_t i = 0; i < n; ++i) v.push_back(static_cast<double>((i * 37) % n) * 0.1 - 2.0);
+  return from_vector<double>(v, shape);
+}
+
+const double inf = std::numeric_limits<double>::infinity();
+
+}  // namespace
+
+// --- matmul -----------------------------------------------------------------------------------
+
+TEST_CASE("matmul gradients for 1-D and 2-D operands", "[gradcheck_nn][matmul]") {
+  const auto mm = [](const std::vector<Variable>& x) { return matmul(x[0], x[1]); };
+  check_gradients("1-D . 1-D", mm, {leaf({5}, 1), leaf({5}, 2)});
+  check_gradients("2-D . 1-D", mm, {leaf({3, 4}, 3), leaf({4}, 4)});
+  check_gradients("1-D . 2-D", mm, {leaf({4}, 5), leaf({4, 3}, 6)});
+  check_gradients("2-D . 2-D", mm, {leaf({3, 5}, 7), leaf({5, 2}, 8)});
+
+  // The dot product's gradients are the other operand, exactly.
+  const Variable a = leaf({3}, 9, "a"), b = leaf({3}, 10, "b");
+  matmul(a, b).backward();
+  check_equal(a.grad(), values(b.data()));
+  check_equal(b.grad(), values(a.data()));
+}
+
+TEST_CASE("matmul gradients with batch dims, broadcast batch dims and batched 1-D",
+          "[gradcheck_nn][matmul]") {
+  const auto mm = [](const std::vector<Variable>& x) { return matmul(x[0], x[1]); };
+  check_gradients("[2,1,3,4] x [5,4,2]", mm, {leaf({2, 1, 3, 4}, 11), leaf({5, 4, 2}, 12)});
+  check_gradients("[2,3,4] x [2,4,3]", mm, {leaf({2, 3, 4}, 13), leaf({2, 4, 3}, 14)});
+  // A 2-D operand against a batched one: its gradient sums over the batch.
+  check_gradients("[2,3,4] x [4,2]", mm, {leaf({2, 3, 4}, 15), leaf({4, 2}, 16)});
+  check_gradients("[3,4] x [2,2,4,2]", mm, {leaf({3, 4}, 17), leaf({2, 2, 4, 2}, 18)});
+  check_gradients("[4] x [2,4,3]", mm, {leaf({4}, 19), leaf({2, 4, 3}, 20)});
+  check_gradients("[2,3,4] x [4]", mm, {leaf({2, 3, 4}, 21), leaf({4}, 22)});
+}
+
+TEST_CASE("matmul: an operand that needs no gradient gets none", "[gradcheck_nn][matmul]") {
+  const auto mm = [](const std::vector<Variable>& x) { return matmul(x[0], x[1]); };
+  check_gradients("b constant", mm, {leaf({2, 3, 4}, 23), constant(random64({4, 2}, 24))});
+  check_gradients("a constant", mm, {constant(random64({2, 3, 4}, 25)), leaf({4, 2}, 26)});
+
+  // d sum(a @ b) / d a[i][k] = sum_j b[k][j]
+  const Variable a = leaf({2, 3}, 27, "a"), b = constant(from_vector<double>({1, 2, 3, 4, 5, 6}, {3, 2}));
+  sum(matmul(a, b)).backward();
+  check_equal(a.grad(), {3, 7, 11, 3, 7, 11});
+  CHECK_FALSE(b.grad().defined());
+}
+
+TEST_CASE("matmul gradients through non-contiguous operands", "[gradcheck_nn][matmul]") {
+  const auto mm = [](const std::vector<Variable>& x) { return matmul(x[0], x[1]); };
+  const Variable a(test::random_strided({3, 4}, 28, DType::f64), true, "a");
+  const Variable b(test::random_strided({4, 5}, 29, DType::f64), true, "b");
+  REQUIRE_FALSE(a.data().is_contiguous());
+  REQUIRE_FALSE(b.data().is_contiguous());
+  check_gradients("transposed 2-D", mm, {a, b});
+  const Variable batched(test::random_strided({2, 3, 4}, 30, DType::f64), true, "batched");
+  check_gradients("transposed batch x transposed 2-D", mm, {batched, b});
+  const Variable column(random64({4, 2}, 31).select(1, 1), true, "column");  // stride 2
+  check_gradients("strided 1-D", mm, {batched, column});
+}
+
+// --- softmax ----------------------------------------------------------------------------------
+
+TEST_CASE("softmax and log_softmax gradients along every dim", "[gradcheck_nn][softmax]") {
+  for (const std::int64_t dim : {0, 1, 2, -1, -2, -3}) {
+    INFO("dim " << dim);
+    check_gradients("softmax", [dim](const std::vector<Variable>& x) { return softmax(x[0], dim); },
+                    {leaf({3, 4, 2}, 40)});
+    check_gradients("log_softmax", [dim](const std::vector<Variable>& x) { return log_softmax(x[0], dim); },
+                    {leaf({3, 4, 2}, 41)});
+  }
+  const Variable strided(test::random_strided({3, 4}, 42, DType::f64), true);
+  check_gradients("softmax of a transposed input",
+                  [](const std::vector<Variable>& x) { return softmax(x[0], 1); }, {strided});
+  // A 0-d input is a one-element softmax: the constant 1 (log: 0), whose gradient is 0.
+  check_gradients("0-d softmax", [](const std::vector<Variable>& x) { return softmax(x[0], 0); },
+                  {Variable(scalar_tensor(0.7, dtype(DType::f64)), true)});
+  check_gradients("0-d log_softmax", [](const std::vector<Variable>& x) { return log_softmax(x[0], -1); },
+                  {Variable(scalar_tensor(0.7, dtype(DType::f64)), true)});
+}
+
+// --- convolution and pooling --------------------------------------------------------------------
+
+TEST_CASE("conv2d gradients with stride, padding, with and without bias", "[gradcheck_nn][conv2d]") {
+  const Conv2dParams strided{.stride = 2, .padding = 1};
+  const auto with_bias = [strided](const std::vector<Variable>& x) {
+    return conv2d(x[0], x[1], x[2], strided);
+  };
+  const auto no_bias = [strided](const std::vector<Variable>& x) { return conv2d(x[0], x[1], {}, strided); };
+  const Variable input = leaf({2, 2, 5, 4}, 50, "input"), weight = leaf({3, 2, 3, 3}, 51, "weight");
+  const Variable bias = leaf({3}, 52, "bias");
+  check_gradients("stride 2, padding 1, bias", with_bias, {input, weight, bias});
+  check_gradients("stride 2, padding 1, no bias", no_bias, {input, weight});
+  check_gradients("stride 1, padding 0, 2x3 kernel",
+                  [](const std::vector<Variable>& x) { return conv2d(x[0], x[1], x[2]); },
+                  {leaf({1, 2, 4, 5}, 53), leaf({3, 2, 2, 3}, 54), leaf({3}, 55)});
+}
+
+TEST_CASE("conv2d: an input image that needs no gradient gets none", "[gradcheck_nn][conv2d]") {
+  const Conv2dParams strided{.stride = 2, .padding = 1};
+  const Variable image = constant(random64({2, 2, 5, 4}, 56));
+  const Variable weight = leaf({3, 2, 3, 3}, 57, "weight"), bias = leaf({3}, 58, "bias");
+  check_gradients("first layer",
+                  [strided](const std::vector<Variable>& x) { return conv2d(x[0], x[1], x[2], strided); },
+                  {image, weight, bias});
+  // The bias gradient of sum(conv2d) is the number of output positions per channel.
+  sum(conv2d(image, weight, bias, strided)).backward();
+  check_equal(bias.grad(), {2 * 3 * 2, 2 * 3 * 2, 2 * 3 * 2});
+  CHECK_FALSE(image.grad().defined());
+  // Only the input needing a gradient: the weight gets none.
+  const Variable input = leaf({2, 2, 5, 4}, 59, "input"), frozen = constant(random64({3, 2, 3, 3}, 60));
+  sum(conv2d(input, frozen, {}, strided)).backward();
+  CHECK(input.grad().defined());
+  CHECK_FALSE(frozen.grad().defined());
+}
+
+TEST_CASE("max_pool2d gradients go to each window's maximum", "[gradcheck_nn][max_pool2d]") {
+  check_gradients(
+      "kernel 2, stride 2",
+      [](const std::vector<Variable>& x) { return max_pool2d(x[0], {.kernel_size = 2, .stride = 2}); },
+      {Variable(without_ties({2, 2, 4, 6}), true)});
+  check_gradients("kernel 3, stride 2, padding 1",
+                  [](const std::vector<Variable>& x) {
+                    return max_pool2d(x[0], {.kernel_size = 3, .stride = 2, .padding = 1});
+                  },
+                  {Variable(without_ties({1, 2, 5, 5}), true)});
+
+  // One plane [[1, 5], [3, 2]] pooled to its maximum: the gradient is 1 at the 5 only.
+  const Variable x(from_vector<double>({1, 5, 3, 2}, {1, 1, 2, 2}), true);
+  sum(max_pool2d(x)).backward();
+  check_equal(x.grad(), {0, 1, 0, 0});
+}
+
+// --- indexing -----------------------------------------------------------------------------------
+
+TEST_CASE("embedding gradients sum over repeated indices", "[gradcheck_nn][embedding]") {
+  const Tensor ids = indices({0, 2, 2, 4, 0, 2}, {2, 3});
+  check_gradients("i64 ids [2, 3]", [ids](const std::vector<Variable>& x) { return embedding(x[0], ids); },
+                  {leaf({5, 3}, 70)});
+  const Tensor ids32 = from_vector<std::int32_t>({3, 3, 1});
+  check_gradients("i32 ids [3]", [ids32](const std::vector<Variable>& x) { return embedding(x[0], ids32); },
+                  {leaf({4, 2}, 71)});
+
+  const Variable table = leaf({5, 2}, 72, "table");
+  sum(embedding(table, ids)).backward();
+  check_equal(table.grad(), {2, 2, 0, 0, 3, 3, 0, 0, 1, 1});  // row r: how often r was looked up
+}
+
+TEST_CASE("index_select and gather gradients", "[gradcheck_nn][index]") {
+  const Tensor rows = indices({3, 0, 3}, {3});
+  check_gradients("index_select dim 0",
+                  [rows](const std::vector<Variable>& x) { return index_select(x[0], 0, rows); },
+                  {leaf({4, 3}, 80)});
+  const Tensor columns = from_vector<std::int32_t>({2, 0});
+  check_gradients("index_select dim -1",
+                  [columns](const std::vector<Variable>& x) { return index_select(x[0], -1, columns); },
+                  {leaf({2, 4, 3}, 81)});
+
+  const Tensor along_1 = indices({0, 0, 3, 1, 2, 1, 3, 3, 0}, {3, 3});
+  check_gradients("gather dim 1",
+                  [along_1](const std::vector<Variable>& x) { return gather(x[0], 1, along_1); },
+                  {leaf({3, 4}, 82)});
+  const Tensor along_0 = indices({2, 0, 2, 1, 1, 0}, {2, 3});  // smaller than x outside dim
+  check_gradients("gather dim 0",
+                  [along_0](const std::vector<Variable>& x) { return gather(x[0], 0, along_0); },
+                  {leaf({3, 4}, 83)});
+
+  const Variable x = leaf({2, 3}, 84);
+  sum(gather(x, 1, indices({2, 2, 0, 1}, {2, 2}))).backward();
+  check_equal(x.grad(), {0, 0, 2, 1, 1, 0});
+}
+
+TEST_CASE("scatter_add gradients: self gets g, src gets g gathered", "[gradcheck_nn][index]") {
+  const Tensor index = indices({1, 1, 3, 0, 2, 0}, {2, 3});
+  const auto scatter = [index](const std::vector<Variable>& x) { return scatter_add(x[0], 1, index, x[1]); };
+  check_gradients("src the shape of index", scatter, {leaf({3, 4}, 90), leaf({2, 3}, 91)});
+  check_gradients("src larger than index", scatter, {leaf({3, 4}, 92), leaf({3, 5}, 93)});
+  check_gradients("self constant", scatter, {constant(random64({3, 4}, 94)), leaf({2, 3}, 95)});
+
+  // Elements of src beyond index's extent were not added anywhere: their gradient is 0.
+  const Variable self = leaf({3, 4}, 96, "self"), src = leaf({3, 4}, 97, "src");
+  const Tensor weights = random64({3, 4}, 98);
+  sum(mul(scatter_add(self, 1, index, src), constant(weights))).backward();
+  check_equal(self.grad(), values(weights));
+  const std::vector<double> w = values(weights);
+  check_equal(src.grad(), {w[1], w[1], w[3], 0, w[4], w[6], w[4], 0, 0, 0, 0, 0});
+}
+
+TEST_CASE("gather_targets gradients, ignored rows get none", "[gradcheck_nn][index]") {
+  const Tensor targets = indices({2, -100, 0, 2}, {4});
+  check_gradients("ignore_index -100",
+                  [targets](const std::vector<Variable>& x) { return gather_targets(x[0], targets); },
+                  {leaf({4, 3}, 100)});
+  const Variable scores = leaf({4, 3}, 101);
+  sum(gather_targets(scores, targets)).backward();
+  check_equal(scores.grad(), {0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 1});
+
+  // An ignore_index that is also a class: rows targeting it get no gradient at all.
+  const Tensor zero_ignored = from_vector<std::int32_t>({0, 1, 2, 0});
+  check_gradients(
+      "ignore_index 0",
+      [zero_ignored](const std::vector<Variable>& x) { return gather_targets(x[0], zero_ignored, 0); },
+      {leaf({4, 3}, 102)});
+  const Variable v = leaf({4, 3}, 103);
+  sum(gather_targets(v, zero_ignored, 0)).backward();
+  check_equal(v.grad(), {0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0});
+}
+
+// --- losses ------------------------------------------------------------------------------------
+
+namespace {
+
+// log-sum-exp(row) - row[target], per row of logits [N, C]; NaN marks an ignored row.
+std::vector<double> naive_cross_entropy(const Tensor& logits, const std::vector<std::int64_t>& targets,
+                                        std::int64_t ignore_index) {
+  const std::vector<double> x = values(logits);
+  const std::int64_t classes = logits.size(1);
+  std::vector<double> losses;
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    if (targets[i] == ignore_index) {
+      losses.push_back(std::nan(""));
+      continue;
+    }
+    double total = 0;
+    for (std::int64_t c = 0; c < classes; ++c) total += std::exp(x[i * classes + c]);
+    losses.push_back(std::log(total) - x[i * classes + targets[i]]);
+  }
+  return losses;
+}
+
+}  // namespace
+
+TEST_CASE("nll_loss and cross_entropy gradients for every reduction", "[gradcheck_nn][loss]") {
+  const Tensor targets = indices({1, 3, -100, 0, 3}, {5}), targets_3 = indices({1, 3, 2, 0, 3}, {5});
+  for (const Reduction reduction : {Reduction::mean, Reduction::sum, Reduction::none}) {
+    INFO("reduction " << static_cast<int>(reduction));
+    check_gradients("nll_loss",
+                    [&](const std::vector<Variable>& x) { return nll_loss(x[0], targets, -100, reduction); },
+                    {leaf({5, 4}, 110)});
+    check_gradients(
+        "cross_entropy",
+        [&](const std::vector<Variable>& x) { return cross_entropy(x[0], targets, -100, reduction); },
+        {leaf({5, 4}, 111)});
+    check_gradients(
+        "cross_entropy, ignore_index 3",
+        [&](const std::vector<Variable>& x) { return cross_entropy(x[0], targets_3, 3, reduction); },
+        {leaf({5, 4}, 112)});
+  }
+}
+
+TEST_CASE("cross_entropy and nll_loss forward values against the naive formula", "[gradcheck_nn][loss]") {
+  const Tensor logits = test::random_tensor({6, 5}, 120, DType::f64, -3.0, 3.0);
+  const std::vector<std::int64_t> t = {4, 0, 2, 7, 2, 1};  // row 3 is ignored (ignore_index 7)
+  const Tensor targets = indices(t, {6});
+  const std::vector<double> losses = naive_cross_entropy(logits, t, 7);
+  double total = 0;
+  for (const double l : losses) total += std::isnan(l) ? 0 : l;
+
+  const Variable x = constant(logits);
+  std::vector<double> per_row = losses;
+  per_row[3] = 0;  // ignored rows lose 0
+  check_close(cross_entropy(x, targets, 7, Reduction::none).data(), per_row);
+  check_close(cross_entropy(x, targets, 7, Reduction::sum).data(), {total});
+  check_close(cross_entropy(x, targets, 7, Reduction::mean).data(), {total / 5});
+  // nll_loss of log_softmax is the same loss.
+  check_close(nll_loss(log_softmax(x, 1), targets, 7).data(), {total / 5});
+  // nll_loss takes the log-probabilities as they are: -mean of the picked entries.
+  const std::vector<double> v = values(logits);
+  check_close(nll_loss(x, targets, 7).data(), {-(v[4] + v[5] + v[12] + v[22] + v[26]) / 5});
+}
+
+TEST_CASE("a mean loss over no counted rows is NaN, with zero gradients", "[gradcheck_nn][loss]") {
+  const Variable logits = leaf({3, 4}, 130, "logits");
+  const Tensor targets = indices({-100, -100, -100}, {3});
+  const Variable loss = cross_entropy(logits, targets);
+  CHECK(std::isnan(loss.data().item<double>()));
+  CHECK(cross_entropy(logits, targets, -100, Reduction::sum).data().item<double>() == 0);
+  loss.backward();
+  check_equal(logits.grad(), std::vector<double>(12, 0.0));
+}
+
+// --- normalisations ------------------------------------------------------------------------------
+
+namespace {
+
+// Each row of `x` (last dim `width`) normalised by a naive loop: rms (layer = false) or
+// mean/biased-variance (layer = true), then times weight and plus bias where given.
+std::vector<double> naive_norm(const Tensor& x, const std::vector<double>& weight,
+                               const std::vector<double>& bias, double eps, bool layer) {
+  const std::vector<double> in = values(x);
+  const std::size_t width = static_cast<std::size_t>(x.size(-1));
+  std::vector<double> out;
+  for (std::size_t row = 0; row < in.size() / width; ++row) {
+    const double* r = in.data() + row * width;
+    double mu = 0;
+    if (layer) {
+      for (std::size_t i = 0; i < width; ++i) mu += r[i] / static_cast<double>(width);
+    }
+    double square = 0;
+    for (std::size_t i = 0; i < width; ++i) square += (r[i] - mu) * (r[i] - mu) / static_cast<double>(width);
+    for (std::size_t i = 0; i < width; ++i) {
+      double y = (r[i] - mu) / std::sqrt(square + eps);
+      if (!weight.empty()) y *= weight[i];
+      if (!bias.empty()) y += bias[i];
+      out.push_back(y);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("rms_norm gradients and values", "[gradcheck_nn][norm]") {
+  check_gradients("rms_norm", [](const std::vector<Variable>& x) { return rms_norm(x[0], x[1], 1e-6); },
+                  {leaf({2, 3, 4}, 140, "x"), leaf({4}, 141, "weight")});
+  check_gradients("rms_norm, large eps",
+                  [](const std::vector<Variable>& x) { return rms_norm(x[0], x[1], 0.5); },
+                  {leaf({3, 5}, 142, "x"), leaf({5}, 143, "weight")});
+
+  const Tensor x = test::random_tensor({3, 2, 6}, 144, DType::f64, -2.0, 2.0);
+  const Tensor w = random64({6}, 145);
+  check_close(rms_norm(constant(x), constant(w), 1e-5).data(), naive_norm(x, values(w), {}, 1e-5, false));
+}
+
+TEST_CASE("layer_norm gradients and values, weight and bias optional", "[gradcheck_nn][norm]") {
+  check_gradients("layer_norm", [](const std::vector<Variable>& x) { return layer_norm(x[0], x[1], x[2]); },
+                  {leaf({2, 3, 4}, 150, "x"), leaf({4}, 151, "weight"), leaf({4}, 152, "bias")});
+  check_gradients("layer_norm without affine",
+                  [](const std::vector<Variable>& x) { return layer_norm(x[0], {}, {}); },
+                  {leaf({3, 5}, 153, "x")});
+  check_gradients("layer_norm, weight only, eps 0.1",
+                  [](const std::vector<Variable>& x) { return layer_norm(x[0], x[1], {}, 0.1); },
+                  {leaf({3, 5}, 154, "x"), leaf({5}, 155, "weight")});
+
+  const Tensor x = test::random_tensor({4, 7}, 156, DType::f64, -2.0, 3.0);
+  const Tensor w = random64({7}, 157), b = random64({7}, 158);
+  check_close(layer_norm(constant(x), constant(w), constant(b)).data(),
+              naive_norm(x, values(w), values(b), 1e-5, true));
+  check_close(layer_norm(constant(x), {}, {}, 1e-3).data(), naive_norm(x, {}, {}, 1e-3, true));
+  check_close(layer_norm(constant(x), {}, constant(b)).data(), naive_norm(x, {}, values(b), 1e-5, true));
+}
+
+// --- attention ----------------------------------------------------------------------------------
+
+namespace {
+
+// out[b, h, t] = sum_s p[s] v[b, h / G, s] with p = softmax over s of
+// scale * q[b, h, t] . k[b, h / G, s] + mask(h, t, s), keys after t skipped when causal.
+// `mask` is [H, T, S] flattened (empty: none).
+std::vector<double> naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                    const std::vector<double>& mask, double scale) {
+  const std::int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
+  const std::int64_t Hkv = k.size(1), S = k.size(2), G = H / Hkv;
+  const std::vector<double> qv = values(q), kv = values(k), vv = values(v);
+  std::vector<double> out;
+  for (std::int64_t b = 0; b < B; ++b) {
+    for (std::int64_t h = 0; h < H; ++h) {
+      const std::int64_t j = h / G;
+      for (std::int64_t t = 0; t < T; ++t) {
+        std::vector<double> logits;
+        for (std::int64_t s = 0; s < S; ++s) {
+          double dot = 0;
+          for (std::int64_t d = 0; d < D; ++d) {
+            dot += qv[((b * H + h) * T + t) * D + d] * kv[((b * Hkv + j) * S + s) * D + d];
+          }
+          double logit = scale * dot + (mask.empty() ? 0.0 : mask[(h * T + t) * S + s]);
+          if (causal && s > t) logit = -inf;
+          logits.push_back(logit);
+        }
+        double top = -inf, total = 0;
+        for (const double l : logits) top = std::max(top, l);
+        for (const double l : logits) total += std::exp(l - top);
+        for (std::int64_t d = 0; d < D; ++d) {
+          double acc = 0;
+          for (std::int64_t s = 0; s < S; ++s) {
+            acc += std::exp(logits[s] - top) / total * vv[((b * Hkv + j) * S + s) * D + d];
+          }
+          out.push_back(acc);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("attention gradients: causal, additive mask, grouped-query", "[gradcheck_nn][attention]") {
+  const auto attend = [](AttentionOptions options) {
+    return [options](const std::vector<Variable>& x) {
+      return scaled_dot_product_attention(x[0], x[1], x[2], options);
+    };
+  };
+  check_gradients("causal, T = S", attend({.causal = true}),
+                  {leaf({1, 2, 3, 2}, 160, "q"), leaf({1, 2, 3, 2}, 161, "k"), leaf({1, 2, 3, 2}, 162, "v")});
+  check_gradients("causal, T < S", attend({.causal = true}),
+                  {leaf({2, 1, 2, 3}, 163, "q"), leaf({2, 1, 4, 3}, 164, "k"), leaf({2, 1, 4, 3}, 165, "v")});
+  check_gradients("additive mask [1, H, 1, S]", attend({.mask = random64({1, 2, 1, 4}, 166)}),
+                  {leaf({1, 2, 3, 2}, 167, "q"), leaf({1, 2, 4, 2}, 168, "k"), leaf({1, 2, 4, 2}, 169, "v")});
+  check_gradients("GQA H = 4, Hkv = 2", attend({}),
+                  {leaf({1, 4, 2, 2}, 170, "q"), leaf({1, 2, 3, 2}, 171, "k"), leaf({1, 2, 3, 2}, 172, "v")});
+  check_gradients("GQA, causal, mask, scale",
+                  attend({.causal = true, .mask = random64({3, 3}, 173), .scale = 0.8}),
+                  {leaf({1, 4, 3, 2}, 174, "q"), leaf({1, 2, 3, 2}, 175, "k"), leaf({1, 2, 3, 2}, 176, "v")});
+}
+
+TEST_CASE("attention forward values against a naive loop", "[gradcheck_nn][attention]") {
+  const Tensor q = random64({2, 4, 3, 5}, 180), k = random64({2, 2, 6, 5}, 181),
+               v = random64({2, 2, 6, 5}, 182);
+  const Variable qv = constant(q), kv = constant(k), vv = constant(v);
+  const double scale = 1 / std::sqrt(5.0);
+  check_close(scaled_dot_product_attention(qv, kv, vv).data(), naive_attention(q, k, v, false, {}, scale));
+  check_close(scaled_dot_product_attention(qv, kv, vv, {.causal = true}).data(),
+              naive_attention(q, k, v, true, {}, scale));
+  // A mask [H, 1, S] broadcast over B and T, with a custom scale.
+  const Tensor mask = test::random_tensor({4, 1, 6}, 183, DType::f64, -2.0, 2.0);
+  std::vector<double> full_mask;
+  for (std::int64_t h = 0; h < 4; ++h) {
+    for (std::int64_t t = 0; t < 3; ++t) {
+      for (std::int64_t s = 0; s < 6; ++s) full_mask.push_back(values(mask)[h * 6 + s]);
+    }
+  }
+  check_close(scaled_dot_product_attention(qv, kv, vv, {.causal = true, .mask = mask, .scale = 0.3}).data(),
+              naive_attention(q, k, v, true, full_mask, 0.3));
+  // More queries than keys, top-left aligned: query t sees keys 0..min(t, S - 1).
+  const Tensor q_long = random64({1, 2, 5, 3}, 184), k_short = random64({1, 2, 3, 3}, 185),
+               v_short = random64({1, 2, 3, 3}, 186);
+  check_close(
+      scaled_dot_product_attention(constant(q_long), constant(k_short), constant(v_short), {.causal = true})
+          .data(),
+      naive_attention(q_long, k_short, v_short, true, {}, 1 / std::sqrt(3.0)));
+  // A causal first query sees only key 0: its output is v[..., 0, :].
+  const Tensor first = scaled_dot_product_attention(qv, kv, vv, {.causal = true}).data().select(2, 0);
+  check_close(first.select(1, 0), v.select(1, 0).select(1, 0));
+}
+
+// --- errors ------------------------------------------------------------------------------------
+
+TEST_CASE("nll_loss and cross_entropy reject bad inputs", "[gradcheck_nn][errors]") {
+  const Variable log_probs = constant(zeros({2, 3}, dtype(DType::f64)));
+  const Tensor targets = indices({0, 2}, {2});
+  CHECK_THROWS_ERROR(nll_loss(Variable(), targets), "nll_loss: log_probs is undefined");
+  CHECK_THROWS_ERROR(nll_loss(log_probs, Tensor()), "nll_loss: targets is undefined");
+  CHECK_THROWS_ERROR(nll_loss(constant(zeros({3})), targets),
+                     "nll_loss: log_probs must be 2-D [N, C], got shape [3]");
+  CHECK_THROWS_ERROR(
+      nll_loss(log_probs, indices({0, 2}, {2, 1})),
+      "nll_loss: targets must be 1-D [N] = [2] for log_probs of shape [2, 3], got shape [2, 1]");
+  CHECK_THROWS_ERROR(nll_loss(log_probs, indices({0, 2, 1}, {3})),
+                     "nll_loss: targets must be 1-D [N] = [2] for log_probs of shape [2, 3], got shape [3]");
+  CHECK_THROWS_ERROR(nll_loss(log_probs, from_vector<double>({0, 2})),
+                     "nll_loss: targets must be class indices (i64 or i32), got f64");
+  CHECK_THROWS_ERROR(nll_loss(log_probs, targets, -100, static_cast<Reduction>(7)),
+                     "nll_loss: unknown reduction 7");
+  CHECK_THROWS_ERROR(nll_loss(log_probs, indices({0, 3}, {2})),
+                     "gather_targets: target 3 is out of range for 3 classes (ignore_index is -100)");
+
+  CHECK_THROWS_ERROR(cross_entropy(Variable(), targets), "cross_entropy: logits is undefined");
+  CHECK_THROWS_ERROR(cross_entropy(log_probs, Tensor()), "cross_entropy: targets is undefined");
+  CHECK_THROWS_ERROR(cross_entropy(constant(zeros({2, 3, 1})), targets),
+                     "cross_entropy: logits must be 2-D [N, C], got shape [2, 3, 1]");
+  CHECK_THROWS_ERROR(
+      cross_entropy(log_probs, indices({0}, {1})),
+      "cross_entropy: targets must be 1-D [N] = [2] for logits of shape [2, 3], got shape [1]");
+  CHECK_THROWS_ERROR(cross_entropy(log_probs, from_vector<float>({0, 2})),
+                     "cross_entropy: targets must be class indices (i64 or i32), got f32");
+  CHECK_THROWS_ERROR(cross_entropy(log_probs, targets, -100, static_cast<Reduction>(9)),
+                     "cross_entropy: unknown reduction 9");
+}
+
+TEST_CASE("rms_norm and layer_norm reject bad shapes", "[gradcheck_nn][errors]") {
+  const Variable x = constant(zeros({2, 4}));
+  CHECK_THROWS_ERROR(rms_norm(x, constant(ones({5}))),
+                     "rms_norm: weight has shape [5] but x of shape [2, 4] needs [4]");
+  CHECK_THROWS_ERROR(rms_norm(x, constant(ones({1, 4}))),
+                     "rms_norm: weight has shape [1, 4] but x of shape [2, 4] needs [4]");
+  CHECK_THROWS_ERROR(rms_norm(Variable(), constant(ones({4}))), "rms_norm: x is undefined");
+  CHECK_THROWS_ERROR(rms_norm(x, Variable()), "rms_norm: weight is undefined");
+  CHECK_THROWS_ERROR(rms_norm(constant(scalar_tensor(1.0)), constant(ones({1}))),
+                     "rms_norm: x must have at least 1 dimension, got shape []");
+
+  CHECK_THROWS_ERROR(layer_norm(x, constant(ones({3})), {}),
+                     "layer_norm: weight has shape [3] but x of shape [2, 4] needs [4]");
+  CHECK_THROWS_ERROR(layer_norm(x, {}, constant(ones({2}))),
+                     "layer_norm: bias has shape [2] but x of shape [2, 4] needs [4]");
+  CHECK_THROWS_ERROR(layer_norm(Variable(), {}, {}), "layer_norm: x is undefined");
+  CHECK_THROWS_ERROR(layer_norm(constant(scalar_tensor(1.0)), {}, {}),
+                     "layer_norm: x must have at least 1 dimension, got shape []");
+}
+
+TEST_CASE("scaled_dot_product_attention rejects mismatched shapes", "[gradcheck_nn][errors]") {
+  const auto var = [](const Shape& shape, DType type = DType::f32) {
+    return constant(zeros(shape, dtype(type)));
+  };
+  const Variable q = var({2, 4, 3, 8}), k = var({2, 2, 5, 8}), v = var({2, 2, 5, 8});
+  const char* prefix = "scaled_dot_product_attention: ";
+  const auto message = [prefix](const std::string& rest) { return std::string(prefix) + rest; };
+  CHECK_THROWS_ERROR(scaled_dot_product_attention(var({4, 3, 8}), k, v),
+                     message("q [B, H, T, D] must be 4-D, got shape [4, 3, 8]"));
+  CHECK_THROWS_ERROR(scaled_dot_product_attention(q, var({2, 2, 5, 8, 1}), v),
+                     message("k [B, Hkv, S, D] must be 4-D, got shape [2, 2, 5, 8, 1]"));
+  CHECK_THROWS_ERROR(scaled_dot_product_attention(q, k, var({5, 8})),
+                     message("v [B, Hkv, S, D] must be 4-D, got shape [5, 8]"));
+  CHECK_THROWS_ERROR(scaled_dot_product_attention(q, Variable(), v),
+                     message("k [B, Hkv, S, D] is undefined"));
+  CHECK_THROWS_ERROR(
+      scaled_dot_product_attention(q, var({2, 2, 5, 6}), v),
+      message("q and k have different head dims (8 != 6; q [2, 4, 3, 8], k [2, 2, 5, 6], v [2, 2, 5, 8])"));
+  CHECK_THROWS_ERROR(
+      scaled_dot_product_attention(q, var({2, 3, 5, 8}), var({2, 3, 5, 8})),
+      message("4 query heads are not a multiple of 3 key/value heads (q [2, 4, 3, 8], k [2, 3, 5, 8], "
+              "v [2, 3, 5, 8])"));
+  CHECK_THROWS_ERROR(scaled_dot_product_attention(q, var({1, 2, 5, 8}), v),
+                     message("batch sizes differ (q [2, 4, 3, 8], k [1, 2, 5, 8], v [2, 2, 5, 8])"));
+  CHECK_THROWS_ERROR(scaled_dot_product_attention(q, k, var({3, 2, 5, 8})),
+                     message("batch sizes differ (q [2, 4, 3, 8], k [2, 2, 5, 8], v [3, 2, 5, 8])"));
+  CHECK_THROWS_ERROR(
+      scaled_dot_product_attention(q, k, var({2, 2, 4, 8})),
+      message("k and v have different lengths (5 != 4; q [2, 4, 3, 8], k [2, 2, 5, 8], v [2, 2, 4, 8])"));
+  CHECK_THROWS_ERROR(
+      scaled_dot_product_attention(q, k, var({2, 1, 5, 8})),
+      message("k and v have different numbers of heads (2 != 1; q [2, 4, 3, 8], k [2, 2, 5, 8], "
+              "v [2, 1, 5, 8])"));
+  CHECK_THROWS_ERROR(scaled_dot_product_attention(q, k, var({2, 2, 5, 8}, DType::f64)),
+                     message("dtypes differ (f32, f32 and f64)"));
+  CHECK_THROWS_ERROR(
+      scaled_dot_product_attention(q, k, v, {.mask = zeros({3, 4})}),
+      message("mask of shape [3, 4] does not broadcast to the scores [B, H, T, S] = [2, 4, 3, 5]"));
+  CHECK_THROWS_ERROR(
+      scaled_dot_product_attention(q, k, v, {.mask = zeros({1, 2, 4, 3, 5})}),
+      message("mask of shape [1, 2, 4, 3, 5] does not broadcast to the scores [B, H, T, S] = [2, 4, 3, 5]"));
+  CHECK_THROWS_ERROR(scaled_dot_product_attention(q, k, v, {.mask = zeros({3, 5}, dtype(DType::boolean))}),
+                     message("mask must be floating (it is added to the scores), got bool"));
+  // A mask that does broadcast is accepted.
+  CHECK(scaled_dot_product_attention(q, k, v, {.mask = zeros({2, 1, 3, 1})}).shape() == Shape{2, 4, 3, 8});
+}
+
+TEST_CASE("the differentiable ops pass on the core ops' shape errors", "[gradcheck_nn][errors]") {
+  const Variable a = leaf({2, 3}, 190, "a");
+  CHECK_THROWS_ERROR(matmul(a, leaf({2, 3}, 191)),
+                     "matmul: shapes [2, 3] and [2, 3] cannot be multiplied (3 != 2)");
+  CHECK_THROWS_ERROR(softmax(a, 2), "softmax: dimension 2 is out of range for a tensor of rank 2");
+  CHECK_THROWS_ERROR(conv2d(a, leaf({1, 1, 1, 1}, 192)),
+                     "conv2d: input [N, C, H, W] must be 4-D, got shape [2, 3]");
+  CHECK_THROWS_ERROR(embedding(a, indices({2}, {1})),
+                     "embedding: index 2 is out of range for the embedding table of size 2");
+  CHECK_THROWS_ERROR(gather_targets(a, indices({0}, {1})),
+                     "gather_targets: values [2, 3] and targets [1] disagree on the batch size (2 != 1)");
+}

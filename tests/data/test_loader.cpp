@@ -1,0 +1,335 @@
+// tests/data/test_loader.cpp: permutation, the samplers (DistributedSampler against a transcription
+// of PyTorch's algorithm and the rank/batch-split property), DataLoader batching, TensorDataset.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "data/loader.h"
+#include "tests/check.h"
+
+using namespace shardlab;
+using data::DataLoader;
+using data::DistributedSampler;
+using data::permutation;
+using data::RandomSampler;
+using data::SequentialSampler;
+using data::TensorDataset;
+using test::check_equal;
+using Indices = std::vector<std::int64_t>;
+
+#define CHECK_THROWS_EXACT(expr, message) CHECK_THROWS_WITH((expr), Catch::Matchers::Equals(message))
+
+namespace {
+
+Indices iota(std::int64_t n) {
+  Indices out(static_cast<std::size_t>(n));
+  std::iota(out.begin(), out.end(), std::int64_t{0});
+  return out;
+}
+
+bool is_permutation_of_range(Indices order, std::int64_t n) {
+  std::sort(order.begin(), order.end());
+  return order == iota(n);
+}
+
+// torch.utils.data.DistributedSampler.__iter__, transcribed line by line from PyTorch (with
+// Python's float ceil), applied to a given epoch order.
+Indices pytorch_distributed(const Indices& order, int replicas, int rank, bool drop_last) {
+  const auto n = static_cast<std::int64_t>(order.size());
+  std::int64_t num_samples;
+  if (drop_last && n % replicas != 0) {
+    num_samples = static_cast<std::int64_t>(std::ceil(static_cast<double>(n - replicas) / replicas));
+  } else {
+    num_samples = static_cast<std::int64_t>(std::ceil(static_cast<double>(n) / replicas));
+  }
+  const std::int64_t total_size = num_samples * replicas;
+  Indices indices = order;
+  if (!drop_last) {
+    const std::int64_t padding_size = total_size - n;
+    if (padding_size <= n) {
+      indices.insert(indices.end(), order.begin(), order.begin() + padding_size);
+    } else {
+      Indices repeated;
+      const auto times = static_cast<std::int64_t>(std::ceil(static_cast<double>(padding_size) / n));
+      for (std::int64_t t = 0; t < times; ++t) repeated.insert(repeated.end(), order.begin(), order.end());
+      indices.insert(indices.end(), repeated.begin(), repeated.begin() + padding_size);
+    }
+  } else {
+    indices.resize(static_cast<std::size_t>(total_size));
+  }
+  REQUIRE(static_cast<std::int64_t>(indices.size()) == total_size);
+  Indices mine;
+  for (std::int64_t i = rank; i < total_size; i += replicas)
+    mine.push_back(indices[static_cast<std::size_t>(i)]);
+  REQUIRE(static_cast<std::int64_t>(mine.size()) == num_samples);
+  return mine;
+}
+
+// n samples: input row i is (i, 10 i, 100 i) in f32, target i is 2 i + 1 in i64.
+TensorDataset numbered_dataset(std::int64_t n) {
+  std::vector<float> inputs;
+  std::vector<std::int64_t> targets;
+  for (std::int64_t i = 0; i < n; ++i) {
+    inputs.insert(inputs.end(), {static_cast<float>(i), 10.0f * i, 100.0f * i});
+    targets.push_back(2 * i + 1);
+  }
+  return TensorDataset(from_vector(inputs, {n, 3}), from_vector(targets));
+}
+
+void check_batch_rows(const data::Batch& batch, const Indices& indices) {
+  CHECK(batch.sample_indices == indices);
+  const auto n = static_cast<std::int64_t>(indices.size());
+  REQUIRE(batch.inputs.shape() == Shape{n, 3});
+  REQUIRE(batch.targets.shape() == Shape{n});
+  std::vector<double> inputs, targets;
+  for (const std::int64_t i : indices) {
+    inputs.insert(inputs.end(), {double(i), 10.0 * i, 100.0 * i});
+    targets.push_back(2.0 * i + 1);
+  }
+  check_equal(batch.inputs, inputs);
+  check_equal(batch.targets, targets);
+}
+
+}  // namespace
+
+// --- permutation and the simple samplers --------------------------------------------------------
+
+TEST_CASE("permutation is a permutation and a pure function of (size, seed, epoch)", "[data][loader]") {
+  for (const std::int64_t n : {0, 1, 2, 7, 1000}) {
+    const Indices p = permutation(n, 42, 3);
+    CHECK(is_permutation_of_range(p, n));
+    CHECK(permutation(n, 42, 3) == p);
+  }
+  const Indices base = permutation(100, 42, 0);
+  CHECK(base != iota(100));
+  CHECK(permutation(100, 42, 1) != base);
+  CHECK(permutation(100, 43, 0) != base);
+
+  // It is the order that sorts the epoch's Philox keys (stream = epoch), which is what lets any
+  // rank or tool recompute it.
+  const std::vector<double> keys =
+      uniform({100}, RandomKey{42, 0}, 0.0, 1.0, TensorOptions{}.with_dtype(DType::f64)).to_vector<double>();
+  for (std::size_t i = 0; i + 1 < base.size(); ++i) {
+    CHECK(keys[static_cast<std::size_t>(base[i])] < keys[static_cast<std::size_t>(base[i + 1])]);
+  }
+}
+
+TEST_CASE("permutation spreads each index evenly over positions", "[data][loader]") {
+  // Over 2000 epochs, how often each of 10 indices comes first: 200 expected, a binomial standard
+  // deviation of about 13.4; 5 sigma either side. Fixed seed, so the outcome is deterministic.
+  std::vector<int> first(10, 0);
+  for (std::int64_t epoch = 0; epoch < 2000; ++epoch)
+    ++first[static_cast<std::size_t>(permutation(10, 7, epoch)[0])];
+  for (const int count : first) {
+    CHECK(count > 133);
+    CHECK(count < 267);
+  }
+}
+
+TEST_CASE("SequentialSampler and RandomSampler", "[data][loader]") {
+  CHECK(SequentialSampler(5).indices(0) == Indices{0, 1, 2, 3, 4});
+  CHECK(SequentialSampler(5).indices(9) == Indices{0, 1, 2, 3, 4});
+  CHECK(SequentialSampler(0).indices(0).empty());
+  const RandomSampler sampler(50, 11);
+  for (const std::int64_t epoch : {0, 1, 5}) CHECK(sampler.indices(epoch) == permutation(50, 11, epoch));
+  CHECK(sampler.indices(0) != sampler.indices(1));
+}
+
+TEST_CASE("samplers and permutation refuse negative sizes and epochs", "[data][loader][errors]") {
+  CHECK_THROWS_EXACT(permutation(-1, 0, 0), "permutation: dataset size must be non-negative, got -1");
+  CHECK_THROWS_EXACT(permutation(3, 0, -2), "permutation: epoch must be non-negative, got -2");
+  CHECK_THROWS_EXACT(SequentialSampler(-3), "SequentialSampler: dataset size must be non-negative, got -3");
+  CHECK_THROWS_EXACT(SequentialSampler(3).indices(-1),
+                     "SequentialSampler: epoch must be non-negative, got -1");
+  CHECK_THROWS_EXACT(RandomSampler(-4, 0), "RandomSampler: dataset size must be non-negative, got -4");
+  CHECK_THROWS_EXACT(RandomSampler(4, 0).indices(-1), "permutation: epoch must be non-negative, got -1");
+}
+
+// --- DistributedSampler ----------------------------------------------------------------------------
+
+TEST_CASE("DistributedSampler pads from the start of the order or drops the tail, by hand",
+          "[data][loader][distributed]") {
+  // 10 samples on 4 ranks: padded to 12 with 0 and 1, rank r takes r, r + 4, r + 8.
+  CHECK(DistributedSampler(10, 4, 0, false, 0).indices(0) == Indices{0, 4, 8});
+  CHECK(DistributedSampler(10, 4, 1, false, 0).indices(0) == Indices{1, 5, 9});
+  CHECK(DistributedSampler(10, 4, 2, false, 0).indices(0) == Indices{2, 6, 0});
+  CHECK(DistributedSampler(10, 4, 3, false, 0).indices(0) == Indices{3, 7, 1});
+  CHECK(DistributedSampler(10, 4, 3, false, 0).samples_per_rank() == 3);
+  // drop_last cuts to 8.
+  CHECK(DistributedSampler(10, 4, 2, false, 0, true).indices(0) == Indices{2, 6});
+  CHECK(DistributedSampler(10, 4, 3, false, 0, true).indices(0) == Indices{3, 7});
+  CHECK(DistributedSampler(10, 4, 3, false, 0, true).samples_per_rank() == 2);
+  // 2 samples on 5 ranks: the order 0, 1 repeats until 5 positions are filled.
+  const Indices expected = {0, 1, 0, 1, 0};
+  for (int rank = 0; rank < 5; ++rank) {
+    CHECK(DistributedSampler(2, 5, rank, false, 0).indices(0) ==
+          Indices{expected[static_cast<std::size_t>(rank)]});
+    CHECK(DistributedSampler(2, 5, rank, false, 0, true).indices(0).empty());
+  }
+  // Shuffled, the padding repeats the start of that epoch's permutation.
+  const Indices p = permutation(10, 5, 2);
+  CHECK(DistributedSampler(10, 4, 2, true, 5).indices(2) == Indices{p[2], p[6], p[0]});
+  CHECK(DistributedSampler(10, 1, 0, true, 5).indices(2) == p);
+}
+
+TEST_CASE("DistributedSampler matches PyTorch's algorithm for 1 to 4 ranks", "[data][loader][distributed]") {
+  for (int world = 1; world <= 4; ++world) {
+    for (std::int64_t n = 0; n <= 13; ++n) {
+      for (const bool shuffle : {false, true}) {
+        for (const bool drop_last : {false, true}) {
+          for (std::int64_t epoch = 0; epoch < 3; ++epoch) {
+            INFO("world " << world << " n " << n << " shuffle " << shuffle << " drop_last " << drop_last
+                          << " epoch " << epoch);
+            const Indices order = shuffle ? permutation(n, 9, epoch) : iota(n);
+            Indices all;
+            for (int rank = 0; rank < world; ++rank) {
+              const DistributedSampler sampler(n, world, rank, shuffle, 9, drop_last);
+              const Indices mine = sampler.indices(epoch);
+              CHECK(mine == pytorch_distributed(order, world, rank, drop_last));
+              CHECK(static_cast<std::int64_t>(mine.size()) == sampler.samples_per_rank());
+              all.insert(all.end(), mine.begin(), mine.end());
+            }
+            std::sort(all.begin(), all.end());
+            if (!drop_last) {
+              // Every sample is seen; only padding repeats.
+              Indices distinct = all;
+              distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+              CHECK(distinct == iota(n));
+            } else {
+              // No sample twice, and only the ragged tail is missing.
+              CHECK(std::adjacent_find(all.begin(), all.end()) == all.end());
+              CHECK(static_cast<std::int64_t>(all.size()) == n / world * world);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the ranks' k-th batches together are the 1-rank k-th batch of world x batch",
+          "[data][loader][distributed]") {
+  const auto dataset = numbered_dataset(60);
+  for (int world = 1; world <= 4; ++world) {
+    for (const std::int64_t n : {24, 23, 13}) {  // 24 divides by 1..4; 23 and 13 need padding
+      for (const std::int64_t per_rank_batch : {1, 2, 5}) {
+        INFO("world " << world << " n " << n << " batch " << per_rank_batch);
+        const std::int64_t epoch = 4;
+        const DataLoader whole(dataset, per_rank_batch * world, std::make_shared<RandomSampler>(n, 77));
+        const auto global = whole.batch_indices(epoch);
+        std::vector<std::vector<Indices>> ranks;
+        for (int rank = 0; rank < world; ++rank) {
+          const DataLoader loader(dataset, per_rank_batch,
+                                  std::make_shared<DistributedSampler>(n, world, rank, true, 77));
+          ranks.push_back(loader.batch_indices(epoch));
+          CHECK(static_cast<std::int64_t>(ranks.back().size()) == loader.batches_per_epoch());
+        }
+        // Every rank has as many batches as the 1-rank loader: what keeps collectives in step.
+        for (const auto& batches : ranks) REQUIRE(batches.size() == global.size());
+        const Indices p = permutation(n, 77, epoch);
+        for (std::size_t k = 0; k < global.size(); ++k) {
+          // Position j * world + r of the joint batch is rank r's j-th row.
+          Indices joint;
+          for (std::size_t j = 0; j < ranks[0][k].size(); ++j) {
+            for (int rank = 0; rank < world; ++rank) {
+              REQUIRE(ranks[static_cast<std::size_t>(rank)][k].size() == ranks[0][k].size());
+              joint.push_back(ranks[static_cast<std::size_t>(rank)][k][j]);
+            }
+          }
+          // The joint batch is the global one, followed (in the last batch only) by the padding:
+          // position q >= n of the padded epoch order repeats p[q - n].
+          REQUIRE(joint.size() >= global[k].size());
+          CHECK(Indices(joint.begin(), joint.begin() + static_cast<std::ptrdiff_t>(global[k].size())) ==
+                global[k]);
+          for (std::size_t i = global[k].size(); i < joint.size(); ++i) {
+            const auto q =
+                static_cast<std::int64_t>(k) * world * per_rank_batch + static_cast<std::int64_t>(i);
+            REQUIRE(q >= n);
+            CHECK(joint[i] == p[static_cast<std::size_t>(q - n)]);
+          }
+          if (n % world == 0) CHECK(joint.size() == global[k].size());
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("DistributedSampler refuses bad world sizes, ranks and sizes",
+          "[data][loader][distributed][errors]") {
+  CHECK_THROWS_EXACT(DistributedSampler(10, 0, 0, false, 0),
+                     "DistributedSampler: world_size must be positive, got 0");
+  CHECK_THROWS_EXACT(DistributedSampler(10, -2, 0, false, 0),
+                     "DistributedSampler: world_size must be positive, got -2");
+  CHECK_THROWS_EXACT(DistributedSampler(10, 4, 4, false, 0), "DistributedSampler: rank 4 is outside [0, 4)");
+  CHECK_THROWS_EXACT(DistributedSampler(10, 4, -1, false, 0),
+                     "DistributedSampler: rank -1 is outside [0, 4)");
+  CHECK_THROWS_EXACT(DistributedSampler(-1, 4, 0, false, 0),
+                     "DistributedSampler: dataset size must be non-negative, got -1");
+  CHECK_THROWS_EXACT(DistributedSampler(10, 4, 0, true, 0).indices(-1),
+                     "DistributedSampler: epoch must be non-negative, got -1");
+}
+
+// --- DataLoader and TensorDataset --------------------------------------------------------------------
+
+TEST_CASE("DataLoader cuts the sampler's order into batches", "[data][loader]") {
+  const TensorDataset dataset = numbered_dataset(10);
+  const DataLoader loader(dataset, 4, std::make_shared<SequentialSampler>(10));
+  CHECK(loader.batch_indices(0) == std::vector<Indices>{{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9}});
+  CHECK(loader.batches_per_epoch() == 3);
+  const DataLoader dropping(dataset, 4, std::make_shared<SequentialSampler>(10), true);
+  CHECK(dropping.batch_indices(0) == std::vector<Indices>{{0, 1, 2, 3}, {4, 5, 6, 7}});
+  CHECK(dropping.batches_per_epoch() == 2);
+  // An exact multiple has no partial batch to drop.
+  const DataLoader exact(dataset, 5, std::make_shared<SequentialSampler>(10), true);
+  CHECK(exact.batch_indices(0) == std::vector<Indices>{{0, 1, 2, 3, 4}, {5, 6, 7, 8, 9}});
+  CHECK(exact.batches_per_epoch() == 2);
+  // A batch larger than the epoch: one partial batch, or none with drop_last.
+  CHECK(DataLoader(dataset, 16, std::make_shared<SequentialSampler>(10)).batch_indices(0).size() == 1);
+  CHECK(DataLoader(dataset, 16, std::make_shared<SequentialSampler>(10), true).batch_indices(0).empty());
+  CHECK(DataLoader(dataset, 16, std::make_shared<SequentialSampler>(10), true).batches_per_epoch() == 0);
+
+  const DataLoader shuffled(dataset, 3, std::make_shared<RandomSampler>(10, 21));
+  const auto batches = shuffled.batch_indices(1);
+  Indices flat;
+  for (const auto& b : batches) flat.insert(flat.end(), b.begin(), b.end());
+  CHECK(flat == permutation(10, 21, 1));
+  CHECK(batches.back().size() == 1);
+  for (const auto& b : batches) check_batch_rows(shuffled.batch(b), b);
+}
+
+TEST_CASE("TensorDataset gathers rows in the order asked, and head keeps the first n", "[data][loader]") {
+  const TensorDataset dataset = numbered_dataset(10);
+  CHECK(dataset.size() == 10);
+  check_batch_rows(dataset.gather({7, 2, 2, 9, 0}), {7, 2, 2, 9, 0});
+  check_batch_rows(dataset.gather({}), {});
+  const TensorDataset head = dataset.head(3);
+  CHECK(head.size() == 3);
+  check_batch_rows(head.gather({2, 0, 1}), {2, 0, 1});
+  CHECK(dataset.head(0).size() == 0);
+  CHECK(dataset.head(10).size() == 10);
+}
+
+TEST_CASE("DataLoader and TensorDataset refuse bad arguments", "[data][loader][errors]") {
+  const TensorDataset dataset = numbered_dataset(10);
+  CHECK_THROWS_EXACT(DataLoader(dataset, 0, std::make_shared<SequentialSampler>(10)),
+                     "DataLoader: batch_size must be positive, got 0");
+  CHECK_THROWS_EXACT(DataLoader(dataset, -3, std::make_shared<SequentialSampler>(10)),
+                     "DataLoader: batch_size must be positive, got -3");
+  CHECK_THROWS_EXACT(DataLoader(dataset, 2, nullptr), "DataLoader: sampler must not be null");
+  // A sampler made for a bigger dataset is caught before any batch is built.
+  const DataLoader mismatched(dataset, 4, std::make_shared<SequentialSampler>(12));
+  CHECK_THROWS_EXACT(mismatched.batch_indices(0),
+                     "DataLoader: the sampler yields index 10 but the dataset has 10 samples");
+
+  CHECK_THROWS_EXACT(TensorDataset(zeros({10, 3}), zeros({9})),
+                     "TensorDataset: inputs have 10 rows but targets have 9");
+  CHECK_THROWS_EXACT(TensorDataset(scalar_tensor(1.0), zeros({1})),
+                     "TensorDataset: inputs [] and targets [1] need a leading sample dimension");
+  CHECK_THROWS_EXACT(TensorDataset(Tensor(), zeros({1})),
+                     "TensorDataset: inputs and targets must both be defined");
+  CHECK_THROWS_EXACT(dataset.gather({1, 10}),
+                     "TensorDataset::gather: index 10 is out of range for 10 samples");
+  CHECK_THROWS_EXACT(dataset.gather({-1}), "TensorDataset::gather: index -1 is out of range for 10 samples");
+  CHECK_THROWS_EXACT(dataset.head(11), "TensorDataset::head: n = 11 is outside [0, 10] (the dataset size)");
+  CHECK_THROWS_EXACT(dataset.head(-1), "TensorDataset::head: n = -1 is outside [0, 10] (the dataset size)");
+}

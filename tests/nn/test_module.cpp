@@ -1,0 +1,195 @@
+// tests/nn/test_module.cpp: Module's registry, names, modes, moves, state dicts, hooks,
+// printer and name-keyed initialisation.
+#include "nn/layers.h"
+#include "tests/check.h"
+
+using namespace shardlab;
+using namespace shardlab::nn;
+
+namespace {
+
+// A two-level model: a Linear, a Sequential with a Linear and a ReLU, and a buffer.
+class TwoLevelImpl : public Module {
+ public:
+  TwoLevelImpl()
+      : Module("TwoLevel"), head(LinearOptions(3, 4)), body(Linear(LinearOptions(4, 2).bias(false)), ReLU()) {
+    register_module("head", head.ptr());
+    register_module("body", body.ptr());
+    scale = register_buffer("scale", full({2}, 0.5));
+  }
+  Variable operator()(const Variable& x) {
+    return with_hooks([&] { return mul(body(head(x)), constant(scale)); });
+  }
+  // Exposes registration to the tests of its error paths.
+  void add_parameter(const std::string& name) { register_parameter(name, {1}, Init::constant(0)); }
+
+  Linear head;
+  Sequential body;
+  Tensor scale;
+};
+using TwoLevel = Holder<TwoLevelImpl>;
+
+std::vector<std::string> names_of(const Named<Variable>& named) {
+  std::vector<std::string> names;
+  for (const auto& [name, v] : named) names.push_back(name);
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE("parameters, buffers and modules are named with dots in registration order", "[nn][module]") {
+  TwoLevel model;
+  CHECK(names_of(model->named_parameters()) ==
+        std::vector<std::string>{"head.weight", "head.bias", "body.0.weight"});
+  CHECK(names_of(model->named_parameters(false)).empty());
+  CHECK(model->parameters().size() == 3);
+  CHECK(model->parameter_count() == 3 * 4 + 4 + 4 * 2);
+  const auto buffers = model->named_buffers();
+  REQUIRE(buffers.size() == 1);
+  CHECK(buffers[0].first == "scale");
+  std::vector<std::string> modules;
+  for (const auto& [name, m] : model->named_modules()) modules.push_back(name + ":" + m->type_name());
+  CHECK(modules == std::vector<std::string>{":TwoLevel", "head:Linear", "body:Sequential", "body.0:Linear",
+                                            "body.1:ReLU"});
+  std::vector<std::string> state;
+  for (const auto& [name, t] : model->state_dict()) state.push_back(name);
+  // PyTorch's order: a module's own parameters and buffers before its children's.
+  CHECK(state == std::vector<std::string>{"scale", "head.weight", "head.bias", "body.0.weight"});
+}
+
+TEST_CASE("registering a taken or dotted name is an error", "[nn][module]") {
+  TwoLevel model;
+  CHECK_THROWS_ERROR(model->add_parameter("head"), "TwoLevel: the name 'head' is already registered");
+  CHECK_THROWS_ERROR(model->add_parameter("a.b"),
+                     "TwoLevel: parameter name 'a.b' must be non-empty and contain no '.'");
+  CHECK_THROWS_ERROR(model->add_parameter(""), "TwoLevel: parameter name '' must be non-empty");
+}
+
+TEST_CASE("train and eval reach every module", "[nn][module]") {
+  TwoLevel model;
+  model->eval();
+  for (const auto& [name, m] : model->named_modules()) CHECK_FALSE(m->is_training());
+  model->train();
+  for (const auto& [name, m] : model->named_modules()) CHECK(m->is_training());
+}
+
+TEST_CASE("to(dtype) converts in place: the Variables stay the same objects", "[nn][module]") {
+  TwoLevel model;
+  const Variable weight = model->head->weight;
+  const std::vector<double> before = weight.data().to_vector<double>();
+  model->to(DType::f64);
+  CHECK(weight.same(model->head->weight));
+  CHECK(weight.dtype() == DType::f64);
+  CHECK(weight.data().to_vector<double>() == before);
+  CHECK(model->named_buffers()[0].second.dtype() == DType::f64);
+  model->to(Device::cpu());
+  CHECK(weight.device() == Device::cpu());
+}
+
+TEST_CASE("load_state_dict copies values; strict checks name every problem", "[nn][module]") {
+  TwoLevel source, target;
+  initialize(*source, 5);
+  initialize(*target, 6);
+  target->load_state_dict(source->state_dict());
+  for (const auto& [name, t] : source->state_dict()) {
+    const auto own = target->state_dict();
+    const auto it =
+        std::find_if(own.begin(), own.end(), [&](const auto& entry) { return entry.first == name; });
+    REQUIRE(it != own.end());
+    CHECK(it->second.to_vector<double>() == t.to_vector<double>());
+  }
+  const auto without = [](StateDict state, const std::string& key) {
+    std::erase_if(state, [&](const auto& entry) { return entry.first == key; });
+    return state;
+  };
+  const auto position = [](const StateDict& state, const std::string& key) {
+    return static_cast<std::size_t>(
+        std::find_if(state.begin(), state.end(), [&](const auto& entry) { return entry.first == key; }) -
+        state.begin());
+  };
+  StateDict missing = without(source->state_dict(), "head.bias");
+  CHECK_THROWS_ERROR(target->load_state_dict(missing),
+                     "load_state_dict: missing key 'head.bias' (expected shape [4])");
+  StateDict extra = source->state_dict();
+  extra.emplace_back("head.gain", ones({4}));
+  CHECK_THROWS_ERROR(target->load_state_dict(extra),
+                     "load_state_dict: unexpected key 'head.gain' (shape [4])");
+  StateDict misshaped = source->state_dict();
+  misshaped[position(misshaped, "head.weight")].second = zeros({4, 2});
+  CHECK_THROWS_ERROR(
+      target->load_state_dict(misshaped),
+      "load_state_dict: key 'head.weight' has shape [4, 2] in the state dict but [4, 3] in the module");
+  StateDict twice = source->state_dict();
+  twice.push_back(twice[position(twice, "head.weight")]);
+  CHECK_THROWS_ERROR(target->load_state_dict(twice), "load_state_dict: key 'head.weight' appears twice");
+  // Nothing was copied by the failed loads: an error loses nothing.
+  const std::vector<double> kept = target->head->weight.data().to_vector<double>();
+  misshaped[position(misshaped, "head.bias")].second = full({4}, 9.0);
+  CHECK_THROWS(target->load_state_dict(misshaped));
+  CHECK(target->head->bias.data().to_vector<double>() != std::vector<double>(4, 9.0));
+  CHECK(target->head->weight.data().to_vector<double>() == kept);
+  // Non-strict skips missing and unexpected keys but still refuses wrong shapes.
+  target->load_state_dict(extra, false);
+  target->load_state_dict(missing, false);
+}
+
+TEST_CASE("forward hooks run before and after every call, in registration order", "[nn][module][hooks]") {
+  TwoLevel model;
+  std::vector<std::string> events;
+  model->register_forward_pre_hook([&](Module& m) { events.push_back("pre " + m.type_name()); });
+  model->body->register_forward_pre_hook([&](Module& m) { events.push_back("pre " + m.type_name()); });
+  model->register_forward_hook(
+      [&](Module&, const Variable& out) { events.push_back("post " + shape_str(out.shape())); });
+  (void)model(constant(ones({5, 3})));
+  CHECK(events == std::vector<std::string>{"pre TwoLevel", "pre Sequential", "post [5, 2]"});
+}
+
+TEST_CASE("the printer shows the tree, shapes and counts", "[nn][module]") {
+  TwoLevel model;
+  const std::string text = model->str();
+  CHECK(text.find("TwoLevel\n") == 0);
+  CHECK(text.find("  (head): Linear(in=3, out=4, bias=true)  [16 parameters]\n") != std::string::npos);
+  CHECK(text.find("    weight [4, 3] f32\n") != std::string::npos);
+  CHECK(text.find("    (0): Linear(in=4, out=2, bias=false)  [8 parameters]") != std::string::npos);
+  CHECK(text.find("    (1): ReLU") != std::string::npos);
+  CHECK(text.find("total: 24 parameters") != std::string::npos);
+}
+
+TEST_CASE("initial values depend only on the seed and the dotted name", "[nn][init]") {
+  TwoLevel a, b;
+  initialize(*a, 3);
+  initialize(*b, 3);
+  const Tensor expected = empty({4, 3});
+  Init::fan_in_uniform(3).fill(expected, 3, "head.weight");
+  CHECK(a->head->weight.data().to_vector<float>() == expected.to_vector<float>());
+  CHECK(b->head->weight.data().to_vector<float>() == expected.to_vector<float>());
+  // A range of a parameter drawn alone equals that range of the whole (sharded init).
+  const Tensor tail = empty({5});
+  Init::fan_in_uniform(3).fill(tail, 3, "head.weight", 7);
+  CHECK(tail.to_vector<float>() == expected.reshape({-1}).narrow(0, 7, 5).to_vector<float>());
+  initialize(*b, 4);
+  CHECK(b->head->weight.data().to_vector<float>() != expected.to_vector<float>());
+  // Different names draw different streams.
+  CHECK(name_stream("head.weight") != name_stream("head.bias"));
+}
+
+TEST_CASE("default initialisation matches PyTorch's distributions", "[nn][init]") {
+  Linear big(LinearOptions(400, 300));
+  initialize(*big, 1);
+  const double bound = 1 / std::sqrt(400.0);
+  const Tensor w = big->weight.data().to(DType::f64);
+  CHECK(max(abs(w)).item<double>() <= bound);
+  CHECK(max(abs(w)).item<double>() > 0.99 * bound);
+  CHECK(std::abs(mean(w).item<double>()) < 0.01 * bound);
+  // U(-b, b) has variance b^2 / 3; 120000 samples give about 0.4% relative error.
+  CHECK(std::abs(mean(mul(w, w)).item<double>() / (bound * bound / 3) - 1) < 0.02);
+  CHECK(max(abs(big->bias.data())).item<double>() <= bound);
+  Embedding table(1000, 64);
+  initialize(*table, 1);
+  const Tensor e = table->weight.data().to(DType::f64);
+  CHECK(std::abs(mean(e).item<double>()) < 0.02);
+  CHECK(std::abs(mean(mul(e, e)).item<double>() - 1) < 0.03);
+  RMSNorm norm(8);
+  initialize(*norm, 1);
+  test::check_equal(norm->weight.data(), std::vector<double>(8, 1.0));
+}
