@@ -33,30 +33,22 @@ double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
-// Median seconds per call of each contender over `reps` rounds. Every sample repeats a call
-// enough times to last about 20 ms (short calls are otherwise all noise on a VM), and the
-// contenders alternate within each round, after a warm-up round, so clock ramps and
-// neighbours' noise hit them alike.
-std::vector<double> race(int reps, const std::vector<std::function<void()>>& contenders,
-                         const std::function<void()>& sync) {
-  std::vector<int> calls;
-  for (const auto& contender : contenders) {
-    const double once = seconds(contender, sync);
-    calls.push_back(static_cast<int>(std::clamp(0.02 / std::max(once, 1e-7), 1.0, 10000.0)));
+// Median seconds per call of fn over `reps` samples, after a warm-up call. Each sample
+// repeats the call enough times to last about 20 ms: short calls are otherwise all noise
+// on a VM.
+double measure(int reps, const std::function<void()>& fn, const std::function<void()>& sync) {
+  const double once = seconds(fn, sync);
+  const int calls = static_cast<int>(std::clamp(0.02 / std::max(once, 1e-7), 1.0, 10000.0));
+  std::vector<double> times;
+  for (int sample = 0; sample < reps; ++sample) {
+    times.push_back(seconds(
+                        [&] {
+                          for (int i = 0; i < calls; ++i) fn();
+                        },
+                        sync) /
+                    calls);
   }
-  std::vector<std::vector<double>> times(contenders.size());
-  for (int round = -1; round < reps; ++round) {
-    for (std::size_t c = 0; c < contenders.size(); ++c) {
-      const auto repeated = [&] {
-        for (int i = 0; i < calls[c]; ++i) contenders[c]();
-      };
-      const double t = seconds(repeated, sync) / calls[c];
-      if (round >= 0) times[c].push_back(t);
-    }
-  }
-  std::vector<double> medians;
-  for (auto& t : times) medians.push_back(median(t));
-  return medians;
+  return median(times);
 }
 
 // OpenBLAS sgemm on row-major [m, k] x [k, n] into a preallocated C: the baseline.
@@ -79,21 +71,15 @@ struct Row {
   std::int64_t m, n, k;
 };
 
-void print_row(const Row& row, int reps, bool with_cuda) {
-  const auto timings = race(reps, {row.prepare(Device::cpu()), openblas_sgemm(row.m, row.n, row.k)}, [] {});
-  const double ours = timings[0], blas = timings[1];
-  std::string cuda_column = "-";
-  if (with_cuda) {
-    if (supports<&Kernels::matmul>(Device::cuda(0)) && supports<&Kernels::conv2d>(Device::cuda(0))) {
-      cuda::Stream& stream = cuda::current_stream(0);
-      const double gpu = race(reps, {row.prepare(Device::cuda(0))}, [&] { stream.synchronize(); })[0];
-      cuda_column = fmt::format("{:.1f}", row.flops / gpu / 1e9);
-    } else {
-      cuda_column = "no kernel yet";
-    }
-  }
-  fmt::print("{:<52} {:>12.1f} {:>14.1f} {:>8.2f} {:>14}\n", row.name, row.flops / ours / 1e9,
-             row.flops / blas / 1e9, blas / ours, cuda_column);
+// Seconds per call of ours on the CPU, OpenBLAS on the same GEMM shape, and ours on CUDA.
+struct Timing {
+  double ours = 0, openblas = 0, cuda = 0;
+};
+
+void print_row(const Row& row, const Timing& t) {
+  const std::string cuda_column = t.cuda > 0 ? fmt::format("{:.1f}", row.flops / t.cuda / 1e9) : "-";
+  fmt::print("{:<52} {:>12.1f} {:>14.1f} {:>8.2f} {:>14}\n", row.name, row.flops / t.ours / 1e9,
+             row.flops / t.openblas / 1e9, t.openblas / t.ours, cuda_column);
 }
 
 Row gemm_row(std::int64_t m, std::int64_t n, std::int64_t k) {
@@ -152,7 +138,25 @@ int main(int argc, char** argv) {
         conv_row("resnet 3x3", {8, 64, 56, 56}, {64, 64, 3, 3}, {1, 1}),
         conv_row("stride 2", {8, 64, 56, 56}, {128, 64, 3, 3}, {2, 1}),
     };
-    for (const Row& row : rows) print_row(row, reps, with_cuda);
+    std::vector<Timing> timings(rows.size());
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      timings[i].ours = measure(reps, rows[i].prepare(Device::cpu()), [] {});
+    if (with_cuda && supports<&Kernels::matmul>(Device::cuda(0)) &&
+        supports<&Kernels::conv2d>(Device::cuda(0))) {
+      cuda::Stream& stream = cuda::current_stream(0);
+      for (std::size_t i = 0; i < rows.size(); ++i) {
+        timings[i].cuda = measure(reps, rows[i].prepare(Device::cuda(0)), [&] { stream.synchronize(); });
+      }
+    }
+    // The baseline last, with OpenBLAS's own threads: shardlab keeps OpenBLAS single-threaded
+    // (core/cpu/gemm.h), and OpenBLAS's threads spin after each call, which would slow the
+    // other measurements if they were interleaved.
+    openblas_set_num_threads(num_threads());
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      timings[i].openblas = measure(reps, openblas_sgemm(rows[i].m, rows[i].n, rows[i].k), [] {});
+    }
+    openblas_set_num_threads(1);
+    for (std::size_t i = 0; i < rows.size(); ++i) print_row(rows[i], timings[i]);
     fmt::print(
         "ratio = OpenBLAS time / ours on the same GEMM shape (conv: O x C*KH*KW x N*OH*OW); "
         "1.00 means parity\n");

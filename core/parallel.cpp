@@ -112,9 +112,9 @@ std::mutex pool_mutex;
 
 ThreadPool& pool() {
   static ThreadPool instance([] {
-    const int threads = default_thread_count();
-    openblas_set_num_threads(threads);
-    return threads;
+    // OpenBLAS stays single-threaded: core/cpu/gemm.h splits GEMMs over this pool instead.
+    openblas_set_num_threads(1);
+    return default_thread_count();
   }());
   return instance;
 }
@@ -141,7 +141,6 @@ void set_num_threads(int threads) {
   SHARDLAB_CHECK(threads > 0, "set_num_threads: need at least 1 thread, got {}", threads);
   std::lock_guard lock(pool_mutex);
   pool().resize(threads);
-  openblas_set_num_threads(threads);
 }
 
 void parallel_for(std::int64_t begin, std::int64_t end, std::int64_t grain,

@@ -140,11 +140,15 @@ SHARDLAB_HD inline double cos_two_pi(double t) {
 }
 
 // Element `index` of a uniform draw on [low, high) for float-like (24-bit) dtypes:
-// word index % 4 of block index / 4, so four elements share one Philox call.
+// word index % 4 of block index / 4, so four elements share one Philox call. The _in_block
+// forms take that block precomputed (the CPU kernel computes it once per four elements).
+SHARDLAB_HD inline double uniform24_in_block(const Block& block, std::uint64_t index, double low,
+                                             double high) {
+  return add(low, mul(high - low, unit_from_word(block.word[index % 4])));
+}
 SHARDLAB_HD inline double uniform24(std::uint64_t seed, std::uint64_t stream, std::uint64_t index, double low,
                                     double high) {
-  const Block block = generate(seed, stream, index / 4);
-  return add(low, mul(high - low, unit_from_word(block.word[index % 4])));
+  return uniform24_in_block(generate(seed, stream, index / 4), index, low, high);
 }
 
 // The same for f64 (53 bits): words 2(index % 2) and 2(index % 2)+1 of block index / 2.
@@ -166,8 +170,11 @@ SHARDLAB_HD inline double normal(std::uint64_t seed, std::uint64_t stream, std::
 }
 
 // Element `index` of a Bernoulli(p) draw: 1 when its 24-bit uniform is below p.
+SHARDLAB_HD inline bool bernoulli_in_block(const Block& block, std::uint64_t index, double p) {
+  return uniform24_in_block(block, index, 0.0, 1.0) < p;
+}
 SHARDLAB_HD inline bool bernoulli(std::uint64_t seed, std::uint64_t stream, std::uint64_t index, double p) {
-  return uniform24(seed, stream, index, 0.0, 1.0) < p;
+  return bernoulli_in_block(generate(seed, stream, index / 4), index, p);
 }
 
 }  // namespace shardlab::philox

@@ -109,3 +109,21 @@ TEST_CASE("random factories reject bad arguments", "[random]") {
   CHECK_THROWS_ERROR(fill_random(zeros({2, 3}).transpose(0, 1), {}),
                      "fill_random: output must be contiguous");
 }
+
+TEST_CASE("every dtype's draws follow the definition, element by element", "[random]") {
+  // f64 Bernoulli and uniform masks take their own paths in the CPU kernel; each must equal
+  // the per-element definition in core/philox.h.
+  const RandomKey key{17, 3};
+  for (const DType type : {DType::f32, DType::f64, DType::bf16, DType::boolean}) {
+    const std::vector<double> drawn = bernoulli({37}, key, 0.4, dtype(type), 5).to_vector<double>();
+    for (std::uint64_t i = 0; i < drawn.size(); ++i) {
+      REQUIRE(drawn[i] == (philox::bernoulli(17, 3, 5 + i, 0.4) ? 1.0 : 0.0));
+    }
+  }
+  const std::vector<double> u64 = uniform({9}, key, -1, 2, dtype(DType::f64), 2).to_vector<double>();
+  const std::vector<double> n64 = normal({9}, key, 1, 2, dtype(DType::f64), 2).to_vector<double>();
+  for (std::uint64_t i = 0; i < 9; ++i) {
+    CHECK(u64[i] == philox::uniform53(17, 3, 2 + i, -1, 2));
+    CHECK(n64[i] == philox::normal(17, 3, 2 + i, 1, 2));
+  }
+}

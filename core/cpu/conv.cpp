@@ -31,8 +31,22 @@ ConvGeometry geometry(const Shape& input, const Shape& weight, const Shape& outp
           weight[3], output[2], output[3], p.stride, p.padding};
 }
 
+// The output columns ow whose tap kw lands inside the input row: [first, last).
+struct ValidColumns {
+  std::int64_t first, last;
+};
+
+ValidColumns valid_columns(const ConvGeometry& g, std::int64_t kw) {
+  // w = ow * stride - padding + kw must lie in [0, width).
+  const std::int64_t shift = g.padding - kw;
+  const std::int64_t first = shift <= 0 ? 0 : (shift + g.stride - 1) / g.stride;
+  const std::int64_t last = g.width - 1 + shift < 0 ? 0 : (g.width - 1 + shift) / g.stride + 1;
+  return {std::min(first, g.out_w), std::clamp<std::int64_t>(last, 0, g.out_w)};
+}
+
 // cols[(c, kh, kw), image * pixels + (oh, ow)] = input pixel under that kernel tap (0 in
-// the padding), for `count` images starting at `images`.
+// the padding), for `count` images starting at `images`. Each output row is a zero head, a
+// (for stride 1 contiguous) copied middle and a zero tail.
 template <typename T>
 void im2col(const ConvGeometry& g, const T* images, std::int64_t count, T* cols) {
   const std::int64_t row_length = count * g.pixels();
@@ -43,13 +57,22 @@ void im2col(const ConvGeometry& g, const T* images, std::int64_t count, T* cols)
       const std::int64_t kh = row / g.kernel_w % g.kernel_h, kw = row % g.kernel_w;
       const T* plane = images + (image * g.channels + c) * g.height * g.width;
       T* dst = cols + row * row_length + image * g.pixels();
+      const ValidColumns valid = valid_columns(g, kw);
       for (std::int64_t oh = 0; oh < g.out_h; ++oh) {
+        T* out = dst + oh * g.out_w;
         const std::int64_t h = oh * g.stride - g.padding + kh;
-        for (std::int64_t ow = 0; ow < g.out_w; ++ow) {
-          const std::int64_t w = ow * g.stride - g.padding + kw;
-          const bool inside = h >= 0 && h < g.height && w >= 0 && w < g.width;
-          dst[oh * g.out_w + ow] = inside ? plane[h * g.width + w] : T(0);
+        if (h < 0 || h >= g.height) {
+          std::fill_n(out, g.out_w, T(0));
+          continue;
         }
+        std::fill_n(out, valid.first, T(0));
+        const T* src = plane + h * g.width - g.padding + kw;
+        if (g.stride == 1) {
+          std::copy(src + valid.first, src + valid.last, out + valid.first);
+        } else {
+          for (std::int64_t ow = valid.first; ow < valid.last; ++ow) out[ow] = src[ow * g.stride];
+        }
+        std::fill(out + valid.last, out + g.out_w, T(0));
       }
     }
   });
@@ -154,8 +177,8 @@ void conv2d_backward_input_typed(const ConvGeometry& g, const T* grad_out, const
     const std::int64_t columns = count * g.pixels();
     to_gemm_layout(grad_out + start * g.out_channels * g.pixels(), count, g.out_channels, g.pixels(), grad);
     // cols = W^T [patch, O] x grad [O, columns]
-    gemm<T>(true, false, g.patch(), columns, g.out_channels, T(1), weight, g.patch(), grad, columns, T(0),
-            cols, columns);
+    gemm<T>(true, false, g.patch(), columns, g.out_channels, T(1), weight, g.patch(), grad, columns, T(0), cols,
+            columns);
     col2im(g, cols, count, grad_in + start * g.channels * g.height * g.width);
   });
 }
@@ -169,8 +192,8 @@ void conv2d_backward_weight_typed(const ConvGeometry& g, const T* grad_out, cons
     to_gemm_layout(grad_out + start * g.out_channels * g.pixels(), count, g.out_channels, g.pixels(), grad);
     im2col(g, input + start * g.channels * g.height * g.width, count, cols);
     // grad_weight [O, patch] += grad [O, columns] x cols^T [columns, patch]
-    gemm<T>(false, true, g.out_channels, g.patch(), columns, T(1), grad, columns, cols, columns, T(1),
-            grad_weight, g.patch());
+    gemm<T>(false, true, g.out_channels, g.patch(), columns, T(1), grad, columns, cols, columns, T(1), grad_weight,
+            g.patch());
   });
 }
 

@@ -17,6 +17,12 @@ constexpr bool is_float_like = std::is_floating_point_v<compute_t<T>>;
 template <typename Out, typename In, typename F>
 void map1(const Tensor& out, const Tensor& in, F f) {
   for_each_row<2>(out.shape(), {&out, &in}, [&](Pointers<2> p, ByteStrides<2> s, std::int64_t n) {
+    if (s[0] == sizeof(Out) && s[1] == sizeof(In)) {  // vectorisable
+      Out* o = reinterpret_cast<Out*>(p[0]);
+      const In* x = reinterpret_cast<const In*>(p[1]);
+      for (std::int64_t i = 0; i < n; ++i) o[i] = narrow<Out>(f(widen(x[i])));
+      return;
+    }
     for (std::int64_t i = 0; i < n; ++i)
       at<Out>(p[0], s[0], i) = narrow<Out>(f(widen(at<In>(p[1], s[1], i))));
   });

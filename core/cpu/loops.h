@@ -53,8 +53,9 @@ Layout<N> coalesce(const Shape& shape, const std::array<const Tensor*, N>& tenso
   return layout;
 }
 
-// Calls row(pointers, inner_byte_strides, length) for every innermost row of `shape`, the
-// rows split over the thread pool. Operand k starts at tensors[k]->raw_data().
+// Calls row(pointers, inner_byte_strides, length) for every innermost row of `shape` (long
+// rows cut into pieces unless keep_last), split over the thread pool. Operand k starts at
+// tensors[k]->raw_data().
 template <std::size_t N, typename Row>
 void for_each_row(const Shape& shape, const std::array<const Tensor*, N>& tensors, Row&& row,
                   bool keep_last = false) {
@@ -71,9 +72,15 @@ void for_each_row(const Shape& shape, const std::array<const Tensor*, N>& tensor
   layout.sizes.pop_back();
   layout.strides.pop_back();
   const std::int64_t rows = shape_numel(layout.sizes);
-  const std::int64_t grain = std::max<std::int64_t>(1, 32768 / std::max<std::int64_t>(length, 1));
-  parallel_for(0, rows, grain, [&](std::int64_t first, std::int64_t last) {
-    for (std::int64_t r = first; r < last; ++r) {
+  // Work is split in pieces of at least kPiece elements: many short rows are grouped, one
+  // long (e.g. fully contiguous) row is cut, so every thread gets a share either way.
+  constexpr std::int64_t kPiece = 16384;
+  const std::int64_t pieces_per_row = keep_last ? 1 : std::max<std::int64_t>(1, length / kPiece);
+  const std::int64_t piece = (length + pieces_per_row - 1) / pieces_per_row;
+  const std::int64_t grain = std::max<std::int64_t>(1, kPiece / std::max<std::int64_t>(piece, 1));
+  parallel_for(0, rows * pieces_per_row, grain, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t task = first; task < last; ++task) {
+      const std::int64_t r = task / pieces_per_row, start = task % pieces_per_row * piece;
       Pointers<N> p = base;
       std::int64_t rest = r;
       for (std::size_t d = layout.sizes.size(); d-- > 0;) {
@@ -81,7 +88,8 @@ void for_each_row(const Shape& shape, const std::array<const Tensor*, N>& tensor
         rest /= layout.sizes[d];
         for (std::size_t k = 0; k < N; ++k) p[k] += i * layout.strides[d][k];
       }
-      row(p, inner, length);
+      for (std::size_t k = 0; k < N; ++k) p[k] += start * inner[k];
+      row(p, inner, std::min(piece, length - start));
     }
   });
 }

@@ -7,6 +7,37 @@
 
 namespace shardlab::cpu {
 
+namespace {
+
+// The common 2x2, stride 2 window (the seed CNN's) without clipping or loops: the first
+// maximum of four, NaN winning like the general path.
+template <typename T>
+void pool_2x2(const T* src, std::int64_t width, std::int64_t out_h, std::int64_t out_w, T* values,
+              std::int64_t* where) {
+  using C = compute_t<T>;
+  for (std::int64_t oh = 0; oh < out_h; ++oh) {
+    const T* top = src + 2 * oh * width;
+    const T* bottom = top + width;
+    for (std::int64_t ow = 0; ow < out_w; ++ow) {
+      const std::int64_t w = 2 * ow;
+      const C candidates[4] = {widen(top[w]), widen(top[w + 1]), widen(bottom[w]), widen(bottom[w + 1])};
+      const std::int64_t offsets[4] = {2 * oh * width + w, 2 * oh * width + w + 1, (2 * oh + 1) * width + w,
+                                       (2 * oh + 1) * width + w + 1};
+      int best = 0;
+      for (int i = 1; i < 4; ++i) {
+        bool take = candidates[i] > candidates[best];
+        if constexpr (std::is_floating_point_v<C>)
+          take = take || (candidates[i] != candidates[i] && candidates[best] == candidates[best]);
+        if (take) best = i;
+      }
+      values[oh * out_w + ow] = narrow<T>(candidates[best]);
+      where[oh * out_w + ow] = offsets[best];
+    }
+  }
+}
+
+}  // namespace
+
 void max_pool2d(const Tensor& input, MaxPool2dParams p, const Tensor& out, const Tensor& indices) {
   const std::int64_t planes = input.size(0) * input.size(1);
   const std::int64_t height = input.size(2), width = input.size(3);
@@ -19,19 +50,28 @@ void max_pool2d(const Tensor& input, MaxPool2dParams p, const Tensor& out, const
     parallel_for(0, planes, 1, [&](std::int64_t first, std::int64_t last) {
       for (std::int64_t plane = first; plane < last; ++plane) {
         const T* src = in + plane * height * width;
+        if (p.kernel_size == 2 && p.stride == 2 && p.padding == 0) {
+          pool_2x2(src, width, out_h, out_w, values + plane * out_h * out_w, where + plane * out_h * out_w);
+          continue;
+        }
         for (std::int64_t oh = 0; oh < out_h; ++oh) {
+          // The window's rows and columns clipped to the input once per output row.
+          const std::int64_t h0 = oh * p.stride - p.padding;
+          const std::int64_t h_lo = std::max<std::int64_t>(h0, 0),
+                             h_hi = std::min(h0 + p.kernel_size, height);
           for (std::int64_t ow = 0; ow < out_w; ++ow) {
-            const std::int64_t h0 = oh * p.stride - p.padding, w0 = ow * p.stride - p.padding;
-            std::int64_t best = -1;
-            C best_value{};
-            for (std::int64_t h = std::max<std::int64_t>(h0, 0); h < std::min(h0 + p.kernel_size, height);
-                 ++h) {
-              for (std::int64_t w = std::max<std::int64_t>(w0, 0); w < std::min(w0 + p.kernel_size, width);
-                   ++w) {
+            const std::int64_t w0 = ow * p.stride - p.padding;
+            const std::int64_t w_lo = std::max<std::int64_t>(w0, 0),
+                               w_hi = std::min(w0 + p.kernel_size, width);
+            std::int64_t best = h_lo * width + w_lo;
+            C best_value = widen(src[best]);
+            for (std::int64_t h = h_lo; h < h_hi; ++h) {
+              for (std::int64_t w = w_lo; w < w_hi; ++w) {
                 const C v = widen(src[h * width + w]);
-                bool take = best < 0 || v > best_value;
+                // Strictly greater keeps the first maximum; a NaN wins and stays.
+                bool take = v > best_value;
                 if constexpr (std::is_floating_point_v<C>)
-                  take = take || (std::isnan(v) && !std::isnan(best_value));
+                  take = take || (v != v && best_value == best_value);
                 if (take) {
                   best = h * width + w;
                   best_value = v;
