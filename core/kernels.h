@@ -49,6 +49,9 @@ struct Kernels {
   void (*index_add)(const Tensor& out, std::int64_t dim, const Tensor& index, const Tensor& src);
   // out is contiguous; element i receives draw number first_index + i.
   void (*random)(const RandomSpec& spec, const Tensor& out);
+  // Operands share shape, dtype (floating) and device; any strides.
+  void (*adadelta_step)(const Tensor& param, const Tensor& grad, const Tensor& square_avg,
+                        const Tensor& acc_delta, const AdadeltaHyper& hyper);
 };
 
 const Kernels& kernels_for(Device device);

@@ -739,6 +739,25 @@ Tensor triangle(const char* op, const Tensor& x, std::int64_t diagonal, bool upp
 Tensor triu(const Tensor& x, std::int64_t diagonal) { return triangle("triu", x, diagonal, true); }
 Tensor tril(const Tensor& x, std::int64_t diagonal) { return triangle("tril", x, diagonal, false); }
 
+// --- optimizer steps -----------------------------------------------------------------------------
+
+void adadelta_step(const Tensor& param, const Tensor& grad, const Tensor& square_avg, const Tensor& acc_delta,
+                   const AdadeltaHyper& hyper) {
+  const char* op = "adadelta_step";
+  check_defined(op, param, "param");
+  check_floating(op, param);
+  for (const Tensor* t : {&grad, &square_avg, &acc_delta}) {
+    check_defined(op, *t, "state");
+    check_same_device(op, param, *t);
+    SHARDLAB_CHECK(t->shape() == param.shape() && t->dtype() == param.dtype(),
+                   "{}: every operand must match the parameter [{} {}], got [{} {}]", op,
+                   shape_str(param.shape()), dtype_name(param.dtype()), shape_str(t->shape()),
+                   dtype_name(t->dtype()));
+  }
+  if (param.numel() > 0)
+    kernel<&Kernels::adadelta_step>(param.device(), op)(param, grad, square_avg, acc_delta, hyper);
+}
+
 // --- loss building blocks ----------------------------------------------------------------------
 
 Tensor gather_targets(const Tensor& values, const Tensor& targets, std::int64_t ignore_index) {

@@ -160,6 +160,17 @@ std::vector<Tensor> chunk(const Tensor& x, std::int64_t chunks, std::int64_t dim
 Tensor triu(const Tensor& x, std::int64_t diagonal = 0);
 Tensor tril(const Tensor& x, std::int64_t diagonal = 0);
 
+// --- optimizer steps -----------------------------------------------------------------------------
+// Fused in-place updates over a parameter and its state (one pass instead of one per op).
+struct AdadeltaHyper {
+  double lr = 1.0, rho = 0.9, eps = 1e-6, weight_decay = 0.0;
+};
+// PyTorch's Adadelta on one parameter: g = grad + wd p; square_avg = rho sa + (1 - rho) g^2;
+// delta = sqrt(acc_delta + eps) / sqrt(square_avg + eps) g; acc_delta = rho ad + (1 - rho)
+// delta^2; p -= lr delta. All four tensors share shape, dtype and device.
+void adadelta_step(const Tensor& param, const Tensor& grad, const Tensor& square_avg, const Tensor& acc_delta,
+                   const AdadeltaHyper& hyper);
+
 // --- loss building blocks -----------------------------------------------------------------------
 // values [N, C], targets [N] (i64/i32) -> [N]: values[i, targets[i]], or 0 where
 // targets[i] == ignore_index. Targets outside [0, C) are an error.

@@ -286,15 +286,10 @@ std::vector<std::string> Adadelta::slot_names() const { return {"acc_delta", "sq
 
 void Adadelta::update(const Tensor& param, const Tensor& grad, std::map<std::string, Tensor>& state,
                       std::int64_t) {
-  const Tensor g = with_l2(grad, param, options.weight_decay);
-  const Tensor& square_avg = zero_slot(state, "square_avg", param);
-  const Tensor& acc_delta = zero_slot(state, "acc_delta", param);
-  const double rho = options.rho;
-  add_(mul_(square_avg, rho), mul(mul(g, g), 1.0 - rho));
-  const Tensor std_dev = sqrt(add(square_avg, options.eps));
-  const Tensor delta = mul(div(sqrt(add(acc_delta, options.eps)), std_dev), g);
-  add_(mul_(acc_delta, rho), mul(mul(delta, delta), 1.0 - rho));
-  sub_(param, mul(delta, lr()));
+  // One fused pass (core's adadelta_step) instead of a dozen elementwise ops: the update is
+  // a tenth of the CNN's training step otherwise.
+  adadelta_step(param, grad, zero_slot(state, "square_avg", param), zero_slot(state, "acc_delta", param),
+                {.lr = lr(), .rho = options.rho, .eps = options.eps, .weight_decay = options.weight_decay});
 }
 
 // --- clip_grad_norm_ -------------------------------------------------------------------------

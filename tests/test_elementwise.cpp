@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/parallel.h"
 #include "tests/check.h"
 
 namespace shardlab::test {
@@ -864,6 +865,23 @@ TEST_CASE("in-place arithmetic writes into self, broadcasting and casting other"
   CHECK_THROWS_ERROR(div_(counts, 2), "div_: true division cannot be written into i64");
   CHECK_THROWS_ERROR(add_(zeros({2}, dtype(DType::boolean)), 1), "add_: not defined for bool tensors");
   CHECK_THROWS_ERROR(add_(Tensor(), zeros({1})), "add: self tensor is undefined");
+}
+
+}  // namespace shardlab::test
+
+namespace shardlab::test {
+
+TEST_CASE("long contiguous rows are cut into pieces across threads without a gap", "[elementwise][threads]") {
+  const int original = num_threads();
+  set_num_threads(3);
+  const std::int64_t n = 100003;  // several 16384-element pieces plus a ragged one
+  const Tensor x = random_tensor({n}, 8, DType::f32, -1, 1);
+  const std::vector<double> xv = values(x), rv = values(relu(x)), sv = values(add(x, x));
+  for (std::int64_t i = 0; i < n; ++i) {
+    REQUIRE(rv[i] == (xv[i] < 0 ? 0.0 : xv[i]));
+    REQUIRE(sv[i] == static_cast<double>(static_cast<float>(xv[i]) + static_cast<float>(xv[i])));
+  }
+  set_num_threads(original);
 }
 
 }  // namespace shardlab::test

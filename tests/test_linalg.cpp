@@ -1,10 +1,12 @@
 // tests/test_linalg.cpp: matmul, softmax, conv2d and its gradients, max_pool2d vs naive loops.
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "core/parallel.h"
 #include "tests/check.h"
 
 namespace shardlab::test {
@@ -779,6 +781,35 @@ TEST_CASE("max_pool2d errors", "[linalg]") {
                      "max_pool2d_backward: input shape must be 4-D, got shape [1, 4, 4]");
   CHECK_THROWS_ERROR(max_pool2d_backward(Tensor{}, idx, {1, 1, 4, 4}),
                      "max_pool2d_backward: grad_output tensor is undefined");
+}
+
+}  // namespace shardlab::test
+
+namespace shardlab::test {
+
+TEST_CASE("large matmuls split over threads match a naive product in every layout",
+          "[linalg][matmul][threads]") {
+  // Big enough for core/cpu/gemm.h to cut C into row blocks (m >= n) or column blocks.
+  const int original = num_threads();
+  set_num_threads(3);
+  for (const auto& [m, k, n] : std::vector<std::array<std::int64_t, 3>>{{300, 70, 130}, {90, 40, 330}}) {
+    for (const bool transpose_a : {false, true}) {
+      for (const bool transpose_b : {false, true}) {
+        const Tensor a = transpose_a ? random_tensor({k, m}, 1, DType::f64).transpose(0, 1)
+                                     : random_tensor({m, k}, 1, DType::f64);
+        const Tensor b = transpose_b ? random_tensor({n, k}, 2, DType::f64).transpose(0, 1)
+                                     : random_tensor({k, n}, 2, DType::f64);
+        const std::vector<double> av = values(a), bv = values(b);
+        std::vector<double> expected(static_cast<std::size_t>(m * n), 0.0);
+        for (std::int64_t i = 0; i < m; ++i)
+          for (std::int64_t j = 0; j < n; ++j)
+            for (std::int64_t p = 0; p < k; ++p) expected[i * n + j] += av[i * k + p] * bv[p * n + j];
+        INFO("m=" << m << " k=" << k << " n=" << n << " ta=" << transpose_a << " tb=" << transpose_b);
+        check_close(matmul(a, b), expected);
+      }
+    }
+  }
+  set_num_threads(original);
 }
 
 }  // namespace shardlab::test

@@ -230,3 +230,16 @@ TEST_CASE("ops name both devices when their inputs live on different ones", "[te
                      "where: tensors are on different devices (cpu and cuda:0)");
   CHECK_THROWS_ERROR(on_gpu.to(Device::cuda(1)), "to: copies between cuda:0 and cuda:1 go through the host");
 }
+
+TEST_CASE("large CPU blocks are cached and handed out again", "[tensor][memory]") {
+  void* first = nullptr;
+  {
+    const Tensor big = empty({1 << 18});  // 1 MiB
+    first = big.raw_data();
+  }
+  const MemoryStats idle = memory_stats(Device::cpu());
+  CHECK(idle.bytes_cached >= (1 << 20));
+  const Tensor again = empty({1 << 18});
+  CHECK(again.raw_data() == first);
+  CHECK(memory_stats(Device::cpu()).bytes_cached == idle.bytes_cached - (1 << 20));
+}

@@ -25,6 +25,8 @@ void gather(const Tensor& in, std::int64_t dim, const Tensor& index, const Tenso
 void scatter_add(const Tensor& out, std::int64_t dim, const Tensor& index, const Tensor& src);
 void index_add(const Tensor& out, std::int64_t dim, const Tensor& index, const Tensor& src);
 void random(const RandomSpec& spec, const Tensor& out);
+void adadelta_step(const Tensor& param, const Tensor& grad, const Tensor& square_avg, const Tensor& acc_delta,
+                   const AdadeltaHyper& hyper);
 
 inline Tensor as_f32(const Tensor& t) { return t.defined() ? t.to(DType::f32) : t; }
 

@@ -41,6 +41,7 @@ const Kernels& cpu_kernels() {
       .scatter_add = scatter_add_f32,
       .index_add = index_add_f32,
       .random = cpu::random,
+      .adadelta_step = cpu::adadelta_step,
   };
   return table;
 }

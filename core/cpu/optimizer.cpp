@@ -1,0 +1,40 @@
+// core/cpu/optimizer.cpp: fused optimizer updates: every element's whole update in one pass,
+// computed in the parameter's compute type with the same operation order as the op-by-op
+// formula, so results round the same way.
+#include <cmath>
+#include <type_traits>
+
+#include "core/cpu/kernels.h"
+#include "core/cpu/loops.h"
+
+namespace shardlab::cpu {
+
+void adadelta_step(const Tensor& param, const Tensor& grad, const Tensor& square_avg, const Tensor& acc_delta,
+                   const AdadeltaHyper& h) {
+  visit_dtype(param.dtype(), [&]<typename T>() {
+    using C = compute_t<T>;
+    if constexpr (std::is_floating_point_v<C>) {
+      const C lr = static_cast<C>(h.lr), rho = static_cast<C>(h.rho), eps = static_cast<C>(h.eps);
+      const C keep = static_cast<C>(1.0 - h.rho), decay = static_cast<C>(h.weight_decay);
+      for_each_row<4>(param.shape(), {&param, &grad, &square_avg, &acc_delta},
+                      [&](Pointers<4> p, ByteStrides<4> s, std::int64_t n) {
+                        for (std::int64_t i = 0; i < n; ++i) {
+                          T& w = at<T>(p[0], s[0], i);
+                          T& sa = at<T>(p[2], s[2], i);
+                          T& ad = at<T>(p[3], s[3], i);
+                          C g = widen(at<T>(p[1], s[1], i));
+                          if (h.weight_decay != 0) g = g + widen(w) * decay;
+                          const C square = widen(sa) * rho + g * g * keep;
+                          sa = narrow<T>(square);
+                          const C delta = std::sqrt(widen(ad) + eps) / std::sqrt(widen(sa) + eps) * g;
+                          ad = narrow<T>(widen(ad) * rho + delta * delta * keep);
+                          w = narrow<T>(widen(w) - delta * lr);
+                        }
+                      });
+    } else {
+      fail("adadelta_step: no CPU kernel for {}", dtype_name(param.dtype()));
+    }
+  });
+}
+
+}  // namespace shardlab::cpu
