@@ -134,26 +134,27 @@ Variable stack(const std::vector<Variable>& xs, std::int64_t dim) {
   return cat(expanded, d);
 }
 
-std::vector<Variable> split(const Variable& x, std::int64_t split_size, std::int64_t dim) {
-  std::vector<Variable> pieces;
-  const std::int64_t d = wrap_dim(dim, x.dim(), "split");
+namespace {
+// Views of x along dim with the sizes of core's pieces (core validated the arguments).
+std::vector<Variable> pieces_like(const Variable& x, std::int64_t dim, const std::vector<Tensor>& pieces) {
+  std::vector<Variable> out;
   std::int64_t start = 0;
-  for (const Tensor& piece : split(x.data(), split_size, d)) {  // validates split_size
-    pieces.push_back(narrow(x, d, start, piece.size(d)));
-    start += piece.size(d);
+  for (const Tensor& piece : pieces) {
+    out.push_back(narrow(x, dim, start, piece.size(dim)));
+    start += piece.size(dim);
   }
-  return pieces;
+  return out;
+}
+}  // namespace
+
+std::vector<Variable> split(const Variable& x, std::int64_t split_size, std::int64_t dim) {
+  const std::int64_t d = wrap_dim(dim, x.dim(), "split");
+  return pieces_like(x, d, split(x.data(), split_size, d));
 }
 
 std::vector<Variable> chunk(const Variable& x, std::int64_t chunks, std::int64_t dim) {
-  std::vector<Variable> pieces;
   const std::int64_t d = wrap_dim(dim, x.dim(), "chunk");
-  std::int64_t start = 0;
-  for (const Tensor& piece : chunk(x.data(), chunks, d)) {  // validates chunks
-    pieces.push_back(narrow(x, d, start, piece.size(d)));
-    start += piece.size(d);
-  }
-  return pieces;
+  return pieces_like(x, d, chunk(x.data(), chunks, d));
 }
 
 }  // namespace shardlab

@@ -8,7 +8,7 @@
 
 #include "data/idx.h"
 #include "tests/check.h"
-#include "tests/data/temp_dir.h"
+#include "tests/data/gzip_file.h"
 
 using namespace shardlab;
 using data::load_mnist;

@@ -12,15 +12,19 @@
 
 #include "nn/safetensors.h"
 #include "tests/check.h"
+#include "tests/temp_dir.h"
 
 using namespace shardlab;
+using Catch::Matchers::EndsWith;
+using Catch::Matchers::StartsWith;
 using nn::load_safetensors;
 using nn::save_safetensors;
 using nn::StateDict;
+using test::Bytes;
 using test::check_equal;
-using Bytes = std::vector<std::uint8_t>;
-using Catch::Matchers::EndsWith;
-using Catch::Matchers::StartsWith;
+using test::read_file;
+using test::TempDir;
+using test::write_file;
 
 #define CHECK_THROWS_EXACT(expr, message) CHECK_THROWS_WITH((expr), Catch::Matchers::Equals(message))
 
@@ -29,47 +33,6 @@ using Catch::Matchers::StartsWith;
 #endif
 
 namespace {
-
-// A uniquely named scratch directory, removed with its contents.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<unsigned> counter{0};
-    path_ = std::filesystem::temp_directory_path() /
-            ("shardlab-test-st-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + "-" +
-             std::to_string(std::random_device{}()));
-    std::filesystem::create_directories(path_);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  std::vector<std::string> entries() const {
-    std::vector<std::string> names;
-    for (const auto& entry : std::filesystem::directory_iterator(path_))
-      names.push_back(entry.path().filename());
-    std::sort(names.begin(), names.end());
-    return names;
-  }
-
- private:
-  std::filesystem::path path_;
-};
-
-Bytes read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  REQUIRE(in.good());
-  return Bytes(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-void write_file(const std::string& path, const Bytes& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  REQUIRE(out.good());
-}
 
 void append_u64(Bytes& out, std::uint64_t value) {
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<std::uint8_t>(value >> (8 * i)));

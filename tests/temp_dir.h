@@ -1,15 +1,16 @@
-// tests/data/temp_dir.h: a uniquely named scratch directory, removed with everything in it,
-// and helpers that write files into it (plain bytes, or gzip through zlib).
+// tests/temp_dir.h: a uniquely named scratch directory, removed with everything in it, and
+// helpers to write and read whole files, for tests of file formats.
 #pragma once
 
 #include <unistd.h>
-#include <zlib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -38,6 +39,14 @@ class TempDir {
 
   std::string path() const { return path_.string(); }
   std::string file(const std::string& name) const { return (path_ / name).string(); }
+  // The names of the files in the directory, sorted.
+  std::vector<std::string> entries() const {
+    std::vector<std::string> names;
+    for (const auto& entry : std::filesystem::directory_iterator(path_))
+      names.push_back(entry.path().filename());
+    std::sort(names.begin(), names.end());
+    return names;
+  }
 
  private:
   std::filesystem::path path_;
@@ -47,15 +56,6 @@ inline void write_file(const std::string& path, const Bytes& bytes) {
   std::ofstream out(path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   REQUIRE(out.good());
-}
-
-inline void write_gzip(const std::string& path, const Bytes& bytes) {
-  gzFile file = gzopen(path.c_str(), "wb");
-  REQUIRE(file != nullptr);
-  const int written = bytes.empty() ? 0 : gzwrite(file, bytes.data(), static_cast<unsigned>(bytes.size()));
-  const int closed = gzclose(file);
-  REQUIRE(written == static_cast<int>(bytes.size()));
-  REQUIRE(closed == Z_OK);
 }
 
 inline Bytes read_file(const std::string& path) {
