@@ -158,4 +158,23 @@ std::int64_t DataLoader::batches_per_epoch() const {
   return drop_last_ ? count / batch_size_ : (count + batch_size_ - 1) / batch_size_;
 }
 
+// --- Global batches over ranks -------------------------------------------------------------------
+
+std::int64_t per_rank_batch_size(std::int64_t global_batch, int world_size) {
+  SHARDLAB_CHECK(world_size > 0, "global batch: world_size must be positive, got {}", world_size);
+  SHARDLAB_CHECK(global_batch > 0 && global_batch % world_size == 0,
+                 "global batch: {} does not split evenly over {} ranks (use a positive multiple of {})",
+                 global_batch, world_size, world_size);
+  return global_batch / world_size;
+}
+
+DataLoader rank_loader(const TensorDataset& dataset, const GlobalBatch& batch) {
+  const std::int64_t per_rank = per_rank_batch_size(batch.size, batch.world_size);
+  // Dropping the ragged tail in both the sampler (to a multiple of W) and the loader (to a
+  // multiple of G / W) leaves exactly floor(n / G) batches, as one process with G would train.
+  auto sampler = std::make_shared<DistributedSampler>(dataset.size(), batch.world_size, batch.rank,
+                                                      batch.shuffle, batch.seed, batch.drop_last);
+  return DataLoader(dataset, per_rank, std::move(sampler), batch.drop_last);
+}
+
 }  // namespace shardlab::data

@@ -98,4 +98,29 @@ class DataLoader {
   bool drop_last_;
 };
 
+// --- Global batches over ranks -------------------------------------------------------------------
+
+// A run is described by its global batch G (what one process would train on); on W ranks each
+// rank takes G / W rows of every global batch.
+struct GlobalBatch {
+  std::int64_t size = 0;  // G
+  int world_size = 1;     // W
+  int rank = 0;
+  bool shuffle = true;
+  std::uint64_t seed = 0;
+  // Drop an incomplete last global batch. Without it, the last batch is completed to a
+  // multiple of W with samples from the start of the epoch's order (DistributedSampler's
+  // padding), so every rank trains the same number of batches of equal size.
+  bool drop_last = false;
+};
+
+// G / W; throws naming both unless G is a positive multiple of W.
+std::int64_t per_rank_batch_size(std::int64_t global_batch, int world_size);
+
+// Rank `rank`'s loader: DistributedSampler(shuffle, seed) and batches of G / W. The union of
+// the ranks' k-th batches is the k-th batch of DataLoader(dataset, G, RandomSampler(seed) (or
+// SequentialSampler)) on one process, for every complete global batch; rank r holds rows
+// r, r + W, r + 2W, ... of it.
+DataLoader rank_loader(const TensorDataset& dataset, const GlobalBatch& batch);
+
 }  // namespace shardlab::data

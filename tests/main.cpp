@@ -1,27 +1,40 @@
 // tests/main.cpp: Catch2 runner for every shardlab test binary. Tests tagged [cuda] need a
 // GPU: without one they are not run and are reported as skipped, never as passed. The last
-// line is "<binary>: N passed, N failed, N skipped" (test cases), which scripts/test adds up.
+// line is "<binary>: N passed, N failed, N skipped" (test cases), which scripts/test adds up;
+// under mpirun (tests/runner.h) rank 0 prints it for all ranks.
 #define CATCH_CONFIG_RUNNER
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/cuda/runtime.h"
+#include "tests/runner.h"
 
 namespace {
 
 int skipped_cases = 0;
+std::unique_ptr<shardlab::test::TestProcess> test_process;
 
 class SummaryListener : public Catch::TestEventListenerBase {
  public:
   using TestEventListenerBase::TestEventListenerBase;
-  void testRunEnded(const Catch::TestRunStats& stats) override {
-    const auto& cases = stats.totals.testCases;
-    std::printf("%s: %zu passed, %zu failed, %d skipped\n", stats.runInfo.name.c_str(),
-                static_cast<std::size_t>(cases.passed),
-                static_cast<std::size_t>(cases.failed + cases.failedButOk), skipped_cases);
+  void testCaseEnded(const Catch::TestCaseStats& stats) override {
+    failed_.push_back(stats.totals.testCases.failed + stats.totals.testCases.failedButOk > 0 ? 1 : 0);
   }
+  void testRunEnded(const Catch::TestRunStats& stats) override {
+    const std::vector<char> failed = test_process->combine(failed_);
+    const auto failures = static_cast<std::size_t>(std::count(failed.begin(), failed.end(), 1));
+    if (!test_process->prints_summary()) return;
+    std::printf("%s: %zu passed, %zu failed, %d skipped\n",
+                test_process->summary_name(stats.runInfo.name).c_str(), failed.size() - failures, failures,
+                skipped_cases);
+  }
+
+ private:
+  std::vector<char> failed_;
 };
 
 // Catch2 reads its test-spec arguments as one expression in which commas separate
@@ -46,6 +59,7 @@ std::string with_term_in_every_alternative(const std::vector<std::string>& args,
 CATCH_REGISTER_LISTENER(SummaryListener)
 
 int main(int argc, char* argv[]) {
+  test_process = shardlab::test::start_test_process(argc, argv);
   Catch::Session session;
   if (const int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
   if (!shardlab::cuda::available()) {
@@ -62,5 +76,7 @@ int main(int argc, char* argv[]) {
     }
     config.testsOrTags = {with_term_in_every_alternative(config.testsOrTags, "~[cuda]")};
   }
-  return session.run();
+  const int failed_assertions = session.run();
+  test_process.reset();
+  return failed_assertions;
 }

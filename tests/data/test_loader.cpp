@@ -207,51 +207,69 @@ TEST_CASE("DistributedSampler matches PyTorch's algorithm for 1 to 4 ranks", "[d
   }
 }
 
-TEST_CASE("the ranks' k-th batches together are the 1-rank k-th batch of world x batch",
+TEST_CASE("rank_loader: the ranks' k-th batches together are the 1-rank k-th batch of the global batch",
           "[data][loader][distributed]") {
   const auto dataset = numbered_dataset(60);
-  for (int world = 1; world <= 4; ++world) {
-    for (const std::int64_t n : {24, 23, 13}) {  // 24 divides by 1..4; 23 and 13 need padding
-      for (const std::int64_t per_rank_batch : {1, 2, 5}) {
-        INFO("world " << world << " n " << n << " batch " << per_rank_batch);
-        const std::int64_t epoch = 4;
-        const DataLoader whole(dataset, per_rank_batch * world, std::make_shared<RandomSampler>(n, 77));
-        const auto global = whole.batch_indices(epoch);
-        std::vector<std::vector<Indices>> ranks;
-        for (int rank = 0; rank < world; ++rank) {
-          const DataLoader loader(dataset, per_rank_batch,
-                                  std::make_shared<DistributedSampler>(n, world, rank, true, 77));
-          ranks.push_back(loader.batch_indices(epoch));
-          CHECK(static_cast<std::int64_t>(ranks.back().size()) == loader.batches_per_epoch());
-        }
-        // Every rank has as many batches as the 1-rank loader: what keeps collectives in step.
-        for (const auto& batches : ranks) REQUIRE(batches.size() == global.size());
-        const Indices p = permutation(n, 77, epoch);
-        for (std::size_t k = 0; k < global.size(); ++k) {
-          // Position j * world + r of the joint batch is rank r's j-th row.
-          Indices joint;
-          for (std::size_t j = 0; j < ranks[0][k].size(); ++j) {
-            for (int rank = 0; rank < world; ++rank) {
-              REQUIRE(ranks[static_cast<std::size_t>(rank)][k].size() == ranks[0][k].size());
-              joint.push_back(ranks[static_cast<std::size_t>(rank)][k][j]);
+  for (const bool drop_last : {false, true}) {
+    for (int world = 1; world <= 4; ++world) {
+      for (const std::int64_t n : {24, 23, 13}) {  // 24 divides by 1..4; 23 and 13 need padding
+        for (const std::int64_t per_rank_batch : {1, 2, 5}) {
+          INFO("drop_last " << drop_last << " world " << world << " n " << n << " batch " << per_rank_batch);
+          const std::int64_t epoch = 4, global_batch = per_rank_batch * world;
+          const DataLoader whole(dataset.head(n), global_batch, std::make_shared<RandomSampler>(n, 77),
+                                 drop_last);
+          const auto global = whole.batch_indices(epoch);
+          std::vector<std::vector<Indices>> ranks;
+          for (int rank = 0; rank < world; ++rank) {
+            const DataLoader loader = data::rank_loader(dataset.head(n), {.size = global_batch,
+                                                                          .world_size = world,
+                                                                          .rank = rank,
+                                                                          .seed = 77,
+                                                                          .drop_last = drop_last});
+            ranks.push_back(loader.batch_indices(epoch));
+            CHECK(static_cast<std::int64_t>(ranks.back().size()) == loader.batches_per_epoch());
+          }
+          // Every rank has as many batches as the 1-rank loader: what keeps collectives in step.
+          for (const auto& batches : ranks) REQUIRE(batches.size() == global.size());
+          const Indices p = permutation(n, 77, epoch);
+          for (std::size_t k = 0; k < global.size(); ++k) {
+            // Position j * world + r of the joint batch is rank r's j-th row.
+            Indices joint;
+            for (std::size_t j = 0; j < ranks[0][k].size(); ++j) {
+              for (int rank = 0; rank < world; ++rank) {
+                REQUIRE(ranks[static_cast<std::size_t>(rank)][k].size() == ranks[0][k].size());
+                joint.push_back(ranks[static_cast<std::size_t>(rank)][k][j]);
+              }
             }
+            // The joint batch is the global one, followed (in the last batch only, without
+            // drop_last) by the padding: position q >= n of the padded epoch order repeats p[q - n].
+            REQUIRE(joint.size() >= global[k].size());
+            CHECK(Indices(joint.begin(), joint.begin() + static_cast<std::ptrdiff_t>(global[k].size())) ==
+                  global[k]);
+            for (std::size_t i = global[k].size(); i < joint.size(); ++i) {
+              const auto q = static_cast<std::int64_t>(k) * global_batch + static_cast<std::int64_t>(i);
+              REQUIRE(q >= n);
+              CHECK(joint[i] == p[static_cast<std::size_t>(q - n)]);
+            }
+            if (drop_last || n % world == 0) CHECK(joint.size() == global[k].size());
           }
-          // The joint batch is the global one, followed (in the last batch only) by the padding:
-          // position q >= n of the padded epoch order repeats p[q - n].
-          REQUIRE(joint.size() >= global[k].size());
-          CHECK(Indices(joint.begin(), joint.begin() + static_cast<std::ptrdiff_t>(global[k].size())) ==
-                global[k]);
-          for (std::size_t i = global[k].size(); i < joint.size(); ++i) {
-            const auto q =
-                static_cast<std::int64_t>(k) * world * per_rank_batch + static_cast<std::int64_t>(i);
-            REQUIRE(q >= n);
-            CHECK(joint[i] == p[static_cast<std::size_t>(q - n)]);
-          }
-          if (n % world == 0) CHECK(joint.size() == global[k].size());
         }
       }
     }
   }
+}
+
+TEST_CASE("per_rank_batch_size splits the global batch and refuses uneven splits",
+          "[data][loader][distributed][errors]") {
+  CHECK(data::per_rank_batch_size(64, 4) == 16);
+  CHECK(data::per_rank_batch_size(3, 1) == 3);
+  CHECK_THROWS_EXACT(data::per_rank_batch_size(10, 4),
+                     "global batch: 10 does not split evenly over 4 ranks (use a positive multiple of 4)");
+  CHECK_THROWS_EXACT(data::per_rank_batch_size(0, 2),
+                     "global batch: 0 does not split evenly over 2 ranks (use a positive multiple of 2)");
+  CHECK_THROWS_EXACT(data::per_rank_batch_size(8, 0), "global batch: world_size must be positive, got 0");
+  CHECK_THROWS_EXACT(data::rank_loader(numbered_dataset(10), {.size = 6, .world_size = 4}),
+                     "global batch: 6 does not split evenly over 4 ranks (use a positive multiple of 4)");
 }
 
 TEST_CASE("DistributedSampler refuses bad world sizes, ranks and sizes",

@@ -1,0 +1,120 @@
+// dist/init.cpp: the session: MPI, ranks, the device choice, the monitor and the world.
+#include "dist/init.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
+#include "core/cuda/runtime.h"
+#include "core/error.h"
+#include "dist/backend.h"
+#include "dist/log.h"
+#include "dist/mpi_backend.h"
+#include "dist/mpi_support.h"
+#include "dist/nccl_backend.h"
+
+namespace shardlab::dist {
+
+namespace {
+
+std::atomic<int> rank_for_logs{0};
+std::atomic<Session*> live_session{nullptr};
+
+bool debug_from_env() {
+  const char* value = std::getenv("SHARDLAB_DIST_DEBUG");
+  if (value == nullptr) return false;
+  const std::string text(value);
+  if (text == "1" || text == "true") return true;
+  if (text.empty() || text == "0" || text == "false") return false;
+  fail("dist::init: SHARDLAB_DIST_DEBUG must be 1, true, 0 or false, not '{}'", text);
+}
+
+std::chrono::milliseconds timeout_from_env() {
+  const char* value = std::getenv("SHARDLAB_COLLECTIVE_TIMEOUT");
+  if (value == nullptr) return std::chrono::minutes(10);
+  char* end = nullptr;
+  const double seconds = std::strtod(value, &end);
+  SHARDLAB_CHECK(end != value && *end == '\0' && seconds > 0,
+                 "dist::init: SHARDLAB_COLLECTIVE_TIMEOUT must be a positive number of seconds, not '{}'",
+                 value);
+  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
+}
+
+Device choose_device(DeviceChoice choice, int local_rank) {
+  const bool want_cuda =
+      choice == DeviceChoice::cuda || (choice == DeviceChoice::automatic && cuda::available());
+  if (!want_cuda) return Device::cpu();
+  SHARDLAB_CHECK(cuda::available(), "dist::init: device cuda was requested but {}",
+                 cuda::unavailable_reason());
+  return Device::cuda(local_rank % cuda::device_count());
+}
+
+bool use_nccl(BackendChoice choice, Device device, int local_size) {
+  if (choice == BackendChoice::mpi) return false;
+  if (choice == BackendChoice::nccl) {
+    SHARDLAB_CHECK(device.is_cuda(),
+                   "dist::init: the NCCL backend needs a CUDA device, but this rank runs on {}",
+                   device.str());
+    return true;
+  }
+  // NCCL needs a GPU per rank; ranks sharing a GPU stage through host memory over MPI.
+  return device.is_cuda() && nccl_built() && local_size <= cuda::device_count();
+}
+
+}  // namespace
+
+int process_rank() { return rank_for_logs.load(); }
+void set_process_rank(int rank) { rank_for_logs.store(rank); }
+
+void write_line(std::string_view line) {
+  std::string text(line);
+  text += '\n';
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+}
+
+Session::Session(int& argc, char**& argv, const InitOptions& options)
+    : mpi_(std::make_unique<MpiEnvironment>(argc, argv)) {
+  const MpiComm world = MpiComm::duplicate(MPI_COMM_WORLD);
+  rank_ = world.rank();
+  world_size_ = world.size();
+  const MpiComm machine = world.split_by_machine();
+  local_rank_ = machine.rank();
+  local_size_ = machine.size();
+  device_ = choose_device(options.device, local_rank_);
+  monitor_ = std::make_shared<Monitor>(
+      MonitorOptions{.rank = rank_, .timeout = options.collective_timeout.value_or(timeout_from_env())});
+  const bool debug = options.debug.value_or(debug_from_env());
+  if (use_nccl(options.backend, device_, local_size_)) {
+    world_ =
+        std::make_unique<Communicator>("world", MpiComm::duplicate(world.get()),
+                                       make_nccl_backend(world, device_.index, monitor_), monitor_, debug);
+    cpu_world_ = std::make_unique<Communicator>("cpu_world", MpiComm::duplicate(world.get()),
+                                                make_mpi_backend(world, monitor_), monitor_, debug);
+  } else {
+    world_ = std::make_unique<Communicator>("world", MpiComm::duplicate(world.get()),
+                                            make_mpi_backend(world, monitor_), monitor_, debug);
+  }
+  set_process_rank(rank_);
+  live_session.store(this);
+}
+
+Session::~Session() {
+  live_session.store(nullptr);
+  set_process_rank(0);
+  cpu_world_.reset();  // each joins its communication thread after its queued collectives
+  world_.reset();
+  monitor_.reset();
+}
+
+std::unique_ptr<Session> init(int& argc, char**& argv, const InitOptions& options) {
+  return std::make_unique<Session>(argc, argv, options);
+}
+
+Session& session() {
+  Session* live = live_session.load();
+  SHARDLAB_CHECK(live != nullptr, "dist::session: no live session (call dist::init first)");
+  return *live;
+}
+
+}  // namespace shardlab::dist
