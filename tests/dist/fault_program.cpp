@@ -1,8 +1,9 @@
 // tests/dist/fault_program.cpp: a small mpirun job that misbehaves on purpose, run by
 // tests/dist/fault_tests.py: `hang` (rank 1 never joins a collective), `kill` (rank 1 dies by
 // SIGKILL while the others are in a collective), `mismatch` (rank 0 all-gathers while the
-// others reduce-scatter; run with SHARDLAB_DIST_DEBUG=1). Like an app, it turns an Error into
-// a message and exit status 1.
+// others reduce-scatter; run with SHARDLAB_DIST_DEBUG=1), `want-cuda` and `want-nccl` (dist::init
+// asked for a GPU or for NCCL, which a CPU-only machine refuses). Like an app, it turns an Error
+// into a message and exit status 1.
 #include <signal.h>
 
 #include <chrono>
@@ -60,8 +61,10 @@ int run(dist::Session& session, const std::string& scenario) {
     kill_rank_1(session.world());
   } else if (scenario == "mismatch") {
     mismatch(session.world());
+  } else if (scenario == "want-cuda") {
+    dist::log_all("running on {}", session.device().str());
   } else {
-    dist::log("usage: fault_program hang|kill|mismatch");
+    dist::log("usage: fault_program hang|kill|mismatch|want-cuda|want-nccl");
     return 2;
   }
   dist::log_all("finished {} without the expected fault", scenario);
@@ -73,7 +76,11 @@ int run(dist::Session& session, const std::string& scenario) {
 int main(int argc, char** argv) {
   const std::string scenario = argc > 1 ? argv[1] : "";
   try {
-    auto session = dist::init(argc, argv);
+    dist::InitOptions options;
+    if (scenario == "want-cuda") options.device = dist::DeviceChoice::cuda;
+    if (scenario == "want-nccl")
+      options = {.device = dist::DeviceChoice::cpu, .backend = dist::BackendChoice::nccl};
+    auto session = dist::init(argc, argv, options);
     try {
       return run(*session, scenario);
     } catch (const Error& error) {

@@ -7,7 +7,7 @@ end the job with a non-zero exit and an explanation, within bounded time, instea
 - a killed rank (SIGKILL mid-collective): the job must end, not hang (well before the default
   10-minute watchdog);
 - a mismatched program in debug mode (SHARDLAB_DIST_DEBUG=1): every rank reports both sides;
-- bad environment settings: a clear error naming the variable.
+- bad environment settings, or a device or backend the machine lacks: a clear error.
 
 Usage: fault_tests.py <mpirun> <fault_program>. Prints one line per check with the observed
 exit status and time, then "dist_faults: N passed, N failed, 0 skipped".
@@ -67,7 +67,9 @@ def main(mpirun, program):
         code, seconds, output = run_job(mpirun, program, ranks, "mismatch", {"SHARDLAB_DIST_DEBUG": "1"}, limit)
         message = ("collective mismatch on communicator 'world': rank 1 called reduce_scatter(f32, 1024) #17 "
                    "while rank 0 called all_gather(f32, 2048) #17")
-        ok = code == 1 and all(f"[rank {r}] error: {message}" in output for r in range(ranks))
+        # dist::log prints once, on rank 0; dist::log_all on every rank with its prefix.
+        ok = (code == 1 and all(f"[rank {r}] error: {message}" in output for r in range(ranks))
+              and output.count(f"scenario mismatch on {ranks} ranks") == 1)
         check(f"mismatch at np {ranks} is reported on every rank", ok, code, seconds, limit, output)
 
     for variable, value, message in (
@@ -83,6 +85,17 @@ def main(mpirun, program):
         # (with the default rank prefix: no rank is known) prints before mpirun stops the rest.
         ok = code == 1 and f"[rank 0] error: {message}" in output
         check(f"{variable}={value} is refused by name", ok, code, seconds, limit, output)
+
+    # Asking for what a machine does not have. A machine with a GPU grants the first request.
+    limit = 30.0
+    code, seconds, output = run_job(mpirun, program, 2, "want-cuda", {}, limit)
+    refused = code == 1 and "[rank 0] error: dist::init: device cuda was requested but " in output
+    granted = code == 0 and "[rank 1] running on cuda:" in output
+    check("device cuda without a GPU is refused with the reason", refused or granted, code, seconds, limit, output)
+    code, seconds, output = run_job(mpirun, program, 2, "want-nccl", {}, limit)
+    ok = code == 1 and ("[rank 0] error: dist::init: the NCCL backend needs a CUDA device, but this rank runs "
+                        "on cpu") in output
+    check("the NCCL backend on a CPU device is refused", ok, code, seconds, limit, output)
 
     failed = results.count(False)
     print(f"dist_faults: {len(results) - failed} passed, {failed} failed, 0 skipped")
