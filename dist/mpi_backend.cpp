@@ -194,15 +194,19 @@ class MpiBackend final : public Backend {
 
   void run(Task& task) {
     monitor_->set_state(task.call.ledger_id, CallState::running);
+    std::exception_ptr error;
     try {
       run_mpi(task.call.fingerprint, task.host, comm_, size_);
       unstage(task.host, task.call.output);
-      monitor_->set_state(task.call.ledger_id, CallState::completed);
-      task.work->complete(nullptr);
     } catch (...) {
-      monitor_->set_state(task.call.ledger_id, CallState::failed);
-      task.work->complete(std::current_exception());
+      error = std::current_exception();
     }
+    // Drop this thread's references to the tensors before the caller learns the call is done:
+    // once wait() returns, the caller's memory accounting must not see them.
+    task.call.input = task.call.output = Tensor();
+    task.host = {};
+    monitor_->set_state(task.call.ledger_id, error ? CallState::failed : CallState::completed);
+    task.work->complete(error);
   }
 
   MpiComm comm_;

@@ -1,0 +1,720 @@
+// dist/fsdp.cpp: FSDP units: flattening and sharding, the hooks that gather before forward
+// and backward, reduce gradients and reshard, prefetching, and the per-root bookkeeping.
+//
+// Saved activations: autograd saves the weight views it needs during forward, and resharding
+// frees the gathered bytes. A unit's gathered buffer is one Storage object for the unit's
+// whole life: resharding calls reallocate(0) on it and gathering reallocates and fills it
+// again, so the saved views (which point at the Storage, not at the bytes) are valid again by
+// the time the unit's backward runs: the pre-backward hook gathers first (FSDP1's trick).
+#include "dist/fsdp.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "autograd/engine.h"
+#include "core/error.h"
+#include "core/ops.h"
+#include "core/storage.h"
+#include "dist/init.h"
+#include "optim/optimizer.h"
+
+namespace shardlab::dist {
+
+std::string_view sharding_name(Sharding sharding) {
+  switch (sharding) {
+    case Sharding::full:
+      return "full";
+    case Sharding::grad_op:
+      return "grad_op";
+    case Sharding::none:
+      return "none";
+    case Sharding::hybrid:
+      return "hybrid";
+  }
+  return "unknown";
+}
+
+std::pair<Sharding, int> parse_sharding(std::string_view text) {
+  if (text == "full") return {Sharding::full, 0};
+  if (text == "grad_op") return {Sharding::grad_op, 0};
+  if (text == "none") return {Sharding::none, 0};
+  if (text.starts_with("hybrid:")) {
+    const std::string digits(text.substr(7));
+    char* end = nullptr;
+    const long group = std::strtol(digits.c_str(), &end, 10);
+    if (!digits.empty() && *end == '\0' && group > 0) return {Sharding::hybrid, static_cast<int>(group)};
+  }
+  fail("sharding '{}' is not one of full, grad_op, none, hybrid:G (G > 0 ranks per shard group)", text);
+}
+
+namespace {
+
+// The ranks a unit shards over and the ranks it replicates over (null when a group has one
+// rank), shared by all units made with the same communicator and strategy.
+struct Groups {
+  Communicator* shard = nullptr;
+  Communicator* replica = nullptr;
+  std::unique_ptr<Communicator> owned_shard, owned_replica;
+
+  int shard_size() const { return shard ? shard->size() : 1; }
+  int shard_rank() const { return shard ? shard->rank() : 0; }
+};
+
+std::shared_ptr<Groups> groups_for(Communicator& base, Sharding sharding, int group_size) {
+  static std::mutex mutex;
+  static std::map<std::tuple<Communicator*, Sharding, int>, std::weak_ptr<Groups>> cache;
+  std::lock_guard lock(mutex);
+  auto& slot = cache[{&base, sharding, group_size}];
+  if (auto existing = slot.lock()) return existing;
+  auto groups = std::make_shared<Groups>();
+  const int rank = base.rank(), world = base.size();
+  switch (sharding) {
+    case Sharding::full:
+    case Sharding::grad_op:
+      groups->shard = world > 1 ? &base : nullptr;
+      break;
+    case Sharding::none:
+      groups->replica = world > 1 ? &base : nullptr;
+      break;
+    case Sharding::hybrid:
+      SHARDLAB_CHECK(
+          group_size > 0 && world % group_size == 0,
+          "fully_shard: hybrid shard groups of {} ranks do not divide the {} ranks of communicator '{}'",
+          group_size, world, base.name());
+      if (group_size > 1) {
+        groups->owned_shard =
+            base.split(rank / group_size, rank, fmt::format("{}/shard{}", base.name(), rank / group_size));
+        groups->shard = groups->owned_shard.get();
+      }
+      if (world / group_size > 1) {
+        groups->owned_replica =
+            base.split(rank % group_size, rank, fmt::format("{}/replica{}", base.name(), rank % group_size));
+        groups->replica = groups->owned_replica.get();
+      }
+      break;
+  }
+  slot = groups;
+  return groups;
+}
+
+// One parameter's place in the flat buffer; tied parameters have several names.
+struct Slot {
+  std::vector<std::string> names;  // dotted, relative to the unit's module
+  Variable variable;
+  Shape shape;
+  std::int64_t offset = 0;
+};
+
+class Unit;
+
+// The units under one root, in preorder of the module tree (the root's first), and what the
+// steps of that root share: execution orders for prefetching and the end-of-backward callback.
+struct RootState {
+  nn::Module* root = nullptr;
+  std::vector<Unit*> units;
+  std::vector<Unit*> forward_order, backward_order;
+  bool forward_recorded = false, backward_recorded = false;
+  bool callback_queued = false;
+  bool sync = true;
+
+  void finish_backward();
+  void reshard_all();
+};
+
+enum class Gathered : std::uint8_t { no, in_flight, yes };
+
+class Unit : public std::enable_shared_from_this<Unit> {
+ public:
+  Unit(nn::Module& module, std::vector<Slot> slots, const FsdpOptions& options,
+       std::shared_ptr<Groups> groups);
+
+  nn::Module& module() const { return *module_; }
+  const std::vector<Slot>& slots() const { return slots_; }
+  const std::string& name() const { return name_; }
+  const Variable& shard() const { return shard_; }
+  const std::shared_ptr<RootState>& root_state() const { return root_; }
+  bool is_root() const { return root_ && root_->root == module_; }
+  std::int64_t parameters() const { return parameters_; }
+  std::int64_t padded() const { return padded_; }
+  std::int64_t shard_elements() const { return shard_elements_; }
+  const Groups& groups() const { return *groups_; }
+  const MixedPrecision& precision() const { return precision_; }
+  const FsdpOptions& options() const { return options_; }
+  // Whether the parameters are gathered again for backward (FULL_SHARD's second all-gather).
+  bool reshards_after_forward() const { return reshard_after_forward_ && !is_root(); }
+
+  void join_root(std::shared_ptr<RootState> root, std::string name);
+  void install_hooks();
+
+  void pre_forward();
+  void post_forward(const Variable& output);
+  void pre_backward();
+  void on_gradient_accumulated();
+  void post_backward();
+  void finish_backward();  // from the root's end-of-backward callback
+  void unshard();
+  void wait_unshard();
+  void reshard();
+  Tensor full_shard_values() const;  // the flat f32 parameters [padded], gathered from the shards
+
+ private:
+  Tensor gathered() const { return Tensor(storage_, {padded_}, {1}, 0, precision_.param_dtype); }
+  void prefetch(const std::vector<Unit*>& order);
+  void start_reduction();
+
+  nn::Module* module_;
+  FsdpOptions options_;
+  std::vector<Slot> slots_;
+  std::shared_ptr<Groups> groups_;
+  MixedPrecision precision_;
+  bool reshard_after_forward_;
+  int prefetch_;
+  std::int64_t parameters_ = 0, padded_ = 0, shard_elements_ = 0;
+  Device device_;
+  std::string name_;
+  std::shared_ptr<RootState> root_;
+  Variable shard_;                    // f32 [S]: what the optimizer updates
+  std::shared_ptr<Storage> storage_;  // the gathered parameters, bytes only while gathered
+  Gathered state_ = Gathered::no;
+  Work gather_work_;
+  Tensor gather_source_;  // the shard cast to param_dtype, alive until its all-gather completed
+  // One backward pass.
+  Tensor full_grad_;  // [padded] in param_dtype; the parameters' .grad are views into it
+  bool backward_started_ = false, reduced_ = false;
+  std::int64_t ready_ = 0, expected_ = 0;
+  Work reduce_work_;
+  Tensor reduce_input_, reduce_output_;
+};
+
+// --- gathered bytes ----------------------------------------------------------------------------
+
+std::mutex unsharded_mutex;
+UnshardedMemory unsharded;
+
+void count_unsharded(std::int64_t delta) {
+  std::lock_guard lock(unsharded_mutex);
+  unsharded.bytes += delta;
+  unsharded.peak_bytes = std::max(unsharded.peak_bytes, unsharded.bytes);
+}
+
+// --- the registry of units -------------------------------------------------------------------
+
+std::mutex registry_mutex;
+std::vector<std::pair<const nn::Module*, std::weak_ptr<Unit>>> registry;
+
+std::shared_ptr<Unit> unit_of(const nn::Module& module) {
+  std::lock_guard lock(registry_mutex);
+  for (const auto& [owner, unit] : registry) {
+    if (owner == &module) {
+      if (auto live = unit.lock()) return live;
+    }
+  }
+  return nullptr;
+}
+
+std::vector<std::shared_ptr<Unit>> live_units() {
+  std::lock_guard lock(registry_mutex);
+  std::erase_if(registry, [](const auto& entry) { return entry.second.expired(); });
+  std::vector<std::shared_ptr<Unit>> units;
+  for (const auto& [owner, unit] : registry) units.push_back(unit.lock());
+  return units;
+}
+
+std::string join_name(const std::string& prefix, const std::string& name) {
+  return prefix.empty() ? name : name.empty() ? prefix : prefix + "." + name;
+}
+
+std::string describe_module(const std::string& path, const nn::Module& module) {
+  return path.empty() ? fmt::format("the root {}", module.type_name())
+                      : fmt::format("'{}' ({})", path, module.type_name());
+}
+
+// Makes `root` the root of the units in its subtree (once): names them by their path.
+std::shared_ptr<RootState> ensure_root(nn::Module& root) {
+  auto root_unit = unit_of(root);
+  SHARDLAB_CHECK(root_unit != nullptr, "FSDP: the root {} is not sharded; call dist::fully_shard on it last",
+                 root.type_name());
+  if (root_unit->root_state()) {
+    SHARDLAB_CHECK(root_unit->root_state()->root == &root,
+                   "FSDP: {} is a unit under another root, not a root of its own", root.type_name());
+    return root_unit->root_state();
+  }
+  auto state = std::make_shared<RootState>();
+  state->root = &root;
+  for (const auto& [path, module] : root.named_modules()) {
+    auto unit = unit_of(*module);
+    if (!unit || unit->root_state() == state) continue;  // none, or one module under two names
+    SHARDLAB_CHECK(!unit->root_state(),
+                   "FSDP: unit {} already ran as a root of its own; call the root's forward first",
+                   describe_module(path, *module));
+    unit->join_root(state, path);
+    state->units.push_back(unit.get());
+  }
+  return state;
+}
+
+// --- Unit ---------------------------------------------------------------------------------------
+
+Unit::Unit(nn::Module& module, std::vector<Slot> slots, const FsdpOptions& options,
+           std::shared_ptr<Groups> groups)
+    : module_(&module),
+      options_(options),
+      slots_(std::move(slots)),
+      groups_(std::move(groups)),
+      precision_(options.mixed_precision),
+      reshard_after_forward_(options.reshard_after_forward.value_or(options.sharding == Sharding::full ||
+                                                                    options.sharding == Sharding::hybrid)),
+      prefetch_(options.prefetch) {
+  device_ = slots_.empty() ? Device::cpu() : slots_.front().variable.device();
+  for (Slot& slot : slots_) {
+    slot.offset = parameters_;
+    parameters_ += slot.variable.numel();
+  }
+  const std::int64_t group = groups_->shard_size();
+  padded_ = (parameters_ + group - 1) / group * group;
+  shard_elements_ = padded_ / group;
+  // This rank's shard: the elements [rank * S, (rank + 1) * S) of the flattened parameters.
+  const std::int64_t begin = groups_->shard_rank() * shard_elements_, end = begin + shard_elements_;
+  Tensor shard = zeros({shard_elements_}, dtype(DType::f32).with_device(device_));
+  for (const Slot& slot : slots_) {
+    const std::int64_t from = std::max(begin, slot.offset),
+                       to = std::min(end, slot.offset + slot.variable.numel());
+    if (from >= to) continue;
+    const Tensor flat = slot.variable.data().contiguous().view({slot.variable.numel()});
+    shard.narrow(0, from - begin, to - from)
+        .copy_(cast(flat.narrow(0, from - slot.offset, to - from), DType::f32));
+  }
+  shard_ = Variable(shard, true, "flat_shard");
+  // The parameters become views of the gathered buffer, which has no bytes yet.
+  storage_ = std::make_shared<Storage>(device_, 0);
+  for (const Slot& slot : slots_) {
+    slot.variable.set_data(
+        Tensor(storage_, slot.shape, contiguous_strides(slot.shape), slot.offset, precision_.param_dtype));
+  }
+}
+
+void Unit::join_root(std::shared_ptr<RootState> root, std::string name) {
+  root_ = std::move(root);
+  name_ = std::move(name);
+  shard_.set_name(join_name(name_, "flat_shard"));
+}
+
+// The module's hooks own the unit (the module outlives its unit); the parameters' hooks
+// only refer to it, since the unit owns the parameters' Variables.
+void Unit::install_hooks() {
+  auto self = shared_from_this();
+  module_->register_forward_pre_hook([self](nn::Module&) { self->pre_forward(); });
+  module_->register_forward_hook([self](nn::Module&, const Variable& output) { self->post_forward(output); });
+  std::weak_ptr<Unit> weak = self;
+  for (const Slot& slot : slots_) {
+    if (!slot.variable.requires_grad()) continue;
+    ++expected_;
+    slot.variable.register_post_accumulate_grad_hook([weak](const Variable&) {
+      if (auto unit = weak.lock()) unit->on_gradient_accumulated();
+    });
+  }
+}
+
+void Unit::unshard() {
+  if (state_ != Gathered::no) return;
+  storage_->reallocate(static_cast<std::size_t>(padded_) * dtype_size(precision_.param_dtype));
+  count_unsharded(static_cast<std::int64_t>(storage_->nbytes()));
+  const Tensor source =
+      precision_.param_dtype == DType::f32 ? shard_.data() : cast(shard_.data(), precision_.param_dtype);
+  if (groups_->shard == nullptr) {
+    gathered().copy_(source);
+    state_ = Gathered::yes;
+    return;
+  }
+  gather_source_ = source;
+  gather_work_ = groups_->shard->all_gather_into(gathered(), source, name_);
+  state_ = Gathered::in_flight;
+}
+
+void Unit::wait_unshard() {
+  if (state_ != Gathered::in_flight) return;
+  gather_work_.wait();
+  gather_work_ = Work();
+  gather_source_ = Tensor();
+  state_ = Gathered::yes;
+}
+
+void Unit::reshard() {
+  wait_unshard();  // never free bytes a collective is still writing
+  if (state_ == Gathered::no) return;
+  count_unsharded(-static_cast<std::int64_t>(storage_->nbytes()));
+  storage_->reallocate(0);
+  state_ = Gathered::no;
+}
+
+void Unit::prefetch(const std::vector<Unit*>& order) {
+  const auto me = std::find(order.begin(), order.end(), this);
+  if (me == order.end()) return;
+  for (auto next = me + 1; next != order.end() && next - me <= prefetch_; ++next) (*next)->unshard();
+}
+
+void Unit::pre_forward() {
+  if (!root_) ensure_root(*module_);  // a forward without sharded_parameters()/explain() first
+  RootState& root = *root_;
+  if (!root.forward_recorded &&
+      std::find(root.forward_order.begin(), root.forward_order.end(), this) == root.forward_order.end()) {
+    root.forward_order.push_back(this);
+  }
+  unshard();
+  wait_unshard();
+  if (root.forward_recorded) prefetch(root.forward_order);
+}
+
+void Unit::post_forward(const Variable& output) {
+  const bool backward_follows = is_grad_enabled() && output.defined() && output.requires_grad();
+  if (is_root()) root_->forward_recorded = true;
+  if (!backward_follows) {
+    // Inference: nothing will gather for backward, so a step ends here.
+    if (is_root()) {
+      root_->reshard_all();
+    } else if (reshard_after_forward_) {
+      reshard();
+    }
+    return;
+  }
+  auto self = shared_from_this();
+  output.register_hook([self](const Tensor&) {
+    self->pre_backward();
+    return Tensor();
+  });
+  if (reshards_after_forward()) reshard();
+}
+
+void Unit::pre_backward() {
+  RootState& root = *root_;
+  if (!root.callback_queued) {
+    root.callback_queued = true;
+    autograd::queue_callback([state = root_] { state->finish_backward(); });
+  }
+  if (backward_started_) return;  // the unit's forward ran more than once this step
+  backward_started_ = true;
+  if (!root.backward_recorded) root.backward_order.push_back(this);
+  unshard();
+  wait_unshard();
+  if (root.backward_recorded) prefetch(root.backward_order);
+  // Gradients accumulate straight into one flat buffer, which the reduce-scatter then reads
+  // without a copy. Without sync it survives from the previous micro-step and keeps summing.
+  if (!full_grad_.defined()) {
+    full_grad_ = zeros({padded_}, dtype(precision_.param_dtype).with_device(device_));
+    for (const Slot& slot : slots_) {
+      if (slot.variable.requires_grad())
+        slot.variable.set_grad(full_grad_.narrow(0, slot.offset, slot.variable.numel()).view(slot.shape));
+    }
+  }
+  ready_ = 0;
+}
+
+void Unit::on_gradient_accumulated() {
+  if (!backward_started_ || reduced_) return;
+  if (++ready_ == expected_) post_backward();
+}
+
+void Unit::post_backward() {
+  if (reduced_) return;
+  reduced_ = true;
+  if (root_->sync) {
+    start_reduction();
+    for (const Slot& slot : slots_) slot.variable.set_grad(Tensor());
+    full_grad_ = Tensor();
+  }
+  if (reshards_after_forward()) reshard();
+}
+
+// Reduce-scatter (averaged) the full gradient into this rank's slot; the replica all-reduce of
+// hybrid and none waits for it, in finish_backward.
+void Unit::start_reduction() {
+  reduce_input_ = precision_.reduce_dtype == precision_.param_dtype
+                      ? full_grad_
+                      : cast(full_grad_, precision_.reduce_dtype);
+  if (groups_->shard == nullptr) {
+    reduce_output_ = reduce_input_;
+    return;
+  }
+  reduce_output_ = empty({shard_elements_}, dtype(precision_.reduce_dtype).with_device(device_));
+  reduce_work_ = groups_->shard->reduce_scatter(reduce_output_, reduce_input_, ReduceOp::avg, name_);
+}
+
+void Unit::finish_backward() {
+  if (backward_started_ && !reduced_) post_backward();  // parameters that got no gradient this step
+  if (reduce_output_.defined()) {
+    reduce_work_.wait();
+    if (groups_->replica != nullptr)
+      groups_->replica->all_reduce(reduce_output_, ReduceOp::avg, name_).wait();
+    // Unless it is a cast, the reduced gradient is a buffer of its own (a 1-rank shard group's
+    // is the full-gradient buffer, whose parameter views were dropped): it becomes the shard's.
+    const Tensor gradient =
+        reduce_output_.dtype() == DType::f32 ? reduce_output_ : cast(reduce_output_, DType::f32);
+    if (shard_.grad().defined()) {
+      add_(shard_.grad(), gradient);
+    } else {
+      shard_.set_grad(gradient);
+    }
+  }
+  reduce_work_ = Work();
+  reduce_input_ = reduce_output_ = Tensor();
+  backward_started_ = reduced_ = false;
+  reshard();
+}
+
+Tensor Unit::full_shard_values() const {
+  Tensor full = empty({padded_}, dtype(DType::f32).with_device(device_));
+  if (groups_->shard == nullptr) {
+    full.copy_(shard_.data());
+  } else {
+    groups_->shard->all_gather_into(full, shard_.data(), name_ + " (full parameters)").wait();
+  }
+  return full;
+}
+
+// --- RootState ----------------------------------------------------------------------------------
+
+void RootState::finish_backward() {
+  for (Unit* unit : units) unit->finish_backward();
+  callback_queued = false;
+  if (!backward_order.empty()) backward_recorded = true;
+}
+
+void RootState::reshard_all() {
+  for (Unit* unit : units) unit->reshard();
+}
+
+}  // namespace
+
+UnshardedMemory unsharded_memory() {
+  std::lock_guard lock(unsharded_mutex);
+  return unsharded;
+}
+
+void reset_unsharded_peak() {
+  std::lock_guard lock(unsharded_mutex);
+  unsharded.peak_bytes = unsharded.bytes;
+}
+
+// --- the API ------------------------------------------------------------------------------------
+
+void fully_shard(nn::Module& module, const FsdpOptions& options) {
+  SHARDLAB_CHECK(options.prefetch >= 0, "fully_shard: prefetch must be >= 0, got {}", options.prefetch);
+  SHARDLAB_CHECK(unit_of(module) == nullptr, "fully_shard: this {} is already an FSDP unit",
+                 module.type_name());
+  const auto units = live_units();
+  for (const auto& unit : units) {
+    for (const auto& [path, inner] : unit->module().named_modules()) {
+      SHARDLAB_CHECK(
+          inner.get() != &module,
+          "fully_shard: {} is inside {}, which is already sharded; call fully_shard on inner modules first "
+          "and on the root last",
+          describe_module(path, module), describe_module("", unit->module()));
+    }
+  }
+  // Parameters of inner units stay theirs; a parameter held by an inner unit but also
+  // reached outside that unit's subtree is a tie across units.
+  // A module registered under several names is one unit reached by several paths.
+  struct Claim {
+    std::vector<std::string> unit_paths;
+    std::string held_as;  // the parameter's first name
+  };
+  std::map<const void*, Claim> claimed;
+  for (const auto& [path, inner] : module.named_modules()) {
+    auto unit = unit_of(*inner);
+    if (!unit) continue;
+    for (const Slot& slot : unit->slots()) {
+      Claim& claim = claimed[slot.variable.impl().get()];
+      if (claim.unit_paths.empty()) claim.held_as = join_name(path, slot.names.front());
+      claim.unit_paths.push_back(path);
+    }
+  }
+  std::vector<Slot> slots;
+  std::map<const void*, std::size_t> slot_of;
+  for (const auto& [name, variable] : module.named_parameters()) {
+    if (auto it = claimed.find(variable.impl().get()); it != claimed.end()) {
+      const Claim& claim = it->second;
+      const bool inside =
+          std::any_of(claim.unit_paths.begin(), claim.unit_paths.end(),
+                      [&](const std::string& unit_path) { return name.starts_with(unit_path + "."); });
+      SHARDLAB_CHECK(
+          inside,
+          "fully_shard: parameter '{}' is the same tensor as '{}', which the unit '{}' holds; tied "
+          "parameters must share a unit (shard a module that contains both instead)",
+          name, claim.held_as, claim.unit_paths.front());
+      continue;
+    }
+    SHARDLAB_CHECK(is_floating(variable.dtype()),
+                   "fully_shard: parameter '{}' has dtype {}; FSDP shards floating parameters", name,
+                   dtype_name(variable.dtype()));
+    if (auto it = slot_of.find(variable.impl().get()); it != slot_of.end()) {
+      slots[it->second].names.push_back(name);  // tied inside this unit: one slot
+      continue;
+    }
+    if (!slots.empty()) {
+      SHARDLAB_CHECK(variable.device() == slots.front().variable.device(),
+                     "fully_shard: parameter '{}' is on {} but '{}' is on {}; a unit lives on one device",
+                     name, variable.device().str(), slots.front().names.front(),
+                     slots.front().variable.device().str());
+    }
+    slot_of[variable.impl().get()] = slots.size();
+    slots.push_back({.names = {name}, .variable = variable, .shape = variable.shape()});
+  }
+  Communicator& base = options.communicator ? *options.communicator : session().world();
+  auto unit = std::make_shared<Unit>(module, std::move(slots), options,
+                                     groups_for(base, options.sharding, options.hybrid_group_size));
+  unit->install_hooks();
+  std::lock_guard lock(registry_mutex);
+  registry.emplace_back(&module, unit);
+}
+
+int shard_by_size(nn::Module& root, std::int64_t min_parameters, const FsdpOptions& options) {
+  auto modules = root.named_modules();
+  std::set<const void*> taken;
+  int units = 0;
+  for (auto it = modules.rbegin(); it != modules.rend(); ++it) {
+    if (it->first.empty()) continue;
+    std::int64_t own = 0;
+    for (const auto& [name, variable] : it->second->named_parameters()) {
+      if (!taken.contains(variable.impl().get())) own += variable.numel();
+    }
+    if (own < min_parameters) continue;
+    fully_shard(*it->second, options);
+    for (const auto& [name, variable] : it->second->named_parameters()) taken.insert(variable.impl().get());
+    ++units;
+  }
+  fully_shard(root, options);
+  return units + 1;
+}
+
+nn::Named<Variable> sharded_parameters(nn::Module& root) {
+  nn::Named<Variable> shards;
+  for (Unit* unit : ensure_root(root)->units) shards.emplace_back(unit->shard().name(), unit->shard());
+  return shards;
+}
+
+void set_requires_gradient_sync(nn::Module& root, bool sync) { ensure_root(root)->sync = sync; }
+
+double clip_grad_norm_(nn::Module& root, double max_norm) {
+  const auto state = ensure_root(root);
+  std::vector<Variable> shards;
+  for (Unit* unit : state->units) shards.push_back(unit->shard());
+  Communicator* shard_group = state->units.front()->groups().shard;
+  return optim::clip_grad_norm_(shards, max_norm, [&](double local) {
+    if (shard_group == nullptr) return local;
+    const Tensor total = full({1}, local, dtype(DType::f64));
+    shard_group->all_reduce(total, ReduceOp::sum, "clip_grad_norm_").wait();
+    return total.item<double>();
+  });
+}
+
+nn::Named<Tensor> gather_full_parameters(nn::Module& root) {
+  std::map<std::string, Tensor> by_name;
+  for (Unit* unit : ensure_root(root)->units) {
+    const Tensor full = unit->full_shard_values();
+    for (const Slot& slot : unit->slots()) {
+      const Tensor value = full.narrow(0, slot.offset, slot.variable.numel()).view(slot.shape).clone();
+      for (const std::string& name : slot.names) by_name[join_name(unit->name(), name)] = value;
+    }
+  }
+  nn::Named<Tensor> ordered;
+  for (const auto& [name, variable] : root.named_parameters()) ordered.emplace_back(name, by_name.at(name));
+  return ordered;
+}
+
+// --- the plan -----------------------------------------------------------------------------------
+
+Plan explain(nn::Module& root, std::int64_t optimizer_state_bytes_per_element) {
+  const auto state = ensure_root(root);
+  const Unit& first = *state->units.front();
+  const Groups& groups = first.groups();
+  Plan plan;
+  plan.world_size = groups.shard_size() * (groups.replica ? groups.replica->size() : 1);
+  plan.shard_group_size = groups.shard_size();
+  plan.optimizer_state_bytes_per_element = optimizer_state_bytes_per_element;
+  plan.sharding = std::string(sharding_name(first.options().sharding));
+  if (first.options().sharding == Sharding::hybrid)
+    plan.sharding += fmt::format(":{}", first.options().hybrid_group_size);
+  plan.prefetch = first.options().prefetch;
+  for (Unit* unit : state->units) {
+    const MixedPrecision& precision = unit->precision();
+    const int shard_size = groups.shard_size(), shard_rank = groups.shard_rank();
+    UnitPlan row{.name = unit->name(),
+                 .parameters = unit->parameters(),
+                 .padding = unit->padded() - unit->parameters(),
+                 .shard_elements = unit->shard_elements()};
+    row.persistent_bytes = row.shard_elements * (4 + 4 + optimizer_state_bytes_per_element);
+    row.unsharded_bytes = unit->padded() * static_cast<std::int64_t>(dtype_size(precision.param_dtype));
+    const Fingerprint gather{
+        .op = Collective::all_gather, .dtype = precision.param_dtype, .count = unit->padded()};
+    if (shard_size > 1) {
+      row.forward_gathers = 1;
+      row.forward_gather_bytes = traffic_of(gather, shard_rank, shard_size).bytes_received;
+      if (unit->reshards_after_forward()) {  // gathered again for backward
+        row.backward_gathers = 1;
+        row.backward_gather_bytes = row.forward_gather_bytes;
+      }
+      row.reduce_scatters = 1;
+      row.reduce_bytes =
+          traffic_of(
+              {.op = Collective::reduce_scatter, .dtype = precision.reduce_dtype, .count = unit->padded()},
+              shard_rank, shard_size)
+              .bytes_received;
+    }
+    if (groups.replica != nullptr) {
+      row.all_reduces = 1;
+      row.reduce_bytes +=
+          traffic_of(
+              {.op = Collective::all_reduce, .dtype = precision.reduce_dtype, .count = row.shard_elements},
+              groups.replica->rank(), groups.replica->size())
+              .bytes_received;
+    }
+    plan.units.push_back(row);
+  }
+  return plan;
+}
+
+std::int64_t Plan::total_persistent_bytes() const {
+  std::int64_t total = 0;
+  for (const UnitPlan& unit : units) total += unit.persistent_bytes;
+  return total;
+}
+
+std::int64_t Plan::peak_unsharded_bytes() const {
+  std::vector<std::int64_t> sizes;
+  for (const UnitPlan& unit : units) sizes.push_back(unit.unsharded_bytes);
+  std::sort(sizes.rbegin(), sizes.rend());
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < sizes.size() && i < static_cast<std::size_t>(1 + prefetch); ++i)
+    total += sizes[i];
+  return total;
+}
+
+std::int64_t Plan::bytes_per_step() const {
+  std::int64_t total = 0;
+  for (const UnitPlan& unit : units)
+    total += unit.forward_gather_bytes + unit.backward_gather_bytes + unit.reduce_bytes;
+  return total;
+}
+
+std::string Plan::str() const {
+  std::string text = fmt::format("FSDP plan: sharding {}, {} ranks, shard groups of {}, prefetch {}\n",
+                                 sharding, world_size, shard_group_size, prefetch);
+  text += fmt::format("{:<16} {:>10} {:>7} {:>10} {:>12} {:>12} {:>12} {:>12} {:>12}\n", "unit", "params",
+                      "pad", "shard/rank", "persist B", "unshard B", "fwd AG B", "bwd AG B", "reduce B");
+  for (const UnitPlan& unit : units) {
+    text += fmt::format("{:<16} {:>10} {:>7} {:>10} {:>12} {:>12} {:>12} {:>12} {:>12}\n",
+                        unit.name.empty() ? "(root)" : unit.name, unit.parameters, unit.padding,
+                        unit.shard_elements, unit.persistent_bytes, unit.unsharded_bytes,
+                        unit.forward_gather_bytes, unit.backward_gather_bytes, unit.reduce_bytes);
+  }
+  text += fmt::format(
+      "persistent model state per rank: {} B; peak unsharded parameters: {} B; received per step: {} B\n",
+      total_persistent_bytes(), peak_unsharded_bytes(), bytes_per_step());
+  return text;
+}
+
+}  // namespace shardlab::dist

@@ -1,0 +1,139 @@
+// dist/fsdp.h: fully sharded data parallelism (FSDP / ZeRO-3), bottom-up as PyTorch's FSDP2.
+//
+//   for (auto& block : model->blocks) dist::fully_shard(*block);  // inner units first
+//   dist::fully_shard(*model);                                    // the root last
+//   optim::AdamW opt(dist::sharded_parameters(*model), {});        // the optimizer sees shards only
+//   fmt::print("{}", dist::explain(*model).str());                 // the plan, before step 1
+//   loss = ...model(x)...; loss.backward(); opt.step();           // as without FSDP
+//
+// Each fully_shard call makes an FSDP unit of the module's parameters that no inner unit took:
+// one flat f32 shard per rank (rank r of the shard group holds elements [r*S, (r+1)*S) of the
+// flattened parameters, padded with zeros to a multiple of the group size) and its gradient
+// shard. The module's parameters become views of one gathered buffer that holds bytes only
+// between the unit's all-gather and its reshard. The model does not know: the hooks do it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "dist/communicator.h"
+#include "nn/module.h"
+
+namespace shardlab::dist {
+
+enum class Sharding : std::uint8_t {
+  full,     // FULL_SHARD (ZeRO-3): parameters gathered for forward and again for backward
+  grad_op,  // SHARD_GRAD_OP (ZeRO-2): gathered from forward until the end of backward
+  none,     // NO_SHARD (DDP): every rank holds everything; gradients all-reduced
+  hybrid,   // HYBRID_SHARD: FULL_SHARD inside groups of `hybrid_group_size` ranks, replicated across groups
+};
+std::string_view sharding_name(Sharding sharding);  // "full", "grad_op", "none", "hybrid"
+// Parses "full", "grad_op", "none", "hybrid:G" (G > 0 dividing the world size is checked by fully_shard).
+std::pair<Sharding, int> parse_sharding(std::string_view text);
+
+struct MixedPrecision {
+  DType param_dtype = DType::f32;   // the gathered parameters and the forward/backward compute
+  DType reduce_dtype = DType::f32;  // the gradient reduction; the master shard is always f32
+};
+
+struct FsdpOptions {
+  Sharding sharding = Sharding::full;
+  int hybrid_group_size = 0;  // G, for Sharding::hybrid
+  // Free the gathered parameters after forward (and gather again for backward). Default: true
+  // for full and hybrid, false for grad_op and none; the root always keeps them (its backward
+  // comes right after its forward), as FSDP2.
+  std::optional<bool> reshard_after_forward;
+  int prefetch = 1;  // units whose all-gather is issued ahead, in forward and in backward
+  MixedPrecision mixed_precision;
+  // Default: dist::session().world().
+  Communicator* communicator = nullptr;
+};
+
+// Makes `module` an FSDP unit. Call it on inner modules first and on the root last; an
+// ancestor sharded before its descendant, a module sharded twice, or a parameter tied to one
+// in another unit is refused with an Error naming them.
+void fully_shard(nn::Module& module, const FsdpOptions& options = {});
+
+// fully_shard on every descendant of type Block (innermost first), then on the root.
+template <typename Block>
+int shard_by_type(nn::Module& root, const FsdpOptions& options = {});
+// fully_shard on every descendant holding at least `min_parameters` parameters not taken by an
+// inner unit (innermost first), then on the root. Returns the number of units.
+int shard_by_size(nn::Module& root, std::int64_t min_parameters, const FsdpOptions& options = {});
+
+// The flat f32 shards of every unit under `root`, named "<unit>.flat_shard" ("flat_shard" for
+// the root), in unit order: what the optimizer updates.
+nn::Named<Variable> sharded_parameters(nn::Module& root);
+
+// Micro-steps of gradient accumulation: with sync off, backward keeps each unit's unsharded
+// gradient buffer (P elements of param_dtype per unit, until the synced step) and
+// accumulates into it; the next backward with sync on reduce-scatters the sum once.
+void set_requires_gradient_sync(nn::Module& root, bool sync);
+
+// Scales the gradient shards so that the global gradient norm is at most max_norm and returns
+// the norm before clipping: one all-reduce of the shards' sums of squares, equal to the norm
+// one process computes over the full gradients.
+double clip_grad_norm_(nn::Module& root, double max_norm);
+
+// Every parameter's full value (f32, unpadded, by its dotted name under `root`), gathered from
+// the shards on every rank: for checkpoints, evaluation and tests.
+nn::Named<Tensor> gather_full_parameters(nn::Module& root);
+
+// Bytes of gathered (unsharded) parameters held by all units of this process: now, and the
+// peak since the last reset. What prefetching and resharding bound.
+struct UnshardedMemory {
+  std::int64_t bytes = 0, peak_bytes = 0;
+};
+UnshardedMemory unsharded_memory();
+void reset_unsharded_peak();
+
+// --- the plan -----------------------------------------------------------------------------------
+
+struct UnitPlan {
+  std::string name;                        // dotted module path ("" = root)
+  std::int64_t parameters = 0;             // P: elements of the unit's parameters
+  std::int64_t padding = 0;                // zeros appended so the flat length divides by the group size
+  std::int64_t shard_elements = 0;         // S per rank
+  std::int64_t persistent_bytes = 0;       // per rank: f32 shard + f32 gradient shard + optimizer state
+  std::int64_t unsharded_bytes = 0;        // the gathered parameters while they exist
+  std::int64_t forward_gather_bytes = 0;   // received per rank per step (traffic_of)
+  std::int64_t backward_gather_bytes = 0;  // 0 when the unit stays gathered for backward
+  std::int64_t reduce_bytes = 0;           // reduce-scatter (and hybrid's replica all-reduce)
+  int forward_gathers = 0, backward_gathers = 0, reduce_scatters = 0,
+      all_reduces = 0;  // collectives per step
+};
+
+struct Plan {
+  std::string sharding;  // "full", "hybrid:2", ...
+  int world_size = 1, shard_group_size = 1, prefetch = 1;
+  std::int64_t optimizer_state_bytes_per_element = 8;  // Adam/AdamW: m and v in f32
+  std::vector<UnitPlan> units;
+
+  std::int64_t total_persistent_bytes() const;
+  // The largest (1 + prefetch) units' gathered parameters together.
+  std::int64_t peak_unsharded_bytes() const;
+  std::int64_t bytes_per_step() const;  // all collectives, received per rank
+  std::string str() const;              // the table --explain prints
+};
+
+// The plan of the units under `root` (finalises them: call after the last fully_shard).
+Plan explain(nn::Module& root, std::int64_t optimizer_state_bytes_per_element = 8);
+
+template <typename Block>
+int shard_by_type(nn::Module& root, const FsdpOptions& options) {
+  auto modules = root.named_modules();  // preorder: reversed, every module comes after its descendants
+  int units = 0;
+  for (auto it = modules.rbegin(); it != modules.rend(); ++it) {
+    if (!it->first.empty() && dynamic_cast<Block*>(it->second.get()) != nullptr) {
+      fully_shard(*it->second, options);
+      ++units;
+    }
+  }
+  fully_shard(root, options);
+  return units + 1;
+}
+
+}  // namespace shardlab::dist

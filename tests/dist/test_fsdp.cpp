@@ -1,0 +1,359 @@
+// tests/dist/test_fsdp.cpp (mpirun): FSDP at 1-4 ranks against one process training the same
+// model on the same global batches: losses at every step and the final parameters, for every
+// sharding strategy; padding, communication per step against the plan, and refusals.
+#include <mpi.h>
+
+#include <cmath>
+
+#include "core/allocator.h"
+#include "dist/fsdp.h"
+#include "optim/optimizer.h"
+#include "tests/dist/fsdp_models.h"
+#include "tests/dist/world.h"
+
+using namespace shardlab;
+using test::Nested;
+using test::token_batch;
+using test::world;
+
+namespace {
+
+constexpr std::int64_t kGlobalBatch = 12;  // divides by 1, 2, 3, 4
+constexpr std::uint64_t kSeed = 7;
+
+double mean_over_ranks(double local) {
+  double total = 0;
+  MPI_Allreduce(&local, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  return total / world().size();
+}
+
+struct Run {
+  std::vector<double> losses;
+  nn::Named<Tensor> parameters;
+};
+
+// One process, no FSDP: the reference every rank computes for itself.
+Run train_alone(std::int64_t vocab, int steps) {
+  Nested model(vocab, kSeed);
+  optim::AdamW optimizer(model->named_parameters(), {.lr = 1e-2});
+  Run run;
+  for (int step = 0; step < steps; ++step) {
+    const auto batch = token_batch(step, kGlobalBatch, vocab);
+    Variable loss = cross_entropy(model(batch.tokens), batch.targets);
+    run.losses.push_back(loss.data().item<float>());
+    optimizer.zero_grad();
+    loss.backward();
+    optimizer.step();
+  }
+  for (const auto& [name, variable] : model->named_parameters())
+    run.parameters.emplace_back(name, variable.data().clone());
+  return run;
+}
+
+Run train_sharded(std::int64_t vocab, int steps, const dist::FsdpOptions& options) {
+  Nested model(vocab, kSeed);
+  for (const auto& block : *model->blocks) dist::fully_shard(*block, options);
+  dist::fully_shard(*model, options);
+  optim::AdamW optimizer(dist::sharded_parameters(*model), {.lr = 1e-2});
+  Run run;
+  const int r = world().rank(), w = world().size();
+  for (int step = 0; step < steps; ++step) {
+    const auto batch = token_batch(step, kGlobalBatch, vocab, r, w);
+    Variable loss = cross_entropy(model(batch.tokens), batch.targets);
+    run.losses.push_back(mean_over_ranks(loss.data().item<float>()));
+    optimizer.zero_grad();
+    loss.backward();
+    optimizer.step();
+  }
+  run.parameters = dist::gather_full_parameters(*model);
+  return run;
+}
+
+// Elements beyond atol + rtol * |expected|, summed over ranks.
+std::int64_t mismatches_on_any_rank(const Run& actual, const Run& expected, double rtol, double atol) {
+  std::int64_t wrong = 0;
+  for (std::size_t k = 0; k < expected.losses.size(); ++k) {
+    if (!(std::abs(actual.losses[k] - expected.losses[k]) <= atol + rtol * std::abs(expected.losses[k]))) {
+      UNSCOPED_INFO("step " << k << " loss " << actual.losses[k] << " vs " << expected.losses[k]);
+      ++wrong;
+    }
+  }
+  REQUIRE(actual.parameters.size() == expected.parameters.size());
+  for (std::size_t i = 0; i < expected.parameters.size(); ++i) {
+    REQUIRE(actual.parameters[i].first == expected.parameters[i].first);
+    const auto got = actual.parameters[i].second.to_vector<double>();
+    const auto want = expected.parameters[i].second.to_vector<double>();
+    const std::int64_t bad = test::count_mismatches(got, want, {.atol = atol, .rtol = rtol});
+    if (bad > 0) UNSCOPED_INFO(expected.parameters[i].first << ": " << bad << " elements differ");
+    wrong += bad;
+  }
+  return test::sum_over_ranks(wrong);
+}
+
+std::vector<std::pair<std::string, dist::FsdpOptions>> strategies(int world_size) {
+  const int group = world_size % 2 == 0 ? 2 : world_size;
+  return {{"full", {.sharding = dist::Sharding::full}},
+          {"grad_op", {.sharding = dist::Sharding::grad_op}},
+          {"none", {.sharding = dist::Sharding::none}},
+          {fmt::format("hybrid:{}", group), {.sharding = dist::Sharding::hybrid, .hybrid_group_size = group}},
+          {"full, no prefetch, keep gathered",
+           {.sharding = dist::Sharding::full, .reshard_after_forward = false, .prefetch = 0}}};
+}
+
+}  // namespace
+
+TEST_CASE("FSDP training equals one process on the same global batches, for every strategy",
+          "[dist][fsdp][parity]") {
+  const std::int64_t vocab = 4 * world().size() + 1;
+  const Run alone = train_alone(vocab, 4);
+  for (const auto& [name, options] : strategies(world().size())) {
+    INFO("sharding " << name << " at " << world().size() << " ranks");
+    const Run sharded = train_sharded(vocab, 4, options);
+    CHECK(mismatches_on_any_rank(sharded, alone, 1e-5, 1e-6) == 0);
+  }
+}
+
+TEST_CASE("a unit's shard is ceil(P / N) elements; padding stays zero and every element is updated",
+          "[dist][fsdp]") {
+  const int r = world().rank(), w = world().size();
+  const std::int64_t vocab = 4 * w + 1;
+  Nested model(vocab, kSeed);
+  const std::int64_t block_parameters = (*model->blocks)[0].parameter_count();  // 15 * 16 + 7 = 247
+  CHECK(block_parameters == 247);
+  for (const auto& block : *model->blocks) dist::fully_shard(*block);
+  dist::fully_shard(*model);
+  // The parameters hold no bytes between steps: they are views of freed gathered buffers.
+  for (const auto& [name, variable] : model->named_parameters()) {
+    INFO(name);
+    CHECK(variable.data().storage()->nbytes() == 0);
+  }
+  const auto shards = dist::sharded_parameters(*model);
+  REQUIRE(shards.size() == 4);
+  CHECK(shards[0].first == "flat_shard");
+  CHECK(shards[1].first == "blocks.0.flat_shard");
+  const std::int64_t shard = (block_parameters + w - 1) / w;
+  CHECK(shards[1].second.numel() == shard);
+  const std::vector<float> before = shards[1].second.data().to_vector<float>();
+  optim::AdamW optimizer(shards, {.lr = 1e-2});
+  for (int step = 0; step < 2; ++step) {
+    const auto batch = token_batch(step, kGlobalBatch, vocab, r, w);
+    Variable loss = cross_entropy(model(batch.tokens), batch.targets);
+    optimizer.zero_grad();
+    loss.backward();
+    optimizer.step();
+  }
+  const std::vector<float> after = shards[1].second.data().to_vector<float>();
+  std::int64_t wrong = 0;
+  for (std::int64_t i = 0; i < shard; ++i) {
+    const bool padding = r * shard + i >= block_parameters;
+    const auto k = static_cast<std::size_t>(i);
+    wrong += padding ? (after[k] != 0.0f || shards[1].second.grad().to_vector<float>()[k] != 0.0f)
+                     : after[k] == before[k];
+  }
+  CHECK(test::sum_over_ranks(wrong) == 0);
+}
+
+TEST_CASE("communication per step matches the plan: FULL_SHARD moves 3(N-1)/N P, NO_SHARD 2(N-1)/N P",
+          "[dist][fsdp]") {
+  const int r = world().rank(), w = world().size();
+  const std::int64_t vocab = 4 * w + 1;
+  std::map<std::string, std::int64_t> received;
+  for (const dist::Sharding sharding : {dist::Sharding::full, dist::Sharding::none}) {
+    Nested model(vocab, kSeed);
+    const std::int64_t parameters = model->parameter_count();
+    for (const auto& block : *model->blocks) dist::fully_shard(*block, {.sharding = sharding});
+    dist::fully_shard(*model, {.sharding = sharding});
+    const dist::Plan plan = dist::explain(*model);
+    const int units = static_cast<int>(plan.units.size());
+    optim::AdamW optimizer(dist::sharded_parameters(*model), {});
+    for (int step = 0; step < 2; ++step) {  // the second step runs with the recorded order and prefetch
+      world().reset_counters();
+      const auto batch = token_batch(step, kGlobalBatch, vocab, r, w);
+      Variable loss = cross_entropy(model(batch.tokens), batch.targets);
+      optimizer.zero_grad();
+      loss.backward();
+      optimizer.step();
+      const dist::CollectiveCounters counters = world().counters();
+      INFO(dist::sharding_name(sharding) << " step " << step << "\n" << plan.str());
+      CHECK(counters.total().bytes_received == plan.bytes_per_step());
+      CHECK(counters.total().bytes_sent == plan.bytes_per_step());
+      if (sharding == dist::Sharding::full && w > 1) {
+        // Forward gathers every unit, backward all but the root, which stays gathered.
+        CHECK(counters[dist::Collective::all_gather].calls == 2 * units - 1);
+        CHECK(counters[dist::Collective::reduce_scatter].calls == units);
+        CHECK(counters[dist::Collective::all_reduce].calls == 0);
+      } else if (w > 1) {
+        CHECK(counters[dist::Collective::all_gather].calls == 0);
+        CHECK(counters[dist::Collective::all_reduce].calls == units);
+      }
+    }
+    std::int64_t padded = 0;
+    for (const auto& unit : plan.units) padded += unit.parameters + unit.padding;
+    CHECK(padded - parameters < units * w);
+    received[std::string(dist::sharding_name(sharding))] = world().counters().total().bytes_received;
+    // Per rank, in elements of 4 bytes: FULL_SHARD 3 (N-1)/N, NO_SHARD 2 (N-1)/N of the padded P
+    // (the root's backward gather skipped: its share is subtracted).
+    if (sharding == dist::Sharding::full) {
+      const std::int64_t root = plan.units[0].parameters + plan.units[0].padding;
+      CHECK(received["full"] == 4 * (3 * (w - 1) * padded / w - (w - 1) * root / w));
+    } else {
+      std::int64_t expected = 0;
+      for (const auto& unit : plan.units) expected += 2 * (w - 1) * 4 * (unit.shard_elements) / w;
+      CHECK(received["none"] == expected);
+    }
+  }
+}
+
+TEST_CASE("persistent memory per rank is the plan's: f32 shard, gradient shard and Adam state",
+          "[dist][fsdp]") {
+  const int r = world().rank(), w = world().size();
+  const std::int64_t vocab = 4 * w + 1;
+  const std::int64_t baseline = memory_stats(Device::cpu()).bytes_in_use;
+  {
+    Nested model(vocab, kSeed);
+    for (const auto& block : *model->blocks) dist::fully_shard(*block);
+    dist::fully_shard(*model);
+    const dist::Plan plan = dist::explain(*model);
+    optim::AdamW optimizer(dist::sharded_parameters(*model), {});
+    dist::reset_unsharded_peak();
+    for (int step = 0; step < 2; ++step) {
+      const auto batch = token_batch(step, kGlobalBatch, vocab, r, w);
+      Variable loss = cross_entropy(model(batch.tokens), batch.targets);
+      optimizer.zero_grad();
+      loss.backward();
+      optimizer.step();
+    }
+    std::int64_t shard_elements = 0;
+    for (const auto& unit : plan.units) shard_elements += unit.shard_elements;
+    CHECK(plan.total_persistent_bytes() == 16 * shard_elements);
+    // What is left after a step: the plan's bytes, plus AdamW's i64 step counter per shard.
+    const std::int64_t in_use = memory_stats(Device::cpu()).bytes_in_use - baseline;
+    CHECK(in_use == plan.total_persistent_bytes() + 8 * static_cast<std::int64_t>(plan.units.size()));
+    CHECK(dist::unsharded_memory().bytes == 0);
+    // At most the root (kept gathered) and 1 + prefetch more units at once.
+    CHECK(dist::unsharded_memory().peak_bytes > 0);
+    CHECK(dist::unsharded_memory().peak_bytes <= plan.peak_unsharded_bytes() + plan.units[0].unsharded_bytes);
+  }
+  CHECK(memory_stats(Device::cpu()).bytes_in_use == baseline);
+}
+
+TEST_CASE("fully_shard refuses top-down order, double sharding and ties across units",
+          "[dist][fsdp][errors]") {
+  Nested model(5, kSeed);
+  dist::fully_shard(*model);
+  CHECK_THROWS_ERROR(
+      dist::fully_shard((*model->blocks)[0]),
+      "fully_shard: 'blocks.0' (Block) is inside the root Nested, which is already sharded; call "
+      "fully_shard on inner modules first and on the root last");
+  CHECK_THROWS_ERROR(dist::fully_shard(*model), "fully_shard: this Nested is already an FSDP unit");
+
+  // A block registered as "first" and, again as "second", either whole (one unit reached by
+  // two paths: fine) or only its `up` Linear (a weight tied across units: refused).
+  class Reused : public nn::Module {
+   public:
+    explicit Reused(bool whole) : nn::Module("Reused"), block(std::make_shared<test::BlockImpl>(16)) {
+      register_module("first", block);
+      if (whole) {
+        register_module("second", block);
+      } else {
+        register_module("second", block->up.ptr());
+      }
+    }
+    std::shared_ptr<test::BlockImpl> block;
+  };
+  auto tied = std::make_shared<Reused>(false);
+  dist::fully_shard(*tied->block);
+  CHECK_THROWS_ERROR(dist::fully_shard(*tied),
+                     "fully_shard: parameter 'second.weight' is the same tensor as 'first.up.weight', which the unit "
+                     "'first' holds; tied parameters must share a unit");
+  CHECK_THROWS_ERROR(dist::sharded_parameters(*tied), "FSDP: the root Reused is not sharded");
+  auto twice = std::make_shared<Reused>(true);
+  dist::fully_shard(*twice->block);
+  dist::fully_shard(*twice);
+  CHECK(dist::sharded_parameters(*twice).size() == 2);
+  CHECK_THROWS_ERROR(
+      dist::parse_sharding("half"),
+      "sharding 'half' is not one of full, grad_op, none, hybrid:G (G > 0 ranks per shard group)");
+  CHECK_THROWS_ERROR(dist::parse_sharding("hybrid:0"), "sharding 'hybrid:0' is not one of");
+  CHECK(dist::parse_sharding("hybrid:2") == std::pair{dist::Sharding::hybrid, 2});
+  Nested other(5, kSeed);
+  CHECK_THROWS_ERROR(
+      dist::fully_shard(*other,
+                        {.sharding = dist::Sharding::hybrid, .hybrid_group_size = world().size() + 1}),
+      fmt::format("fully_shard: hybrid shard groups of {} ranks do not divide the {} ranks of communicator",
+                  world().size() + 1, world().size()));
+  CHECK_THROWS_ERROR(dist::fully_shard(*other, {.prefetch = -1}),
+                     "fully_shard: prefetch must be >= 0, got -1");
+}
+
+TEST_CASE("clip_grad_norm_ over the shards equals the one-process norm", "[dist][fsdp]") {
+  const int r = world().rank(), w = world().size();
+  const std::int64_t vocab = 4 * w + 1;
+  Nested alone(vocab, kSeed);
+  const auto whole = token_batch(0, kGlobalBatch, vocab);
+  cross_entropy(alone(whole.tokens), whole.targets).backward();
+  const double expected = optim::clip_grad_norm_(alone->parameters(), 0.05);
+
+  Nested model(vocab, kSeed);
+  for (const auto& block : *model->blocks) dist::fully_shard(*block);
+  dist::fully_shard(*model);
+  const auto mine = token_batch(0, kGlobalBatch, vocab, r, w);
+  cross_entropy(model(mine.tokens), mine.targets).backward();
+  const double norm = dist::clip_grad_norm_(*model, 0.05);
+  CHECK(test::sum_over_ranks(std::abs(norm - expected) <= 1e-5 * expected ? 0 : 1) == 0);
+  // Clipped: the shards' global norm is now max_norm.
+  CHECK(std::abs(dist::clip_grad_norm_(*model, 1e9) - 0.05) < 1e-6);
+}
+
+TEST_CASE("k micro-steps without gradient sync then one with equal one step on the k-times batch",
+          "[dist][fsdp]") {
+  const int r = world().rank(), w = world().size();
+  const std::int64_t vocab = 4 * w + 1, micro = 3;
+  Nested alone(vocab, kSeed);
+  optim::AdamW reference(alone->named_parameters(), {.lr = 1e-2});
+  // The big batch: the micro-batches' rows together; the loss mean over all of them.
+  Variable total;
+  for (std::int64_t k = 0; k < micro; ++k) {
+    const auto batch = token_batch(k, kGlobalBatch, vocab);
+    Variable part = mul(cross_entropy(alone(batch.tokens), batch.targets), 1.0 / micro);
+    total = total.defined() ? add(total, part) : part;
+  }
+  total.backward();
+  reference.step();
+
+  Nested model(vocab, kSeed);
+  for (const auto& block : *model->blocks) dist::fully_shard(*block);
+  dist::fully_shard(*model);
+  optim::AdamW optimizer(dist::sharded_parameters(*model), {.lr = 1e-2});
+  world().reset_counters();
+  for (std::int64_t k = 0; k < micro; ++k) {
+    dist::set_requires_gradient_sync(*model, k == micro - 1);
+    const auto batch = token_batch(k, kGlobalBatch, vocab, r, w);
+    mul(cross_entropy(model(batch.tokens), batch.targets), 1.0 / micro).backward();
+  }
+  optimizer.step();
+  if (w > 1) CHECK(world().counters()[dist::Collective::reduce_scatter].calls == 4);  // once per unit
+  Run expected, actual;
+  for (const auto& [name, variable] : alone->named_parameters())
+    expected.parameters.emplace_back(name, variable.data());
+  actual.parameters = dist::gather_full_parameters(*model);
+  CHECK(mismatches_on_any_rank(actual, expected, 1e-5, 1e-6) == 0);
+}
+
+TEST_CASE("the plan table names every unit with its counts", "[dist][fsdp][explain]") {
+  const int w = world().size();
+  Nested model(4 * w + 1, kSeed);
+  for (const auto& block : *model->blocks) dist::fully_shard(*block);
+  dist::fully_shard(*model);
+  const dist::Plan plan = dist::explain(*model);
+  const std::string table = plan.str();
+  CHECK_THAT(table, Catch::Matchers::StartsWith(fmt::format(
+                        "FSDP plan: sharding full, {} ranks, shard groups of {}, prefetch 1\n", w, w)));
+  const std::int64_t shard = (247 + w - 1) / w;
+  CHECK_THAT(table, Catch::Matchers::Contains(fmt::format("{:<16} {:>10} {:>7} {:>10} {:>12}", "blocks.0",
+                                                          247, shard * w - 247, shard, 16 * shard)));
+  CHECK(plan.units[2].name == "blocks.1");
+  CHECK(plan.units[2].parameters == 277);
+  CHECK(plan.units[0].backward_gathers == 0);  // the root stays gathered for backward
+  CHECK(plan.units[1].backward_gathers == (w > 1 ? 1 : 0));
+}
