@@ -5,8 +5,11 @@
 
 #include <cmath>
 
+#include "autograd/random_context.h"
 #include "core/allocator.h"
+#include "core/random.h"
 #include "dist/fsdp.h"
+#include "models/cnn.h"
 #include "optim/optimizer.h"
 #include "tests/dist/fsdp_models.h"
 #include "tests/dist/world.h"
@@ -30,6 +33,7 @@ double mean_over_ranks(double local) {
 struct Run {
   std::vector<double> losses;
   nn::Named<Tensor> parameters;
+  dist::Plan plan;
 };
 
 // One process, no FSDP: the reference every rank computes for itself.
@@ -263,9 +267,10 @@ TEST_CASE("fully_shard refuses top-down order, double sharding and ties across u
   };
   auto tied = std::make_shared<Reused>(false);
   dist::fully_shard(*tied->block);
-  CHECK_THROWS_ERROR(dist::fully_shard(*tied),
-                     "fully_shard: parameter 'second.weight' is the same tensor as 'first.up.weight', which the unit "
-                     "'first' holds; tied parameters must share a unit");
+  CHECK_THROWS_ERROR(
+      dist::fully_shard(*tied),
+      "fully_shard: parameter 'second.weight' is the same tensor as 'first.up.weight', which the unit "
+      "'first' holds; tied parameters must share a unit");
   CHECK_THROWS_ERROR(dist::sharded_parameters(*tied), "FSDP: the root Reused is not sharded");
   auto twice = std::make_shared<Reused>(true);
   dist::fully_shard(*twice->block);
@@ -356,4 +361,117 @@ TEST_CASE("the plan table names every unit with its counts", "[dist][fsdp][expla
   CHECK(plan.units[2].parameters == 277);
   CHECK(plan.units[0].backward_gathers == 0);  // the root stays gathered for backward
   CHECK(plan.units[1].backward_gathers == (w > 1 ? 1 : 0));
+}
+
+namespace {
+
+// Trains the nested model with FSDP over `comm` (all ranks, or each rank alone) under a bf16
+// policy with SGD, returning the global-mean losses and the final full parameters.
+Run train_bf16(dist::Communicator& comm, std::int64_t vocab, int steps) {
+  const dist::FsdpOptions options{.mixed_precision = {.param_dtype = DType::bf16, .reduce_dtype = DType::f32},
+                                  .communicator = &comm};
+  Nested model(vocab, kSeed);
+  for (const auto& block : *model->blocks) dist::fully_shard(*block, options);
+  dist::fully_shard(*model, options);
+  optim::SGD optimizer(dist::sharded_parameters(*model), {.lr = 0.1});
+  Run run;
+  for (int step = 0; step < steps; ++step) {
+    const auto batch = token_batch(step, kGlobalBatch, vocab, comm.rank(), comm.size());
+    Variable loss = cross_entropy(model(batch.tokens), batch.targets);
+    CHECK(loss.dtype() == DType::bf16);  // the compute ran in bf16
+    const Tensor local = full({1}, loss.data().to(DType::f32).item<float>(), dtype(DType::f64));
+    comm.all_reduce(local, dist::ReduceOp::avg).wait();
+    run.losses.push_back(local.item<double>());
+    optimizer.zero_grad();
+    loss.backward();
+    optimizer.step();
+  }
+  for (const auto& [name, shard] : dist::sharded_parameters(*model))
+    CHECK(shard.dtype() == DType::f32);  // the master
+  run.plan = dist::explain(*model);
+  run.parameters = dist::gather_full_parameters(*model);
+  return run;
+}
+
+}  // namespace
+
+TEST_CASE("bf16 mixed precision: gathers and computes in bf16, reduces in f32, keeps f32 master shards",
+          "[dist][fsdp][mixed]") {
+  const int w = world().size();
+  const std::int64_t vocab = 4 * w + 1;
+  // The 1-process run with the same casts: FSDP over a communicator of this rank alone.
+  auto alone_comm = world().split(world().rank(), 0, "alone");
+  const Run alone = train_bf16(*alone_comm, vocab, 3);
+  world().reset_counters();
+  const Run sharded = train_bf16(world(), vocab, 3);
+  // Batch rows split over ranks change the bf16 rounding of the gradients: bf16 tolerance.
+  CHECK(mismatches_on_any_rank(sharded, alone, 2e-2, 2e-3) == 0);
+  if (w > 1) {
+    // Gathers carry 2-byte elements, reductions 4-byte ones: bf16 all-gathers move half the
+    // bytes of the f32 reduce-scatters of the same padded buffers.
+    const auto counters = world().counters();
+    const auto gathered = counters[dist::Collective::all_gather].bytes_received;
+    const auto reduced = counters[dist::Collective::reduce_scatter].bytes_received;
+    CHECK(gathered > 0);
+    // 3 steps of forward and backward gathers in bf16, then the f32 gather of the final
+    // parameters; 3 reduce-scatters per unit in f32.
+    std::int64_t expected_gathered = 0, expected_reduced = 0;
+    for (const dist::UnitPlan& unit : sharded.plan.units) {
+      CHECK(2 * unit.forward_gather_bytes == unit.reduce_bytes);  // 2-byte gathers, 4-byte reductions
+      expected_gathered +=
+          3 * (unit.forward_gather_bytes + unit.backward_gather_bytes) + 2 * unit.forward_gather_bytes;
+      expected_reduced += 3 * unit.reduce_bytes;
+    }
+    CHECK(gathered == expected_gathered);
+    CHECK(reduced == expected_reduced);
+  }
+}
+
+TEST_CASE("the CNN with dropout: N ranks reproduce the 1-process losses, masks keyed by global sample index",
+          "[dist][fsdp][cnn]") {
+  const int r = world().rank(), w = world().size();
+  constexpr std::int64_t kSteps = 3;
+  const Tensor images = uniform({kSteps * kGlobalBatch, 1, 28, 28}, RandomKey{.seed = 3, .stream = 1});
+  std::vector<std::int64_t> label_values;
+  for (std::int64_t i = 0; i < kSteps * kGlobalBatch; ++i) label_values.push_back(i * 7 % 10);
+  const Tensor labels = from_vector(label_values, {kSteps * kGlobalBatch});
+  // Rows of step k's global batch on `rank` of `world_size`, by global sample index.
+  const auto rows = [&](std::int64_t step, int rank, int world_size) {
+    std::vector<std::int64_t> indices;
+    for (std::int64_t i = rank; i < kGlobalBatch; i += world_size) indices.push_back(step * kGlobalBatch + i);
+    return indices;
+  };
+  const auto train = [&](models::Cnn& model, optim::Optimizer& optimizer, int rank, int world_size) {
+    std::vector<double> losses;
+    for (std::int64_t step = 0; step < kSteps; ++step) {
+      const std::vector<std::int64_t> indices = rows(step, rank, world_size);
+      const Tensor index = from_vector(indices, {static_cast<std::int64_t>(indices.size())});
+      const RandomContextGuard context({.seed = 11, .step = step, .sample_indices = indices});
+      Variable loss =
+          nll_loss(model(constant(index_select(images, 0, index))), index_select(labels, 0, index));
+      losses.push_back(world_size == 1 ? loss.data().item<float>()
+                                       : mean_over_ranks(loss.data().item<float>()));
+      optimizer.zero_grad();
+      loss.backward();
+      optimizer.step();
+    }
+    return losses;
+  };
+  models::Cnn alone(1);
+  optim::Adadelta alone_optimizer(alone->named_parameters(), {.lr = 1.0});
+  const std::vector<double> expected = train(alone, alone_optimizer, 0, 1);
+
+  models::Cnn model(1);
+  dist::fully_shard(*model->conv2);
+  dist::fully_shard(*model->fc1);
+  dist::fully_shard(*model);
+  optim::Adadelta optimizer(dist::sharded_parameters(*model), {.lr = 1.0});
+  const std::vector<double> losses = train(model, optimizer, r, w);
+  std::int64_t wrong = 0;
+  for (std::size_t k = 0; k < expected.size(); ++k) {
+    UNSCOPED_INFO("step " << k << ": " << losses[k] << " vs " << expected[k]);
+    wrong += !(std::abs(losses[k] - expected[k]) <= 1e-5 * std::abs(expected[k]));
+  }
+  // Different masks would change the losses by far more than 1e-5: the dropout rows match.
+  CHECK(test::sum_over_ranks(wrong) == 0);
 }
