@@ -106,6 +106,7 @@ struct Slot {
   std::vector<std::string> names;  // dotted, relative to the unit's module
   Variable variable;
   Shape shape;
+  nn::Init init;
   std::int64_t offset = 0;
 };
 
@@ -148,6 +149,10 @@ class Unit : public std::enable_shared_from_this<Unit> {
   bool reshards_after_forward() const { return reshard_after_forward_ && !is_root(); }
 
   void join_root(std::shared_ptr<RootState> root, std::string name);
+  // fn(slot, first element in the slot, count, the shard's view of them) for every slot
+  // overlapping this rank's shard.
+  template <typename Fn>
+  void for_each_piece_of_shard(const Tensor& shard, Fn&& fn) const;
   void install_hooks();
 
   void pre_forward();
@@ -175,6 +180,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
   int prefetch_;
   std::int64_t parameters_ = 0, padded_ = 0, shard_elements_ = 0;
   Device device_;
+  bool deferred_ = false;
   std::string name_;
   std::shared_ptr<RootState> root_;
   Variable shard_;                    // f32 [S]: what the optimizer updates
@@ -277,16 +283,24 @@ Unit::Unit(nn::Module& module, std::vector<Slot> slots, const FsdpOptions& optio
   const std::int64_t group = groups_->shard_size();
   padded_ = (parameters_ + group - 1) / group * group;
   shard_elements_ = padded_ / group;
-  // This rank's shard: the elements [rank * S, (rank + 1) * S) of the flattened parameters.
-  const std::int64_t begin = groups_->shard_rank() * shard_elements_, end = begin + shard_elements_;
-  Tensor shard = zeros({shard_elements_}, dtype(DType::f32).with_device(device_));
   for (const Slot& slot : slots_) {
-    const std::int64_t from = std::max(begin, slot.offset),
-                       to = std::min(end, slot.offset + slot.variable.numel());
-    if (from >= to) continue;
-    const Tensor flat = slot.variable.data().contiguous().view({slot.variable.numel()});
-    shard.narrow(0, from - begin, to - from)
-        .copy_(cast(flat.narrow(0, from - slot.offset, to - from), DType::f32));
+    SHARDLAB_CHECK(
+        nn::deferred(slot.variable.data()) == nn::deferred(slots_.front().variable.data()),
+        "fully_shard: parameter '{}' has {} bytes but '{}' has {}; a unit's parameters are all made under "
+        "nn::DeferredInitGuard or none",
+        slot.names.front(), nn::deferred(slot.variable.data()) ? "no" : "its", slots_.front().names.front(),
+        nn::deferred(slots_.front().variable.data()) ? "none" : "its");
+  }
+  deferred_ = !slots_.empty() && nn::deferred(slots_.front().variable.data());
+  // This rank's shard: the elements [rank * S, (rank + 1) * S) of the flattened parameters,
+  // copied now, or drawn by join_root once the parameters' names from the root are known.
+  Tensor shard = zeros({shard_elements_}, dtype(DType::f32).with_device(device_));
+  if (!deferred_) {
+    for_each_piece_of_shard(
+        shard, [&](const Slot& slot, std::int64_t from, std::int64_t count, const Tensor& piece) {
+          const Tensor flat = slot.variable.data().contiguous().view({slot.variable.numel()});
+          piece.copy_(cast(flat.narrow(0, from, count), DType::f32));
+        });
   }
   shard_ = Variable(shard, true, "flat_shard");
   // The parameters become views of the gathered buffer, which has no bytes yet.
@@ -297,10 +311,34 @@ Unit::Unit(nn::Module& module, std::vector<Slot> slots, const FsdpOptions& optio
   }
 }
 
+template <typename Fn>
+void Unit::for_each_piece_of_shard(const Tensor& shard, Fn&& fn) const {
+  const std::int64_t begin = groups_->shard_rank() * shard_elements_, end = begin + shard_elements_;
+  for (const Slot& slot : slots_) {
+    const std::int64_t from = std::max(begin, slot.offset),
+                       to = std::min(end, slot.offset + slot.variable.numel());
+    if (from < to) fn(slot, from - slot.offset, to - from, shard.narrow(0, from - begin, to - from));
+  }
+}
+
 void Unit::join_root(std::shared_ptr<RootState> root, std::string name) {
   root_ = std::move(root);
   name_ = std::move(name);
   shard_.set_name(join_name(name_, "flat_shard"));
+  if (!deferred_) return;
+  // Sharded initialisation: this rank draws only its slice of each parameter, the exact
+  // values nn::initialize(root, seed) gives the whole parameter in one process.
+  const auto seed = root_->root->initialized_seed();
+  SHARDLAB_CHECK(
+      seed.has_value(),
+      "FSDP: unit {}'s parameters were made under nn::DeferredInitGuard, but nn::initialize(root, seed) "
+      "was not called on the root {}",
+      name_.empty() ? "(root)" : "'" + name_ + "'", root_->root->type_name());
+  const NoGradGuard no_grad;
+  for_each_piece_of_shard(shard_.data(),
+                          [&](const Slot& slot, std::int64_t from, std::int64_t, const Tensor& piece) {
+                            slot.init.fill(piece, *seed, join_name(name_, slot.names.front()), from);
+                          });
 }
 
 // The module's hooks own the unit (the module outlives its unit); the parameters' hooks
@@ -534,6 +572,8 @@ void fully_shard(nn::Module& module, const FsdpOptions& options) {
   }
   std::vector<Slot> slots;
   std::map<const void*, std::size_t> slot_of;
+  std::map<std::string, nn::Init> inits;
+  for (auto& [name, init] : module.named_inits()) inits.emplace(name, init);
   for (const auto& [name, variable] : module.named_parameters()) {
     if (auto it = claimed.find(variable.impl().get()); it != claimed.end()) {
       const Claim& claim = it->second;
@@ -561,7 +601,8 @@ void fully_shard(nn::Module& module, const FsdpOptions& options) {
                      slots.front().variable.device().str());
     }
     slot_of[variable.impl().get()] = slots.size();
-    slots.push_back({.names = {name}, .variable = variable, .shape = variable.shape()});
+    slots.push_back(
+        {.names = {name}, .variable = variable, .shape = variable.shape(), .init = inits.at(name)});
   }
   Communicator& base = options.communicator ? *options.communicator : session().world();
   auto unit = std::make_shared<Unit>(module, std::move(slots), options,

@@ -6,6 +6,7 @@
 
 #include "autograd/variable.h"
 #include "core/ops.h"
+#include "core/storage.h"
 
 namespace shardlab::nn {
 
@@ -51,12 +52,23 @@ void Module::check_new_name(const std::string& name, const char* what) const {
   SHARDLAB_CHECK(!taken, "{}: the name '{}' is already registered", type_name_, name);
 }
 
+namespace {
+thread_local bool deferring = false;
+}  // namespace
+
+DeferredInitGuard::DeferredInitGuard() : previous_(deferring) { deferring = true; }
+DeferredInitGuard::~DeferredInitGuard() { deferring = previous_; }
+
+bool deferred(const Tensor& tensor) { return tensor.numel() > 0 && tensor.storage()->nbytes() == 0; }
+
 Variable Module::register_parameter(std::string name, const Shape& shape, Init init, bool requires_grad) {
   check_new_name(name, "parameter");
   // Drawn at once (seed 0, local name) so a lone layer is usable; initialize(root, seed)
-  // redraws every parameter by its dotted name from the root.
-  const Tensor data = empty(shape);
-  init.fill(data, 0, name);
+  // redraws every parameter by its dotted name from the root. Deferred: shape only.
+  const Tensor data = deferring ? Tensor(std::make_shared<Storage>(Device::cpu(), 0), shape,
+                                         contiguous_strides(shape), 0, DType::f32)
+                                : empty(shape);
+  if (!deferring) init.fill(data, 0, name);
   Variable variable(data, requires_grad, name);
   parameters_.push_back({std::move(name), variable, init});
   return variable;
@@ -222,6 +234,7 @@ void Module::initialize_subtree(const std::string& prefix, std::uint64_t seed) {
   stream_ = name_stream(prefix);
   for (const auto& p : parameters_) {
     const Tensor& data = p.variable.data();
+    if (deferred(data)) continue;  // its owner draws the ranges it keeps
     const Tensor target =
         data.is_contiguous() ? data : empty(data.shape(), TensorOptions{data.dtype(), data.device()});
     p.init.fill(target, seed, join(prefix, p.name));
@@ -232,6 +245,7 @@ void Module::initialize_subtree(const std::string& prefix, std::uint64_t seed) {
 
 void initialize(Module& root, std::uint64_t seed) {
   const NoGradGuard no_grad;
+  root.initialized_seed_ = seed;
   root.initialize_subtree("", seed);
 }
 

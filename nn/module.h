@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -41,6 +42,24 @@ struct Init {
 
 // The Philox stream of a dotted name (FNV-1a, 64-bit).
 std::uint64_t name_stream(const std::string& name);
+
+// While one lives on this thread, new parameters have their shapes but no bytes, and
+// nn::initialize only names the modules' streams and remembers the seed: the owner of the
+// parameters (FSDP's sharded initialisation) then draws just the ranges it keeps with
+// Init::fill, by dotted name, and no process ever holds the whole model.
+class DeferredInitGuard {
+ public:
+  DeferredInitGuard();
+  ~DeferredInitGuard();
+  DeferredInitGuard(const DeferredInitGuard&) = delete;
+  DeferredInitGuard& operator=(const DeferredInitGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// Whether `tensor` has elements but no bytes yet (a parameter made under DeferredInitGuard).
+bool deferred(const Tensor& tensor);
 
 using StateDict = std::vector<std::pair<std::string, Tensor>>;
 template <typename T>
@@ -94,6 +113,8 @@ class Module : public std::enable_shared_from_this<Module> {
   // The Philox stream random layers (dropout) use: the hash of this module's dotted name,
   // set by initialize(); 0 before.
   std::uint64_t stream() const { return stream_; }
+  // The seed nn::initialize(*this, seed) drew (or, deferred, will draw) the parameters with.
+  std::optional<std::uint64_t> initialized_seed() const { return initialized_seed_; }
 
   // The tree with each module's description and parameter shapes.
   std::string str() const;
@@ -135,6 +156,7 @@ class Module : public std::enable_shared_from_this<Module> {
   std::string type_name_;
   bool training_ = true;
   std::uint64_t stream_ = 0;
+  std::optional<std::uint64_t> initialized_seed_;
   std::vector<Parameter> parameters_;
   Named<Tensor> buffers_;
   Named<std::shared_ptr<Module>> children_;

@@ -475,3 +475,83 @@ TEST_CASE("the CNN with dropout: N ranks reproduce the 1-process losses, masks k
   // Different masks would change the losses by far more than 1e-5: the dropout rows match.
   CHECK(test::sum_over_ranks(wrong) == 0);
 }
+
+TEST_CASE("sharded initialisation: each rank draws only its shard, the values one process draws",
+          "[dist][fsdp][init]") {
+  const int w = world().size();
+  const std::int64_t vocab = 4 * w + 1;
+  Nested whole(vocab, kSeed);
+  const std::int64_t full_bytes = 4 * whole->parameter_count();
+
+  const std::int64_t baseline = memory_stats(Device::cpu()).bytes_in_use;
+  reset_peak_memory(Device::cpu());
+  std::optional<Nested> model;
+  {
+    const nn::DeferredInitGuard deferred;
+    model.emplace(vocab, kSeed);
+  }
+  for (const auto& [name, variable] : (*model)->named_parameters()) {
+    INFO(name);
+    CHECK(nn::deferred(variable.data()));  // shapes only
+  }
+  CHECK(memory_stats(Device::cpu()).bytes_in_use == baseline);
+  for (const auto& block : *(*model)->blocks) dist::fully_shard(*block);
+  dist::fully_shard(**model);
+  const dist::Plan plan = dist::explain(**model);
+  std::int64_t shard_bytes = 0;
+  for (const auto& unit : plan.units) shard_bytes += 4 * unit.shard_elements;
+  // Nothing but the f32 shards was ever allocated.
+  CHECK(memory_stats(Device::cpu()).peak_bytes - baseline == shard_bytes);
+  if (w > 2) CHECK(shard_bytes < full_bytes / 2);
+
+  const nn::Named<Tensor> drawn = dist::gather_full_parameters(**model);
+  const nn::Named<Variable> expected = whole->named_parameters();
+  REQUIRE(drawn.size() == expected.size());
+  std::int64_t wrong = 0;
+  for (std::size_t i = 0; i < drawn.size(); ++i) {
+    REQUIRE(drawn[i].first == expected[i].first);
+    wrong += test::count_mismatches(drawn[i].second.to_vector<double>(),
+                                    expected[i].second.data().to_vector<double>(), {.atol = 0, .rtol = 0});
+  }
+  CHECK(test::sum_over_ranks(wrong) == 0);  // bit-identical
+}
+
+TEST_CASE("sharded initialisation refuses a root that was never initialised", "[dist][fsdp][init][errors]") {
+  class Bare : public nn::Module {
+   public:
+    Bare() : nn::Module("Bare"), fc(nn::LinearOptions(3, 2)) { register_module("fc", fc.ptr()); }
+    nn::Linear fc;
+  };
+  std::shared_ptr<Bare> bare;
+  {
+    const nn::DeferredInitGuard deferred;
+    bare = std::make_shared<Bare>();
+  }
+  dist::fully_shard(*bare);
+  CHECK_THROWS_ERROR(
+      dist::sharded_parameters(*bare),
+      "FSDP: unit (root)'s parameters were made under nn::DeferredInitGuard, but nn::initialize(root, "
+      "seed) was not called on the root Bare");
+}
+
+TEST_CASE("a unit's parameters are all deferred or none", "[dist][fsdp][init][errors]") {
+  class Mixed : public nn::Module {
+   public:
+    Mixed(nn::Linear deferred_layer, nn::Linear real_layer)
+        : nn::Module("Mixed"), a(std::move(deferred_layer)), b(std::move(real_layer)) {
+      register_module("a", a.ptr());
+      register_module("b", b.ptr());
+    }
+    nn::Linear a, b;
+  };
+  std::optional<nn::Linear> shapes_only;
+  {
+    const nn::DeferredInitGuard deferred;
+    shapes_only.emplace(nn::LinearOptions(3, 2));
+  }
+  auto mixed = std::make_shared<Mixed>(*shapes_only, nn::Linear(nn::LinearOptions(2, 2)));
+  CHECK_THROWS_ERROR(
+      dist::fully_shard(*mixed),
+      "fully_shard: parameter 'b.weight' has its bytes but 'a.weight' has none; a unit's parameters are "
+      "all made under nn::DeferredInitGuard or none");
+}

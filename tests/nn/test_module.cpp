@@ -193,3 +193,29 @@ TEST_CASE("default initialisation matches PyTorch's distributions", "[nn][init]"
   initialize(*norm, 1);
   test::check_equal(norm->weight.data(), std::vector<double>(8, 1.0));
 }
+
+TEST_CASE("DeferredInitGuard: parameters without bytes; initialize names streams and remembers the seed",
+          "[nn][module][deferred]") {
+  std::shared_ptr<nn::SequentialImpl> model;
+  {
+    const nn::DeferredInitGuard deferred;
+    model = std::make_shared<nn::SequentialImpl>(nn::Linear(nn::LinearOptions(3, 4)),
+                                                 nn::Linear(nn::LinearOptions(4, 2)));
+  }
+  CHECK_FALSE(model->initialized_seed().has_value());
+  nn::initialize(*model, 9);
+  CHECK(model->initialized_seed() == std::optional<std::uint64_t>(9));
+  for (const auto& [name, variable] : model->named_parameters()) {
+    INFO(name);
+    CHECK(nn::deferred(variable.data()));
+    CHECK(variable.shape() == (name == "0.weight"   ? Shape{4, 3}
+                               : name == "0.bias"   ? Shape{4}
+                               : name == "1.weight" ? Shape{2, 4}
+                                                    : Shape{2}));
+  }
+  CHECK(model->named_modules().at(2).second->stream() == nn::name_stream("1"));
+  // Outside the guard, parameters have their bytes again.
+  const nn::Linear real(nn::LinearOptions(3, 4));
+  CHECK_FALSE(nn::deferred(real->weight.data()));
+  CHECK_FALSE(nn::deferred(empty({0})));
+}
