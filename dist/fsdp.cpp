@@ -145,6 +145,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
   const Groups& groups() const { return *groups_; }
   const MixedPrecision& precision() const { return precision_; }
   const FsdpOptions& options() const { return options_; }
+  Device device() const { return device_; }
   // Whether the parameters are gathered again for backward (FULL_SHARD's second all-gather).
   bool reshards_after_forward() const { return reshard_after_forward_ && !is_root(); }
 
@@ -179,7 +180,8 @@ class Unit : public std::enable_shared_from_this<Unit> {
   bool reshard_after_forward_;
   int prefetch_;
   std::int64_t parameters_ = 0, padded_ = 0, shard_elements_ = 0;
-  Device device_;
+  Device device_;        // where the parameters are gathered and computed with
+  Device shard_device_;  // where the shards and the optimizer state live (the CPU when offloaded)
   bool deferred_ = false;
   std::string name_;
   std::shared_ptr<RootState> root_;
@@ -276,6 +278,7 @@ Unit::Unit(nn::Module& module, std::vector<Slot> slots, const FsdpOptions& optio
                                                                     options.sharding == Sharding::hybrid)),
       prefetch_(options.prefetch) {
   device_ = slots_.empty() ? Device::cpu() : slots_.front().variable.device();
+  shard_device_ = options.cpu_offload ? Device::cpu() : device_;
   for (Slot& slot : slots_) {
     slot.offset = parameters_;
     parameters_ += slot.variable.numel();
@@ -294,7 +297,7 @@ Unit::Unit(nn::Module& module, std::vector<Slot> slots, const FsdpOptions& optio
   deferred_ = !slots_.empty() && nn::deferred(slots_.front().variable.data());
   // This rank's shard: the elements [rank * S, (rank + 1) * S) of the flattened parameters,
   // copied now, or drawn by join_root once the parameters' names from the root are known.
-  Tensor shard = zeros({shard_elements_}, dtype(DType::f32).with_device(device_));
+  Tensor shard = zeros({shard_elements_}, dtype(DType::f32).with_device(shard_device_));
   if (!deferred_) {
     for_each_piece_of_shard(
         shard, [&](const Slot& slot, std::int64_t from, std::int64_t count, const Tensor& piece) {
@@ -361,8 +364,9 @@ void Unit::unshard() {
   if (state_ != Gathered::no) return;
   storage_->reallocate(static_cast<std::size_t>(padded_) * dtype_size(precision_.param_dtype));
   count_unsharded(static_cast<std::int64_t>(storage_->nbytes()));
+  const Tensor on_device = shard_.data().to(device_);  // itself unless offloaded
   const Tensor source =
-      precision_.param_dtype == DType::f32 ? shard_.data() : cast(shard_.data(), precision_.param_dtype);
+      precision_.param_dtype == DType::f32 ? on_device : cast(on_device, precision_.param_dtype);
   if (groups_->shard == nullptr) {
     gathered().copy_(source);
     state_ = Gathered::yes;
@@ -490,7 +494,8 @@ void Unit::finish_backward() {
     // Unless it is a cast, the reduced gradient is a buffer of its own (a 1-rank shard group's
     // is the full-gradient buffer, whose parameter views were dropped): it becomes the shard's.
     const Tensor gradient =
-        reduce_output_.dtype() == DType::f32 ? reduce_output_ : cast(reduce_output_, DType::f32);
+        (reduce_output_.dtype() == DType::f32 ? reduce_output_ : cast(reduce_output_, DType::f32))
+            .to(shard_device_);
     if (shard_.grad().defined()) {
       add_(shard_.grad(), gradient);
     } else {
@@ -508,9 +513,9 @@ Tensor Unit::full_shard_values() const {
   if (groups_->shard == nullptr) {
     full.copy_(shard_.data());
   } else {
-    groups_->shard->all_gather_into(full, shard_.data(), name_ + " (full parameters)").wait();
+    groups_->shard->all_gather_into(full, shard_.data().to(device_), name_ + " (full parameters)").wait();
   }
-  return full;
+  return full.to(Device::cpu());
 }
 
 // --- RootState ----------------------------------------------------------------------------------
@@ -680,6 +685,12 @@ Plan explain(nn::Module& root, std::int64_t optimizer_state_bytes_per_element) {
   if (first.options().sharding == Sharding::hybrid)
     plan.sharding += fmt::format(":{}", first.options().hybrid_group_size);
   plan.prefetch = first.options().prefetch;
+  if (first.options().cpu_offload) {
+    plan.note =
+        first.device().is_cpu()
+            ? "cpu offload: nothing to do, parameters and optimizer state are already in host memory"
+            : "cpu offload: shards, gradient shards and optimizer state in host memory; copied per gather";
+  }
   for (Unit* unit : state->units) {
     const MixedPrecision& precision = unit->precision();
     const int shard_size = groups.shard_size(), shard_rank = groups.shard_rank();
@@ -752,6 +763,7 @@ std::string Plan::str() const {
                         unit.shard_elements, unit.persistent_bytes, unit.unsharded_bytes,
                         unit.forward_gather_bytes, unit.backward_gather_bytes, unit.reduce_bytes);
   }
+  if (!note.empty()) text += note + "\n";
   text += fmt::format(
       "persistent model state per rank: {} B; peak unsharded parameters: {} B; received per step: {} B\n",
       total_persistent_bytes(), peak_unsharded_bytes(), bytes_per_step());

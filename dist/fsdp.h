@@ -48,6 +48,9 @@ struct FsdpOptions {
   std::optional<bool> reshard_after_forward;
   int prefetch = 1;  // units whose all-gather is issued ahead, in forward and in backward
   MixedPrecision mixed_precision;
+  // Keep the f32 shards, their gradients and the optimizer state in host memory (GPU runs: the
+  // optimizer steps on the CPU; each gather copies the shard up). On the CPU: nothing to do.
+  bool cpu_offload = false;
   // Default: dist::session().world().
   Communicator* communicator = nullptr;
 };
@@ -69,8 +72,10 @@ int shard_by_size(nn::Module& root, std::int64_t min_parameters, const FsdpOptio
 nn::Named<Variable> sharded_parameters(nn::Module& root);
 
 // Micro-steps of gradient accumulation: with sync off, backward keeps each unit's unsharded
-// gradient buffer (P elements of param_dtype per unit, until the synced step) and
-// accumulates into it; the next backward with sync on reduce-scatters the sum once.
+// gradient buffer (P elements of param_dtype per unit, until the synced step) and accumulates
+// into it; the next backward with sync on reduce-scatters the sum once. The alternative,
+// reduce-scattering every micro-step into the f32 gradient shard, would keep only P / N
+// elements but pay a reduce-scatter per micro-step; this keeps one reduction per optimizer step.
 void set_requires_gradient_sync(nn::Module& root, bool sync);
 
 // Scales the gradient shards so that the global gradient norm is at most max_norm and returns
@@ -111,6 +116,7 @@ struct Plan {
   int world_size = 1, shard_group_size = 1, prefetch = 1;
   std::int64_t optimizer_state_bytes_per_element = 8;  // Adam/AdamW: m and v in f32
   std::vector<UnitPlan> units;
+  std::string note;  // e.g. what cpu offload does here
 
   std::int64_t total_persistent_bytes() const;
   // The largest (1 + prefetch) units' gathered parameters together.

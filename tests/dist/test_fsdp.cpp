@@ -100,6 +100,7 @@ std::vector<std::pair<std::string, dist::FsdpOptions>> strategies(int world_size
           {"grad_op", {.sharding = dist::Sharding::grad_op}},
           {"none", {.sharding = dist::Sharding::none}},
           {fmt::format("hybrid:{}", group), {.sharding = dist::Sharding::hybrid, .hybrid_group_size = group}},
+          {"full, cpu offload (nothing to move on the CPU)", {.cpu_offload = true}},
           {"full, no prefetch, keep gathered",
            {.sharding = dist::Sharding::full, .reshard_after_forward = false, .prefetch = 0}}};
 }
@@ -361,6 +362,14 @@ TEST_CASE("the plan table names every unit with its counts", "[dist][fsdp][expla
   CHECK(plan.units[2].parameters == 277);
   CHECK(plan.units[0].backward_gathers == 0);  // the root stays gathered for backward
   CHECK(plan.units[1].backward_gathers == (w > 1 ? 1 : 0));
+  CHECK(plan.note.empty());
+
+  Nested offloaded(4 * w + 1, kSeed);
+  dist::fully_shard(*offloaded, {.cpu_offload = true});
+  CHECK_THAT(dist::explain(*offloaded).str(),
+             Catch::Matchers::Contains(
+                 "cpu offload: nothing to do, parameters and optimizer state are already in host "
+                 "memory\n"));
 }
 
 namespace {
@@ -554,4 +563,39 @@ TEST_CASE("a unit's parameters are all deferred or none", "[dist][fsdp][init][er
       dist::fully_shard(*mixed),
       "fully_shard: parameter 'b.weight' has its bytes but 'a.weight' has none; a unit's parameters are "
       "all made under nn::DeferredInitGuard or none");
+}
+
+TEST_CASE("prefetch issues the next unit's all-gather before that unit runs; depth 0 does not",
+          "[dist][fsdp][prefetch]") {
+  const int r = world().rank(), w = world().size();
+  if (w == 1) return;  // one rank gathers nothing
+  const std::int64_t vocab = 4 * w + 1;
+  for (const int depth : {0, 1, 2}) {
+    INFO("prefetch " << depth);
+    Nested model(vocab, kSeed);
+    for (const auto& block : *model->blocks) dist::fully_shard(*block, {.prefetch = depth});
+    dist::fully_shard(*model, {.prefetch = depth});
+    // Registered after FSDP's hook, so it runs once blocks.0 is gathered: what has been issued
+    // for blocks.1 and blocks.2 by then?
+    std::vector<std::string> issued_before_block0;
+    (*model->blocks)[0].register_forward_pre_hook([&](nn::Module&) {
+      issued_before_block0.clear();
+      for (const auto& entry : world().monitor().tail(8))
+        issued_before_block0.push_back(entry.fingerprint.tag);
+    });
+    optim::AdamW optimizer(dist::sharded_parameters(*model), {});
+    for (int step = 0; step < 2; ++step) {  // the first step records the order
+      const auto batch = token_batch(step, kGlobalBatch, vocab, r, w);
+      Variable loss = cross_entropy(model(batch.tokens), batch.targets);
+      optimizer.zero_grad();
+      loss.backward();
+      optimizer.step();
+    }
+    const auto issued = [&](const std::string& tag) {
+      return std::count(issued_before_block0.end() - 3, issued_before_block0.end(), tag) > 0;
+    };
+    CHECK(issued("blocks.0"));
+    CHECK(issued("blocks.1") == (depth >= 1));
+    CHECK(issued("blocks.2") == (depth >= 2));
+  }
 }
