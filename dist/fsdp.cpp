@@ -143,7 +143,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
   std::int64_t padded() const { return padded_; }
   std::int64_t shard_elements() const { return shard_elements_; }
   const Groups& groups() const { return *groups_; }
-  const MixedPrecision& precision() const { return precision_; }
+  const MixedPrecision& precision() const { return options_.mixed_precision; }
   const FsdpOptions& options() const { return options_; }
   Device device() const { return device_; }
   // Whether the parameters are gathered again for backward (FULL_SHARD's second all-gather).
@@ -168,7 +168,9 @@ class Unit : public std::enable_shared_from_this<Unit> {
   Tensor full_shard_values() const;  // the flat f32 parameters [padded], gathered from the shards
 
  private:
-  Tensor gathered() const { return Tensor(storage_, {padded_}, {1}, 0, precision_.param_dtype); }
+  Tensor gathered() const {
+    return Tensor(storage_, {padded_}, {1}, 0, options_.mixed_precision.param_dtype);
+  }
   void prefetch(const std::vector<Unit*>& order);
   void start_reduction();
 
@@ -176,9 +178,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
   FsdpOptions options_;
   std::vector<Slot> slots_;
   std::shared_ptr<Groups> groups_;
-  MixedPrecision precision_;
   bool reshard_after_forward_;
-  int prefetch_;
   std::int64_t parameters_ = 0, padded_ = 0, shard_elements_ = 0;
   Device device_;        // where the parameters are gathered and computed with
   Device shard_device_;  // where the shards and the optimizer state live (the CPU when offloaded)
@@ -273,10 +273,8 @@ Unit::Unit(nn::Module& module, std::vector<Slot> slots, const FsdpOptions& optio
       options_(options),
       slots_(std::move(slots)),
       groups_(std::move(groups)),
-      precision_(options.mixed_precision),
       reshard_after_forward_(options.reshard_after_forward.value_or(options.sharding == Sharding::full ||
-                                                                    options.sharding == Sharding::hybrid)),
-      prefetch_(options.prefetch) {
+                                                                    options.sharding == Sharding::hybrid)) {
   device_ = slots_.empty() ? Device::cpu() : slots_.front().variable.device();
   shard_device_ = options.cpu_offload ? Device::cpu() : device_;
   for (Slot& slot : slots_) {
@@ -309,8 +307,8 @@ Unit::Unit(nn::Module& module, std::vector<Slot> slots, const FsdpOptions& optio
   // The parameters become views of the gathered buffer, which has no bytes yet.
   storage_ = std::make_shared<Storage>(device_, 0);
   for (const Slot& slot : slots_) {
-    slot.variable.set_data(
-        Tensor(storage_, slot.shape, contiguous_strides(slot.shape), slot.offset, precision_.param_dtype));
+    slot.variable.set_data(Tensor(storage_, slot.shape, contiguous_strides(slot.shape), slot.offset,
+                                  options_.mixed_precision.param_dtype));
   }
 }
 
@@ -362,11 +360,12 @@ void Unit::install_hooks() {
 
 void Unit::unshard() {
   if (state_ != Gathered::no) return;
-  storage_->reallocate(static_cast<std::size_t>(padded_) * dtype_size(precision_.param_dtype));
+  storage_->reallocate(static_cast<std::size_t>(padded_) * dtype_size(options_.mixed_precision.param_dtype));
   count_unsharded(static_cast<std::int64_t>(storage_->nbytes()));
   const Tensor on_device = shard_.data().to(device_);  // itself unless offloaded
-  const Tensor source =
-      precision_.param_dtype == DType::f32 ? on_device : cast(on_device, precision_.param_dtype);
+  const Tensor source = options_.mixed_precision.param_dtype == DType::f32
+                            ? on_device
+                            : cast(on_device, options_.mixed_precision.param_dtype);
   if (groups_->shard == nullptr) {
     gathered().copy_(source);
     state_ = Gathered::yes;
@@ -396,7 +395,7 @@ void Unit::reshard() {
 void Unit::prefetch(const std::vector<Unit*>& order) {
   const auto me = std::find(order.begin(), order.end(), this);
   if (me == order.end()) return;
-  for (auto next = me + 1; next != order.end() && next - me <= prefetch_; ++next) (*next)->unshard();
+  for (auto next = me + 1; next != order.end() && next - me <= options_.prefetch; ++next) (*next)->unshard();
 }
 
 void Unit::pre_forward() {
@@ -446,7 +445,7 @@ void Unit::pre_backward() {
   // Gradients accumulate straight into one flat buffer, which the reduce-scatter then reads
   // without a copy. Without sync it survives from the previous micro-step and keeps summing.
   if (!full_grad_.defined()) {
-    full_grad_ = zeros({padded_}, dtype(precision_.param_dtype).with_device(device_));
+    full_grad_ = zeros({padded_}, dtype(options_.mixed_precision.param_dtype).with_device(device_));
     for (const Slot& slot : slots_) {
       if (slot.variable.requires_grad())
         slot.variable.set_grad(full_grad_.narrow(0, slot.offset, slot.variable.numel()).view(slot.shape));
@@ -474,14 +473,15 @@ void Unit::post_backward() {
 // Reduce-scatter (averaged) the full gradient into this rank's slot; the replica all-reduce of
 // hybrid and none waits for it, in finish_backward.
 void Unit::start_reduction() {
-  reduce_input_ = precision_.reduce_dtype == precision_.param_dtype
+  reduce_input_ = options_.mixed_precision.reduce_dtype == options_.mixed_precision.param_dtype
                       ? full_grad_
-                      : cast(full_grad_, precision_.reduce_dtype);
+                      : cast(full_grad_, options_.mixed_precision.reduce_dtype);
   if (groups_->shard == nullptr) {
     reduce_output_ = reduce_input_;
     return;
   }
-  reduce_output_ = empty({shard_elements_}, dtype(precision_.reduce_dtype).with_device(device_));
+  reduce_output_ =
+      empty({shard_elements_}, dtype(options_.mixed_precision.reduce_dtype).with_device(device_));
   reduce_work_ = groups_->shard->reduce_scatter(reduce_output_, reduce_input_, ReduceOp::avg, name_);
 }
 
