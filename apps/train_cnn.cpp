@@ -1,21 +1,31 @@
-// apps/train_cnn: trains the seed CNN (models/cnn.h) on MNIST-format data, following the
-// PyTorch FSDP tutorial: Adadelta(lr) + StepLR(gamma), nll_loss summed over the batch,
-// "Train Epoch" and "Test set" lines, plus a progress bar, JSON-lines metrics and a
-// safetensors model file.
+// apps/train_cnn: trains the seed CNN (models/cnn.h) on MNIST-format data with FSDP over the
+// ranks mpirun starts (one process is a world of 1), following the PyTorch FSDP tutorial:
+// Adadelta(lr) + StepLR(gamma), nll_loss summed over the batch, "Train Epoch" and "Test set"
+// lines, plus a progress bar, per-rank JSON-lines metrics, step timing and a safetensors file.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "autograd/functional.h"
 #include "autograd/random_context.h"
 #include "core/allocator.h"
+#include "core/ops.h"
 #include "core/parallel.h"
 #include "data/idx.h"
 #include "data/loader.h"
+#include "dist/fsdp.h"
+#include "dist/init.h"
+#include "dist/log.h"
 #include "models/cnn.h"
 #include "nn/safetensors.h"
 #include "optim/optimizer.h"
@@ -25,29 +35,122 @@ using namespace shardlab;
 
 namespace {
 
+// The CNN with shapes but no parameter bytes: FSDP draws each rank's shards (sharded
+// initialisation), so the full model never exists on any rank.
+models::Cnn shapes_only_cnn(std::uint64_t seed) {
+  const nn::DeferredInitGuard deferred;
+  return models::Cnn(seed);
+}
+
 struct Options {
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
-  std::int64_t batch_size = 64;
+  std::int64_t global_batch = 64;
   std::int64_t test_batch_size = 1000;
   std::int64_t epochs = 10;
-  double lr = 1.0;
+  std::int64_t steps = 0;  // 0: no limit but --epochs
+  std::string optimizer = "adadelta";
+  std::optional<double> lr;  // default: the optimizer's (Adadelta 1.0, Adam 1e-3)
   double gamma = 0.7;
   std::uint64_t seed = 1;
   std::int64_t limit_train = 0;
+  std::int64_t limit_test = 0;
+  std::string sharding = "full";
+  std::string mixed_precision = "none";
+  bool explain = false;
   std::string save_model;
   std::string metrics;
   int threads = 0;
 };
 
+// Both optimizers keep two f32 slots per element (Adadelta: square_avg and acc_delta; Adam:
+// exp_avg and exp_avg_sq): what the plan counts as optimizer state.
+constexpr std::int64_t kOptimizerStateBytesPerElement = 8;
+
+enum class OptimizerKind { adadelta, adam };
+
+OptimizerKind parse_optimizer(const std::string& text) {
+  if (text == "adadelta") return OptimizerKind::adadelta;
+  if (text == "adam") return OptimizerKind::adam;
+  fail("optimizer '{}' is not one of adadelta, adam", text);
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(OptimizerKind kind, std::optional<double> lr,
+                                                 nn::Named<Variable> parameters) {
+  switch (kind) {
+    case OptimizerKind::adadelta:
+      return std::make_unique<optim::Adadelta>(std::move(parameters),
+                                               optim::AdadeltaOptions{.lr = lr.value_or(1.0)});
+    case OptimizerKind::adam:
+      return std::make_unique<optim::Adam>(std::move(parameters),
+                                           optim::AdamOptions{.lr = lr.value_or(1e-3)});
+  }
+  fail("optimizer kind {} is not handled", static_cast<int>(kind));
+}
+
+dist::MixedPrecision parse_mixed_precision(const std::string& text) {
+  if (text == "none") return {};
+  // bf16 gathers and computes; gradients are reduced and the master shards kept in f32.
+  if (text == "bf16") return {.param_dtype = DType::bf16, .reduce_dtype = DType::f32};
+  fail("mixed precision '{}' is not one of none, bf16", text);
+}
+
+// The element-wise sums of `values` over all ranks of `comm` (f64: counts stay exact).
+std::vector<double> sum_over_ranks(dist::Communicator& comm, const std::vector<double>& values) {
+  const Tensor total = from_vector(values);
+  comm.all_reduce(total, dist::ReduceOp::sum, "train_cnn").wait();
+  return total.to_vector<double>();
+}
+
+// The --metrics file: rank 0 truncates it, then every rank appends whole JSON lines, each with
+// one write() on an O_APPEND descriptor, so the ranks' records never interleave within a line.
+class MetricsFile {
+ public:
+  MetricsFile(const std::string& path, dist::Communicator& comm) {
+    // Rank 0 truncates before anyone appends: the sum over ranks is also the barrier.
+    if (comm.rank() == 0) fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0644);
+    const int error = errno;
+    SHARDLAB_CHECK(sum_over_ranks(comm, {comm.rank() == 0 && fd_ < 0 ? 1.0 : 0.0})[0] == 0,
+                   "cannot write metrics to '{}'{}", path,
+                   comm.rank() == 0 ? fmt::format(": {}", std::strerror(error)) : "");
+    if (comm.rank() != 0) fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND);
+    const double failed = sum_over_ranks(comm, {fd_ < 0 ? 1.0 : 0.0})[0];
+    SHARDLAB_CHECK(failed == 0, "cannot append metrics to '{}' on {} of {} ranks", path, failed, comm.size());
+  }
+  ~MetricsFile() { ::close(fd_); }
+  MetricsFile(const MetricsFile&) = delete;
+  MetricsFile& operator=(const MetricsFile&) = delete;
+
+  void write(const nlohmann::json& record) const {
+    const std::string line = record.dump() + "\n";
+    const ssize_t written = ::write(fd_, line.data(), line.size());
+    SHARDLAB_CHECK(written == static_cast<ssize_t>(line.size()), "metrics: wrote {} of {} bytes: {}", written,
+                   line.size(), std::strerror(errno));
+  }
+
+ private:
+  int fd_ = -1;
+};
+
 // A progress bar redrawn in place on a terminal; a plain line every tenth of the epoch otherwise.
+// Only rank 0 draws it. Open MPI hands its ranks a pseudo-terminal whatever mpirun's own output
+// is (a log file, a pipe), so under mpirun (OMPI_COMM_WORLD_SIZE set) the lines are plain.
 class Progress {
  public:
-  Progress(std::int64_t epoch, std::int64_t total)
-      : epoch_(epoch), total_(total), tty_(isatty(fileno(stdout))) {}
+  Progress(std::int64_t epoch, std::int64_t total, bool shown)
+      : epoch_(epoch),
+        total_(total),
+        shown_(shown),
+        tty_(isatty(fileno(stdout)) && std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) {}
+  // Ends a bar that an early stop (--steps) left open.
+  ~Progress() {
+    if (shown_ && tty_ && last_ >= 0 && last_ != total_) std::printf("\n");
+  }
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
 
   void update(std::int64_t done, double loss, double images_per_second) {
     const std::int64_t tenth = std::max<std::int64_t>(1, total_ / 10);
-    if (!tty_ && done != total_ && done / tenth == last_ / tenth) return;
+    if (!shown_ || (!tty_ && done != total_ && done / tenth == last_ / tenth)) return;
     last_ = done;
     constexpr int kWidth = 30;
     const int filled = static_cast<int>(kWidth * done / std::max<std::int64_t>(total_, 1));
@@ -61,143 +164,321 @@ class Progress {
 
  private:
   std::int64_t epoch_, total_, last_ = -1;
-  bool tty_;
+  bool shown_, tty_;
 };
-
-struct EpochResult {
-  double loss_sum = 0;
-  std::int64_t images = 0;
-  double seconds = 0;
-};
-
-EpochResult train_epoch(models::Cnn& model, optim::Optimizer& optimizer, const data::DataLoader& loader,
-                        const Options& options, std::int64_t epoch, std::int64_t& step) {
-  model->train();
-  EpochResult result;
-  const auto batches = loader.batch_indices(epoch);
-  std::int64_t total = 0;
-  for (const auto& b : batches) total += static_cast<std::int64_t>(b.size());
-  Progress progress(epoch, total);
-  const auto start = std::chrono::steady_clock::now();
-  for (const auto& indices : batches) {
-    const data::Batch batch = loader.batch(indices);
-    // Dropout masks are keyed by (seed, step, global sample index): the same on any number of ranks.
-    const RandomContextGuard context({options.seed, step, batch.sample_indices});
-    optimizer.zero_grad();
-    const Variable output = model(constant(batch.inputs));
-    const Variable loss = nll_loss(output, batch.targets, -100, Reduction::sum);
-    loss.backward();
-    optimizer.step();
-    ++step;
-    result.loss_sum += loss.data().item<double>();
-    result.images += static_cast<std::int64_t>(indices.size());
-    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    progress.update(result.images, result.loss_sum / static_cast<double>(result.images),
-                    static_cast<double>(result.images) / result.seconds);
-  }
-  return result;
-}
 
 struct TestResult {
   double average_loss = 0;
   std::int64_t correct = 0, total = 0;
 };
 
-TestResult evaluate(models::Cnn& model, const data::ImageSet& test, std::int64_t batch_size) {
-  model->eval();
-  const NoGradGuard no_grad;
-  TestResult result;
-  double loss_sum = 0;
-  const std::int64_t n = test.images.size(0);
-  for (std::int64_t start = 0; start < n; start += batch_size) {
-    const std::int64_t count = std::min(batch_size, n - start);
-    const Tensor targets = test.labels.narrow(0, start, count);
-    const Variable output = model(constant(test.images.narrow(0, start, count)));
-    loss_sum += nll_loss(output, targets, -100, Reduction::sum).data().item<double>();
-    result.correct += sum(eq(argmax(output.data(), {1}), targets)).item<std::int64_t>();
+// Everything a run needs, built (and checked) on every rank before the first step: errors
+// thrown here are the same on all ranks.
+class Training {
+ public:
+  Training(const Options& options, dist::Session& session);
+  void run();
+
+ private:
+  struct EpochResult {
+    double loss_sum = 0;  // over the global batches
+    std::int64_t images = 0;
+    double seconds = 0;
+    bool complete = true;  // false when --steps ended it early
+  };
+  EpochResult train_epoch(std::int64_t epoch);
+  // The model's input: images in the compute dtype. FSDP casts parameters, not inputs (as
+  // PyTorch FSDP1 without cast_forward_inputs), and the ops take one dtype.
+  Variable input(const Tensor& images) const {
+    return constant(images.to(fsdp_.mixed_precision.param_dtype));
   }
-  result.total = n;
-  result.average_loss = loss_sum / static_cast<double>(n);
+  TestResult evaluate();
+  void report();
+
+  const Options options_;
+  dist::Session& session_;
+  const int rank_, world_size_;
+  dist::FsdpOptions fsdp_;
+  data::ImageSet train_, test_;
+  std::optional<data::DataLoader> loader_;
+  Tensor test_images_, test_labels_;  // this rank's rows r, r + W, ... of the test set
+  std::int64_t test_total_ = 0;
+  std::int64_t data_bytes_ = 0;  // CPU bytes in use once the data sets are loaded
+  models::Cnn model_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::optional<optim::StepLR> scheduler_;
+  dist::Plan plan_;
+  std::optional<MetricsFile> metrics_;
+  std::int64_t step_ = 0;
+  std::vector<double> step_ms_;  // every optimizer step after the first
+  std::int64_t peak_bytes_ = 0;
+  std::int64_t model_bytes_baseline_ = 0;  // CPU bytes in use before the shards existed
+  std::int64_t step_bytes_received_ = 0;   // the last step's collectives, per rank
+};
+
+Training::Training(const Options& options, dist::Session& session)
+    : options_(options),
+      session_(session),
+      rank_(session.rank()),
+      world_size_(session.world_size()),
+      model_(shapes_only_cnn(options.seed)) {
+  if (options.threads > 0) set_num_threads(options.threads);
+  // Options first: a typo fails before the data sets load.
+  const OptimizerKind optimizer = parse_optimizer(options.optimizer);
+  const auto [sharding, group] = dist::parse_sharding(options.sharding);
+  fsdp_ = {.sharding = sharding,
+           .hybrid_group_size = group,
+           .mixed_precision = parse_mixed_precision(options.mixed_precision)};
+  const std::int64_t per_rank_batch = data::per_rank_batch_size(options.global_batch, world_size_);
+
+  train_ = data::load_mnist(options.data_dir, true);
+  test_ = data::load_mnist(options.data_dir, false);
+  data_bytes_ = memory_stats(Device::cpu()).bytes_in_use;
+  data::TensorDataset train_set(train_.images, train_.labels);
+  if (options.limit_train > 0) train_set = train_set.head(std::min(options.limit_train, train_set.size()));
+  loader_.emplace(data::rank_loader(train_set, {.size = options.global_batch,
+                                                .world_size = world_size_,
+                                                .rank = rank_,
+                                                .shuffle = true,
+                                                .seed = options.seed}));
+  test_total_ = test_.images.size(0);
+  if (options.limit_test > 0) test_total_ = std::min(options.limit_test, test_total_);
+  test_images_ = test_.images.slice(0, rank_, test_total_, world_size_).contiguous();
+  test_labels_ = test_.labels.slice(0, rank_, test_total_, world_size_).contiguous();
+
+  // The big layers are units of their own, the root (conv1 and fc2) last. Each rank draws only
+  // its shards of the parameters (the values one process would draw): no rank holds the model.
+  model_bytes_baseline_ = memory_stats(Device::cpu()).bytes_in_use;
+  dist::fully_shard(*model_->conv2, fsdp_);
+  dist::fully_shard(*model_->fc1, fsdp_);
+  dist::fully_shard(*model_, fsdp_);
+  optimizer_ = make_optimizer(optimizer, options.lr, dist::sharded_parameters(*model_));
+  scheduler_.emplace(*optimizer_, 1, options.gamma);
+  plan_ = dist::explain(*model_, kOptimizerStateBytesPerElement);
+  if (!options.metrics.empty()) metrics_.emplace(options.metrics, session.cpu_world());
+
+  dist::log(
+      "train_cnn: {} training images, {} test images, {} rank{} x {} threads, sharding {}, "
+      "global batch {} ({} per rank), {} lr {:g}{}",
+      train_set.size(), test_total_, world_size_, world_size_ == 1 ? "" : "s", num_threads(), plan_.sharding,
+      options.global_batch, per_rank_batch, options.optimizer, optimizer_->lr(),
+      options.mixed_precision == "none" ? "" : ", mixed precision " + options.mixed_precision);
+}
+
+void Training::run() {
+  if (options_.explain) dist::log("{}", plan_.str());
+  for (std::int64_t epoch = 1; epoch <= options_.epochs; ++epoch) {
+    reset_peak_memory(Device::cpu());
+    const EpochResult trained = train_epoch(epoch);
+    peak_bytes_ = std::max(peak_bytes_, memory_stats(Device::cpu()).peak_bytes);
+    if (!trained.complete) {
+      dist::log("train_cnn: stopped after {} steps, in epoch {}", step_, epoch);
+      break;
+    }
+    const double train_loss = trained.loss_sum / static_cast<double>(trained.images);
+    dist::log("Train Epoch: {} \tLoss: {:.6f}", epoch, train_loss);
+    const TestResult tested = evaluate();
+    const double accuracy = static_cast<double>(tested.correct) / static_cast<double>(tested.total);
+    dist::log("Test set: Average loss: {:.4f}, Accuracy: {}/{} ({:.2f}%)\n", tested.average_loss,
+              tested.correct, tested.total, 100.0 * accuracy);
+    if (metrics_) {
+      metrics_->write({{"rank", rank_},
+                       {"epoch", epoch},
+                       {"step", step_},
+                       {"lr", optimizer_->lr()},
+                       {"train_loss", train_loss},
+                       {"test_loss", tested.average_loss},
+                       {"accuracy", accuracy},
+                       {"images_per_second", static_cast<double>(trained.images) / trained.seconds},
+                       {"peak_memory_bytes", memory_stats(Device::cpu()).peak_bytes}});
+    }
+    scheduler_->step();
+    if (options_.steps > 0 && step_ >= options_.steps) break;
+  }
+  if (!options_.save_model.empty()) {
+    const nn::Named<Tensor> parameters = dist::gather_full_parameters(*model_);  // a collective: every rank
+    if (rank_ == 0) {
+      nn::save_safetensors(options_.save_model, parameters, {{"format", "pt"}, {"model", "shardlab Cnn"}});
+      dist::log("train_cnn: saved the model to {}", options_.save_model);
+    }
+  }
+  report();
+}
+
+Training::EpochResult Training::train_epoch(std::int64_t epoch) {
+  model_->train();
+  EpochResult result;
+  const auto batches = loader_->batch_indices(epoch);
+  std::int64_t total = 0;  // every rank's batches have the same sizes
+  for (const auto& b : batches) total += static_cast<std::int64_t>(b.size()) * world_size_;
+  Progress progress(epoch, total, rank_ == 0);
+  const auto start = std::chrono::steady_clock::now();
+  for (const auto& indices : batches) {
+    if (options_.steps > 0 && step_ >= options_.steps) {
+      result.complete = false;
+      break;
+    }
+    const auto step_start = std::chrono::steady_clock::now();
+    const data::Batch batch = loader_->batch(indices);
+    // Dropout masks are keyed by (seed, step, global sample index): the same on any number of ranks.
+    const RandomContextGuard context({options_.seed, step_, batch.sample_indices});
+    optimizer_->zero_grad();
+    session_.world().reset_counters();
+    const Variable output = model_(input(batch.inputs));
+    const Variable loss = nll_loss(output, batch.targets, -100, Reduction::sum);
+    // FSDP averages gradients over the ranks; scaled by W, the average is the gradient of the
+    // global batch's summed loss, as one process computes it.
+    (loss * static_cast<double>(world_size_)).backward();
+    optimizer_->step();
+    step_bytes_received_ = session_.world().counters().total().bytes_received;
+    ++step_;
+    const double step_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start).count();
+    if (step_ > 1) step_ms_.push_back(step_ms);
+
+    const std::vector<double> global = sum_over_ranks(
+        session_.cpu_world(), {loss.data().item<double>(), static_cast<double>(indices.size())});
+    result.loss_sum += global[0];
+    result.images += static_cast<std::int64_t>(global[1]);
+    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (metrics_ && options_.steps > 0)
+      metrics_->write({{"rank", rank_}, {"step", step_}, {"loss", global[0] / global[1]}});
+    progress.update(result.images, result.loss_sum / static_cast<double>(result.images),
+                    static_cast<double>(result.images) / result.seconds);
+  }
   return result;
 }
 
-void run(const Options& options) {
-  if (options.threads > 0) set_num_threads(options.threads);
-  data::ImageSet train = data::load_mnist(options.data_dir, true);
-  const data::ImageSet test = data::load_mnist(options.data_dir, false);
-  data::TensorDataset train_set(train.images, train.labels);
-  if (options.limit_train > 0) train_set = train_set.head(std::min(options.limit_train, train_set.size()));
-  const data::DataLoader loader(train_set, options.batch_size,
-                                std::make_shared<data::RandomSampler>(train_set.size(), options.seed));
-  std::printf("train_cnn: %lld training images, %lld test images, %d threads\n",
-              static_cast<long long>(train_set.size()), static_cast<long long>(test.images.size(0)),
-              num_threads());
-
-  models::Cnn model(options.seed);
-  optim::Adadelta optimizer(model->named_parameters(), {.lr = options.lr});
-  optim::StepLR scheduler(optimizer, 1, options.gamma);
-  std::ofstream metrics;
-  if (!options.metrics.empty()) {
-    metrics.open(options.metrics);
-    SHARDLAB_CHECK(metrics.good(), "train_cnn: cannot write metrics to '{}'", options.metrics);
-  }
-
-  std::int64_t step = 0;
-  for (std::int64_t epoch = 1; epoch <= options.epochs; ++epoch) {
-    reset_peak_memory(Device::cpu());
-    const EpochResult trained = train_epoch(model, optimizer, loader, options, epoch, step);
-    const double train_loss = trained.loss_sum / static_cast<double>(trained.images);
-    std::printf("Train Epoch: %lld \tLoss: %.6f\n", static_cast<long long>(epoch), train_loss);
-    const TestResult tested = evaluate(model, test, options.test_batch_size);
-    const double accuracy = 100.0 * static_cast<double>(tested.correct) / static_cast<double>(tested.total);
-    std::printf("Test set: Average loss: %.4f, Accuracy: %lld/%lld (%.2f%%)\n\n", tested.average_loss,
-                static_cast<long long>(tested.correct), static_cast<long long>(tested.total), accuracy);
-    std::fflush(stdout);
-    if (metrics.is_open()) {
-      const nlohmann::json line = {
-          {"epoch", epoch},
-          {"step", step},
-          {"lr", optimizer.lr()},
-          {"train_loss", train_loss},
-          {"test_loss", tested.average_loss},
-          {"accuracy", accuracy / 100.0},
-          {"images_per_second", static_cast<double>(trained.images) / trained.seconds},
-          {"peak_memory_bytes", memory_stats(Device::cpu()).peak_bytes}};
-      metrics << line.dump() << '\n' << std::flush;
+TestResult Training::evaluate() {
+  model_->eval();
+  const NoGradGuard no_grad;
+  // Every forward gathers parameters, so every rank runs the same number of them: rank 0 has
+  // the most rows; a rank out of rows forwards its last row again (or the set's first, when it
+  // has none) and does not count it.
+  const std::int64_t batch_size = (options_.test_batch_size + world_size_ - 1) / world_size_;
+  const std::int64_t most_rows = (test_total_ + world_size_ - 1) / world_size_;
+  const std::int64_t rows = test_images_.size(0);
+  double loss_sum = 0, correct = 0;
+  for (std::int64_t start = 0; start < most_rows; start += batch_size) {
+    const std::int64_t count = std::clamp<std::int64_t>(rows - start, 0, batch_size);
+    if (count == 0) {
+      model_(input(rows > 0 ? test_images_.narrow(0, rows - 1, 1) : test_.images.narrow(0, 0, 1)));
+      continue;
     }
-    scheduler.step();
+    const Tensor targets = test_labels_.narrow(0, start, count);
+    const Variable output = model_(input(test_images_.narrow(0, start, count)));
+    loss_sum += nll_loss(output, targets, -100, Reduction::sum).data().item<double>();
+    correct += sum(eq(argmax(output.data(), {1}), targets)).item<double>();
   }
-  if (!options.save_model.empty()) {
-    nn::save_safetensors(options.save_model, model->state_dict(),
-                         {{"format", "pt"}, {"model", "shardlab Cnn"}});
-    std::printf("train_cnn: saved the model to %s\n", options.save_model.c_str());
+  const std::vector<double> global = sum_over_ranks(session_.cpu_world(), {loss_sum, correct});
+  return {.average_loss = global[0] / static_cast<double>(test_total_),
+          .correct = static_cast<std::int64_t>(global[1]),
+          .total = test_total_};
+}
+
+// Step time (median of the steps after the first, which also builds caches) and memory, for
+// comparing sharding strategies and world sizes.
+void Training::report() {
+  double median_ms = 0;
+  if (!step_ms_.empty()) {
+    std::vector<double> sorted = step_ms_;
+    std::sort(sorted.begin(), sorted.end());
+    const std::size_t middle = sorted.size() / 2;
+    median_ms = sorted.size() % 2 == 1 ? sorted[middle] : (sorted[middle - 1] + sorted[middle]) / 2;
+  }
+  constexpr double kMiB = 1024.0 * 1024.0;
+  dist::log("train_cnn: median step {:.1f} ms ({} steps, the first excluded)", median_ms, step_ms_.size());
+  dist::log(
+      "train_cnn: rank 0 memory: peak while training {} B ({:.1f} MiB, {:.1f} MiB above the {:.1f} MiB of "
+      "loaded data)",
+      peak_bytes_, static_cast<double>(peak_bytes_) / kMiB,
+      static_cast<double>(peak_bytes_ - data_bytes_) / kMiB, static_cast<double>(data_bytes_) / kMiB);
+  // What is left between steps: shards, gradient shards and optimizer state (plus the
+  // optimizer's 8-byte step counter per shard), measured against the plan.
+  const std::int64_t persistent = memory_stats(Device::cpu()).bytes_in_use - model_bytes_baseline_;
+  dist::log("train_cnn: rank 0 persistent model state: measured {} B, planned {} B + {} step counters of 8 B",
+            persistent, plan_.total_persistent_bytes(), plan_.units.size());
+  dist::log("train_cnn: rank 0 peak of gathered parameters: measured {} B, planned {} B",
+            dist::unsharded_memory().peak_bytes, plan_.peak_unsharded_bytes());
+  dist::log("train_cnn: rank 0 collectives of the last step: received {} B, planned {} B",
+            step_bytes_received_, plan_.bytes_per_step());
+  if (metrics_) {
+    metrics_->write({{"rank", rank_},
+                     {"steps", step_},
+                     {"median_step_ms", median_ms},
+                     {"train_peak_memory_bytes", peak_bytes_},
+                     {"data_bytes", data_bytes_},
+                     {"persistent_bytes", plan_.total_persistent_bytes()},
+                     {"measured_persistent_bytes", persistent},
+                     {"step_bytes_received", step_bytes_received_},
+                     {"planned_step_bytes", plan_.bytes_per_step()}});
   }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::unique_ptr<dist::Session> session;
+  try {
+    // The CPU even where a GPU answers: the tutorial's CPU run.
+    session = dist::init(argc, argv, {.device = dist::DeviceChoice::cpu});
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_cnn: %s\n", e.what());
+    return 1;
+  }
+  const int rank = session->rank();
+
   Options options;
-  CLI::App app{"train_cnn: train the seed CNN on (Fashion-)MNIST"};
+  double lr = 0;
+  CLI::App app{"train_cnn: train the seed CNN on (Fashion-)MNIST, with FSDP over the ranks of mpirun"};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // later flags win
   app.add_option("--data", options.data_dir, "directory with the four IDX files (.gz or plain)");
-  app.add_option("--batch-size", options.batch_size, "training batch size")->check(CLI::PositiveNumber);
-  app.add_option("--test-batch-size", options.test_batch_size, "evaluation batch size")
+  app.add_option("--global-batch,--batch-size", options.global_batch,
+                 "training batch over all ranks; each rank takes global / world size")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--test-batch-size", options.test_batch_size, "evaluation batch over all ranks")
       ->check(CLI::PositiveNumber);
   app.add_option("--epochs", options.epochs, "epochs to train")->check(CLI::NonNegativeNumber);
-  app.add_option("--lr", options.lr, "Adadelta learning rate")->check(CLI::NonNegativeNumber);
+  app.add_option("--steps", options.steps, "stop after N optimizer steps, with one metrics record per step")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--optimizer", options.optimizer, "adadelta (the tutorial's) or adam");
+  CLI::Option* lr_option = app.add_option("--lr", lr, "learning rate (default: Adadelta 1.0, Adam 1e-3)")
+                               ->check(CLI::NonNegativeNumber);
   app.add_option("--gamma", options.gamma, "StepLR factor per epoch")->check(CLI::PositiveNumber);
   app.add_option("--seed", options.seed, "seed of initialisation, shuffling and dropout");
   app.add_option("--limit-train", options.limit_train, "use only the first N training images")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--limit-test", options.limit_test, "evaluate only the first N test images")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--sharding", options.sharding, "full, grad_op, none or hybrid:G (G ranks per shard group)");
+  app.add_option("--mixed-precision", options.mixed_precision,
+                 "none, or bf16 (bf16 gathers and compute, f32 reductions and master shards)");
+  app.add_flag("--explain", options.explain, "print the FSDP plan (units, bytes, traffic) before step 1");
   app.add_option("--save-model", options.save_model, "write the trained weights to this safetensors file");
-  app.add_option("--metrics", options.metrics, "append one JSON object per epoch to this file");
-  app.add_option("--threads", options.threads, "CPU threads (default: the cores this process may use)");
-  CLI11_PARSE(app, argc, argv);
+  app.add_option("--metrics", options.metrics, "write JSON lines of every rank's metrics to this file");
+  app.add_option("--threads", options.threads,
+                 "CPU threads per rank (default: the cores this process may use)");
   try {
-    run(options);
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return rank == 0 ? app.exit(e) : e.get_exit_code();  // --help and usage errors, printed once
+  }
+  if (lr_option->count() > 0) options.lr = lr;
+
+  // Errors while setting up are the same on every rank: rank 0 reports them.
+  std::optional<Training> training;
+  try {
+    training.emplace(options, *session);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "train_cnn: %s\n", e.what());
+    if (rank == 0) std::fprintf(stderr, "train_cnn: %s\n", e.what());
+    return 1;
+  }
+  // Errors while training may be one rank's own: each reports its own.
+  try {
+    training->run();
+  } catch (const std::exception& e) {
+    const std::string prefix = session->world_size() > 1 ? fmt::format("[rank {}] ", rank) : "";
+    std::fputs(fmt::format("{}train_cnn: {}\n", prefix, e.what()).c_str(), stderr);  // one write per line
     return 1;
   }
   return 0;

@@ -736,10 +736,13 @@ std::int64_t Plan::total_persistent_bytes() const {
 }
 
 std::int64_t Plan::peak_unsharded_bytes() const {
+  if (units.empty()) return 0;
+  // The root (units[0]) stays gathered from its forward to the end of backward; of the others,
+  // the running unit and `prefetch` more are gathered at once.
   std::vector<std::int64_t> sizes;
-  for (const UnitPlan& unit : units) sizes.push_back(unit.unsharded_bytes);
+  for (std::size_t i = 1; i < units.size(); ++i) sizes.push_back(units[i].unsharded_bytes);
   std::sort(sizes.rbegin(), sizes.rend());
-  std::int64_t total = 0;
+  std::int64_t total = units[0].unsharded_bytes;
   for (std::size_t i = 0; i < sizes.size() && i < static_cast<std::size_t>(1 + prefetch); ++i)
     total += sizes[i];
   return total;

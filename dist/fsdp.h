@@ -119,7 +119,8 @@ struct Plan {
   std::string note;  // e.g. what cpu offload does here
 
   std::int64_t total_persistent_bytes() const;
-  // The largest (1 + prefetch) units' gathered parameters together.
+  // Gathered parameters at once under FULL_SHARD: the root's, which stay gathered for its
+  // backward, and the largest (1 + prefetch) other units'.
   std::int64_t peak_unsharded_bytes() const;
   std::int64_t bytes_per_step() const;  // all collectives, received per rank
   std::string str() const;              // the table --explain prints

@@ -235,9 +235,12 @@ TEST_CASE("persistent memory per rank is the plan's: f32 shard, gradient shard a
     const std::int64_t in_use = memory_stats(Device::cpu()).bytes_in_use - baseline;
     CHECK(in_use == plan.total_persistent_bytes() + 8 * static_cast<std::int64_t>(plan.units.size()));
     CHECK(dist::unsharded_memory().bytes == 0);
-    // At most the root (kept gathered) and 1 + prefetch more units at once.
+    // At most the root (kept gathered) and 1 + prefetch more units at once: the largest two
+    // blocks here, 277 and 247 elements padded, and the root.
     CHECK(dist::unsharded_memory().peak_bytes > 0);
-    CHECK(dist::unsharded_memory().peak_bytes <= plan.peak_unsharded_bytes() + plan.units[0].unsharded_bytes);
+    CHECK(dist::unsharded_memory().peak_bytes <= plan.peak_unsharded_bytes());
+    CHECK(plan.peak_unsharded_bytes() ==
+          plan.units[0].unsharded_bytes + plan.units[2].unsharded_bytes + plan.units[1].unsharded_bytes);
   }
   CHECK(memory_stats(Device::cpu()).bytes_in_use == baseline);
 }
