@@ -1,0 +1,71 @@
+#!/usr/bin/python3
+"""bench/pytorch_ddp_cnn.py: the PyTorch peer for train_cnn's FSDP step time.
+
+Debian's PyTorch 1.13 cannot import its FSDP on Python 3.11, so the peer is DDP: the seed net
+without dropout, gloo over 2 local processes with 1 thread each, global batch 64 (32 per
+rank), Adam, summed nll_loss. Prints the median step time of the steps after the first, the
+number train_cnn reports as "median step". Needs Debian's python3-torch, installed by hand;
+it is not a dependency of the project or its tests.
+
+    /usr/bin/python3 bench/pytorch_ddp_cnn.py --steps 100
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pytorch_train_cnn import Net, read_idx  # noqa: E402
+
+
+def train(rank, args):
+    torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
+    images = read_idx(os.path.join(args.data, "train-images-idx3-ubyte.gz"))[: args.steps * args.global_batch]
+    labels = read_idx(os.path.join(args.data, "train-labels-idx1-ubyte.gz"))[: args.steps * args.global_batch]
+    x = ((torch.from_numpy(images.astype(np.float32)) / 255.0 - 0.1307) / 0.3081).unsqueeze(1)
+    y = torch.from_numpy(labels.astype(np.int64))
+    net = Net()
+    net.dropout1.p = net.dropout2.p = 0.0
+    model = torch.nn.parallel.DistributedDataParallel(net)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    per_rank = args.global_batch // args.ranks
+    times = []
+    for step in range(args.steps):
+        rows = slice(step * args.global_batch + rank * per_rank, step * args.global_batch + (rank + 1) * per_rank)
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        loss = F.nll_loss(model(x[rows]), y[rows], reduction="sum")
+        loss.backward()
+        optimizer.step()
+        times.append(time.perf_counter() - start)
+    if rank == 0:
+        print(f"pytorch {torch.__version__} DDP gloo: {args.ranks} ranks x 1 thread, global batch "
+              f"{args.global_batch}, Adam: median step {1000 * statistics.median(times[1:]):.1f} ms "
+              f"({args.steps - 1} steps, the first excluded)")
+    dist.destroy_process_group()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--global-batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    mp.spawn(train, args=(args,), nprocs=args.ranks)
+
+
+if __name__ == "__main__":
+    main()
