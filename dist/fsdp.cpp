@@ -349,6 +349,25 @@ void Unit::install_hooks() {
   module_->register_forward_pre_hook([self](nn::Module&) { self->pre_forward(); });
   module_->register_forward_hook([self](nn::Module&, const Variable& output) { self->post_forward(output); });
   std::weak_ptr<Unit> weak = self;
+  // A module inside the unit that owns some of its parameters and runs while they are not
+  // gathered (its caller bypassed the unit's forward) would read freed bytes: refuse instead.
+  std::set<const void*> mine;
+  for (const Slot& slot : slots_) mine.insert(slot.variable.impl().get());
+  for (const auto& [path, inner] : module_->named_modules()) {
+    if (inner.get() == module_) continue;
+    bool owns = false;
+    for (const auto& [name, variable] : inner->named_parameters(false))
+      owns |= mine.contains(variable.impl().get());
+    if (!owns) continue;
+    inner->register_forward_pre_hook([weak, path = path](nn::Module& running) {
+      auto unit = weak.lock();
+      if (!unit || unit->state_ == Gathered::yes) return;
+      fail(
+          "FSDP: {} '{}' ran while its parameters, held by the unit {}, were not gathered: the unit's own "
+          "forward did not run first. Call the unit's module, or shard the module that is called",
+          running.type_name(), join_name(unit->name_, path), describe_module(unit->name_, *unit->module_));
+    });
+  }
   for (const Slot& slot : slots_) {
     if (!slot.variable.requires_grad()) continue;
     ++expected_;
@@ -548,6 +567,11 @@ void fully_shard(nn::Module& module, const FsdpOptions& options) {
   SHARDLAB_CHECK(options.prefetch >= 0, "fully_shard: prefetch must be >= 0, got {}", options.prefetch);
   SHARDLAB_CHECK(unit_of(module) == nullptr, "fully_shard: this {} is already an FSDP unit",
                  module.type_name());
+  SHARDLAB_CHECK(
+      module.has_forward(),
+      "fully_shard: a {} has no forward of its own, so the hooks that gather its parameters would never "
+      "run; shard the modules in it instead",
+      module.type_name());
   const auto units = live_units();
   for (const auto& unit : units) {
     for (const auto& [path, inner] : unit->module().named_modules()) {
@@ -622,7 +646,7 @@ int shard_by_size(nn::Module& root, std::int64_t min_parameters, const FsdpOptio
   std::set<const void*> taken;
   int units = 0;
   for (auto it = modules.rbegin(); it != modules.rend(); ++it) {
-    if (it->first.empty()) continue;
+    if (it->first.empty() || !it->second->has_forward()) continue;  // containers: their elements may be units
     std::int64_t own = 0;
     for (const auto& [name, variable] : it->second->named_parameters()) {
       if (!taken.contains(variable.impl().get())) own += variable.numel();

@@ -175,6 +175,7 @@ template <typename Impl>
 class ModuleListImpl : public Module {
  public:
   ModuleListImpl() : Module("ModuleList") {}
+  bool has_forward() const override { return false; }
   void push_back(std::shared_ptr<Impl> module) {
     items_.push_back(register_module(std::to_string(items_.size()), std::move(module)));
   }

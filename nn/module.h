@@ -120,6 +120,9 @@ class Module : public std::enable_shared_from_this<Module> {
   std::string str() const;
   // One line about this module, e.g. "Linear(in=9216, out=128, bias=true)".
   virtual std::string describe() const { return type_name_; }
+  // False for containers without a forward of their own (ModuleList): their forward hooks
+  // never run, so wrappers such as FSDP must not hook them.
+  virtual bool has_forward() const { return true; }
 
  protected:
   // A new parameter, filled from `init` with seed 0 (initialize() redraws it).

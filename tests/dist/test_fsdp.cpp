@@ -254,6 +254,11 @@ TEST_CASE("fully_shard refuses top-down order, double sharding and ties across u
       "fully_shard: 'blocks.0' (Block) is inside the root Nested, which is already sharded; call "
       "fully_shard on inner modules first and on the root last");
   CHECK_THROWS_ERROR(dist::fully_shard(*model), "fully_shard: this Nested is already an FSDP unit");
+  Nested list_holder(5, kSeed);
+  CHECK_THROWS_ERROR(
+      dist::fully_shard(*list_holder->blocks),
+      "fully_shard: a ModuleList has no forward of its own, so the hooks that gather its parameters "
+      "would never run; shard the modules in it instead");
 
   // A block registered as "first" and, again as "second", either whole (one unit reached by
   // two paths: fine) or only its `up` Linear (a weight tied across units: refused).
@@ -601,4 +606,56 @@ TEST_CASE("prefetch issues the next unit's all-gather before that unit runs; dep
     CHECK(issued("blocks.1") == (depth >= 1));
     CHECK(issued("blocks.2") == (depth >= 2));
   }
+}
+
+TEST_CASE("shard_by_type and shard_by_size wrap in one call, innermost first and the root last",
+          "[dist][fsdp][wrap]") {
+  const int w = world().size();
+  const std::int64_t vocab = 4 * w + 1;
+  Nested by_type(vocab, kSeed);
+  CHECK(dist::shard_by_type<test::BlockImpl>(*by_type) == 4);
+  std::vector<std::string> names;
+  for (const auto& unit : dist::explain(*by_type).units) names.push_back(unit.name);
+  CHECK(names == std::vector<std::string>{"", "blocks.0", "blocks.1", "blocks.2"});
+
+  // At least 250 parameters not taken by an inner unit: blocks.1 (277) qualifies, blocks.0 and
+  // blocks.2 (247 each) do not; the ModuleList holding them has no forward and is skipped, so
+  // they stay with the root.
+  Nested by_size(vocab, kSeed);
+  CHECK(dist::shard_by_size(*by_size, 250) == 2);
+  names.clear();
+  std::vector<std::int64_t> counts;
+  for (const auto& unit : dist::explain(*by_size).units) {
+    names.push_back(unit.name);
+    counts.push_back(unit.parameters);
+  }
+  CHECK(names == std::vector<std::string>{"", "blocks.1"});
+  CHECK(counts == std::vector<std::int64_t>{15 * vocab + 494, 277});
+  // Trained like the hand-wrapped model: the same numbers as one process.
+  const Run alone = train_alone(vocab, 2);
+  Run run;
+  optim::AdamW optimizer(dist::sharded_parameters(*by_size), {.lr = 1e-2});
+  for (int step = 0; step < 2; ++step) {
+    const auto batch = token_batch(step, kGlobalBatch, vocab, world().rank(), w);
+    Variable loss = cross_entropy(by_size(batch.tokens), batch.targets);
+    run.losses.push_back(mean_over_ranks(loss.data().item<float>()));
+    optimizer.zero_grad();
+    loss.backward();
+    optimizer.step();
+  }
+  run.parameters = dist::gather_full_parameters(*by_size);
+  CHECK(mismatches_on_any_rank(run, alone, 1e-5, 1e-6) == 0);
+}
+
+TEST_CASE("a module inside a unit that runs without the unit's forward is refused, not fed freed bytes",
+          "[dist][fsdp][errors]") {
+  Nested model(5, kSeed);
+  dist::fully_shard(*model);
+  Variable x = Variable(full({2, 7}, 0.5f));
+  CHECK_THROWS_ERROR(
+      (*model->blocks)[1](x),
+      "FSDP: Linear 'blocks.1.up' ran while its parameters, held by the unit the root Nested, were not "
+      "gathered: the unit's own forward did not run first");
+  // Through the unit's own forward all is well.
+  CHECK(model(from_vector(std::vector<std::int64_t>{1, 2}, {2})).shape() == Shape{2, 5});
 }
