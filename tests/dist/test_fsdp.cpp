@@ -54,10 +54,8 @@ Run train_alone(std::int64_t vocab, int steps) {
   return run;
 }
 
-Run train_sharded(std::int64_t vocab, int steps, const dist::FsdpOptions& options) {
-  Nested model(vocab, kSeed);
-  for (const auto& block : *model->blocks) dist::fully_shard(*block, options);
-  dist::fully_shard(*model, options);
+// Trains an already sharded model on this rank's rows of the global batches.
+Run train_sharded(Nested& model, std::int64_t vocab, int steps) {
   optim::AdamW optimizer(dist::sharded_parameters(*model), {.lr = 1e-2});
   Run run;
   const int r = world().rank(), w = world().size();
@@ -71,6 +69,13 @@ Run train_sharded(std::int64_t vocab, int steps, const dist::FsdpOptions& option
   }
   run.parameters = dist::gather_full_parameters(*model);
   return run;
+}
+
+Run train_sharded(std::int64_t vocab, int steps, const dist::FsdpOptions& options) {
+  Nested model(vocab, kSeed);
+  for (const auto& block : *model->blocks) dist::fully_shard(*block, options);
+  dist::fully_shard(*model, options);
+  return train_sharded(model, vocab, steps);
 }
 
 // Elements beyond atol + rtol * |expected|, summed over ranks.
@@ -632,19 +637,7 @@ TEST_CASE("shard_by_type and shard_by_size wrap in one call, innermost first and
   CHECK(names == std::vector<std::string>{"", "blocks.1"});
   CHECK(counts == std::vector<std::int64_t>{15 * vocab + 494, 277});
   // Trained like the hand-wrapped model: the same numbers as one process.
-  const Run alone = train_alone(vocab, 2);
-  Run run;
-  optim::AdamW optimizer(dist::sharded_parameters(*by_size), {.lr = 1e-2});
-  for (int step = 0; step < 2; ++step) {
-    const auto batch = token_batch(step, kGlobalBatch, vocab, world().rank(), w);
-    Variable loss = cross_entropy(by_size(batch.tokens), batch.targets);
-    run.losses.push_back(mean_over_ranks(loss.data().item<float>()));
-    optimizer.zero_grad();
-    loss.backward();
-    optimizer.step();
-  }
-  run.parameters = dist::gather_full_parameters(*by_size);
-  CHECK(mismatches_on_any_rank(run, alone, 1e-5, 1e-6) == 0);
+  CHECK(mismatches_on_any_rank(train_sharded(by_size, vocab, 2), train_alone(vocab, 2), 1e-5, 1e-6) == 0);
 }
 
 TEST_CASE("a module inside a unit that runs without the unit's forward is refused, not fed freed bytes",
