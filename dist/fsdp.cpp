@@ -794,7 +794,18 @@ std::string Plan::str() const {
   text += fmt::format(
       "persistent model state per rank: {} B; peak unsharded parameters: {} B; received per step: {} B\n",
       total_persistent_bytes(), peak_unsharded_bytes(), bytes_per_step());
+  text += fmt::format(
+      "gradient accumulation (set_requires_gradient_sync(false)) keeps every unit's unsharded gradient "
+      "between micro-steps: +{} B per rank; reducing into the shard every micro-step would add nothing but "
+      "one reduce-scatter per unit per micro-step\n",
+      accumulation_bytes());
   return text;
+}
+
+std::int64_t Plan::accumulation_bytes() const {
+  std::int64_t total = 0;
+  for (const UnitPlan& unit : units) total += unit.unsharded_bytes;  // the gradient has the parameters' dtype
+  return total;
 }
 
 }  // namespace shardlab::dist

@@ -123,7 +123,10 @@ struct Plan {
   // backward, and the largest (1 + prefetch) other units'.
   std::int64_t peak_unsharded_bytes() const;
   std::int64_t bytes_per_step() const;  // all collectives, received per rank
-  std::string str() const;              // the table --explain prints
+  // What gradient accumulation without sync holds between micro-steps: every unit's unsharded
+  // gradient buffer.
+  std::int64_t accumulation_bytes() const;
+  std::string str() const;  // the table --explain prints
 };
 
 // The plan of the units under `root` (finalises them: call after the last fully_shard).

@@ -376,6 +376,12 @@ TEST_CASE("the plan table names every unit with its counts", "[dist][fsdp][expla
   CHECK(plan.units[0].backward_gathers == 0);  // the root stays gathered for backward
   CHECK(plan.units[1].backward_gathers == (w > 1 ? 1 : 0));
   CHECK(plan.note.empty());
+  std::int64_t padded = 0;  // every unit's flat length, padding included
+  for (const auto& unit : plan.units) padded += unit.parameters + unit.padding;
+  CHECK(plan.accumulation_bytes() == 4 * padded);
+  CHECK_THAT(table, Catch::Matchers::Contains(fmt::format("keeps every unit's unsharded gradient between "
+                                                          "micro-steps: +{} B per rank",
+                                                          plan.accumulation_bytes())));
 
   Nested offloaded(4 * w + 1, kSeed);
   dist::fully_shard(*offloaded, {.cpu_offload = true});
