@@ -460,5 +460,31 @@ TEST_CASE("record_stream holds a CUDA block back until the other stream's work r
   CHECK(again.storage()->data() == first);  // collected once side's work completed
 }
 
+// --- softmax (core/cuda/softmax.cu) ---------------------------------------------------------------
+
+// Rows longer than a block, shorter than a warp, along the last dim and along a middle one
+// (strided rows), in every floating dtype.
+SHARDLAB_CUDA_VS_CPU("softmax and log_softmax along the last dim, rows of 1 to 1031",
+                     {random_tensor({7, 1031}, 61)}, [](const Inputs& x) {
+                       return cat({softmax(x[0], -1), log_softmax(x[0].narrow(1, 0, 13), -1),
+                                   softmax(x[0].narrow(1, 0, 1), -1).expand({7, 1}).contiguous()},
+                                  1);
+                     });
+SHARDLAB_CUDA_VS_CPU("log_softmax along a middle dim of a strided input",
+                     {test::random_strided({3, 37, 5}, 62)},
+                     [](const Inputs& x) { return log_softmax(x[0], 1); });
+SHARDLAB_CUDA_VS_CPU("softmax in f64", {random_tensor({4, 300}, 63, DType::f64)},
+                     [](const Inputs& x) { return softmax(x[0], 1); });
+SHARDLAB_CUDA_VS_CPU(
+    "softmax in bf16 and f16", {random_tensor({5, 129}, 64, DType::bf16)}, [](const Inputs& x) {
+      return cat({softmax(x[0], -1).to(DType::f32), log_softmax(x[0].to(DType::f16), -1).to(DType::f32)}, 1);
+    });
+// Rows that are all -inf, or hold +-inf among finite values, keep the CPU's NaN/-inf pattern.
+SHARDLAB_CUDA_VS_CPU("softmax of rows with infinities",
+                     {from_vector<float>({-INFINITY, -INFINITY, -INFINITY, 1.0f, -INFINITY, 2.0f}, {2, 3})},
+                     [](const Inputs& x) {
+                       return cat({softmax(x[0], 1), log_softmax(x[0], 1)}, 1);
+                     });
+
 }  // namespace
 }  // namespace shardlab

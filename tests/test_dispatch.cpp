@@ -29,7 +29,7 @@ TEST_CASE("the CPU table has a kernel for every entry", "[dispatch]") {
   for (const bool supported : every_entry(Device::cpu())) CHECK(supported);
 }
 
-TEST_CASE("the CUDA table has the elementwise family and random draws", "[dispatch]") {
+TEST_CASE("the CUDA table has the elementwise family, random draws and softmax", "[dispatch]") {
   // Built without CUDA every entry is empty; with it, the elementwise family is there.
   const bool built = supports<&Kernels::fill>(Device::cuda(0));
   CHECK(supports<&Kernels::copy>(Device::cuda(0)) == built);
@@ -37,14 +37,16 @@ TEST_CASE("the CUDA table has the elementwise family and random draws", "[dispat
   CHECK(supports<&Kernels::binary>(Device::cuda(0)) == built);
   CHECK(supports<&Kernels::where>(Device::cuda(0)) == built);
   CHECK(supports<&Kernels::random>(Device::cuda(0)) == built);
+  CHECK(supports<&Kernels::softmax>(Device::cuda(0)) == built);
 }
 
-TEST_CASE("softmax on cuda: the CPU's values, or an error naming op and device", "[dispatch][cuda]") {
-  const Tensor x = test::random_tensor({3, 5}, 1);
-  if (supports<&Kernels::softmax>(Device::cuda(0))) {
-    test::check_close(softmax(x.to(Device::cuda(0)), -1).to(Device::cpu()), softmax(x, -1));
+TEST_CASE("max_pool2d on cuda: the CPU's values, or an error naming op and device", "[dispatch][cuda]") {
+  const Tensor x = test::random_tensor({1, 2, 4, 4}, 1);
+  if (supports<&Kernels::max_pool2d>(Device::cuda(0))) {
+    test::check_close(max_pool2d(x.to(Device::cuda(0)), {.kernel_size = 2}).values.to(Device::cpu()),
+                      max_pool2d(x, {.kernel_size = 2}).values);
   } else {
-    CHECK_THROWS_ERROR(softmax(x.to(Device::cuda(0)), -1),
-                       "softmax: not supported on cuda:0 (no kernel for it in this build)");
+    CHECK_THROWS_ERROR(max_pool2d(x.to(Device::cuda(0)), {.kernel_size = 2}),
+                       "max_pool2d: not supported on cuda:0 (no kernel for it in this build)");
   }
 }

@@ -85,4 +85,11 @@ void launch_where(const bool* condition, DType dtype, const void* a, const void*
 // (uniform53 for f64), philox::normal or philox::bernoulli (1 or 0) gives, narrowed to the dtype.
 void launch_random(DType dtype, void* out, std::int64_t n, const PhiloxDraw& draw, cudaStream_t stream);
 
+// --- core/cuda/softmax.cu ----------------------------------------------------------------------
+
+// in, out: contiguous [outer, n, inner]; softmax (or log_softmax) along n, for floating dtypes
+// (false for the others).
+[[nodiscard]] bool launch_softmax(DType dtype, const void* in, void* out, std::int64_t outer, std::int64_t n,
+                                  std::int64_t inner, bool log, cudaStream_t stream);
+
 }  // namespace shardlab::cuda
