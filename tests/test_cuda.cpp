@@ -486,5 +486,33 @@ SHARDLAB_CUDA_VS_CPU("softmax of rows with infinities",
                        return cat({softmax(x[0], 1), log_softmax(x[0], 1)}, 1);
                      });
 
+// --- reductions (core/cuda/reduce.cu) -------------------------------------------------------------
+
+// Every op over one dim, two non-adjacent dims, all dims and none, keepdim or not; rows longer
+// than a block; f32 (accumulated in double on both sides), bf16, integers to i64.
+SHARDLAB_CUDA_VS_CPU("sum, mean and sum_squares over any dims", {test::random_strided({5, 37, 300}, 71)},
+                     [](const Inputs& x) {
+                       return cat({sum(x[0], {1}).flatten(), mean(x[0], {0, 2}, true).flatten(),
+                                   sum_squares(x[0]).flatten(), sum(x[0], {}).flatten()},
+                                  0);
+                     });
+SHARDLAB_CUDA_VS_CPU("max, min and argmax, ties to the first index", {random_tensor({6, 513}, 72)},
+                     [](const Inputs& x) {
+                       const Tensor rounded = (x[0] * 4.0).to(DType::i32).to(DType::f32);  // many ties
+                       return cat({max(rounded, {1}), min(rounded, {0}), argmax(rounded, {1}).to(DType::f32),
+                                   argmax(rounded, {0, 1}).flatten().to(DType::f32)},
+                                  0);
+                     });
+SHARDLAB_CUDA_VS_CPU("integer sums to i64 and bf16 sums", {random_tensor({9, 260}, 73)}, [](const Inputs& x) {
+  const Tensor integers = (x[0] * 100.0).to(DType::i32);
+  return cat({sum(integers, {1}).to(DType::f32), sum(x[0].to(DType::bf16), {1}).to(DType::f32),
+              sum((x[0] * 10.0).to(DType::u8), {0}).to(DType::f32)},
+             0);
+});
+SHARDLAB_CUDA_VS_CPU("max and argmax keep the first NaN",
+                     {from_vector<float>({1.0f, NAN, 3.0f, NAN, 2.0f, 5.0f}, {2, 3})}, [](const Inputs& x) {
+                       return cat({max(x[0], {1}), argmax(x[0], {1}).to(DType::f32), min(x[0], {0})}, 0);
+                     });
+
 }  // namespace
 }  // namespace shardlab

@@ -29,7 +29,7 @@ TEST_CASE("the CPU table has a kernel for every entry", "[dispatch]") {
   for (const bool supported : every_entry(Device::cpu())) CHECK(supported);
 }
 
-TEST_CASE("the CUDA table has the elementwise family, random draws and softmax", "[dispatch]") {
+TEST_CASE("the CUDA table has the elementwise family, random draws, softmax and reductions", "[dispatch]") {
   // Built without CUDA every entry is empty; with it, the elementwise family is there.
   const bool built = supports<&Kernels::fill>(Device::cuda(0));
   CHECK(supports<&Kernels::copy>(Device::cuda(0)) == built);
@@ -38,6 +38,7 @@ TEST_CASE("the CUDA table has the elementwise family, random draws and softmax",
   CHECK(supports<&Kernels::where>(Device::cuda(0)) == built);
   CHECK(supports<&Kernels::random>(Device::cuda(0)) == built);
   CHECK(supports<&Kernels::softmax>(Device::cuda(0)) == built);
+  CHECK(supports<&Kernels::reduce>(Device::cuda(0)) == built);
 }
 
 TEST_CASE("max_pool2d on cuda: the CPU's values, or an error naming op and device", "[dispatch][cuda]") {

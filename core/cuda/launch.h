@@ -92,4 +92,11 @@ void launch_random(DType dtype, void* out, std::int64_t n, const PhiloxDraw& dra
 [[nodiscard]] bool launch_softmax(DType dtype, const void* in, void* out, std::int64_t outer, std::int64_t n,
                                   std::int64_t inner, bool log, cudaStream_t stream);
 
+// --- core/cuda/reduce.cu -----------------------------------------------------------------------
+
+// in: contiguous [outputs, count], each row reduced into out[row]. Pairs: in_dtype == out_dtype,
+// or out i64 (integer sums, argmax); false for others.
+[[nodiscard]] bool launch_reduce(ReduceOp op, DType in_dtype, DType out_dtype, const void* in, void* out,
+                                 std::int64_t outputs, std::int64_t count, cudaStream_t stream);
+
 }  // namespace shardlab::cuda

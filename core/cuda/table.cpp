@@ -1,5 +1,6 @@
 // core/cuda/table.cpp: the CUDA kernel table (core/kernels.h): unpacks Tensors into the plain
 // launchers of core/cuda/launch.h, on the tensors' device and its current stream.
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <type_traits>
@@ -142,6 +143,26 @@ void cuda_softmax(const Tensor& in, std::int64_t dim, bool log, const Tensor& ou
                  "{}: no CUDA kernel for {}", log ? "log_softmax" : "softmax", dtype_name(x.dtype()));
 }
 
+// The kept dims first and the reduced ones last, both in order: each output's inputs are then
+// one contiguous row, in the row-major order argmax counts in, and the outputs follow out's order.
+void cuda_reduce(ReduceOp op, const Tensor& in, const Dims& dims, const Tensor& out) {
+  const LaunchContext context(out);
+  std::vector<std::int64_t> order;
+  std::int64_t count = 1;
+  for (std::int64_t d = 0; d < in.dim(); ++d) {
+    if (std::find(dims.begin(), dims.end(), d) == dims.end()) order.push_back(d);
+  }
+  for (const std::int64_t d : dims) {
+    order.push_back(d);
+    count *= in.size(d);
+  }
+  const Tensor rows = in.permute(order).contiguous();
+  SHARDLAB_CHECK(cuda::launch_reduce(op, in.dtype(), out.dtype(), rows.raw_data(), out.raw_data(),
+                                     out.numel(), count, context.stream()),
+                 "{}: no CUDA kernel from {} to {}", op_name(op), dtype_name(in.dtype()),
+                 dtype_name(out.dtype()));
+}
+
 }  // namespace
 
 const Kernels& cuda_kernels() {
@@ -154,6 +175,7 @@ const Kernels& cuda_kernels() {
     kernels.where = cuda_where;
     kernels.random = cuda_random;
     kernels.softmax = cuda_softmax;
+    kernels.reduce = cuda_reduce;
     return kernels;
   }();
   return table;
