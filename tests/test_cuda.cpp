@@ -514,5 +514,33 @@ SHARDLAB_CUDA_VS_CPU("max and argmax keep the first NaN",
                        return cat({max(x[0], {1}), argmax(x[0], {1}).to(DType::f32), min(x[0], {0})}, 0);
                      });
 
+// --- matmul (core/cuda/cublas.cpp) -----------------------------------------------------------------
+
+// Shapes off every tile size; row-major, transposed (column-major) and strided operands; a
+// broadcast batch; f32 (f32 accumulation on both sides), f64, bf16 and f16.
+SHARDLAB_CUDA_VS_CPU("matmul of row-major, transposed and broadcast operands",
+                     {random_tensor({3, 37, 61}, 81), random_tensor({61, 45}, 82),
+                      random_tensor({45, 61}, 83)},
+                     [](const Inputs& x) {
+                       return cat(
+                           {matmul(x[0], x[1]).flatten(), matmul(x[0], x[2].transpose(0, 1)).flatten(),
+                            matmul(x[0].narrow(2, 0, 30), x[1].narrow(0, 0, 30).narrow(1, 1, 40)).flatten()},
+                           0);
+                     });
+SHARDLAB_CUDA_VS_CPU("matmul in f64",
+                     {random_tensor({17, 33}, 84, DType::f64), random_tensor({33, 9}, 85, DType::f64)},
+                     [](const Inputs& x) { return matmul(x[0], x[1]); });
+SHARDLAB_CUDA_VS_CPU("matmul in bf16 and f16 with f32 accumulation",
+                     {random_tensor({2, 19, 130}, 86, DType::bf16),
+                      random_tensor({130, 21}, 87, DType::bf16)},
+                     [](const Inputs& x) {
+                       return cat({matmul(x[0], x[1]).to(DType::f32).flatten(),
+                                   matmul(x[0].to(DType::f16), x[1].to(DType::f16)).to(DType::f32).flatten()},
+                                  0);
+                     });
+SHARDLAB_CUDA_VS_CPU("matmul with an empty inner dimension gives zeros",
+                     {random_tensor({4, 0}, 88), random_tensor({0, 3}, 89)},
+                     [](const Inputs& x) { return matmul(x[0], x[1]); });
+
 }  // namespace
 }  // namespace shardlab

@@ -29,7 +29,8 @@ TEST_CASE("the CPU table has a kernel for every entry", "[dispatch]") {
   for (const bool supported : every_entry(Device::cpu())) CHECK(supported);
 }
 
-TEST_CASE("the CUDA table has the elementwise family, random draws, softmax and reductions", "[dispatch]") {
+TEST_CASE("the CUDA table has the elementwise family, random draws, softmax, reductions and matmul",
+          "[dispatch]") {
   // Built without CUDA every entry is empty; with it, the elementwise family is there.
   const bool built = supports<&Kernels::fill>(Device::cuda(0));
   CHECK(supports<&Kernels::copy>(Device::cuda(0)) == built);
@@ -39,6 +40,7 @@ TEST_CASE("the CUDA table has the elementwise family, random draws, softmax and 
   CHECK(supports<&Kernels::random>(Device::cuda(0)) == built);
   CHECK(supports<&Kernels::softmax>(Device::cuda(0)) == built);
   CHECK(supports<&Kernels::reduce>(Device::cuda(0)) == built);
+  CHECK(supports<&Kernels::matmul>(Device::cuda(0)) == built);
 }
 
 TEST_CASE("max_pool2d on cuda: the CPU's values, or an error naming op and device", "[dispatch][cuda]") {

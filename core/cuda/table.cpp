@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/cuda/check.h"
+#include "core/cuda/cublas.h"
 #include "core/cuda/launch.h"
 #include "core/cuda/runtime.h"
 #include "core/kernels.h"
@@ -163,6 +164,31 @@ void cuda_reduce(ReduceOp op, const Tensor& in, const Dims& dims, const Tensor& 
                  dtype_name(out.dtype()));
 }
 
+// One [B, R, C] operand as cuBLAS sees it: row-major rows (last stride 1) are the column-major
+// transpose with leading dimension stride(1); column-major ones (stride(1) == 1) need the
+// transpose flag; anything else is copied contiguous first (kept alive in `storage`).
+cuda::GemmOperand gemm_operand(const Tensor& x, Tensor& storage) {
+  const std::int64_t rows = x.size(1), cols = x.size(2);
+  if (x.stride(2) == 1 && x.stride(1) >= std::max<std::int64_t>(1, cols)) {
+    return {x.raw_data(), false, x.stride(1), x.stride(0)};
+  }
+  if (x.stride(1) == 1 && x.stride(2) >= std::max<std::int64_t>(1, rows)) {
+    return {x.raw_data(), true, x.stride(2), x.stride(0)};
+  }
+  storage = x.contiguous();
+  return {storage.raw_data(), false, std::max<std::int64_t>(1, cols), rows * cols};
+}
+
+// Row-major out = a b is column-major out^T = b^T a^T: cuBLAS's first operand is b.
+void cuda_matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
+  const LaunchContext context(out);
+  Tensor a_copy, b_copy;
+  const cuda::GemmOperand left = gemm_operand(b, b_copy), right = gemm_operand(a, a_copy);
+  const std::int64_t m = out.size(1), n = out.size(2);
+  cuda::gemm_batched(out.dtype(), out.size(0), n, m, a.size(2), left, right, out.raw_data(),
+                     std::max<std::int64_t>(1, n), m * n, out.device().index, context.stream());
+}
+
 }  // namespace
 
 const Kernels& cuda_kernels() {
@@ -176,6 +202,7 @@ const Kernels& cuda_kernels() {
     kernels.random = cuda_random;
     kernels.softmax = cuda_softmax;
     kernels.reduce = cuda_reduce;
+    kernels.matmul = cuda_matmul;
     return kernels;
   }();
   return table;
