@@ -542,5 +542,45 @@ SHARDLAB_CUDA_VS_CPU("matmul with an empty inner dimension gives zeros",
                      {random_tensor({4, 0}, 88), random_tensor({0, 3}, 89)},
                      [](const Inputs& x) { return matmul(x[0], x[1]); });
 
+// --- index and pooling kernels (core/cuda/index.cu) ---------------------------------------------
+
+namespace {
+Tensor indices(const std::vector<std::int64_t>& values, const Shape& shape) {
+  return from_vector(values, shape);
+}
+}  // namespace
+
+SHARDLAB_CUDA_VS_CPU(
+    "index_select and gather along a middle dim", {random_tensor({4, 9, 33}, 91)}, [](const Inputs& x) {
+      const Tensor picks = indices({8, 0, 3, 3, 5}, {5}).to(x[0].device());
+      const Tensor where = indices(std::vector<std::int64_t>(4 * 2 * 33, 7), {4, 2, 33}).to(x[0].device());
+      return cat({index_select(x[0], 1, picks).flatten(), gather(x[0], 1, where).flatten()}, 0);
+    });
+// Repeated indices add in order on both sides: the sums match bit for bit in f32.
+SHARDLAB_CUDA_VS_CPU(
+    "index_add and scatter_add with repeated indices, and the embedding backward",
+    {random_tensor({6, 300}, 92), random_tensor({5, 300}, 93)},
+    [](const Inputs& x) {
+      const Device device = x[0].device();
+      const Tensor rows = indices({1, 4, 1, 1, 0}, {5}).to(device);
+      std::vector<std::int64_t> targets;
+      for (int i = 0; i < 5 * 300; ++i) targets.push_back(i * 7 % 6);
+      const Tensor where = indices(targets, {5, 300}).to(device);
+      return cat({index_add(x[0], 0, rows, x[1]).flatten(), scatter_add(x[0], 0, where, x[1]).flatten(),
+                  embedding_backward(x[1], rows, 6).flatten()},
+                 0);
+    },
+    Tolerance{0.0, 0.0});
+SHARDLAB_CUDA_VS_CPU("max_pool2d and its backward: 2x2 windows, and 3x3 stride 2 padded overlapping ones",
+                     {random_tensor({2, 3, 13, 11}, 94)}, [](const Inputs& x) {
+                       const MaxPool2dResult plain = max_pool2d(x[0], {.kernel_size = 2});
+                       const MaxPool2dResult padded =
+                           max_pool2d(x[0], {.kernel_size = 3, .stride = 2, .padding = 1});
+                       const Tensor back = max_pool2d_backward(padded.values, padded.indices, x[0].shape());
+                       return cat({plain.values.flatten(), plain.indices.to(DType::f32).flatten(),
+                                   padded.values.flatten(), back.flatten()},
+                                  0);
+                     });
+
 }  // namespace
 }  // namespace shardlab

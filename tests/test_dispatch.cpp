@@ -41,15 +41,22 @@ TEST_CASE("the CUDA table has the elementwise family, random draws, softmax, red
   CHECK(supports<&Kernels::softmax>(Device::cuda(0)) == built);
   CHECK(supports<&Kernels::reduce>(Device::cuda(0)) == built);
   CHECK(supports<&Kernels::matmul>(Device::cuda(0)) == built);
+  for (const bool entry :
+       {supports<&Kernels::index_select>(Device::cuda(0)), supports<&Kernels::gather>(Device::cuda(0)),
+        supports<&Kernels::scatter_add>(Device::cuda(0)), supports<&Kernels::index_add>(Device::cuda(0)),
+        supports<&Kernels::max_pool2d>(Device::cuda(0)),
+        supports<&Kernels::max_pool2d_backward>(Device::cuda(0))}) {
+    CHECK(entry == built);
+  }
 }
 
-TEST_CASE("max_pool2d on cuda: the CPU's values, or an error naming op and device", "[dispatch][cuda]") {
-  const Tensor x = test::random_tensor({1, 2, 4, 4}, 1);
-  if (supports<&Kernels::max_pool2d>(Device::cuda(0))) {
-    test::check_close(max_pool2d(x.to(Device::cuda(0)), {.kernel_size = 2}).values.to(Device::cpu()),
-                      max_pool2d(x, {.kernel_size = 2}).values);
+TEST_CASE("conv2d on cuda: the CPU's values, or an error naming op and device", "[dispatch][cuda]") {
+  const Tensor x = test::random_tensor({1, 2, 5, 5}, 1), w = test::random_tensor({3, 2, 3, 3}, 2);
+  if (supports<&Kernels::conv2d>(Device::cuda(0))) {
+    test::check_close(conv2d(x.to(Device::cuda(0)), w.to(Device::cuda(0)), {}, {}).to(Device::cpu()),
+                      conv2d(x, w, {}, {}));
   } else {
-    CHECK_THROWS_ERROR(max_pool2d(x.to(Device::cuda(0)), {.kernel_size = 2}),
-                       "max_pool2d: not supported on cuda:0 (no kernel for it in this build)");
+    CHECK_THROWS_ERROR(conv2d(x.to(Device::cuda(0)), w.to(Device::cuda(0)), {}, {}),
+                       "conv2d: not supported on cuda:0 (no kernel for it in this build)");
   }
 }

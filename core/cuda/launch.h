@@ -99,4 +99,44 @@ void launch_random(DType dtype, void* out, std::int64_t n, const PhiloxDraw& dra
 [[nodiscard]] bool launch_reduce(ReduceOp op, DType in_dtype, DType out_dtype, const void* in, void* out,
                                  std::int64_t outputs, std::int64_t count, cudaStream_t stream);
 
+// --- core/cuda/index.cu ------------------------------------------------------------------------
+
+// The shape of an index tensor (rank <= kMaxDims) and the element strides of the tensors its
+// positions address: `in_strides` for gather's input and scatter_add's source, `out_strides`
+// for scatter_add's output.
+struct IndexGeometry {
+  int rank = 0;
+  int dim = 0;
+  std::int64_t shape[kMaxDims] = {};
+  std::int64_t in_strides[kMaxDims] = {};
+  std::int64_t out_strides[kMaxDims] = {};
+};
+
+// Contiguous operands, in-range i64 indices, the CPU kernels' contracts (core/kernels.h).
+// in [outer, size, inner] -> out [outer, picks, inner].
+void launch_index_select(DType dtype, const void* in, const std::int64_t* index, void* out,
+                         std::int64_t outer, std::int64_t picks, std::int64_t size, std::int64_t inner,
+                         cudaStream_t stream);
+void launch_gather(DType dtype, const void* in, const std::int64_t* index, void* out, std::int64_t total,
+                   const IndexGeometry& geometry, cudaStream_t stream);
+// The index has shape [outer, length, inner] around geometry.dim.
+void launch_scatter_add(DType dtype, void* out, const std::int64_t* index, const void* src,
+                        std::int64_t outer, std::int64_t length, std::int64_t inner,
+                        const IndexGeometry& geometry, cudaStream_t stream);
+// out [outer, size, inner] += src [outer, picks, inner] at rows index[j].
+void launch_index_add(DType dtype, void* out, const std::int64_t* index, const void* src, std::int64_t outer,
+                      std::int64_t picks, std::int64_t size, std::int64_t inner, cudaStream_t stream);
+
+struct PoolGeometry {
+  std::int64_t height = 0, width = 0, out_h = 0, out_w = 0;
+  std::int64_t kernel = 2, stride = 2, padding = 0;
+};
+// in [planes, height, width] -> out, indices [planes, out_h, out_w] (flat h * width + w).
+void launch_max_pool2d(DType dtype, const void* in, void* out, std::int64_t* indices, std::int64_t planes,
+                       const PoolGeometry& geometry, cudaStream_t stream);
+// grad_in (zeroed by the caller) += grad_out at indices, per plane.
+void launch_max_pool2d_backward(DType dtype, const void* grad_out, const std::int64_t* indices, void* grad_in,
+                                std::int64_t planes, std::int64_t plane_in, std::int64_t plane_out,
+                                cudaStream_t stream);
+
 }  // namespace shardlab::cuda

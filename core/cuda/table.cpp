@@ -189,6 +189,80 @@ void cuda_matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
                      std::max<std::int64_t>(1, n), m * n, out.device().index, context.stream());
 }
 
+// Sizes around `dim` of `shape`: the product of the dims before and of those after.
+std::pair<std::int64_t, std::int64_t> outer_inner(const Shape& shape, std::int64_t dim) {
+  std::int64_t outer = 1, inner = 1;
+  for (std::int64_t d = 0; d < static_cast<std::int64_t>(shape.size()); ++d) {
+    if (d < dim) outer *= shape[d];
+    if (d > dim) inner *= shape[d];
+  }
+  return {outer, inner};
+}
+
+cuda::IndexGeometry index_geometry(const char* op, const Tensor& index, std::int64_t dim, const Tensor& in,
+                                   const Tensor& out) {
+  SHARDLAB_CHECK(index.dim() <= cuda::kMaxDims, "{} on cuda: at most {} dimensions, got {}", op,
+                 cuda::kMaxDims, index.dim());
+  cuda::IndexGeometry g;
+  g.rank = static_cast<int>(index.dim());
+  g.dim = static_cast<int>(dim);
+  for (std::int64_t d = 0; d < index.dim(); ++d) {
+    g.shape[d] = index.size(d);
+    g.in_strides[d] = in.stride(d);
+    if (out.defined()) g.out_strides[d] = out.stride(d);
+  }
+  return g;
+}
+
+void cuda_index_select(const Tensor& in, std::int64_t dim, const Tensor& index, const Tensor& out) {
+  const LaunchContext context(out);
+  const auto [outer, inner] = outer_inner(in.shape(), dim);
+  cuda::launch_index_select(in.dtype(), in.raw_data(), index.data<std::int64_t>(), out.raw_data(), outer,
+                            index.numel(), in.size(dim), inner, context.stream());
+}
+
+void cuda_gather(const Tensor& in, std::int64_t dim, const Tensor& index, const Tensor& out) {
+  const LaunchContext context(out);
+  cuda::launch_gather(in.dtype(), in.raw_data(), index.data<std::int64_t>(), out.raw_data(), index.numel(),
+                      index_geometry("gather", index, dim, in, Tensor()), context.stream());
+}
+
+void cuda_scatter_add(const Tensor& out, std::int64_t dim, const Tensor& index, const Tensor& src) {
+  const LaunchContext context(out);
+  const auto [outer, inner] = outer_inner(index.shape(), dim);
+  cuda::launch_scatter_add(out.dtype(), out.raw_data(), index.data<std::int64_t>(), src.raw_data(), outer,
+                           index.size(dim), inner, index_geometry("scatter_add", index, dim, src, out),
+                           context.stream());
+}
+
+void cuda_index_add(const Tensor& out, std::int64_t dim, const Tensor& index, const Tensor& src) {
+  const LaunchContext context(out);
+  const auto [outer, inner] = outer_inner(out.shape(), dim);
+  cuda::launch_index_add(out.dtype(), out.raw_data(), index.data<std::int64_t>(), src.raw_data(), outer,
+                         index.numel(), out.size(dim), inner, context.stream());
+}
+
+void cuda_max_pool2d(const Tensor& input, MaxPool2dParams p, const Tensor& out, const Tensor& indices) {
+  const LaunchContext context(out);
+  const cuda::PoolGeometry geometry{.height = input.size(2),
+                                    .width = input.size(3),
+                                    .out_h = out.size(2),
+                                    .out_w = out.size(3),
+                                    .kernel = p.kernel_size,
+                                    .stride = p.stride,
+                                    .padding = p.padding};
+  cuda::launch_max_pool2d(input.dtype(), input.raw_data(), out.raw_data(), indices.data<std::int64_t>(),
+                          input.size(0) * input.size(1), geometry, context.stream());
+}
+
+void cuda_max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_in) {
+  const LaunchContext context(grad_in);
+  cuda::launch_max_pool2d_backward(grad_out.dtype(), grad_out.raw_data(), indices.data<std::int64_t>(),
+                                   grad_in.raw_data(), grad_in.size(0) * grad_in.size(1),
+                                   grad_in.size(2) * grad_in.size(3), grad_out.size(2) * grad_out.size(3),
+                                   context.stream());
+}
+
 }  // namespace
 
 const Kernels& cuda_kernels() {
@@ -203,6 +277,12 @@ const Kernels& cuda_kernels() {
     kernels.softmax = cuda_softmax;
     kernels.reduce = cuda_reduce;
     kernels.matmul = cuda_matmul;
+    kernels.index_select = cuda_index_select;
+    kernels.gather = cuda_gather;
+    kernels.scatter_add = cuda_scatter_add;
+    kernels.index_add = cuda_index_add;
+    kernels.max_pool2d = cuda_max_pool2d;
+    kernels.max_pool2d_backward = cuda_max_pool2d_backward;
     return kernels;
   }();
   return table;
