@@ -582,5 +582,26 @@ SHARDLAB_CUDA_VS_CPU("max_pool2d and its backward: 2x2 windows, and 3x3 stride 2
                                   0);
                      });
 
+// --- fused optimizer steps (core/cuda/optimizer.cu) ----------------------------------------------
+
+// Three steps with weight decay on strided f32 operands, and a bf16 run: parameter and both
+// state tensors after the steps.
+SHARDLAB_CUDA_VS_CPU("adadelta_step over three steps, strided operands, f32 and bf16",
+                     {test::random_strided({37, 41}, 101), random_tensor({37, 41}, 102)},
+                     [](const Inputs& x) {
+                       std::vector<Tensor> results;
+                       for (const DType dtype : {DType::f32, DType::bf16}) {
+                         const Tensor param = x[0].to(dtype).transpose(0, 1).contiguous().transpose(0, 1);
+                         const Tensor square_avg = zeros_like(param), acc_delta = zeros_like(param);
+                         for (int step = 0; step < 3; ++step) {
+                           adadelta_step(param, x[1].to(dtype) * (step + 1.0), square_avg, acc_delta,
+                                         {.lr = 1.0, .rho = 0.9, .eps = 1e-6, .weight_decay = 0.01});
+                         }
+                         for (const Tensor& t : {param, square_avg, acc_delta})
+                           results.push_back(t.to(DType::f32).flatten());
+                       }
+                       return cat(results, 0);
+                     });
+
 }  // namespace
 }  // namespace shardlab

@@ -45,7 +45,8 @@ TEST_CASE("the CUDA table has the elementwise family, random draws, softmax, red
        {supports<&Kernels::index_select>(Device::cuda(0)), supports<&Kernels::gather>(Device::cuda(0)),
         supports<&Kernels::scatter_add>(Device::cuda(0)), supports<&Kernels::index_add>(Device::cuda(0)),
         supports<&Kernels::max_pool2d>(Device::cuda(0)),
-        supports<&Kernels::max_pool2d_backward>(Device::cuda(0))}) {
+        supports<&Kernels::max_pool2d_backward>(Device::cuda(0)),
+        supports<&Kernels::adadelta_step>(Device::cuda(0))}) {
     CHECK(entry == built);
   }
 }

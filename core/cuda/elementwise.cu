@@ -10,42 +10,11 @@
 #include <type_traits>
 
 #include "core/cuda/check.h"
+#include "core/cuda/indexing.cuh"
 #include "core/cuda/launch.h"
 
 namespace shardlab::cuda {
 namespace {
-
-// --- indexing ----------------------------------------------------------------------------------
-
-template <int N>
-struct Offsets {
-  std::int64_t of[N];
-};
-
-// Offsets of row-major element `index` in each operand: peel coordinates off from the last dim.
-template <int N>
-__device__ Offsets<N> offsets_of(const Layout<N>& layout, std::int64_t index) {
-  Offsets<N> result{};
-  for (int d = layout.rank - 1; d > 0; --d) {
-    const std::int64_t coordinate = index % layout.sizes[d];
-    index /= layout.sizes[d];
-    for (int k = 0; k < N; ++k) result.of[k] += coordinate * layout.strides[k][d];
-  }
-  if (layout.rank > 0) {
-    for (int k = 0; k < N; ++k) result.of[k] += index * layout.strides[k][0];
-  }
-  return result;
-}
-
-// Grid-stride loop: calls fn(offsets) for every element of the layout.
-template <int N, typename Fn>
-__device__ void for_each_element(const Layout<N>& layout, Fn&& fn) {
-  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < layout.numel;
-       i += step) {
-    fn(offsets_of(layout, i));
-  }
-}
 
 // --- element types -----------------------------------------------------------------------------
 

@@ -139,4 +139,16 @@ void launch_max_pool2d_backward(DType dtype, const void* grad_out, const std::in
                                 std::int64_t planes, std::int64_t plane_in, std::int64_t plane_out,
                                 cudaStream_t stream);
 
+// --- core/cuda/optimizer.cu ---------------------------------------------------------------------
+
+// core/ops.h's AdadeltaHyper, in plain types.
+struct AdadeltaScalars {
+  double lr = 1.0, rho = 0.9, eps = 1e-6, weight_decay = 0.0;
+};
+// Operands: param, grad, square_avg, acc_delta (one floating dtype, any strides); false for
+// other dtypes.
+[[nodiscard]] bool launch_adadelta_step(DType dtype, void* param, const void* grad, void* square_avg,
+                                        void* acc_delta, const Layout<4>& layout,
+                                        const AdadeltaScalars& hyper, cudaStream_t stream);
+
 }  // namespace shardlab::cuda

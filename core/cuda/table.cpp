@@ -263,6 +263,17 @@ void cuda_max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, con
                                    context.stream());
 }
 
+void cuda_adadelta_step(const Tensor& param, const Tensor& grad, const Tensor& square_avg,
+                        const Tensor& acc_delta, const AdadeltaHyper& hyper) {
+  const LaunchContext context(param);
+  const cuda::AdadeltaScalars scalars{hyper.lr, hyper.rho, hyper.eps, hyper.weight_decay};
+  SHARDLAB_CHECK(
+      cuda::launch_adadelta_step(
+          param.dtype(), param.raw_data(), grad.raw_data(), square_avg.raw_data(), acc_delta.raw_data(),
+          layout_of<4>("adadelta_step", {&param, &grad, &square_avg, &acc_delta}), scalars, context.stream()),
+      "adadelta_step: no CUDA kernel for {}", dtype_name(param.dtype()));
+}
+
 }  // namespace
 
 const Kernels& cuda_kernels() {
@@ -283,6 +294,7 @@ const Kernels& cuda_kernels() {
     kernels.index_add = cuda_index_add;
     kernels.max_pool2d = cuda_max_pool2d;
     kernels.max_pool2d_backward = cuda_max_pool2d_backward;
+    kernels.adadelta_step = cuda_adadelta_step;
     return kernels;
   }();
   return table;

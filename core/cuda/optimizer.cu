@@ -1,0 +1,53 @@
+// core/cuda/optimizer.cu: fused optimizer updates, each element's whole update in one thread,
+// computed in the parameter's compute type in the CPU kernel's operation order. nvcc may fuse a
+// multiply and an add (the CPU build does not), so the last bit can differ from the CPU's.
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "core/cuda/check.h"
+#include "core/cuda/indexing.cuh"
+#include "core/cuda/launch.h"
+
+namespace shardlab::cuda {
+namespace {
+
+template <typename T>
+__global__ void adadelta_kernel(T* param, const T* grad, T* square_avg, T* acc_delta, Layout<4> layout,
+                                AdadeltaScalars h) {
+  using C = compute_t<T>;
+  const C lr = static_cast<C>(h.lr), rho = static_cast<C>(h.rho), eps = static_cast<C>(h.eps);
+  const C keep = static_cast<C>(1.0 - h.rho), decay = static_cast<C>(h.weight_decay);
+  for_each_element(layout, [&](const Offsets<4>& at) {
+    T& w = param[at.of[0]];
+    T& sa = square_avg[at.of[2]];
+    T& ad = acc_delta[at.of[3]];
+    C g = widen(grad[at.of[1]]);
+    if (h.weight_decay != 0) g = g + widen(w) * decay;
+    const C square = widen(sa) * rho + g * g * keep;
+    sa = narrow<T>(square);
+    const C delta = sqrt(widen(ad) + eps) / sqrt(widen(sa) + eps) * g;
+    ad = narrow<T>(widen(ad) * rho + delta * delta * keep);
+    w = narrow<T>(widen(w) - delta * lr);
+  });
+}
+
+}  // namespace
+
+bool launch_adadelta_step(DType dtype, void* param, const void* grad, void* square_avg, void* acc_delta,
+                          const Layout<4>& layout, const AdadeltaScalars& hyper, cudaStream_t stream) {
+  return visit_dtype(dtype, [&]<typename T>() {
+    if constexpr (std::is_floating_point_v<compute_t<T>>) {
+      if (layout.numel == 0) return true;
+      adadelta_kernel<T><<<grid_size(layout.numel), kBlockSize, 0, stream>>>(
+          static_cast<T*>(param), static_cast<const T*>(grad), static_cast<T*>(square_avg),
+          static_cast<T*>(acc_delta), layout, hyper);
+      SHARDLAB_CUDA_CHECK_LAUNCH();
+      return true;
+    } else {
+      return false;
+    }
+  });
+}
+
+}  // namespace shardlab::cuda
