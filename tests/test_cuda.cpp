@@ -603,5 +603,25 @@ SHARDLAB_CUDA_VS_CPU("adadelta_step over three steps, strided operands, f32 and 
                        return cat(results, 0);
                      });
 
+// --- conv2d (core/cuda/conv.cu + cuBLAS) -----------------------------------------------------------
+
+// Odd sizes, padding and stride 2 (taps that skip pixels), with bias; both gradients.
+SHARDLAB_CUDA_VS_CPU("conv2d forward with bias, and both gradients, stride 2 and padding 1",
+                     {random_tensor({3, 5, 13, 11}, 111), random_tensor({7, 5, 3, 3}, 112),
+                      random_tensor({7}, 113)},
+                     [](const Inputs& x) {
+                       const Conv2dParams p{.stride = 2, .padding = 1};
+                       const Tensor out = conv2d(x[0], x[1], x[2], p);
+                       const Tensor grad = out * 0.5;
+                       return cat(
+                           {out.flatten(), conv2d_backward_input(grad, x[1], x[0].shape(), p).flatten(),
+                            conv2d_backward_weight(grad, x[0], x[1].shape(), p).flatten()},
+                           0);
+                     });
+SHARDLAB_CUDA_VS_CPU("conv2d of the seed CNN's second layer shape in bf16",
+                     {random_tensor({2, 32, 26, 26}, 114, DType::bf16),
+                      random_tensor({64, 32, 3, 3}, 115, DType::bf16)},
+                     [](const Inputs& x) { return conv2d(x[0], x[1]).to(DType::f32); });
+
 }  // namespace
 }  // namespace shardlab

@@ -1,5 +1,5 @@
-// tests/test_dispatch.cpp: the per-device kernel tables: the CPU table is complete, and an
-// op a device has no kernel for fails with an error naming the op and the device.
+// tests/test_dispatch.cpp: the per-device kernel tables: the CPU table is complete, and so is the
+// CUDA one in a CUDA build (empty otherwise).
 #include "core/kernels.h"
 #include "tests/check.h"
 
@@ -29,29 +29,13 @@ TEST_CASE("the CPU table has a kernel for every entry", "[dispatch]") {
   for (const bool supported : every_entry(Device::cpu())) CHECK(supported);
 }
 
-TEST_CASE("the CUDA table has the elementwise family, random draws, softmax, reductions and matmul",
-          "[dispatch]") {
-  // Built without CUDA every entry is empty; with it, the elementwise family is there.
+TEST_CASE("the CUDA table has a kernel for every entry when built with CUDA", "[dispatch]") {
+  // Built without CUDA every entry is empty (and the ops say so, naming op and device).
   const bool built = supports<&Kernels::fill>(Device::cuda(0));
-  CHECK(supports<&Kernels::copy>(Device::cuda(0)) == built);
-  CHECK(supports<&Kernels::unary>(Device::cuda(0)) == built);
-  CHECK(supports<&Kernels::binary>(Device::cuda(0)) == built);
-  CHECK(supports<&Kernels::where>(Device::cuda(0)) == built);
-  CHECK(supports<&Kernels::random>(Device::cuda(0)) == built);
-  CHECK(supports<&Kernels::softmax>(Device::cuda(0)) == built);
-  CHECK(supports<&Kernels::reduce>(Device::cuda(0)) == built);
-  CHECK(supports<&Kernels::matmul>(Device::cuda(0)) == built);
-  for (const bool entry :
-       {supports<&Kernels::index_select>(Device::cuda(0)), supports<&Kernels::gather>(Device::cuda(0)),
-        supports<&Kernels::scatter_add>(Device::cuda(0)), supports<&Kernels::index_add>(Device::cuda(0)),
-        supports<&Kernels::max_pool2d>(Device::cuda(0)),
-        supports<&Kernels::max_pool2d_backward>(Device::cuda(0)),
-        supports<&Kernels::adadelta_step>(Device::cuda(0))}) {
-    CHECK(entry == built);
-  }
+  for (const bool supported : every_entry(Device::cuda(0))) CHECK(supported == built);
 }
 
-TEST_CASE("conv2d on cuda: the CPU's values, or an error naming op and device", "[dispatch][cuda]") {
+TEST_CASE("conv2d on cuda through the table: the CPU's values", "[dispatch][cuda]") {
   const Tensor x = test::random_tensor({1, 2, 5, 5}, 1), w = test::random_tensor({3, 2, 3, 3}, 2);
   if (supports<&Kernels::conv2d>(Device::cuda(0))) {
     test::check_close(conv2d(x.to(Device::cuda(0)), w.to(Device::cuda(0)), {}, {}).to(Device::cpu()),

@@ -139,6 +139,25 @@ void launch_max_pool2d_backward(DType dtype, const void* grad_out, const std::in
                                 std::int64_t planes, std::int64_t plane_in, std::int64_t plane_out,
                                 cudaStream_t stream);
 
+// --- core/cuda/conv.cu --------------------------------------------------------------------------
+
+// conv2d's sizes: input [batch, channels, height, width], weight [O, channels, kernel_h, kernel_w],
+// output [batch, O, out_h, out_w].
+struct ConvShape {
+  std::int64_t batch = 0, channels = 0, height = 0, width = 0;
+  std::int64_t kernel_h = 0, kernel_w = 0, out_h = 0, out_w = 0;
+  std::int64_t stride = 1, padding = 0;
+};
+// Floating dtypes (false for others). cols is [batch, channels*kernel_h*kernel_w, out_h*out_w].
+[[nodiscard]] bool launch_im2col(DType dtype, const void* input, void* cols, const ConvShape& shape,
+                                 cudaStream_t stream);
+// grad_in (overwritten) = the adjoint of im2col applied to cols.
+[[nodiscard]] bool launch_col2im(DType dtype, const void* cols, void* grad_in, const ConvShape& shape,
+                                 cudaStream_t stream);
+// out [batch, channels, pixels] += bias [channels].
+[[nodiscard]] bool launch_add_bias(DType dtype, void* out, const void* bias, std::int64_t batch,
+                                   std::int64_t channels, std::int64_t pixels, cudaStream_t stream);
+
 // --- core/cuda/optimizer.cu ---------------------------------------------------------------------
 
 // core/ops.h's AdadeltaHyper, in plain types.
