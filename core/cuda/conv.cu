@@ -4,15 +4,11 @@
 #include <cstdint>
 
 #include "core/cuda/check.h"
+#include "core/cuda/indexing.cuh"
 #include "core/cuda/launch.h"
 
 namespace shardlab::cuda {
 namespace {
-
-__device__ std::int64_t first_thread() {
-  return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ std::int64_t thread_step() { return static_cast<std::int64_t>(gridDim.x) * blockDim.x; }
 
 // cols [N, C*KH*KW, OH*OW]: row (c, kh, kw), column (oh, ow) holds input[n, c, oh*s-p+kh, ow*s-p+kw]
 // (0 outside the image).

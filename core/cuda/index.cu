@@ -6,15 +6,11 @@
 #include <type_traits>
 
 #include "core/cuda/check.h"
+#include "core/cuda/indexing.cuh"
 #include "core/cuda/launch.h"
 
 namespace shardlab::cuda {
 namespace {
-
-__device__ std::int64_t first_thread() {
-  return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ std::int64_t thread_step() { return static_cast<std::int64_t>(gridDim.x) * blockDim.x; }
 
 template <typename T>
 __device__ void accumulate(T& target, T value) {

@@ -8,6 +8,12 @@
 
 namespace shardlab::cuda {
 
+// The grid-stride loop's start and step for this thread.
+__device__ inline std::int64_t first_thread() {
+  return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ inline std::int64_t thread_step() { return static_cast<std::int64_t>(gridDim.x) * blockDim.x; }
+
 template <int N>
 struct Offsets {
   std::int64_t of[N];
@@ -31,9 +37,7 @@ __device__ Offsets<N> offsets_of(const Layout<N>& layout, std::int64_t index) {
 // Grid-stride loop: calls fn(offsets) for every element of the layout.
 template <int N, typename Fn>
 __device__ void for_each_element(const Layout<N>& layout, Fn&& fn) {
-  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < layout.numel;
-       i += step) {
+  for (std::int64_t i = first_thread(); i < layout.numel; i += thread_step()) {
     fn(offsets_of(layout, i));
   }
 }
