@@ -52,6 +52,9 @@ struct Kernels {
   // Operands share shape, dtype (floating) and device; any strides.
   void (*adadelta_step)(const Tensor& param, const Tensor& grad, const Tensor& square_avg,
                         const Tensor& acc_delta, const AdadeltaHyper& hyper);
+  // As adadelta_step; copy_out is undefined or has param's shape (any floating dtype).
+  void (*adam_step)(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                    const AdamHyper& hyper, const Tensor& copy_out);
 };
 
 const Kernels& kernels_for(Device device);

@@ -741,12 +741,13 @@ Tensor tril(const Tensor& x, std::int64_t diagonal) { return triangle("tril", x,
 
 // --- optimizer steps -----------------------------------------------------------------------------
 
-void adadelta_step(const Tensor& param, const Tensor& grad, const Tensor& square_avg, const Tensor& acc_delta,
-                   const AdadeltaHyper& hyper) {
-  const char* op = "adadelta_step";
+namespace {
+// A fused optimizer step's parameter is floating; its gradient and state tensors match it.
+void check_optimizer_operands(const char* op, const Tensor& param,
+                              std::initializer_list<const Tensor*> others) {
   check_defined(op, param, "param");
   check_floating(op, param);
-  for (const Tensor* t : {&grad, &square_avg, &acc_delta}) {
+  for (const Tensor* t : others) {
     check_defined(op, *t, "state");
     check_same_device(op, param, *t);
     SHARDLAB_CHECK(t->shape() == param.shape() && t->dtype() == param.dtype(),
@@ -754,8 +755,30 @@ void adadelta_step(const Tensor& param, const Tensor& grad, const Tensor& square
                    shape_str(param.shape()), dtype_name(param.dtype()), shape_str(t->shape()),
                    dtype_name(t->dtype()));
   }
+}
+}  // namespace
+
+void adadelta_step(const Tensor& param, const Tensor& grad, const Tensor& square_avg, const Tensor& acc_delta,
+                   const AdadeltaHyper& hyper) {
+  const char* op = "adadelta_step";
+  check_optimizer_operands(op, param, {&grad, &square_avg, &acc_delta});
   if (param.numel() > 0)
     kernel<&Kernels::adadelta_step>(param.device(), op)(param, grad, square_avg, acc_delta, hyper);
+}
+
+void adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+               const AdamHyper& hyper, const Tensor& copy_out) {
+  const char* op = "adam_step";
+  check_optimizer_operands(op, param, {&grad, &exp_avg, &exp_avg_sq});
+  SHARDLAB_CHECK(hyper.step >= 1, "{}: step must be >= 1, got {}", op, hyper.step);
+  if (copy_out.defined()) {
+    check_same_device(op, param, copy_out);
+    check_floating(op, copy_out);
+    SHARDLAB_CHECK(copy_out.shape() == param.shape(), "{}: copy_out {} must have the parameter's shape {}",
+                   op, shape_str(copy_out.shape()), shape_str(param.shape()));
+  }
+  if (param.numel() > 0)
+    kernel<&Kernels::adam_step>(param.device(), op)(param, grad, exp_avg, exp_avg_sq, hyper, copy_out);
 }
 
 // --- loss building blocks ----------------------------------------------------------------------

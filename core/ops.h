@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/adam_math.h"
 #include "core/tensor.h"
 
 namespace shardlab {
@@ -170,6 +171,23 @@ struct AdadeltaHyper {
 // delta^2; p -= lr delta. All four tensors share shape, dtype and device.
 void adadelta_step(const Tensor& param, const Tensor& grad, const Tensor& square_avg, const Tensor& acc_delta,
                    const AdadeltaHyper& hyper);
+// One Adam or AdamW update (PyTorch's, at the given step >= 1):
+//   AdamW: p *= 1 - lr wd (decoupled);  Adam: g = grad + wd p (L2)
+//   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
+//   p -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
+struct AdamHyper {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  bool decoupled = false;  // AdamW's decay instead of Adam's L2
+  std::int64_t step = 1;
+};
+inline AdamScalars adam_scalars(const AdamHyper& h) {
+  return {h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.decoupled, h.step};
+}
+// param, grad, exp_avg and exp_avg_sq share shape, dtype and device. When `copy_out` is defined
+// (same shape and device, any floating dtype, e.g. bf16) it receives the updated parameter in
+// its dtype in the same pass: FSDP's next all-gather reads it.
+void adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+               const AdamHyper& hyper, const Tensor& copy_out = {});
 
 // --- loss building blocks -----------------------------------------------------------------------
 // values [N, C], targets [N] (i64/i32) -> [N]: values[i, targets[i]], or 0 where

@@ -39,17 +39,19 @@ Tensor step_tensor(std::int64_t value) { return scalar_tensor(value, dtype(DType
 // Adam's moment updates and parameter step shared by Adam and AdamW (weight decay already
 // applied by the caller). Follows torch.optim's single-tensor Adam operation for operation:
 // denom = sqrt(v) / sqrt(bc2) + eps and step_size = lr / bc1, so results round alike.
-void adam_step(const Tensor& param, const Tensor& grad, std::map<std::string, Tensor>& state,
-               std::int64_t step, double lr, double beta1, double beta2, double eps) {
-  const Tensor& exp_avg = zero_slot(state, "exp_avg", param);
-  const Tensor& exp_avg_sq = zero_slot(state, "exp_avg_sq", param);
-  add_(mul_(exp_avg, beta1), mul(grad, 1.0 - beta1));
-  add_(mul_(exp_avg_sq, beta2), mul(mul(grad, grad), 1.0 - beta2));
-  const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(step));
-  const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(step));
-  const double step_size = lr / bias_correction1;
-  const Tensor denom = add(div(sqrt(exp_avg_sq), std::sqrt(bias_correction2)), eps);
-  sub_(param, mul(div(exp_avg, denom), step_size));
+// One fused pass (core's adam_step, the op-by-op formula's rounding) instead of a dozen
+// elementwise ops and their temporaries over every shard.
+template <typename Options>
+void adam_update(const Tensor& param, const Tensor& grad, std::map<std::string, Tensor>& state, double lr,
+                 const Options& options, bool decoupled, std::int64_t step) {
+  adam_step(param, grad, zero_slot(state, "exp_avg", param), zero_slot(state, "exp_avg_sq", param),
+            {.lr = lr,
+             .beta1 = options.beta1,
+             .beta2 = options.beta2,
+             .eps = options.eps,
+             .weight_decay = options.weight_decay,
+             .decoupled = decoupled,
+             .step = step});
 }
 
 // g + weight_decay * p as a new tensor: the parameter's .grad() itself is never modified.
@@ -249,8 +251,7 @@ std::vector<std::string> Adam::slot_names() const { return {"exp_avg", "exp_avg_
 
 void Adam::update(const Tensor& param, const Tensor& grad, std::map<std::string, Tensor>& state,
                   std::int64_t step) {
-  adam_step(param, with_l2(grad, param, options.weight_decay), state, step, lr(), options.beta1,
-            options.beta2, options.eps);
+  adam_update(param, grad, state, lr(), options, /*decoupled=*/false, step);
 }
 
 // --- AdamW -----------------------------------------------------------------------------------
@@ -263,8 +264,7 @@ std::vector<std::string> AdamW::slot_names() const { return {"exp_avg", "exp_avg
 void AdamW::update(const Tensor& param, const Tensor& grad, std::map<std::string, Tensor>& state,
                    std::int64_t step) {
   // Decoupled decay shrinks the parameter itself, before and apart from the moments.
-  mul_(param, 1.0 - lr() * options.weight_decay);
-  adam_step(param, grad, state, step, lr(), options.beta1, options.beta2, options.eps);
+  adam_update(param, grad, state, lr(), options, /*decoupled=*/true, step);
 }
 
 // --- Adadelta --------------------------------------------------------------------------------

@@ -623,5 +623,22 @@ SHARDLAB_CUDA_VS_CPU("conv2d of the seed CNN's second layer shape in bf16",
                       random_tensor({64, 32, 3, 3}, 115, DType::bf16)},
                      [](const Inputs& x) { return conv2d(x[0], x[1]).to(DType::f32); });
 
+// Adam and AdamW over three steps on a flat f32 shard with a bf16 copy-out, as FSDP uses it.
+SHARDLAB_CUDA_VS_CPU("adam_step (Adam and AdamW) on a flat f32 shard with bf16 copy-out",
+                     {random_tensor({1001}, 103), random_tensor({1001}, 104)}, [](const Inputs& x) {
+                       std::vector<Tensor> results;
+                       for (const bool decoupled : {false, true}) {
+                         const Tensor param = x[0].clone(), m = zeros_like(param), v = zeros_like(param);
+                         const Tensor copy = empty({1001}, TensorOptions{DType::bf16, param.device()});
+                         for (std::int64_t step = 1; step <= 3; ++step) {
+                           adam_step(param, x[1] * static_cast<double>(step), m, v,
+                                     {.lr = 1e-2, .weight_decay = 0.1, .decoupled = decoupled, .step = step},
+                                     copy);
+                         }
+                         for (const Tensor& t : {param, m, v, copy.to(DType::f32)}) results.push_back(t);
+                       }
+                       return cat(results, 0);
+                     });
+
 }  // namespace
 }  // namespace shardlab

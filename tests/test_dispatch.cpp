@@ -18,14 +18,14 @@ std::vector<bool> every_entry(Device device) {
                       &Kernels::reduce, &Kernels::matmul, &Kernels::softmax, &Kernels::conv2d,
                       &Kernels::conv2d_backward_input, &Kernels::conv2d_backward_weight, &Kernels::max_pool2d,
                       &Kernels::max_pool2d_backward, &Kernels::index_select, &Kernels::gather,
-                      &Kernels::scatter_add, &Kernels::index_add, &Kernels::random, &Kernels::adadelta_step>(
-      device);
+                      &Kernels::scatter_add, &Kernels::index_add, &Kernels::random, &Kernels::adadelta_step,
+                      &Kernels::adam_step>(device);
 }
 
 }  // namespace
 
 TEST_CASE("the CPU table has a kernel for every entry", "[dispatch]") {
-  static_assert(sizeof(Kernels) == 19 * sizeof(void*), "a new Kernels entry must be added to this test");
+  static_assert(sizeof(Kernels) == 20 * sizeof(void*), "a new Kernels entry must be added to this test");
   for (const bool supported : every_entry(Device::cpu())) CHECK(supported);
 }
 

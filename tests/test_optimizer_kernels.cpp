@@ -1,4 +1,6 @@
 // tests/test_optimizer_kernels.cpp: fused optimizer kernels equal their op-by-op formulas.
+#include <cmath>
+
 #include "tests/check.h"
 
 using namespace shardlab;
@@ -15,7 +17,61 @@ void adadelta_by_ops(const Tensor& p, const Tensor& grad, const Tensor& sa, cons
   sub_(p, mul(delta, h.lr));
 }
 
+// Adam / AdamW written op by op, as optim did before the fused kernel.
+void adam_by_ops(const Tensor& p, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamHyper& h) {
+  Tensor g = grad;
+  if (h.decoupled) {
+    mul_(p, 1.0 - h.lr * h.weight_decay);
+  } else if (h.weight_decay != 0) {
+    g = add(grad, mul(p, h.weight_decay));
+  }
+  add_(mul_(m, h.beta1), mul(g, 1.0 - h.beta1));
+  add_(mul_(v, h.beta2), mul(mul(g, g), 1.0 - h.beta2));
+  const double correction1 = 1.0 - std::pow(h.beta1, static_cast<double>(h.step));
+  const double correction2 = 1.0 - std::pow(h.beta2, static_cast<double>(h.step));
+  const Tensor denom = add(div(sqrt(v), std::sqrt(correction2)), h.eps);
+  sub_(p, mul(div(m, denom), h.lr / correction1));
+}
+
 }  // namespace
+
+TEST_CASE("adam_step (Adam and AdamW) matches the op-by-op update bit for bit over three steps",
+          "[optimizer-kernels]") {
+  for (const DType type : {DType::f32, DType::f64}) {
+    for (const bool decoupled : {false, true}) {
+      for (const double decay : {0.0, 0.1}) {
+        INFO(dtype_name(type) << (decoupled ? " AdamW" : " Adam") << " weight_decay " << decay);
+        const Tensor p1 = test::random_strided({5, 7}, 2, type), p2 = p1.clone();
+        const Tensor m1 = zeros({5, 7}, dtype(type)), v1 = zeros({5, 7}, dtype(type));
+        const Tensor m2 = zeros({5, 7}, dtype(type)), v2 = zeros({5, 7}, dtype(type));
+        const Tensor copy = empty({5, 7}, dtype(DType::bf16));
+        for (std::int64_t step = 1; step <= 3; ++step) {
+          const Tensor g = test::random_tensor({5, 7}, 20 + step, type);
+          const AdamHyper h{.lr = 1e-2, .weight_decay = decay, .decoupled = decoupled, .step = step};
+          adam_step(p1, g, m1, v1, h, copy);
+          adam_by_ops(p2, g, m2, v2, h);
+        }
+        CHECK(p1.to_vector<double>() == p2.to_vector<double>());
+        CHECK(m1.to_vector<double>() == m2.to_vector<double>());
+        CHECK(v1.to_vector<double>() == v2.to_vector<double>());
+        // The copy-out is the updated parameter rounded to bf16.
+        CHECK(copy.to_vector<double>() == p1.to(DType::bf16).to_vector<double>());
+      }
+    }
+  }
+}
+
+TEST_CASE("adam_step rejects mismatched operands and a step below 1", "[optimizer-kernels]") {
+  const Tensor p = zeros({3});
+  CHECK_THROWS_ERROR(adam_step(p, zeros({4}), zeros({3}), zeros({3}), {}),
+                     "adam_step: every operand must match the parameter [[3] f32], got [[4] f32]");
+  CHECK_THROWS_ERROR(adam_step(p, zeros({3}), zeros({3}, dtype(DType::f64)), zeros({3}), {}),
+                     "adam_step: every operand must match the parameter [[3] f32], got [[3] f64]");
+  CHECK_THROWS_ERROR(adam_step(p, zeros({3}), zeros({3}), zeros({3}), {.step = 0}),
+                     "adam_step: step must be >= 1, got 0");
+  CHECK_THROWS_ERROR(adam_step(p, zeros({3}), zeros({3}), zeros({3}), {}, zeros({2}, dtype(DType::bf16))),
+                     "adam_step: copy_out [2] must have the parameter's shape [3]");
+}
 
 TEST_CASE("adadelta_step matches the op-by-op update bit for bit over three steps", "[optimizer-kernels]") {
   for (const DType type : {DType::f32, DType::f64}) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "core/adam_math.h"
 #include "core/cpu/kernels.h"
 #include "core/cpu/loops.h"
 
@@ -34,6 +35,32 @@ void adadelta_step(const Tensor& param, const Tensor& grad, const Tensor& square
     } else {
       fail("adadelta_step: no CPU kernel for {}", dtype_name(param.dtype()));
     }
+  });
+}
+
+void adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+               const AdamHyper& h, const Tensor& copy_out) {
+  // copy_out's dtype is the outer switch; without it the parameter is copied onto itself.
+  const Tensor& copy = copy_out.defined() ? copy_out : param;
+  visit_dtype(param.dtype(), [&]<typename T>() {
+    visit_dtype(copy.dtype(), [&]<typename Out>() {
+      using C = compute_t<T>;
+      if constexpr (!std::is_floating_point_v<C> || !std::is_floating_point_v<compute_t<Out>>) {
+        fail("adam_step: no CPU kernel for {} to {}", dtype_name(param.dtype()), dtype_name(copy.dtype()));
+      } else {
+        const AdamCoefficients<C> k = adam_coefficients<C>(adam_scalars(h));
+        for_each_row<5>(param.shape(), {&param, &grad, &exp_avg, &exp_avg_sq, &copy},
+                        [&](Pointers<5> p, ByteStrides<5> s, std::int64_t n) {
+                          for (std::int64_t i = 0; i < n; ++i) {
+                            T& w = at<T>(p[0], s[0], i);
+                            T& m = at<T>(p[2], s[2], i);
+                            T& v = at<T>(p[3], s[3], i);
+                            adam_element(k, w, widen(at<T>(p[1], s[1], i)), m, v);
+                            at<Out>(p[4], s[4], i) = narrow<Out>(widen(w));
+                          }
+                        });
+      }
+    });
   });
 }
 

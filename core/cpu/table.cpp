@@ -42,6 +42,7 @@ const Kernels& cpu_kernels() {
       .index_add = index_add_f32,
       .random = cpu::random,
       .adadelta_step = cpu::adadelta_step,
+      .adam_step = cpu::adam_step,
   };
   return table;
 }

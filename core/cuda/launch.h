@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "core/adam_math.h"
 #include "core/dtype.h"
 #include "core/op_codes.h"
 
@@ -169,5 +170,11 @@ struct AdadeltaScalars {
 [[nodiscard]] bool launch_adadelta_step(DType dtype, void* param, const void* grad, void* square_avg,
                                         void* acc_delta, const Layout<4>& layout,
                                         const AdadeltaScalars& hyper, cudaStream_t stream);
+
+// Operands: param, grad, exp_avg, exp_avg_sq (one floating dtype), copy (copy_dtype, floating:
+// the updated parameter in its dtype; the parameter itself when there is no copy-out).
+[[nodiscard]] bool launch_adam_step(DType dtype, DType copy_dtype, void* param, const void* grad,
+                                    void* exp_avg, void* exp_avg_sq, void* copy, const Layout<5>& layout,
+                                    const AdamScalars& hyper, cudaStream_t stream);
 
 }  // namespace shardlab::cuda

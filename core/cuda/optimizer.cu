@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "core/adam_math.h"
 #include "core/cuda/check.h"
 #include "core/cuda/indexing.cuh"
 #include "core/cuda/launch.h"
@@ -32,7 +33,37 @@ __global__ void adadelta_kernel(T* param, const T* grad, T* square_avg, T* acc_d
   });
 }
 
+template <typename T, typename Out>
+__global__ void adam_kernel(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, Out* copy, Layout<5> layout,
+                            AdamCoefficients<compute_t<T>> k) {
+  for_each_element(layout, [&](const Offsets<5>& at) {
+    T& w = param[at.of[0]];
+    adam_element(k, w, widen(grad[at.of[1]]), exp_avg[at.of[2]], exp_avg_sq[at.of[3]]);
+    copy[at.of[4]] = narrow<Out>(widen(w));
+  });
+}
+
 }  // namespace
+
+bool launch_adam_step(DType dtype, DType copy_dtype, void* param, const void* grad, void* exp_avg,
+                      void* exp_avg_sq, void* copy, const Layout<5>& layout, const AdamScalars& hyper,
+                      cudaStream_t stream) {
+  return visit_dtype(dtype, [&]<typename T>() {
+    return visit_dtype(copy_dtype, [&]<typename Out>() {
+      if constexpr (std::is_floating_point_v<compute_t<T>> && std::is_floating_point_v<compute_t<Out>>) {
+        if (layout.numel == 0) return true;
+        adam_kernel<T, Out><<<grid_size(layout.numel), kBlockSize, 0, stream>>>(
+            static_cast<T*>(param), static_cast<const T*>(grad), static_cast<T*>(exp_avg),
+            static_cast<T*>(exp_avg_sq), static_cast<Out*>(copy), layout,
+            adam_coefficients<compute_t<T>>(hyper));
+        SHARDLAB_CUDA_CHECK_LAUNCH();
+        return true;
+      } else {
+        return false;
+      }
+    });
+  });
+}
 
 bool launch_adadelta_step(DType dtype, void* param, const void* grad, void* square_avg, void* acc_delta,
                           const Layout<4>& layout, const AdadeltaScalars& hyper, cudaStream_t stream) {

@@ -353,6 +353,18 @@ void cuda_adadelta_step(const Tensor& param, const Tensor& grad, const Tensor& s
       "adadelta_step: no CUDA kernel for {}", dtype_name(param.dtype()));
 }
 
+void cuda_adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                    const AdamHyper& hyper, const Tensor& copy_out) {
+  const LaunchContext context(param);
+  const Tensor& copy = copy_out.defined() ? copy_out : param;
+  SHARDLAB_CHECK(
+      cuda::launch_adam_step(param.dtype(), copy.dtype(), param.raw_data(), grad.raw_data(),
+                             exp_avg.raw_data(), exp_avg_sq.raw_data(), copy.raw_data(),
+                             layout_of<5>("adam_step", {&param, &grad, &exp_avg, &exp_avg_sq, &copy}),
+                             adam_scalars(hyper), context.stream()),
+      "adam_step: no CUDA kernel for {} to {}", dtype_name(param.dtype()), dtype_name(copy.dtype()));
+}
+
 }  // namespace
 
 const Kernels& cuda_kernels() {
@@ -374,6 +386,7 @@ const Kernels& cuda_kernels() {
     kernels.max_pool2d = cuda_max_pool2d;
     kernels.max_pool2d_backward = cuda_max_pool2d_backward;
     kernels.adadelta_step = cuda_adadelta_step;
+    kernels.adam_step = cuda_adam_step;
     kernels.conv2d = cuda_conv2d;
     kernels.conv2d_backward_input = cuda_conv2d_backward_input;
     kernels.conv2d_backward_weight = cuda_conv2d_backward_weight;
