@@ -29,8 +29,9 @@ def run_job(mpirun, program, ranks, scenario, env_extra, limit_s):
                               timeout=limit_s + 60, text=True)
         code, output = done.returncode, done.stdout
     except subprocess.TimeoutExpired as expired:
-        code, output = None, (expired.stdout or b"").decode(errors="replace") if isinstance(
-            expired.stdout, bytes) else (expired.stdout or "")
+        code, output = None, expired.stdout or ""
+        if isinstance(output, bytes):  # TimeoutExpired keeps bytes even when text=True
+            output = output.decode(errors="replace")
     return code, time.monotonic() - start, output
 
 
