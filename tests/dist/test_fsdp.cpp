@@ -303,6 +303,10 @@ TEST_CASE("fully_shard refuses top-down order, double sharding and ties across u
                   world().size() + 1, world().size()));
   CHECK_THROWS_ERROR(dist::fully_shard(*other, {.prefetch = -1}),
                      "fully_shard: prefetch must be >= 0, got -1");
+  Nested integral(5, kSeed);
+  integral->head->bias.set_data(zeros({5}, dtype(DType::i64)));
+  CHECK_THROWS_ERROR(dist::fully_shard(*integral),
+                     "fully_shard: parameter 'head.bias' has dtype i64; FSDP shards floating parameters");
 }
 
 TEST_CASE("clip_grad_norm_ over the shards equals the one-process norm", "[dist][fsdp]") {
