@@ -394,10 +394,10 @@ void Training::report() {
       peak_bytes_, static_cast<double>(peak_bytes_) / kMiB,
       static_cast<double>(peak_bytes_ - data_bytes_) / kMiB, static_cast<double>(data_bytes_) / kMiB);
   // What is left between steps: shards, gradient shards and optimizer state (plus the
-  // optimizer's 8-byte step counter per shard), measured against the plan.
+  // optimizer's 8-byte step counter per parameter), measured against the plan.
   const std::int64_t persistent = memory_stats(Device::cpu()).bytes_in_use - model_bytes_baseline_;
   dist::log("train_cnn: rank 0 persistent model state: measured {} B, planned {} B + {} step counters of 8 B",
-            persistent, plan_.total_persistent_bytes(), plan_.units.size());
+            persistent, plan_.total_persistent_bytes(), dist::sharded_parameters(*model_).size());
   dist::log("train_cnn: rank 0 peak of gathered parameters: measured {} B, planned {} B",
             dist::unsharded_memory().peak_bytes, plan_.peak_unsharded_bytes());
   dist::log("train_cnn: rank 0 collectives of the last step: received {} B, planned {} B",

@@ -11,6 +11,17 @@
 // flattened parameters, padded with zeros to a multiple of the group size) and its gradient
 // shard. The module's parameters become views of one gathered buffer that holds bytes only
 // between the unit's all-gather and its reshard. The model does not know: the hooks do it.
+//
+// Communication is per unit (one flat buffer), training is per parameter, as in one process:
+// - sharded_parameters() gives each parameter's slice of this rank's shard as a Variable of its
+//   own, under the parameter's name, with its gradient a slice of the unit's gradient shard;
+// - a frozen parameter (set_requires_grad(false) on the module's parameter, before or between
+//   steps) never gets a gradient, so the optimizer skips it and keeps no state for it;
+// - a parameter that got no gradient on any rank in a step has none after it; one that got a
+//   gradient on some ranks has the average over all ranks (zeros from the others). The ranks
+//   agree on these flags with one small all-reduce per root and step.
+// Every unit whose forward runs in a step must run on every rank of its communicator (its
+// collectives are issued by its hooks); parameters inside it may be used on some ranks only.
 #pragma once
 
 #include <cstdint>
@@ -34,9 +45,15 @@ std::string_view sharding_name(Sharding sharding);  // "full", "grad_op", "none"
 // Parses "full", "grad_op", "none", "hybrid:G" (G > 0 dividing the world size is checked by fully_shard).
 std::pair<Sharding, int> parse_sharding(std::string_view text);
 
+// FSDP2's MixedPrecisionPolicy.
 struct MixedPrecision {
   DType param_dtype = DType::f32;   // the gathered parameters and the forward/backward compute
   DType reduce_dtype = DType::f32;  // the gradient reduction; the master shard is always f32
+  // With a param_dtype other than f32, the floating inputs of the unit's forward are cast to it
+  // (their gradients flow back in the inputs' dtype), so an f32 batch feeds a bf16 model.
+  bool cast_forward_inputs = true;
+  // When set, the unit's floating output is cast to it: on the root, f32 logits for the loss.
+  std::optional<DType> output_dtype;
 };
 
 struct FsdpOptions {
@@ -67,8 +84,12 @@ int shard_by_type(nn::Module& root, const FsdpOptions& options = {});
 // inner unit (innermost first), then on the root. Returns the number of units.
 int shard_by_size(nn::Module& root, std::int64_t min_parameters, const FsdpOptions& options = {});
 
-// The flat f32 shards of every unit under `root`, named "<unit>.flat_shard" ("flat_shard" for
-// the root), in unit order: what the optimizer updates.
+// This rank's shard of every parameter under `root`, under the parameter's dotted name, in
+// root.named_parameters() order (a tied parameter once, under its first name): a 1-D f32 view
+// of its contiguous slice of the unit's flat shard (0 elements on ranks that hold none of it),
+// with requires_grad as the parameter's and, after a backward, its gradient as the matching
+// slice of the unit's gradient shard. What the optimizer updates:
+//   optim::AdamW opt({{.parameters = decayed}, {.parameters = norms_and_biases, .weight_decay = 0.0}}, {});
 nn::Named<Variable> sharded_parameters(nn::Module& root);
 
 // Micro-steps of gradient accumulation: with sync off, backward keeps each unit's unsharded
@@ -80,7 +101,8 @@ void set_requires_gradient_sync(nn::Module& root, bool sync);
 
 // Scales the gradient shards so that the global gradient norm is at most max_norm and returns
 // the norm before clipping: one all-reduce of the shards' sums of squares, equal to the norm
-// one process computes over the full gradients.
+// one process computes over the full gradients, whatever the units' strategies (a replicated
+// unit's gradient counted once). Frozen parameters and parameters without a gradient are skipped.
 double clip_grad_norm_(nn::Module& root, double max_norm);
 
 // Every parameter's full value (f32, unpadded, by its dotted name under `root`), gathered from
@@ -99,11 +121,20 @@ void reset_unsharded_peak();
 
 struct UnitPlan {
   std::string name;                        // dotted module path ("" = root)
+  std::string sharding;                    // "full", "hybrid:2", ...
+  int shard_group_size = 1;                // ranks the unit's parameters are sharded over
   std::int64_t parameters = 0;             // P: elements of the unit's parameters
+  std::int64_t frozen = 0;                 // of which frozen: no gradient, no optimizer state
   std::int64_t padding = 0;                // zeros appended so the flat length divides by the group size
   std::int64_t shard_elements = 0;         // S per rank
-  std::int64_t persistent_bytes = 0;       // per rank: f32 shard + f32 gradient shard + optimizer state
+  // Per rank: f32 shard + f32 gradient shard (none when every parameter is frozen) + optimizer
+  // state for this rank's elements of trainable parameters (none for padding).
+  std::int64_t persistent_bytes = 0;
   std::int64_t unsharded_bytes = 0;        // the gathered parameters while they exist
+  // Gathered from forward to the end of backward: the root, grad_op and none units, units kept
+  // gathered by reshard_after_forward=false, and units whose parameters are all frozen (no
+  // gradient tells when their backward is over).
+  bool gathered_through_backward = false;
   std::int64_t forward_gather_bytes = 0;   // received per rank per step (traffic_of)
   std::int64_t backward_gather_bytes = 0;  // 0 when the unit stays gathered for backward
   std::int64_t reduce_bytes = 0;           // reduce-scatter (and hybrid's replica all-reduce)
@@ -112,15 +143,17 @@ struct UnitPlan {
 };
 
 struct Plan {
-  std::string sharding;  // "full", "hybrid:2", ...
-  int world_size = 1, shard_group_size = 1, prefetch = 1;
+  std::string sharding;  // the units' strategy ("full", "hybrid:2", ...), or "mixed"
+  int world_size = 1, shard_group_size = 1, prefetch = 1;  // the root's group; the units' largest prefetch
   std::int64_t optimizer_state_bytes_per_element = 8;  // Adam/AdamW: m and v in f32
   std::vector<UnitPlan> units;
+  // The all-reduce (max) per step that agrees on which parameters had a gradient on some rank.
+  std::int64_t gradient_flags = 0, flag_bytes = 0;
   std::string note;  // e.g. what cpu offload does here
 
   std::int64_t total_persistent_bytes() const;
-  // Gathered parameters at once under FULL_SHARD: the root's, which stay gathered for its
-  // backward, and the largest (1 + prefetch) other units'.
+  // Gathered parameters at once: every unit gathered through backward, and the largest
+  // (1 + prefetch) of the units gathered for forward and again for backward.
   std::int64_t peak_unsharded_bytes() const;
   std::int64_t bytes_per_step() const;  // all collectives, received per rank
   // What gradient accumulation without sync holds between micro-steps: every unit's unsharded

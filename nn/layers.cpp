@@ -10,13 +10,13 @@ LinearImpl::LinearImpl(const LinearOptions& opts) : Module("Linear"), options(op
   if (opts.bias()) bias = register_parameter("bias", {opts.out()}, Init::fan_in_uniform(opts.in()));
 }
 
-Variable LinearImpl::operator()(const Variable& x) {
-  return with_hooks([&] {
+Variable LinearImpl::operator()(const Variable& input) {
+  return with_hooks([&](const Variable& x) {
     SHARDLAB_CHECK(x.dim() >= 1 && x.size(-1) == options.in(), "Linear: input of shape {} does not end in {}",
                    shape_str(x.shape()), options.in());
     const Variable y = matmul(x, transpose(weight, 0, 1));
     return bias.defined() ? add(y, bias) : y;
-  });
+  }, input);
 }
 
 std::string LinearImpl::describe() const {
@@ -34,8 +34,8 @@ Conv2dImpl::Conv2dImpl(const Conv2dOptions& opts) : Module("Conv2d"), options(op
   if (opts.bias()) bias = register_parameter("bias", {opts.out_channels()}, Init::fan_in_uniform(fan_in));
 }
 
-Variable Conv2dImpl::operator()(const Variable& x) {
-  return with_hooks([&] { return conv2d(x, weight, bias, {options.stride(), options.padding()}); });
+Variable Conv2dImpl::operator()(const Variable& input) {
+  return with_hooks([&](const Variable& x) { return conv2d(x, weight, bias, {options.stride(), options.padding()}); }, input);
 }
 
 std::string Conv2dImpl::describe() const {
@@ -46,8 +46,8 @@ std::string Conv2dImpl::describe() const {
 
 MaxPool2dImpl::MaxPool2dImpl(MaxPool2dParams p) : Module("MaxPool2d"), params(p) {}
 
-Variable MaxPool2dImpl::operator()(const Variable& x) {
-  return with_hooks([&] { return max_pool2d(x, params); });
+Variable MaxPool2dImpl::operator()(const Variable& input) {
+  return with_hooks([&](const Variable& x) { return max_pool2d(x, params); }, input);
 }
 
 std::string MaxPool2dImpl::describe() const {
@@ -59,24 +59,24 @@ DropoutImpl::DropoutImpl(double probability) : Module("Dropout"), p(probability)
   SHARDLAB_CHECK(p >= 0 && p <= 1, "Dropout: p must be in [0, 1], got {}", p);
 }
 
-Variable DropoutImpl::operator()(const Variable& x) {
-  return with_hooks([&] { return dropout(x, p, is_training(), stream()); });
+Variable DropoutImpl::operator()(const Variable& input) {
+  return with_hooks([&](const Variable& x) { return dropout(x, p, is_training(), stream()); }, input);
 }
 
 std::string DropoutImpl::describe() const { return fmt::format("Dropout(p={})", p); }
 
-Variable ReLUImpl::operator()(const Variable& x) {
-  return with_hooks([&] { return relu(x); });
+Variable ReLUImpl::operator()(const Variable& input) {
+  return with_hooks([&](const Variable& x) { return relu(x); }, input);
 }
 
-Variable SiLUImpl::operator()(const Variable& x) {
-  return with_hooks([&] { return silu(x); });
+Variable SiLUImpl::operator()(const Variable& input) {
+  return with_hooks([&](const Variable& x) { return silu(x); }, input);
 }
 
 GELUImpl::GELUImpl(GeluApproximation approx) : Module("GELU"), approximate(approx) {}
 
-Variable GELUImpl::operator()(const Variable& x) {
-  return with_hooks([&] { return gelu(x, approximate); });
+Variable GELUImpl::operator()(const Variable& input) {
+  return with_hooks([&](const Variable& x) { return gelu(x, approximate); }, input);
 }
 
 EmbeddingImpl::EmbeddingImpl(std::int64_t num_embeddings, std::int64_t dim) : Module("Embedding") {
@@ -85,8 +85,8 @@ EmbeddingImpl::EmbeddingImpl(std::int64_t num_embeddings, std::int64_t dim) : Mo
   weight = register_parameter("weight", {num_embeddings, dim}, Init::normal(0.0, 1.0));
 }
 
-Variable EmbeddingImpl::operator()(const Tensor& indices) {
-  return with_hooks([&] { return embedding(weight, indices); });
+Variable EmbeddingImpl::operator()(const Tensor& input) {
+  return with_hooks([&](const Tensor& indices) { return embedding(weight, indices); }, input);
 }
 
 std::string EmbeddingImpl::describe() const {
@@ -97,8 +97,8 @@ RMSNormImpl::RMSNormImpl(std::int64_t dim, double epsilon) : Module("RMSNorm"), 
   weight = register_parameter("weight", {dim}, Init::constant(1.0));
 }
 
-Variable RMSNormImpl::operator()(const Variable& x) {
-  return with_hooks([&] { return rms_norm(x, weight, eps); });
+Variable RMSNormImpl::operator()(const Variable& input) {
+  return with_hooks([&](const Variable& x) { return rms_norm(x, weight, eps); }, input);
 }
 
 std::string RMSNormImpl::describe() const { return fmt::format("RMSNorm({}, eps={})", weight.size(0), eps); }
@@ -112,8 +112,8 @@ LayerNormImpl::LayerNormImpl(std::int64_t dim, double epsilon, bool affine)
   }
 }
 
-Variable LayerNormImpl::operator()(const Variable& x) {
-  return with_hooks([&] { return layer_norm(x, weight, bias, eps); });
+Variable LayerNormImpl::operator()(const Variable& input) {
+  return with_hooks([&](const Variable& x) { return layer_norm(x, weight, bias, eps); }, input);
 }
 
 std::string LayerNormImpl::describe() const {
@@ -123,8 +123,8 @@ std::string LayerNormImpl::describe() const {
 FlattenImpl::FlattenImpl(std::int64_t start, std::int64_t end)
     : Module("Flatten"), start_dim(start), end_dim(end) {}
 
-Variable FlattenImpl::operator()(const Variable& x) {
-  return with_hooks([&] { return flatten(x, start_dim, end_dim); });
+Variable FlattenImpl::operator()(const Variable& input) {
+  return with_hooks([&](const Variable& x) { return flatten(x, start_dim, end_dim); }, input);
 }
 
 void SequentialImpl::push_back_module(std::shared_ptr<Module> module,
@@ -133,12 +133,12 @@ void SequentialImpl::push_back_module(std::shared_ptr<Module> module,
   steps_.push_back(std::move(step));
 }
 
-Variable SequentialImpl::operator()(const Variable& x) {
-  return with_hooks([&] {
+Variable SequentialImpl::operator()(const Variable& input) {
+  return with_hooks([&](const Variable& x) {
     Variable y = x;
     for (const auto& step : steps_) y = step(y);
     return y;
-  });
+  }, input);
 }
 
 }  // namespace shardlab::nn

@@ -65,10 +65,34 @@ using StateDict = std::vector<std::pair<std::string, Tensor>>;
 template <typename T>
 using Named = std::vector<std::pair<std::string, T>>;
 
+// The inputs of one forward call as its pre-hooks see them: every Variable argument, and every
+// Tensor argument as a constant Variable (an undefined Tensor as an undefined Variable), in
+// argument order. A hook may replace them (FSDP casts floating inputs to its compute dtype);
+// the forward then runs on the replacements.
+using ForwardInputs = std::vector<Variable>;
+
+// with_hooks' conversions between a forward's arguments and the ForwardInputs hooks see.
+inline void add_forward_input(ForwardInputs& inputs, const Variable& x) { inputs.push_back(x); }
+inline void add_forward_input(ForwardInputs& inputs, const Tensor& x) {
+  inputs.push_back(x.defined() ? constant(x) : Variable());
+}
+template <typename Other>
+void add_forward_input(ForwardInputs&, const Other&) {}
+inline void take_forward_input(const ForwardInputs& inputs, std::size_t& next, Variable& x) {
+  x = inputs[next++];
+}
+inline void take_forward_input(const ForwardInputs& inputs, std::size_t& next, Tensor& x) {
+  const Variable& given = inputs[next++];
+  x = given.defined() ? given.data() : Tensor();
+}
+template <typename Other>
+void take_forward_input(const ForwardInputs&, std::size_t&, Other&) {}
+
 class Module : public std::enable_shared_from_this<Module> {
  public:
-  using ForwardPreHook = std::function<void(Module& module)>;
-  using ForwardHook = std::function<void(Module& module, const Variable& output)>;
+  using ForwardPreHook = std::function<void(Module& module, ForwardInputs& inputs)>;
+  // May replace the output (FSDP's output_dtype casts it).
+  using ForwardHook = std::function<void(Module& module, Variable& output)>;
 
   explicit Module(std::string type_name);
   virtual ~Module() = default;
@@ -134,12 +158,23 @@ class Module : public std::enable_shared_from_this<Module> {
     return child;
   }
 
-  // Runs the forward pre-hooks, fn(), then the forward hooks on its output. Every module's
-  // operator() goes through it so hooks see every call.
-  template <typename Fn>
-  Variable with_hooks(Fn&& fn) {
-    for (const auto& hook : pre_hooks_) hook(*this);
-    Variable output = fn();
+  // Runs the forward pre-hooks on the inputs, fn(inputs...) on what they leave, then the
+  // forward hooks on its output. Every module's operator() goes through it, passing its
+  // Variable and Tensor arguments (other arguments pass through untouched), so hooks see every
+  // call:  return with_hooks([&](const Variable& x) { return relu(x); }, x);
+  template <typename Fn, typename... Inputs>
+  Variable with_hooks(Fn&& fn, Inputs... inputs) {
+    if (!pre_hooks_.empty()) {
+      ForwardInputs seen;
+      (add_forward_input(seen, inputs), ...);
+      const std::size_t count = seen.size();
+      for (const auto& hook : pre_hooks_) hook(*this, seen);
+      SHARDLAB_CHECK(seen.size() == count, "{}: a forward pre-hook changed the number of inputs from {} to {}",
+                     type_name_, count, seen.size());
+      std::size_t next = 0;
+      (take_forward_input(seen, next, inputs), ...);
+    }
+    Variable output = fn(inputs...);
     for (const auto& hook : post_hooks_) hook(*this, output);
     return output;
   }

@@ -294,21 +294,21 @@ void Adadelta::update(const Tensor& param, const Tensor& grad, std::map<std::str
 
 // --- clip_grad_norm_ -------------------------------------------------------------------------
 
-double clip_grad_norm_(const std::vector<Variable>& parameters, double max_norm,
-                       const std::function<double(double)>& combine) {
-  SHARDLAB_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be > 0, got {}", max_norm);
-  double local = 0.0;
+double gradient_sum_of_squares(const std::vector<Variable>& parameters) {
+  double sum = 0.0;
   for (const Variable& variable : parameters) {
     const Tensor& grad = variable.grad();
     if (!grad.defined()) continue;
     // A bf16/f16 sum would keep about 3 significant digits: reduce those in f32.
     const bool narrow = grad.dtype() == DType::bf16 || grad.dtype() == DType::f16;
-    local += sum_squares(narrow ? grad.to(DType::f32) : grad).item<double>();
+    sum += sum_squares(narrow ? grad.to(DType::f32) : grad).item<double>();
   }
-  const double global = combine(local);
-  SHARDLAB_CHECK(!(global < 0), "clip_grad_norm_: combine returned a negative sum of squares {}", global);
-  const double total = std::sqrt(global);
-  const double coef = max_norm / (total + 1e-6);
+  return sum;
+}
+
+double clip_gradients_to_norm(const std::vector<Variable>& parameters, double max_norm, double norm) {
+  SHARDLAB_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be > 0, got {}", max_norm);
+  const double coef = max_norm / (norm + 1e-6);
   // !(coef >= 1) rather than coef < 1: a NaN norm turns the gradients into NaN, as in
   // PyTorch, instead of letting a broken step pass unnoticed.
   if (!(coef >= 1.0)) {
@@ -316,7 +316,15 @@ double clip_grad_norm_(const std::vector<Variable>& parameters, double max_norm,
       if (variable.grad().defined()) mul_(variable.grad(), coef);
     }
   }
-  return total;
+  return norm;
+}
+
+double clip_grad_norm_(const std::vector<Variable>& parameters, double max_norm,
+                       const std::function<double(double)>& combine) {
+  SHARDLAB_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be > 0, got {}", max_norm);
+  const double global = combine(gradient_sum_of_squares(parameters));
+  SHARDLAB_CHECK(!(global < 0), "clip_grad_norm_: combine returned a negative sum of squares {}", global);
+  return clip_gradients_to_norm(parameters, max_norm, std::sqrt(global));
 }
 
 }  // namespace shardlab::optim

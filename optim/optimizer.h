@@ -168,4 +168,12 @@ double clip_grad_norm_(
     const std::vector<Variable>& parameters, double max_norm,
     const std::function<double(double)>& combine = [](double local) { return local; });
 
+// clip_grad_norm_'s two halves, for callers that combine sums their own way (FSDP counts each
+// replicated shard once). The sum of the squared gradients of the variables that have one, in
+// double (bf16/f16 gradients reduced in f32):
+double gradient_sum_of_squares(const std::vector<Variable>& parameters);
+// Scales the gradients by max_norm / (norm + 1e-6) when that is below 1 (a NaN norm makes them
+// NaN, as in PyTorch) and returns norm; max_norm > 0.
+double clip_gradients_to_norm(const std::vector<Variable>& parameters, double max_norm, double norm);
+
 }  // namespace shardlab::optim

@@ -20,7 +20,7 @@ class BlockImpl : public nn::Module {
     register_module("down", down.ptr());
   }
   Variable operator()(const Variable& x) {
-    return with_hooks([&] { return add(x, down(relu(up(x)))); });
+    return with_hooks([&](const Variable& input) { return add(input, down(relu(up(input)))); }, x);
   }
   nn::Linear up, down;
 };
@@ -37,11 +37,13 @@ class NestedImpl : public nn::Module {
     nn::initialize(*this, seed);
   }
   Variable operator()(const Tensor& tokens) {
-    return with_hooks([&] {
-      Variable x = embed(tokens);
-      for (const auto& block : *blocks) x = (*block)(x);
-      return head(x);
-    });
+    return with_hooks(
+        [&](const Tensor& input) {
+          Variable x = embed(input);
+          for (const auto& block : *blocks) x = (*block)(x);
+          return head(x);
+        },
+        tokens);
   }
   nn::Embedding embed;
   nn::ModuleList<BlockImpl> blocks;

@@ -123,10 +123,11 @@ TEST_CASE("FSDP training equals one process on the same global batches, for ever
   }
 }
 
-TEST_CASE("a unit's shard is ceil(P / N) elements; padding stays zero and every element is updated",
+TEST_CASE("sharded_parameters: each parameter's piece of this rank's ceil(P / N) shard, under its own name",
           "[dist][fsdp]") {
   const int r = world().rank(), w = world().size();
   const std::int64_t vocab = 4 * w + 1;
+  Nested alone(vocab, kSeed);
   Nested model(vocab, kSeed);
   const std::int64_t block_parameters = (*model->blocks)[0].parameter_count();  // 15 * 16 + 7 = 247
   CHECK(block_parameters == 247);
@@ -137,14 +138,37 @@ TEST_CASE("a unit's shard is ceil(P / N) elements; padding stays zero and every 
     INFO(name);
     CHECK(variable.data().storage()->nbytes() == 0);
   }
-  const auto shards = dist::sharded_parameters(*model);
-  REQUIRE(shards.size() == 4);
-  CHECK(shards[0].first == "flat_shard");
-  CHECK(shards[1].first == "blocks.0.flat_shard");
+  const auto views = dist::sharded_parameters(*model);
+  const auto originals = alone->named_parameters();
+  REQUIRE(views.size() == originals.size());
+  // blocks.0 flattens up.weight [16, 7], up.bias [16], down.weight [7, 16], down.bias [7]; rank r
+  // holds its elements [r S, (r + 1) S), S = ceil(247 / w).
   const std::int64_t shard = (block_parameters + w - 1) / w;
-  CHECK(shards[1].second.numel() == shard);
-  const std::vector<float> before = shards[1].second.data().to_vector<float>();
-  optim::AdamW optimizer(shards, {.lr = 1e-2});
+  std::int64_t offset = 0, wrong = 0;
+  for (std::size_t i = 0; i < views.size(); ++i) {
+    const auto& [name, view] = views[i];
+    INFO(name);
+    REQUIRE(name == originals[i].first);
+    CHECK(view.dim() == 1);
+    CHECK(view.dtype() == DType::f32);
+    CHECK(view.requires_grad());
+    if (!name.starts_with("blocks.0.")) continue;
+    const std::int64_t numel = originals[i].second.numel();
+    const std::int64_t from = std::max(offset, r * shard), to = std::min(offset + numel, (r + 1) * shard);
+    CHECK(view.numel() == std::max<std::int64_t>(0, to - from));
+    if (to > from) {
+      const auto expected = originals[i].second.data().view({numel}).narrow(0, from - offset, to - from);
+      wrong += test::count_mismatches(view.data().to_vector<double>(), expected.to_vector<double>(), {0, 0});
+    }
+    offset += numel;
+  }
+  CHECK(test::sum_over_ranks(wrong) == 0);  // the one-process values, bit for bit
+  std::int64_t total = 0;
+  for (const auto& [name, view] : views) total += view.numel();
+  CHECK(test::sum_over_ranks(total) == alone->parameter_count());  // every element on exactly one rank
+  optim::AdamW optimizer(views, {.lr = 1e-2});
+  std::vector<std::vector<float>> before;
+  for (const auto& [name, view] : views) before.push_back(view.data().to_vector<float>());
   for (int step = 0; step < 2; ++step) {
     const auto batch = token_batch(step, kGlobalBatch, vocab, r, w);
     Variable loss = cross_entropy(model(batch.tokens), batch.targets);
@@ -152,15 +176,16 @@ TEST_CASE("a unit's shard is ceil(P / N) elements; padding stays zero and every 
     loss.backward();
     optimizer.step();
   }
-  const std::vector<float> after = shards[1].second.data().to_vector<float>();
-  std::int64_t wrong = 0;
-  for (std::int64_t i = 0; i < shard; ++i) {
-    const bool padding = r * shard + i >= block_parameters;
-    const auto k = static_cast<std::size_t>(i);
-    wrong += padding ? (after[k] != 0.0f || shards[1].second.grad().to_vector<float>()[k] != 0.0f)
-                     : after[k] == before[k];
+  std::int64_t unchanged = 0;
+  for (std::size_t i = 0; i < views.size(); ++i) {
+    const std::vector<float> after = views[i].second.data().to_vector<float>();
+    for (std::size_t k = 0; k < after.size(); ++k) unchanged += after[k] == before[i][k];
   }
-  CHECK(test::sum_over_ranks(wrong) == 0);
+  CHECK(test::sum_over_ranks(unchanged) == 0);
+  // A unit's gradients are slices of one gradient shard.
+  CHECK(views[1].first == "blocks.0.up.weight");
+  CHECK(views[3].first == "blocks.0.down.weight");
+  CHECK(views[1].second.grad().storage() == views[3].second.grad().storage());
 }
 
 TEST_CASE("communication per step matches the plan: FULL_SHARD moves 3(N-1)/N P, NO_SHARD 2(N-1)/N P",
@@ -187,20 +212,24 @@ TEST_CASE("communication per step matches the plan: FULL_SHARD moves 3(N-1)/N P,
       INFO(dist::sharding_name(sharding) << " step " << step << "\n" << plan.str());
       CHECK(counters.total().bytes_received == plan.bytes_per_step());
       CHECK(counters.total().bytes_sent == plan.bytes_per_step());
+      // One all-reduce of a flag per parameter: which had a gradient on some rank.
+      if (w > 1) CHECK(plan.gradient_flags == 15);
       if (sharding == dist::Sharding::full && w > 1) {
         // Forward gathers every unit, backward all but the root, which stays gathered.
         CHECK(counters[dist::Collective::all_gather].calls == 2 * units - 1);
         CHECK(counters[dist::Collective::reduce_scatter].calls == units);
-        CHECK(counters[dist::Collective::all_reduce].calls == 0);
+        CHECK(counters[dist::Collective::all_reduce].calls == 1);
       } else if (w > 1) {
         CHECK(counters[dist::Collective::all_gather].calls == 0);
-        CHECK(counters[dist::Collective::all_reduce].calls == units);
+        CHECK(counters[dist::Collective::all_reduce].calls == units + 1);
       }
     }
     std::int64_t padded = 0;
     for (const auto& unit : plan.units) padded += unit.parameters + unit.padding;
     CHECK(padded - parameters < units * w);
-    received[std::string(dist::sharding_name(sharding))] = world().counters().total().bytes_received;
+    received[std::string(dist::sharding_name(sharding))] =
+        world().counters().total().bytes_received - plan.flag_bytes;
+    CHECK(plan.flag_bytes <= (w > 1 ? 2 * 15 : 0));
     // Per rank, in elements of 4 bytes: FULL_SHARD 3 (N-1)/N, NO_SHARD 2 (N-1)/N of the padded P
     // (the root's backward gather skipped: its share is subtracted).
     if (sharding == dist::Sharding::full) {
@@ -233,12 +262,18 @@ TEST_CASE("persistent memory per rank is the plan's: f32 shard, gradient shard a
       loss.backward();
       optimizer.step();
     }
-    std::int64_t shard_elements = 0;
+    // f32 shard and gradient shard, padding included, and Adam's m and v for this rank's
+    // elements of each parameter.
+    std::int64_t shard_elements = 0, held = 0;
     for (const auto& unit : plan.units) shard_elements += unit.shard_elements;
-    CHECK(plan.total_persistent_bytes() == 16 * shard_elements);
-    // What is left after a step: the plan's bytes, plus AdamW's i64 step counter per shard.
+    for (const auto& [name, view] : dist::sharded_parameters(*model)) held += view.numel();
+    CHECK(plan.total_persistent_bytes() == 8 * shard_elements + 8 * held);
+    // What is left after a step: the plan's bytes, plus AdamW's i64 step counter per parameter.
     const std::int64_t in_use = memory_stats(Device::cpu()).bytes_in_use - baseline;
-    CHECK(in_use == plan.total_persistent_bytes() + 8 * static_cast<std::int64_t>(plan.units.size()));
+    std::int64_t counters = 0;
+    for (const auto& [key, tensor] : optimizer.state_dict()) counters += key.ends_with(".step");
+    CHECK(counters == 15);
+    CHECK(in_use == plan.total_persistent_bytes() + 8 * counters);
     CHECK(dist::unsharded_memory().bytes == 0);
     // At most the root (kept gathered) and 1 + prefetch more units at once: the largest two
     // blocks here, 277 and 247 elements padded, and the root.
@@ -289,7 +324,9 @@ TEST_CASE("fully_shard refuses top-down order, double sharding and ties across u
   auto twice = std::make_shared<Reused>(true);
   dist::fully_shard(*twice->block);
   dist::fully_shard(*twice);
-  CHECK(dist::sharded_parameters(*twice).size() == 2);
+  const auto twice_views = dist::sharded_parameters(*twice);
+  REQUIRE(twice_views.size() == 4);  // one module under two names: its parameters once, first name
+  CHECK(twice_views[0].first == "first.up.weight");
   CHECK_THROWS_ERROR(
       dist::parse_sharding("half"),
       "sharding 'half' is not one of full, grad_op, none, hybrid:G (G > 0 ranks per shard group)");
@@ -373,8 +410,9 @@ TEST_CASE("the plan table names every unit with its counts", "[dist][fsdp][expla
   CHECK_THAT(table, Catch::Matchers::StartsWith(fmt::format(
                         "FSDP plan: sharding full, {} ranks, shard groups of {}, prefetch 1\n", w, w)));
   const std::int64_t shard = (247 + w - 1) / w;
+  const std::int64_t held = std::min(shard, 247 - world().rank() * shard);  // padding sits on the last rank
   CHECK_THAT(table, Catch::Matchers::Contains(fmt::format("{:<16} {:>10} {:>7} {:>10} {:>12}", "blocks.0",
-                                                          247, shard * w - 247, shard, 16 * shard)));
+                                                          247, shard * w - 247, shard, 8 * shard + 8 * held)));
   CHECK(plan.units[2].name == "blocks.1");
   CHECK(plan.units[2].parameters == 277);
   CHECK(plan.units[0].backward_gathers == 0);  // the root stays gathered for backward
@@ -601,7 +639,7 @@ TEST_CASE("prefetch issues the next unit's all-gather before that unit runs; dep
     // Registered after FSDP's hook, so it runs once blocks.0 is gathered: what has been issued
     // for blocks.1 and blocks.2 by then?
     std::vector<std::string> issued_before_block0;
-    (*model->blocks)[0].register_forward_pre_hook([&](nn::Module&) {
+    (*model->blocks)[0].register_forward_pre_hook([&](nn::Module&, nn::ForwardInputs&) {
       issued_before_block0.clear();
       for (const auto& entry : world().monitor().tail(8))
         issued_before_block0.push_back(entry.fingerprint.tag);

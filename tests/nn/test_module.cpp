@@ -18,7 +18,7 @@ class TwoLevelImpl : public Module {
     scale = register_buffer("scale", full({2}, 0.5));
   }
   Variable operator()(const Variable& x) {
-    return with_hooks([&] { return mul(body(head(x)), constant(scale)); });
+    return with_hooks([&](const Variable& input) { return mul(body(head(input)), constant(scale)); }, x);
   }
   // Exposes registration to the tests of its error paths.
   void add_parameter(const std::string& name) { register_parameter(name, {1}, Init::constant(0)); }
@@ -136,10 +136,11 @@ TEST_CASE("load_state_dict copies values; strict checks name every problem", "[n
 TEST_CASE("forward hooks run before and after every call, in registration order", "[nn][module][hooks]") {
   TwoLevel model;
   std::vector<std::string> events;
-  model->register_forward_pre_hook([&](Module& m) { events.push_back("pre " + m.type_name()); });
-  model->body->register_forward_pre_hook([&](Module& m) { events.push_back("pre " + m.type_name()); });
+  model->register_forward_pre_hook([&](Module& m, ForwardInputs&) { events.push_back("pre " + m.type_name()); });
+  model->body->register_forward_pre_hook(
+      [&](Module& m, ForwardInputs&) { events.push_back("pre " + m.type_name()); });
   model->register_forward_hook(
-      [&](Module&, const Variable& out) { events.push_back("post " + shape_str(out.shape())); });
+      [&](Module&, Variable& out) { events.push_back("post " + shape_str(out.shape())); });
   (void)model(constant(ones({5, 3})));
   CHECK(events == std::vector<std::string>{"pre TwoLevel", "pre Sequential", "post [5, 2]"});
 }
