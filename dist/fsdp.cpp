@@ -17,6 +17,7 @@
 #include <set>
 
 #include "autograd/engine.h"
+#include "autograd/function.h"
 #include "autograd/ops.h"
 #include "core/error.h"
 #include "core/ops.h"
@@ -186,6 +187,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
   void post_forward(Variable& output);
   void pre_backward();
   void on_gradient_accumulated(std::size_t slot);
+  void on_input_gradient();
   void post_backward();
   void flush_backward();  // from the root's end-of-backward callback, before finish_backward
   void finish_backward(const std::uint8_t* agreed_flags);
@@ -202,7 +204,12 @@ class Unit : public std::enable_shared_from_this<Unit> {
   void prepare_gradients();
   void start_reduction();
   void cast_inputs(nn::ForwardInputs& inputs) const;
+  void mark_inputs(nn::ForwardInputs& inputs);
   void cast_output(Variable& output) const;
+  // The unit's backward is over, and its gathered parameters no longer read, once every
+  // trainable parameter's gradient has arrived and every marked input's gradient too: a frozen
+  // weight is still read for its input's gradient after the trainable ones have theirs.
+  bool backward_done() const { return ready_ == expected_ && inputs_done_ == inputs_marked_; }
 
   nn::Module* module_;
   FsdpOptions options_;
@@ -232,6 +239,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
   bool backward_started_ = false, reduced_ = false, reducing_ = false;
   std::vector<std::uint8_t> counted_;  // per slot: its gradient arrived in this backward
   std::int64_t ready_ = 0, expected_ = 0;
+  std::int64_t inputs_marked_ = 0, inputs_done_ = 0;  // since the last finish_backward
   Work reduce_work_;
   Tensor reduce_input_, reduce_output_;
 };
@@ -480,6 +488,23 @@ void Unit::pre_forward(nn::ForwardInputs& inputs) {
   wait_unshard();
   if (root.forward_recorded) prefetch(root.forward_order);
   cast_inputs(inputs);
+  mark_inputs(inputs);
+}
+
+// Each input that requires grad passes through an identity whose backward runs once the
+// gradient with respect to that input is complete, that is after every node of the unit that
+// read the gathered parameters (FSDP2's RegisterPostBackwardFunction).
+void Unit::mark_inputs(nn::ForwardInputs& inputs) {
+  if (!is_grad_enabled()) return;
+  std::weak_ptr<Unit> weak = shared_from_this();
+  for (Variable& input : inputs) {
+    if (!input.defined() || !input.requires_grad()) continue;
+    ++inputs_marked_;
+    input = autograd::record("fsdp_post_backward", {input}, input.data(), [weak](const Tensor& grad) {
+      if (auto unit = weak.lock()) unit->on_input_gradient();
+      return autograd::Grads{grad};
+    });
+  }
 }
 
 void Unit::cast_inputs(nn::ForwardInputs& inputs) const {
@@ -563,7 +588,13 @@ void Unit::on_gradient_accumulated(std::size_t slot) {
   got_gradient_[slot] = 1;
   if (counted_[slot]) return;
   counted_[slot] = 1;
-  if (++ready_ == expected_) post_backward();
+  ++ready_;
+  if (backward_done()) post_backward();
+}
+
+void Unit::on_input_gradient() {
+  ++inputs_done_;
+  if (backward_started_ && backward_done()) post_backward();
 }
 
 void Unit::post_backward() {
@@ -630,6 +661,7 @@ void Unit::finish_backward(const std::uint8_t* agreed_flags) {
   reduce_work_ = Work();
   reduce_input_ = reduce_output_ = Tensor();
   backward_started_ = reduced_ = false;
+  inputs_marked_ = inputs_done_ = 0;
   reshard();
 }
 
@@ -874,7 +906,7 @@ UnitPlan plan_unit(const Unit& unit, std::int64_t optimizer_state_bytes_per_elem
   row.persistent_bytes =
       row.shard_elements * (trains ? 4 + 4 : 4) + trained_here * optimizer_state_bytes_per_element;
   row.unsharded_bytes = unit.padded() * static_cast<std::int64_t>(dtype_size(precision.param_dtype));
-  row.gathered_through_backward = !unit.reshards_after_forward() || !trains;
+  row.gathered_through_backward = !unit.reshards_after_forward();
   const Fingerprint gather{.op = Collective::all_gather, .dtype = precision.param_dtype, .count = unit.padded()};
   if (shard_size > 1) {
     row.forward_gathers = 1;

@@ -131,9 +131,8 @@ struct UnitPlan {
   // state for this rank's elements of trainable parameters (none for padding).
   std::int64_t persistent_bytes = 0;
   std::int64_t unsharded_bytes = 0;        // the gathered parameters while they exist
-  // Gathered from forward to the end of backward: the root, grad_op and none units, units kept
-  // gathered by reshard_after_forward=false, and units whose parameters are all frozen (no
-  // gradient tells when their backward is over).
+  // Gathered from forward to the end of backward: the root, grad_op and none units, and units
+  // kept gathered by reshard_after_forward=false.
   bool gathered_through_backward = false;
   std::int64_t forward_gather_bytes = 0;   // received per rank per step (traffic_of)
   std::int64_t backward_gather_bytes = 0;  // 0 when the unit stays gathered for backward
