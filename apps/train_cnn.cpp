@@ -187,11 +187,6 @@ class Training {
     bool complete = true;  // false when --steps ended it early
   };
   EpochResult train_epoch(std::int64_t epoch);
-  // The model's input: images in the compute dtype. FSDP casts parameters, not inputs (as
-  // PyTorch FSDP1 without cast_forward_inputs), and the ops take one dtype.
-  Variable input(const Tensor& images) const {
-    return constant(images.to(fsdp_.mixed_precision.param_dtype));
-  }
   TestResult evaluate();
   void report();
 
@@ -324,7 +319,7 @@ Training::EpochResult Training::train_epoch(std::int64_t epoch) {
     const RandomContextGuard context({options_.seed, step_, batch.sample_indices});
     optimizer_->zero_grad();
     session_.world().reset_counters();
-    const Variable output = model_(input(batch.inputs));
+    const Variable output = model_(constant(batch.inputs));  // f32: a bf16 root casts its inputs
     const Variable loss = nll_loss(output, batch.targets, -100, Reduction::sum);
     // FSDP averages gradients over the ranks; scaled by W, the average is the gradient of the
     // global batch's summed loss, as one process computes it.
@@ -362,11 +357,11 @@ TestResult Training::evaluate() {
   for (std::int64_t start = 0; start < most_rows; start += batch_size) {
     const std::int64_t count = std::clamp<std::int64_t>(rows - start, 0, batch_size);
     if (count == 0) {
-      model_(input(rows > 0 ? test_images_.narrow(0, rows - 1, 1) : test_.images.narrow(0, 0, 1)));
+      model_(constant(rows > 0 ? test_images_.narrow(0, rows - 1, 1) : test_.images.narrow(0, 0, 1)));
       continue;
     }
     const Tensor targets = test_labels_.narrow(0, start, count);
-    const Variable output = model_(input(test_images_.narrow(0, start, count)));
+    const Variable output = model_(constant(test_images_.narrow(0, start, count)));
     loss_sum += nll_loss(output, targets, -100, Reduction::sum).data().item<double>();
     correct += sum(eq(argmax(output.data(), {1}), targets)).item<double>();
   }
