@@ -1,17 +1,17 @@
 // dist/fsdp.cpp: FSDP units: flattening and sharding, the hooks that gather before forward
-// and backward, reduce gradients and reshard, prefetching, and the per-root bookkeeping.
+// and backward, reduce gradients and reshard, prefetching, and the per-root bookkeeping. The
+// calls users make are in dist/fsdp_api.cpp, the plan in dist/fsdp_plan.cpp.
 //
 // Saved activations: autograd saves the weight views it needs during forward, and resharding
 // frees the gathered bytes. A unit's gathered buffer is one Storage object for the unit's
 // whole life: resharding calls reallocate(0) on it and gathering reallocates and fills it
 // again, so the saved views (which point at the Storage, not at the bytes) are valid again by
 // the time the unit's backward runs: the pre-backward hook gathers first (FSDP1's trick).
-#include "dist/fsdp.h"
+#include "dist/fsdp_unit.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 #include <map>
 #include <mutex>
 #include <set>
@@ -23,53 +23,10 @@
 #include "core/ops.h"
 #include "core/storage.h"
 #include "dist/init.h"
-#include "optim/optimizer.h"
 
 namespace shardlab::dist {
 
-std::string_view sharding_name(Sharding sharding) {
-  switch (sharding) {
-    case Sharding::full:
-      return "full";
-    case Sharding::grad_op:
-      return "grad_op";
-    case Sharding::none:
-      return "none";
-    case Sharding::hybrid:
-      return "hybrid";
-  }
-  return "unknown";
-}
-
-std::pair<Sharding, int> parse_sharding(std::string_view text) {
-  if (text == "full") return {Sharding::full, 0};
-  if (text == "grad_op") return {Sharding::grad_op, 0};
-  if (text == "none") return {Sharding::none, 0};
-  if (text.starts_with("hybrid:")) {
-    const std::string digits(text.substr(7));
-    char* end = nullptr;
-    const long group = std::strtol(digits.c_str(), &end, 10);
-    if (!digits.empty() && *end == '\0' && group > 0) return {Sharding::hybrid, static_cast<int>(group)};
-  }
-  fail("sharding '{}' is not one of full, grad_op, none, hybrid:G (G > 0 ranks per shard group)", text);
-}
-
-namespace {
-
-// The ranks a unit shards over and the ranks it replicates over (null when a group has one
-// rank), shared by all units made with the same communicator and strategy.
-struct Groups {
-  Communicator* base = nullptr;  // every rank that trains the unit: shard groups x replicas
-  Communicator* shard = nullptr;
-  Communicator* replica = nullptr;
-  std::unique_ptr<Communicator> owned_shard, owned_replica;
-
-  int shard_size() const { return shard ? shard->size() : 1; }
-  int shard_rank() const { return shard ? shard->rank() : 0; }
-  // Whether this rank's copy of the unit's shard is the one that counts in sums over all ranks
-  // (a replicated shard would be counted once per replica otherwise).
-  bool first_replica() const { return replica == nullptr || replica->rank() == 0; }
-};
+namespace detail {
 
 std::shared_ptr<Groups> groups_for(Communicator& base, Sharding sharding, int group_size) {
   static std::mutex mutex;
@@ -109,142 +66,9 @@ std::shared_ptr<Groups> groups_for(Communicator& base, Sharding sharding, int gr
   return groups;
 }
 
-// One parameter's place in the flat buffer; tied parameters have several names.
-struct Slot {
-  std::vector<std::string> names;  // dotted, relative to the unit's module
-  Variable variable;
-  Shape shape;
-  nn::Init init;
-  std::int64_t offset = 0;
-};
-
-class Unit;
-
-// The units under one root, in preorder of the module tree (the root's first), and what the
-// steps of that root share: execution orders for prefetching and the end-of-backward callback.
-struct RootState {
-  nn::Module* root = nullptr;
-  std::vector<Unit*> units;
-  std::vector<Unit*> forward_order, backward_order;
-  bool forward_recorded = false, backward_recorded = false;
-  bool callback_queued = false;
-  bool sync = true;
-
-  void finish_backward();
-  // One all-reduce (max) over all ranks of the flags "this parameter got a gradient since the
-  // last reduction" of every unit reducing now; returns them, agreed, in unit and slot order.
-  std::vector<std::uint8_t> agree_on_gradients(const std::vector<Unit*>& reducing) const;
-  void reshard_all();
-};
-
-// The part of one parameter in this rank's shard: its elements [from, from + count), at `at` in
-// the shard; count 0 when the rank holds none of them.
-struct Piece {
-  std::int64_t from = 0, count = 0, at = 0;
-};
-
-enum class Gathered : std::uint8_t { no, in_flight, yes };
-
-class Unit : public std::enable_shared_from_this<Unit> {
- public:
-  Unit(nn::Module& module, std::vector<Slot> slots, const FsdpOptions& options,
-       std::shared_ptr<Groups> groups);
-  // A unit may die gathered (a forward without backward, then the model goes): its gathered
-  // bytes leave the count with it. An all-gather still in flight keeps its buffers alive itself.
-  ~Unit();
-  Unit(const Unit&) = delete;
-  Unit& operator=(const Unit&) = delete;
-
-  nn::Module& module() const { return *module_; }
-  const std::vector<Slot>& slots() const { return slots_; }
-  // This rank's piece of each slot as a trainable Variable (sharded_parameters), slot order.
-  const std::vector<Variable>& views() const { return views_; }
-  const std::string& name() const { return name_; }
-  const Tensor& shard() const { return shard_; }
-  const std::shared_ptr<RootState>& root_state() const { return root_; }
-  bool is_root() const { return root_ && root_->root == module_; }
-  std::int64_t parameters() const { return parameters_; }
-  std::int64_t padded() const { return padded_; }
-  std::int64_t shard_elements() const { return shard_elements_; }
-  const Groups& groups() const { return *groups_; }
-  const MixedPrecision& precision() const { return options_.mixed_precision; }
-  const FsdpOptions& options() const { return options_; }
-  Device device() const { return device_; }
-  // Whether the parameters are gathered again for backward (FULL_SHARD's second all-gather).
-  bool reshards_after_forward() const { return reshard_after_forward_ && !is_root(); }
-  // Whether some parameter trains (requires grad): read from the module's parameters each time,
-  // since users freeze and unfreeze between steps.
-  bool trains() const;
-  Piece piece(const Slot& slot) const;
-  bool reducing() const { return reducing_; }
-  // This rank's "got a gradient since the last reduction" flags, one per slot.
-  const std::vector<std::uint8_t>& gradient_flags() const { return got_gradient_; }
-
-  void join_root(std::shared_ptr<RootState> root, std::string name);
-  void install_hooks();
-
-  void pre_forward(nn::ForwardInputs& inputs);
-  void post_forward(Variable& output);
-  void pre_backward();
-  void on_gradient_accumulated(std::size_t slot);
-  void on_input_gradient();
-  void post_backward();
-  void flush_backward();  // from the root's end-of-backward callback, before finish_backward
-  void finish_backward(const std::uint8_t* agreed_flags);
-  void unshard();
-  void wait_unshard();
-  void reshard();
-  Tensor full_shard_values() const;  // the flat f32 parameters [padded], gathered from the shards
-
- private:
-  Tensor gathered() const {
-    return Tensor(storage_, {padded_}, {1}, 0, options_.mixed_precision.param_dtype);
-  }
-  void prefetch(const std::vector<Unit*>& order);
-  void prepare_gradients();
-  void start_reduction();
-  void cast_inputs(nn::ForwardInputs& inputs) const;
-  void mark_inputs(nn::ForwardInputs& inputs);
-  void cast_output(Variable& output) const;
-  // The unit's backward is over, and its gathered parameters no longer read, once every
-  // trainable parameter's gradient has arrived and every marked input's gradient too: a frozen
-  // weight is still read for its input's gradient after the trainable ones have theirs.
-  bool backward_done() const { return ready_ == expected_ && inputs_done_ == inputs_marked_; }
-
-  nn::Module* module_;
-  FsdpOptions options_;
-  std::vector<Slot> slots_;
-  std::shared_ptr<Groups> groups_;
-  bool reshard_after_forward_;
-  std::int64_t parameters_ = 0, padded_ = 0, shard_elements_ = 0;
-  Device device_;        // where the parameters are gathered and computed with
-  Device shard_device_;  // where the shards and the optimizer state live (the CPU when offloaded)
-  bool deferred_ = false;
-  std::string name_;
-  std::shared_ptr<RootState> root_;
-  Tensor shard_;                      // f32 [S]: the views_ are its pieces
-  std::vector<Variable> views_;       // per slot
-  std::shared_ptr<Storage> storage_;  // the gathered parameters, bytes only while gathered
-  Gathered state_ = Gathered::no;
-  Work gather_work_;
-  Tensor gather_source_;  // the shard cast to param_dtype, alive until its all-gather completed
-  std::vector<bool> hooked_;  // per slot: its post-accumulate hook is registered
-  // Until the next reduction (several backwards without gradient sync): per slot, whether its
-  // gradient was accumulated; and whether the forward ran in grad mode with a parameter that
-  // trains, which obliges this rank to join the unit's reduction even if no gradient came.
-  std::vector<std::uint8_t> got_gradient_;
-  bool owes_reduction_ = false;
-  // One backward pass.
-  Tensor full_grad_;  // [padded] in param_dtype; the parameters' .grad are views into it
-  bool backward_started_ = false, reduced_ = false, reducing_ = false;
-  std::vector<std::uint8_t> counted_;  // per slot: its gradient arrived in this backward
-  std::int64_t ready_ = 0, expected_ = 0;
-  std::int64_t inputs_marked_ = 0, inputs_done_ = 0;  // since the last finish_backward
-  Work reduce_work_;
-  Tensor reduce_input_, reduce_output_;
-};
-
 // --- gathered bytes ----------------------------------------------------------------------------
+
+namespace {
 
 std::mutex unsharded_mutex;
 UnshardedMemory unsharded;
@@ -255,10 +79,19 @@ void count_unsharded(std::int64_t delta) {
   unsharded.peak_bytes = std::max(unsharded.peak_bytes, unsharded.bytes);
 }
 
+}  // namespace
+
 // --- the registry of units -------------------------------------------------------------------
 
+namespace {
 std::mutex registry_mutex;
 std::vector<std::pair<const nn::Module*, std::weak_ptr<Unit>>> registry;
+}  // namespace
+
+void register_unit(const nn::Module& module, const std::shared_ptr<Unit>& unit) {
+  std::lock_guard lock(registry_mutex);
+  registry.emplace_back(&module, unit);
+}
 
 std::shared_ptr<Unit> unit_of(const nn::Module& module) {
   std::lock_guard lock(registry_mutex);
@@ -711,327 +544,16 @@ void RootState::reshard_all() {
   for (Unit* unit : units) unit->reshard();
 }
 
-}  // namespace
+}  // namespace detail
 
 UnshardedMemory unsharded_memory() {
-  std::lock_guard lock(unsharded_mutex);
-  return unsharded;
+  std::lock_guard lock(detail::unsharded_mutex);
+  return detail::unsharded;
 }
 
 void reset_unsharded_peak() {
-  std::lock_guard lock(unsharded_mutex);
-  unsharded.peak_bytes = unsharded.bytes;
-}
-
-// --- the API ------------------------------------------------------------------------------------
-
-void fully_shard(nn::Module& module, const FsdpOptions& options) {
-  SHARDLAB_CHECK(options.prefetch >= 0, "fully_shard: prefetch must be >= 0, got {}", options.prefetch);
-  SHARDLAB_CHECK(unit_of(module) == nullptr, "fully_shard: this {} is already an FSDP unit",
-                 module.type_name());
-  SHARDLAB_CHECK(
-      module.has_forward(),
-      "fully_shard: a {} has no forward of its own, so the hooks that gather its parameters would never "
-      "run; shard the modules in it instead",
-      module.type_name());
-  const auto units = live_units();
-  for (const auto& unit : units) {
-    for (const auto& [path, inner] : unit->module().named_modules()) {
-      SHARDLAB_CHECK(
-          inner.get() != &module,
-          "fully_shard: {} is inside {}, which is already sharded; call fully_shard on inner modules first "
-          "and on the root last",
-          describe_module(path, module), describe_module("", unit->module()));
-    }
-  }
-  // Parameters of inner units stay theirs; a parameter held by an inner unit but also
-  // reached outside that unit's subtree is a tie across units.
-  // A module registered under several names is one unit reached by several paths.
-  struct Claim {
-    std::vector<std::string> unit_paths;
-    std::string held_as;  // the parameter's first name
-  };
-  std::map<const void*, Claim> claimed;
-  for (const auto& [path, inner] : module.named_modules()) {
-    auto unit = unit_of(*inner);
-    if (!unit) continue;
-    for (const Slot& slot : unit->slots()) {
-      Claim& claim = claimed[slot.variable.impl().get()];
-      if (claim.unit_paths.empty()) claim.held_as = join_name(path, slot.names.front());
-      claim.unit_paths.push_back(path);
-    }
-  }
-  std::vector<Slot> slots;
-  std::map<const void*, std::size_t> slot_of;
-  std::map<std::string, nn::Init> inits;
-  for (auto& [name, init] : module.named_inits()) inits.emplace(name, init);
-  for (const auto& [name, variable] : module.named_parameters()) {
-    if (auto it = claimed.find(variable.impl().get()); it != claimed.end()) {
-      const Claim& claim = it->second;
-      const bool inside =
-          std::any_of(claim.unit_paths.begin(), claim.unit_paths.end(),
-                      [&](const std::string& unit_path) { return name.starts_with(unit_path + "."); });
-      SHARDLAB_CHECK(
-          inside,
-          "fully_shard: parameter '{}' is the same tensor as '{}', which the unit '{}' holds; tied "
-          "parameters must share a unit (shard a module that contains both instead)",
-          name, claim.held_as, claim.unit_paths.front());
-      continue;
-    }
-    SHARDLAB_CHECK(is_floating(variable.dtype()),
-                   "fully_shard: parameter '{}' has dtype {}; FSDP shards floating parameters", name,
-                   dtype_name(variable.dtype()));
-    if (auto it = slot_of.find(variable.impl().get()); it != slot_of.end()) {
-      slots[it->second].names.push_back(name);  // tied inside this unit: one slot
-      continue;
-    }
-    if (!slots.empty()) {
-      SHARDLAB_CHECK(variable.device() == slots.front().variable.device(),
-                     "fully_shard: parameter '{}' is on {} but '{}' is on {}; a unit lives on one device",
-                     name, variable.device().str(), slots.front().names.front(),
-                     slots.front().variable.device().str());
-    }
-    slot_of[variable.impl().get()] = slots.size();
-    slots.push_back(
-        {.names = {name}, .variable = variable, .shape = variable.shape(), .init = inits.at(name)});
-  }
-  Communicator& base = options.communicator ? *options.communicator : session().world();
-  auto unit = std::make_shared<Unit>(module, std::move(slots), options,
-                                     groups_for(base, options.sharding, options.hybrid_group_size));
-  unit->install_hooks();
-  std::lock_guard lock(registry_mutex);
-  registry.emplace_back(&module, unit);
-}
-
-int shard_by_size(nn::Module& root, std::int64_t min_parameters, const FsdpOptions& options) {
-  auto modules = root.named_modules();
-  std::set<const void*> taken;
-  int units = 0;
-  for (auto it = modules.rbegin(); it != modules.rend(); ++it) {
-    if (it->first.empty() || !it->second->has_forward()) continue;  // containers: their elements may be units
-    std::int64_t own = 0;
-    for (const auto& [name, variable] : it->second->named_parameters()) {
-      if (!taken.contains(variable.impl().get())) own += variable.numel();
-    }
-    if (own < min_parameters) continue;
-    fully_shard(*it->second, options);
-    for (const auto& [name, variable] : it->second->named_parameters()) taken.insert(variable.impl().get());
-    ++units;
-  }
-  fully_shard(root, options);
-  return units + 1;
-}
-
-nn::Named<Variable> sharded_parameters(nn::Module& root) {
-  std::map<const void*, Variable> view_of;  // by the module parameter's identity
-  for (const Unit* unit : ensure_root(root)->units) {
-    for (std::size_t i = 0; i < unit->slots().size(); ++i)
-      view_of.emplace(unit->slots()[i].variable.impl().get(), unit->views()[i]);
-  }
-  nn::Named<Variable> views;
-  for (const auto& [name, parameter] : root.named_parameters()) {
-    const auto it = view_of.find(parameter.impl().get());
-    if (it == view_of.end()) continue;  // a tied parameter's second name
-    views.emplace_back(name, it->second);
-    view_of.erase(it);
-  }
-  return views;
-}
-
-void set_requires_gradient_sync(nn::Module& root, bool sync) { ensure_root(root)->sync = sync; }
-
-double clip_grad_norm_(nn::Module& root, double max_norm) {
-  const auto state = ensure_root(root);
-  // Each unit's sum over its own pieces, counted by one replica only: the sum over all ranks
-  // then holds every element once, whatever mix of sharded and replicated units the root has.
-  std::vector<Variable> views;
-  double local = 0.0;
-  for (const Unit* unit : state->units) {
-    views.insert(views.end(), unit->views().begin(), unit->views().end());
-    if (unit->groups().first_replica()) local += optim::gradient_sum_of_squares(unit->views());
-  }
-  Communicator& all = *state->units.front()->groups().base;
-  double global = local;
-  if (all.size() > 1) {
-    const Tensor total = full({1}, local, dtype(DType::f64));
-    all.all_reduce(total, ReduceOp::sum, "clip_grad_norm_").wait();
-    global = total.item<double>();
-  }
-  return optim::clip_gradients_to_norm(views, max_norm, std::sqrt(global));
-}
-
-nn::Named<Tensor> gather_full_parameters(nn::Module& root) {
-  std::map<std::string, Tensor> by_name;
-  for (Unit* unit : ensure_root(root)->units) {
-    const Tensor full = unit->full_shard_values();
-    for (const Slot& slot : unit->slots()) {
-      const Tensor value = full.narrow(0, slot.offset, slot.variable.numel()).view(slot.shape).clone();
-      for (const std::string& name : slot.names) by_name[join_name(unit->name(), name)] = value;
-    }
-  }
-  nn::Named<Tensor> ordered;
-  for (const auto& [name, variable] : root.named_parameters()) ordered.emplace_back(name, by_name.at(name));
-  return ordered;
-}
-
-// --- the plan -----------------------------------------------------------------------------------
-
-namespace {
-
-std::string sharding_label(const FsdpOptions& options) {
-  std::string label(sharding_name(options.sharding));
-  if (options.sharding == Sharding::hybrid) label += fmt::format(":{}", options.hybrid_group_size);
-  return label;
-}
-
-UnitPlan plan_unit(const Unit& unit, std::int64_t optimizer_state_bytes_per_element) {
-  const MixedPrecision& precision = unit.precision();
-  const Groups& groups = unit.groups();
-  const int shard_size = groups.shard_size(), shard_rank = groups.shard_rank();
-  UnitPlan row{.name = unit.name(),
-               .sharding = sharding_label(unit.options()),
-               .shard_group_size = shard_size,
-               .parameters = unit.parameters(),
-               .padding = unit.padded() - unit.parameters(),
-               .shard_elements = unit.shard_elements()};
-  std::int64_t trained_here = 0;  // this rank's elements of trainable parameters
-  for (const Slot& slot : unit.slots()) {
-    if (slot.variable.requires_grad()) {
-      trained_here += unit.piece(slot).count;
-    } else {
-      row.frozen += slot.variable.numel();
-    }
-  }
-  const bool trains = row.frozen < row.parameters;
-  row.persistent_bytes =
-      row.shard_elements * (trains ? 4 + 4 : 4) + trained_here * optimizer_state_bytes_per_element;
-  row.unsharded_bytes = unit.padded() * static_cast<std::int64_t>(dtype_size(precision.param_dtype));
-  row.gathered_through_backward = !unit.reshards_after_forward();
-  const Fingerprint gather{.op = Collective::all_gather, .dtype = precision.param_dtype, .count = unit.padded()};
-  if (shard_size > 1) {
-    row.forward_gathers = 1;
-    row.forward_gather_bytes = traffic_of(gather, shard_rank, shard_size).bytes_received;
-    if (unit.reshards_after_forward()) {  // gathered again for backward
-      row.backward_gathers = 1;
-      row.backward_gather_bytes = row.forward_gather_bytes;
-    }
-    if (trains) {
-      row.reduce_scatters = 1;
-      row.reduce_bytes =
-          traffic_of({.op = Collective::reduce_scatter, .dtype = precision.reduce_dtype, .count = unit.padded()},
-                     shard_rank, shard_size)
-              .bytes_received;
-    }
-  }
-  if (groups.replica != nullptr && trains) {
-    row.all_reduces = 1;
-    row.reduce_bytes +=
-        traffic_of({.op = Collective::all_reduce, .dtype = precision.reduce_dtype, .count = row.shard_elements},
-                   groups.replica->rank(), groups.replica->size())
-            .bytes_received;
-  }
-  return row;
-}
-
-}  // namespace
-
-Plan explain(nn::Module& root, std::int64_t optimizer_state_bytes_per_element) {
-  const auto state = ensure_root(root);
-  const Unit& root_unit = *state->units.front();
-  const Communicator& all = *root_unit.groups().base;
-  Plan plan;
-  plan.world_size = all.size();
-  plan.shard_group_size = root_unit.groups().shard_size();
-  plan.optimizer_state_bytes_per_element = optimizer_state_bytes_per_element;
-  plan.sharding = sharding_label(root_unit.options());
-  plan.prefetch = 0;
-  for (const Unit* unit : state->units) {
-    plan.units.push_back(plan_unit(*unit, optimizer_state_bytes_per_element));
-    if (plan.units.back().sharding != plan.sharding) plan.sharding = "mixed";
-    plan.prefetch = std::max(plan.prefetch, unit->options().prefetch);
-    if (plan.units.back().frozen < plan.units.back().parameters)
-      plan.gradient_flags += static_cast<std::int64_t>(unit->slots().size());
-  }
-  if (plan.world_size > 1 && plan.gradient_flags > 0) {
-    plan.flag_bytes =
-        traffic_of({.op = Collective::all_reduce, .dtype = DType::u8, .count = plan.gradient_flags}, all.rank(),
-                   all.size())
-            .bytes_received;
-  }
-  if (root_unit.options().cpu_offload) {
-    plan.note =
-        root_unit.device().is_cpu()
-            ? "cpu offload: nothing to do, parameters and optimizer state are already in host memory"
-            : "cpu offload: shards, gradient shards and optimizer state in host memory; copied per gather";
-  }
-  return plan;
-}
-
-std::int64_t Plan::total_persistent_bytes() const {
-  std::int64_t total = 0;
-  for (const UnitPlan& unit : units) total += unit.persistent_bytes;
-  return total;
-}
-
-std::int64_t Plan::peak_unsharded_bytes() const {
-  // Units gathered through backward add up; of the others, the running unit and `prefetch`
-  // more are gathered at once.
-  std::int64_t total = 0;
-  std::vector<std::int64_t> sizes;
-  for (const UnitPlan& unit : units) {
-    if (unit.gathered_through_backward) {
-      total += unit.unsharded_bytes;
-    } else {
-      sizes.push_back(unit.unsharded_bytes);
-    }
-  }
-  std::sort(sizes.rbegin(), sizes.rend());
-  for (std::size_t i = 0; i < sizes.size() && i < static_cast<std::size_t>(1 + prefetch); ++i) total += sizes[i];
-  return total;
-}
-
-std::int64_t Plan::bytes_per_step() const {
-  std::int64_t total = flag_bytes;
-  for (const UnitPlan& unit : units)
-    total += unit.forward_gather_bytes + unit.backward_gather_bytes + unit.reduce_bytes;
-  return total;
-}
-
-std::string Plan::str() const {
-  std::string text = fmt::format("FSDP plan: sharding {}, {} ranks, shard groups of {}, prefetch {}\n",
-                                 sharding, world_size, shard_group_size, prefetch);
-  text += fmt::format("{:<16} {:>10} {:>7} {:>10} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10} {:>10}\n", "unit",
-                      "params", "pad", "shard/rank", "persist B", "unshard B", "fwd AG B", "bwd AG B", "reduce B",
-                      "frozen", "sharding");
-  for (const UnitPlan& unit : units) {
-    text += fmt::format("{:<16} {:>10} {:>7} {:>10} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10} {:>10}\n",
-                        unit.name.empty() ? "(root)" : unit.name, unit.parameters, unit.padding,
-                        unit.shard_elements, unit.persistent_bytes, unit.unsharded_bytes,
-                        unit.forward_gather_bytes, unit.backward_gather_bytes, unit.reduce_bytes, unit.frozen,
-                        unit.sharding);
-  }
-  if (!note.empty()) text += note + "\n";
-  if (flag_bytes > 0) {
-    text += fmt::format("gradient flags: one all-reduce of {} B per step (which of {} parameters had a gradient)\n",
-                        flag_bytes, gradient_flags);
-  }
-  text += fmt::format(
-      "persistent model state per rank: {} B; peak unsharded parameters: {} B; received per step: {} B\n",
-      total_persistent_bytes(), peak_unsharded_bytes(), bytes_per_step());
-  text += fmt::format(
-      "gradient accumulation (set_requires_gradient_sync(false)) keeps every unit's unsharded gradient "
-      "between micro-steps: +{} B per rank; reducing into the shard every micro-step would add nothing but "
-      "one reduce-scatter per unit per micro-step\n",
-      accumulation_bytes());
-  return text;
-}
-
-std::int64_t Plan::accumulation_bytes() const {
-  std::int64_t total = 0;
-  for (const UnitPlan& unit : units) {
-    if (unit.frozen < unit.parameters) total += unit.unsharded_bytes;  // the gradient has the parameters' dtype
-  }
-  return total;
+  std::lock_guard lock(detail::unsharded_mutex);
+  detail::unsharded.peak_bytes = detail::unsharded.bytes;
 }
 
 }  // namespace shardlab::dist
