@@ -378,7 +378,22 @@ void Unit::pre_backward() {
   RootState& root = *root_;
   if (!root.callback_queued) {
     root.callback_queued = true;
-    autograd::queue_callback([state = root_] { state->finish_backward(); });
+    // The token outlives the callback: destroyed unrun (the backward threw) or after a
+    // finish_backward that threw, it puts the units back in order, so the exception is all the
+    // caller sees and the next step trains normally.
+    struct Token {
+      std::weak_ptr<RootState> state;
+      bool finished = false;
+      ~Token() {
+        if (auto root_state = state.lock(); root_state && !finished) root_state->abandon_backward();
+      }
+    };
+    auto token = std::make_shared<Token>();  // made in place: a temporary's destructor would fire
+    token->state = root_;
+    autograd::queue_callback([state = root_, token] {
+      state->finish_backward();
+      token->finished = true;
+    });
   }
   if (backward_started_) return;  // the unit's forward ran more than once this step
   backward_started_ = true;
@@ -498,6 +513,16 @@ void Unit::finish_backward(const std::uint8_t* agreed_flags) {
   reshard();
 }
 
+void Unit::abandon_backward() {
+  // A reduction in flight completes on its own (its Work keeps the buffers alive).
+  reduce_work_ = Work();
+  reduce_input_ = reduce_output_ = full_grad_ = Tensor();
+  for (const Slot& slot : slots_) slot.variable.set_grad(Tensor());
+  std::fill(got_gradient_.begin(), got_gradient_.end(), 0);
+  owes_reduction_ = backward_started_ = reduced_ = reducing_ = false;
+  inputs_marked_ = inputs_done_ = 0;
+}
+
 Tensor Unit::full_shard_values() const {
   Tensor full = empty({padded_}, dtype(DType::f32).with_device(device_));
   if (groups_->shard == nullptr) {
@@ -538,6 +563,11 @@ std::vector<std::uint8_t> RootState::agree_on_gradients(const std::vector<Unit*>
   all->all_reduce(agreed, ReduceOp::max, "gradient flags").wait();
   std::copy_n(agreed.data<std::uint8_t>(), flags.size(), flags.begin());
   return flags;
+}
+
+void RootState::abandon_backward() {
+  for (Unit* unit : units) unit->abandon_backward();
+  callback_queued = false;
 }
 
 void RootState::reshard_all() {

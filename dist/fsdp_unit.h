@@ -53,6 +53,9 @@ struct RootState {
   bool sync = true;
 
   void finish_backward();
+  // A backward that threw before its end (its callbacks never ran): the units drop its partial
+  // gradients, as zero_grad would, and are ready for the next step.
+  void abandon_backward();
   // One all-reduce (max) over all ranks of the flags "this parameter got a gradient since the
   // last reduction" of every unit reducing now; returns them, agreed, in unit and slot order.
   std::vector<std::uint8_t> agree_on_gradients(const std::vector<Unit*>& reducing) const;
@@ -113,6 +116,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
   void post_backward();
   void flush_backward();  // from the root's end-of-backward callback, before finish_backward
   void finish_backward(const std::uint8_t* agreed_flags);
+  void abandon_backward();
   void unshard();
   void wait_unshard();
   void reshard();
