@@ -7,8 +7,6 @@
 // whole life: resharding calls reallocate(0) on it and gathering reallocates and fills it
 // again, so the saved views (which point at the Storage, not at the bytes) are valid again by
 // the time the unit's backward runs: the pre-backward hook gathers first (FSDP1's trick).
-#include "dist/fsdp_unit.h"
-
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -22,6 +20,7 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/storage.h"
+#include "dist/fsdp_unit.h"
 #include "dist/init.h"
 
 namespace shardlab::dist {
@@ -139,11 +138,12 @@ std::shared_ptr<RootState> ensure_root(nn::Module& root) {
     SHARDLAB_CHECK(!unit->root_state(),
                    "FSDP: unit {} already ran as a root of its own; call the root's forward first",
                    describe_module(path, *module));
-    SHARDLAB_CHECK(unit->groups().base == root_unit->groups().base,
-                   "FSDP: unit {} runs on communicator '{}' but the root {} on '{}'; the units under one root "
-                   "share one communicator",
-                   describe_module(path, *module), unit->groups().base->name(), root.type_name(),
-                   root_unit->groups().base->name());
+    SHARDLAB_CHECK(
+        unit->groups().base == root_unit->groups().base,
+        "FSDP: unit {} runs on communicator '{}' but the root {} on '{}'; the units under one root "
+        "share one communicator",
+        describe_module(path, *module), unit->groups().base->name(), root.type_name(),
+        root_unit->groups().base->name());
     members.emplace_back(path, unit);
   }
   auto state = std::make_shared<RootState>();
@@ -211,12 +211,14 @@ Unit::~Unit() {
 }
 
 bool Unit::trains() const {
-  return std::any_of(slots_.begin(), slots_.end(), [](const Slot& slot) { return slot.variable.requires_grad(); });
+  return std::any_of(slots_.begin(), slots_.end(),
+                     [](const Slot& slot) { return slot.variable.requires_grad(); });
 }
 
 Piece Unit::piece(const Slot& slot) const {
   const std::int64_t begin = groups_->shard_rank() * shard_elements_, end = begin + shard_elements_;
-  const std::int64_t from = std::max(begin, slot.offset), to = std::min(end, slot.offset + slot.variable.numel());
+  const std::int64_t from = std::max(begin, slot.offset),
+                     to = std::min(end, slot.offset + slot.variable.numel());
   if (from >= to) return {};
   return {.from = from - slot.offset, .count = to - from, .at = from - begin};
 }
@@ -224,7 +226,8 @@ Piece Unit::piece(const Slot& slot) const {
 void Unit::join_root(std::shared_ptr<RootState> root, std::string name) {
   root_ = std::move(root);
   name_ = std::move(name);
-  for (std::size_t i = 0; i < slots_.size(); ++i) views_[i].set_name(join_name(name_, slots_[i].names.front()));
+  for (std::size_t i = 0; i < slots_.size(); ++i)
+    views_[i].set_name(join_name(name_, slots_[i].names.front()));
   if (!deferred_) return;
   // Sharded initialisation: this rank draws only its slice of each parameter, the exact
   // values nn::initialize(root, seed) gives the whole parameter in one process.
@@ -246,7 +249,8 @@ void Unit::join_root(std::shared_ptr<RootState> root, std::string name) {
 // only refer to it, since the unit owns the parameters' Variables.
 void Unit::install_hooks() {
   auto self = shared_from_this();
-  module_->register_forward_pre_hook([self](nn::Module&, nn::ForwardInputs& inputs) { self->pre_forward(inputs); });
+  module_->register_forward_pre_hook(
+      [self](nn::Module&, nn::ForwardInputs& inputs) { self->pre_forward(inputs); });
   module_->register_forward_hook([self](nn::Module&, Variable& output) { self->post_forward(output); });
   std::weak_ptr<Unit> weak = self;
   // A module inside the unit that owns some of its parameters and runs while they are not
@@ -351,7 +355,8 @@ void Unit::cast_inputs(nn::ForwardInputs& inputs) const {
 
 void Unit::cast_output(Variable& output) const {
   const auto& to = options_.mixed_precision.output_dtype;
-  if (to && output.defined() && is_floating(output.dtype()) && output.dtype() != *to) output = cast(output, *to);
+  if (to && output.defined() && is_floating(output.dtype()) && output.dtype() != *to)
+    output = cast(output, *to);
 }
 
 void Unit::post_forward(Variable& output) {
@@ -412,7 +417,8 @@ void Unit::prepare_gradients() {
   std::fill(counted_.begin(), counted_.end(), 0);
   for (std::size_t i = 0; i < slots_.size(); ++i) {
     const Variable& parameter = slots_[i].variable;
-    if (views_[i].requires_grad() != parameter.requires_grad()) views_[i].set_requires_grad(parameter.requires_grad());
+    if (views_[i].requires_grad() != parameter.requires_grad())
+      views_[i].set_requires_grad(parameter.requires_grad());
     if (!parameter.requires_grad()) continue;
     ++expected_;
     if (hooked_[i]) continue;

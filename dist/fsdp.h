@@ -120,17 +120,17 @@ void reset_unsharded_peak();
 // --- the plan -----------------------------------------------------------------------------------
 
 struct UnitPlan {
-  std::string name;                        // dotted module path ("" = root)
-  std::string sharding;                    // "full", "hybrid:2", ...
-  int shard_group_size = 1;                // ranks the unit's parameters are sharded over
-  std::int64_t parameters = 0;             // P: elements of the unit's parameters
-  std::int64_t frozen = 0;                 // of which frozen: no gradient, no optimizer state
-  std::int64_t padding = 0;                // zeros appended so the flat length divides by the group size
-  std::int64_t shard_elements = 0;         // S per rank
+  std::string name;                 // dotted module path ("" = root)
+  std::string sharding;             // "full", "hybrid:2", ...
+  int shard_group_size = 1;         // ranks the unit's parameters are sharded over
+  std::int64_t parameters = 0;      // P: elements of the unit's parameters
+  std::int64_t frozen = 0;          // of which frozen: no gradient, no optimizer state
+  std::int64_t padding = 0;         // zeros appended so the flat length divides by the group size
+  std::int64_t shard_elements = 0;  // S per rank
   // Per rank: f32 shard + f32 gradient shard (none when every parameter is frozen) + optimizer
   // state for this rank's elements of trainable parameters (none for padding).
   std::int64_t persistent_bytes = 0;
-  std::int64_t unsharded_bytes = 0;        // the gathered parameters while they exist
+  std::int64_t unsharded_bytes = 0;  // the gathered parameters while they exist
   // Gathered from forward to the end of backward: the root, grad_op and none units, and units
   // kept gathered by reshard_after_forward=false.
   bool gathered_through_backward = false;
@@ -144,7 +144,7 @@ struct UnitPlan {
 struct Plan {
   std::string sharding;  // the units' strategy ("full", "hybrid:2", ...), or "mixed"
   int world_size = 1, shard_group_size = 1, prefetch = 1;  // the root's group; the units' largest prefetch
-  std::int64_t optimizer_state_bytes_per_element = 8;  // Adam/AdamW: m and v in f32
+  std::int64_t optimizer_state_bytes_per_element = 8;      // Adam/AdamW: m and v in f32
   std::vector<UnitPlan> units;
   // The all-reduce (max) per step that agrees on which parameters had a gradient on some rank.
   std::int64_t gradient_flags = 0, flag_bytes = 0;

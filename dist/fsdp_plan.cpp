@@ -42,7 +42,8 @@ UnitPlan plan_unit(const Unit& unit, std::int64_t optimizer_state_bytes_per_elem
       row.shard_elements * (trains ? 4 + 4 : 4) + trained_here * optimizer_state_bytes_per_element;
   row.unsharded_bytes = unit.padded() * static_cast<std::int64_t>(dtype_size(precision.param_dtype));
   row.gathered_through_backward = !unit.reshards_after_forward();
-  const Fingerprint gather{.op = Collective::all_gather, .dtype = precision.param_dtype, .count = unit.padded()};
+  const Fingerprint gather{
+      .op = Collective::all_gather, .dtype = precision.param_dtype, .count = unit.padded()};
   if (shard_size > 1) {
     row.forward_gathers = 1;
     row.forward_gather_bytes = traffic_of(gather, shard_rank, shard_size).bytes_received;
@@ -53,16 +54,18 @@ UnitPlan plan_unit(const Unit& unit, std::int64_t optimizer_state_bytes_per_elem
     if (trains) {
       row.reduce_scatters = 1;
       row.reduce_bytes =
-          traffic_of({.op = Collective::reduce_scatter, .dtype = precision.reduce_dtype, .count = unit.padded()},
-                     shard_rank, shard_size)
+          traffic_of(
+              {.op = Collective::reduce_scatter, .dtype = precision.reduce_dtype, .count = unit.padded()},
+              shard_rank, shard_size)
               .bytes_received;
     }
   }
   if (groups.replica != nullptr && trains) {
     row.all_reduces = 1;
     row.reduce_bytes +=
-        traffic_of({.op = Collective::all_reduce, .dtype = precision.reduce_dtype, .count = row.shard_elements},
-                   groups.replica->rank(), groups.replica->size())
+        traffic_of(
+            {.op = Collective::all_reduce, .dtype = precision.reduce_dtype, .count = row.shard_elements},
+            groups.replica->rank(), groups.replica->size())
             .bytes_received;
   }
   return row;
@@ -89,8 +92,8 @@ Plan explain(nn::Module& root, std::int64_t optimizer_state_bytes_per_element) {
   }
   if (plan.world_size > 1 && plan.gradient_flags > 0) {
     plan.flag_bytes =
-        traffic_of({.op = Collective::all_reduce, .dtype = DType::u8, .count = plan.gradient_flags}, all.rank(),
-                   all.size())
+        traffic_of({.op = Collective::all_reduce, .dtype = DType::u8, .count = plan.gradient_flags},
+                   all.rank(), all.size())
             .bytes_received;
   }
   if (root_unit.options().cpu_offload) {
@@ -121,7 +124,8 @@ std::int64_t Plan::peak_unsharded_bytes() const {
     }
   }
   std::sort(sizes.rbegin(), sizes.rend());
-  for (std::size_t i = 0; i < sizes.size() && i < static_cast<std::size_t>(1 + prefetch); ++i) total += sizes[i];
+  for (std::size_t i = 0; i < sizes.size() && i < static_cast<std::size_t>(1 + prefetch); ++i)
+    total += sizes[i];
   return total;
 }
 
@@ -136,8 +140,8 @@ std::string Plan::str() const {
   std::string text = fmt::format("FSDP plan: sharding {}, {} ranks, shard groups of {}, prefetch {}\n",
                                  sharding, world_size, shard_group_size, prefetch);
   text += fmt::format("{:<16} {:>10} {:>7} {:>10} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10} {:>10}\n", "unit",
-                      "params", "pad", "shard/rank", "persist B", "unshard B", "fwd AG B", "bwd AG B", "reduce B",
-                      "frozen", "sharding");
+                      "params", "pad", "shard/rank", "persist B", "unshard B", "fwd AG B", "bwd AG B",
+                      "reduce B", "frozen", "sharding");
   for (const UnitPlan& unit : units) {
     text += fmt::format("{:<16} {:>10} {:>7} {:>10} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10} {:>10}\n",
                         unit.name.empty() ? "(root)" : unit.name, unit.parameters, unit.padding,
@@ -147,8 +151,9 @@ std::string Plan::str() const {
   }
   if (!note.empty()) text += note + "\n";
   if (flag_bytes > 0) {
-    text += fmt::format("gradient flags: one all-reduce of {} B per step (which of {} parameters had a gradient)\n",
-                        flag_bytes, gradient_flags);
+    text += fmt::format(
+        "gradient flags: one all-reduce of {} B per step (which of {} parameters had a gradient)\n",
+        flag_bytes, gradient_flags);
   }
   text += fmt::format(
       "persistent model state per rank: {} B; peak unsharded parameters: {} B; received per step: {} B\n",
@@ -164,7 +169,8 @@ std::string Plan::str() const {
 std::int64_t Plan::accumulation_bytes() const {
   std::int64_t total = 0;
   for (const UnitPlan& unit : units) {
-    if (unit.frozen < unit.parameters) total += unit.unsharded_bytes;  // the gradient has the parameters' dtype
+    if (unit.frozen < unit.parameters)
+      total += unit.unsharded_bytes;  // the gradient has the parameters' dtype
   }
   return total;
 }

@@ -153,7 +153,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
   std::shared_ptr<Storage> storage_;  // the gathered parameters, bytes only while gathered
   Gathered state_ = Gathered::no;
   Work gather_work_;
-  Tensor gather_source_;  // the shard cast to param_dtype, alive until its all-gather completed
+  Tensor gather_source_;      // the shard cast to param_dtype, alive until its all-gather completed
   std::vector<bool> hooked_;  // per slot: its post-accumulate hook is registered
   // Until the next reduction (several backwards without gradient sync): per slot, whether its
   // gradient was accumulated; and whether the forward ran in grad mode with a parameter that

@@ -21,16 +21,19 @@ CnnImpl::CnnImpl(std::uint64_t seed)
 }
 
 Variable CnnImpl::operator()(const Variable& input) {
-  return with_hooks([&](const Variable& images) {
-    SHARDLAB_CHECK(images.dim() == 4 && images.size(1) == 1 && images.size(2) == 28 && images.size(3) == 28,
-                   "Cnn: expected images [N, 1, 28, 28], got {}", shape_str(images.shape()));
-    Variable x = relu(conv1(images));
-    x = relu(conv2(x));
-    x = max_pool2d(x, {.kernel_size = 2});
-    x = flatten(dropout1(x), 1);
-    x = dropout2(relu(fc1(x)));
-    return log_softmax(fc2(x), 1);
-  }, input);
+  return with_hooks(
+      [&](const Variable& images) {
+        SHARDLAB_CHECK(
+            images.dim() == 4 && images.size(1) == 1 && images.size(2) == 28 && images.size(3) == 28,
+            "Cnn: expected images [N, 1, 28, 28], got {}", shape_str(images.shape()));
+        Variable x = relu(conv1(images));
+        x = relu(conv2(x));
+        x = max_pool2d(x, {.kernel_size = 2});
+        x = flatten(dropout1(x), 1);
+        x = dropout2(relu(fc1(x)));
+        return log_softmax(fc2(x), 1);
+      },
+      input);
 }
 
 }  // namespace shardlab::models

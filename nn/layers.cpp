@@ -11,12 +11,14 @@ LinearImpl::LinearImpl(const LinearOptions& opts) : Module("Linear"), options(op
 }
 
 Variable LinearImpl::operator()(const Variable& input) {
-  return with_hooks([&](const Variable& x) {
-    SHARDLAB_CHECK(x.dim() >= 1 && x.size(-1) == options.in(), "Linear: input of shape {} does not end in {}",
-                   shape_str(x.shape()), options.in());
-    const Variable y = matmul(x, transpose(weight, 0, 1));
-    return bias.defined() ? add(y, bias) : y;
-  }, input);
+  return with_hooks(
+      [&](const Variable& x) {
+        SHARDLAB_CHECK(x.dim() >= 1 && x.size(-1) == options.in(),
+                       "Linear: input of shape {} does not end in {}", shape_str(x.shape()), options.in());
+        const Variable y = matmul(x, transpose(weight, 0, 1));
+        return bias.defined() ? add(y, bias) : y;
+      },
+      input);
 }
 
 std::string LinearImpl::describe() const {
@@ -35,7 +37,11 @@ Conv2dImpl::Conv2dImpl(const Conv2dOptions& opts) : Module("Conv2d"), options(op
 }
 
 Variable Conv2dImpl::operator()(const Variable& input) {
-  return with_hooks([&](const Variable& x) { return conv2d(x, weight, bias, {options.stride(), options.padding()}); }, input);
+  return with_hooks(
+      [&](const Variable& x) {
+        return conv2d(x, weight, bias, {options.stride(), options.padding()});
+      },
+      input);
 }
 
 std::string Conv2dImpl::describe() const {
@@ -134,11 +140,13 @@ void SequentialImpl::push_back_module(std::shared_ptr<Module> module,
 }
 
 Variable SequentialImpl::operator()(const Variable& input) {
-  return with_hooks([&](const Variable& x) {
-    Variable y = x;
-    for (const auto& step : steps_) y = step(y);
-    return y;
-  }, input);
+  return with_hooks(
+      [&](const Variable& x) {
+        Variable y = x;
+        for (const auto& step : steps_) y = step(y);
+        return y;
+      },
+      input);
 }
 
 }  // namespace shardlab::nn

@@ -169,8 +169,9 @@ class Module : public std::enable_shared_from_this<Module> {
       (add_forward_input(seen, inputs), ...);
       const std::size_t count = seen.size();
       for (const auto& hook : pre_hooks_) hook(*this, seen);
-      SHARDLAB_CHECK(seen.size() == count, "{}: a forward pre-hook changed the number of inputs from {} to {}",
-                     type_name_, count, seen.size());
+      SHARDLAB_CHECK(seen.size() == count,
+                     "{}: a forward pre-hook changed the number of inputs from {} to {}", type_name_, count,
+                     seen.size());
       std::size_t next = 0;
       (take_forward_input(seen, next, inputs), ...);
     }

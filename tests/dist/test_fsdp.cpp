@@ -411,8 +411,9 @@ TEST_CASE("the plan table names every unit with its counts", "[dist][fsdp][expla
                         "FSDP plan: sharding full, {} ranks, shard groups of {}, prefetch 1\n", w, w)));
   const std::int64_t shard = (247 + w - 1) / w;
   const std::int64_t held = std::min(shard, 247 - world().rank() * shard);  // padding sits on the last rank
-  CHECK_THAT(table, Catch::Matchers::Contains(fmt::format("{:<16} {:>10} {:>7} {:>10} {:>12}", "blocks.0",
-                                                          247, shard * w - 247, shard, 8 * shard + 8 * held)));
+  CHECK_THAT(table,
+             Catch::Matchers::Contains(fmt::format("{:<16} {:>10} {:>7} {:>10} {:>12}", "blocks.0", 247,
+                                                   shard * w - 247, shard, 8 * shard + 8 * held)));
   CHECK(plan.units[2].name == "blocks.1");
   CHECK(plan.units[2].parameters == 277);
   CHECK(plan.units[0].backward_gathers == 0);  // the root stays gathered for backward

@@ -136,7 +136,8 @@ TEST_CASE("load_state_dict copies values; strict checks name every problem", "[n
 TEST_CASE("forward hooks run before and after every call, in registration order", "[nn][module][hooks]") {
   TwoLevel model;
   std::vector<std::string> events;
-  model->register_forward_pre_hook([&](Module& m, ForwardInputs&) { events.push_back("pre " + m.type_name()); });
+  model->register_forward_pre_hook(
+      [&](Module& m, ForwardInputs&) { events.push_back("pre " + m.type_name()); });
   model->body->register_forward_pre_hook(
       [&](Module& m, ForwardInputs&) { events.push_back("pre " + m.type_name()); });
   model->register_forward_hook(
