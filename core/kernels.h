@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/op_codes.h"
@@ -49,12 +50,11 @@ struct Kernels {
   void (*index_add)(const Tensor& out, std::int64_t dim, const Tensor& index, const Tensor& src);
   // out is contiguous; element i receives draw number first_index + i.
   void (*random)(const RandomSpec& spec, const Tensor& out);
-  // Operands share shape, dtype (floating) and device; any strides.
-  void (*adadelta_step)(const Tensor& param, const Tensor& grad, const Tensor& square_avg,
-                        const Tensor& acc_delta, const AdadeltaHyper& hyper);
-  // As adadelta_step; copy_out is undefined or has param's shape (any floating dtype).
-  void (*adam_step)(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                    const AdamHyper& hyper, const Tensor& copy_out);
+  // Non-empty segments on the table's device, each valid as in core/ops.h (operands of one
+  // segment share shape, dtype (floating) and device, any strides; copy_out is undefined or has
+  // param's shape, any floating dtype); segments may differ in dtype and do not share memory.
+  void (*adadelta_step)(std::span<const AdadeltaSegment> segments);
+  void (*adam_step)(std::span<const AdamSegment> segments);
 };
 
 const Kernels& kernels_for(Device device);

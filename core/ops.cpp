@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "core/kernels.h"
 
@@ -756,29 +758,68 @@ void check_optimizer_operands(const char* op, const Tensor& param,
                    dtype_name(t->dtype()));
   }
 }
+
+// What an error about segment `index` starts with: the op alone for a single segment (the
+// single-parameter call), "<op>: segment <index>" among several.
+std::string segment_context(const char* op, std::size_t index, std::size_t count) {
+  return count == 1 ? std::string(op) : fmt::format("{}: segment {}", op, index);
+}
+
+// Calls the kernel of each device the segments are on once, with that device's non-empty
+// segments in their given order.
+template <auto Entry, typename Segment>
+void run_per_device(const char* op, std::span<const Segment> segments) {
+  std::vector<Segment> pending;
+  for (const Segment& segment : segments) {
+    if (segment.param.numel() > 0) pending.push_back(segment);
+  }
+  while (!pending.empty()) {
+    const Device device = pending.front().param.device();
+    std::vector<Segment> here, elsewhere;
+    for (Segment& segment : pending) (segment.param.device() == device ? here : elsewhere).push_back(segment);
+    kernel<Entry>(device, op)(here);
+    pending = std::move(elsewhere);
+  }
+}
 }  // namespace
+
+void adadelta_step(std::span<const AdadeltaSegment> segments) {
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    const AdadeltaSegment& s = segments[i];
+    check_optimizer_operands(segment_context("adadelta_step", i, segments.size()).c_str(), s.param,
+                             {&s.grad, &s.square_avg, &s.acc_delta});
+  }
+  run_per_device<&Kernels::adadelta_step>("adadelta_step", segments);
+}
 
 void adadelta_step(const Tensor& param, const Tensor& grad, const Tensor& square_avg, const Tensor& acc_delta,
                    const AdadeltaHyper& hyper) {
-  const char* op = "adadelta_step";
-  check_optimizer_operands(op, param, {&grad, &square_avg, &acc_delta});
-  if (param.numel() > 0)
-    kernel<&Kernels::adadelta_step>(param.device(), op)(param, grad, square_avg, acc_delta, hyper);
+  const AdadeltaSegment segment{param, grad, square_avg, acc_delta, hyper};
+  adadelta_step(std::span(&segment, 1));
+}
+
+void adam_step(std::span<const AdamSegment> segments) {
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    const AdamSegment& s = segments[i];
+    const std::string context = segment_context("adam_step", i, segments.size());
+    const char* op = context.c_str();
+    check_optimizer_operands(op, s.param, {&s.grad, &s.exp_avg, &s.exp_avg_sq});
+    SHARDLAB_CHECK(s.hyper.step >= 1, "{}: step must be >= 1, got {}", op, s.hyper.step);
+    if (s.copy_out.defined()) {
+      check_same_device(op, s.param, s.copy_out);
+      check_floating(op, s.copy_out);
+      SHARDLAB_CHECK(s.copy_out.shape() == s.param.shape(),
+                     "{}: copy_out {} must have the parameter's shape {}", op, shape_str(s.copy_out.shape()),
+                     shape_str(s.param.shape()));
+    }
+  }
+  run_per_device<&Kernels::adam_step>("adam_step", segments);
 }
 
 void adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                const AdamHyper& hyper, const Tensor& copy_out) {
-  const char* op = "adam_step";
-  check_optimizer_operands(op, param, {&grad, &exp_avg, &exp_avg_sq});
-  SHARDLAB_CHECK(hyper.step >= 1, "{}: step must be >= 1, got {}", op, hyper.step);
-  if (copy_out.defined()) {
-    check_same_device(op, param, copy_out);
-    check_floating(op, copy_out);
-    SHARDLAB_CHECK(copy_out.shape() == param.shape(), "{}: copy_out {} must have the parameter's shape {}",
-                   op, shape_str(copy_out.shape()), shape_str(param.shape()));
-  }
-  if (param.numel() > 0)
-    kernel<&Kernels::adam_step>(param.device(), op)(param, grad, exp_avg, exp_avg_sq, hyper, copy_out);
+  const AdamSegment segment{param, grad, exp_avg, exp_avg_sq, hyper, copy_out};
+  adam_step(std::span(&segment, 1));
 }
 
 // --- loss building blocks ----------------------------------------------------------------------

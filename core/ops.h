@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -188,6 +189,29 @@ inline AdamScalars adam_scalars(const AdamHyper& h) {
 // its dtype in the same pass: FSDP's next all-gather reads it.
 void adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                const AdamHyper& hyper, const Tensor& copy_out = {});
+
+// The same updates over many parameters at once, each with its own hyper-parameters (an
+// optimizer's step: its lr, weight decay and step count per parameter): one pass per device,
+// on CUDA one kernel launch per dtype for all contiguous segments. Each segment is checked as
+// the single-parameter call checks its operands (errors name "segment <i>" when there are
+// several, and then nothing is updated); segments may differ in shape, dtype and device but
+// must not share memory. On CPU each segment's result is bit-identical to the single-parameter
+// call on it (which is a one-segment call).
+//
+//   std::vector<AdamSegment> segments;
+//   for (...) segments.push_back({.param = p, .grad = g, .exp_avg = m, .exp_avg_sq = v, .hyper = h});
+//   adam_step(segments);
+struct AdadeltaSegment {
+  Tensor param, grad, square_avg, acc_delta;
+  AdadeltaHyper hyper;
+};
+void adadelta_step(std::span<const AdadeltaSegment> segments);
+struct AdamSegment {
+  Tensor param, grad, exp_avg, exp_avg_sq;
+  AdamHyper hyper;
+  Tensor copy_out;  // undefined, or as adam_step's copy_out
+};
+void adam_step(std::span<const AdamSegment> segments);
 
 // --- loss building blocks -----------------------------------------------------------------------
 // values [N, C], targets [N] (i64/i32) -> [N]: values[i, targets[i]], or 0 where

@@ -2,6 +2,7 @@
 // caching allocator, and how CUDA reports itself on a machine without a usable GPU.
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
@@ -602,6 +603,60 @@ SHARDLAB_CUDA_VS_CPU("adadelta_step over three steps, strided operands, f32 and 
                        }
                        return cat(results, 0);
                      });
+
+// Multi-segment steps as an optimizer issues them, on parameters of `dtype`: slices of one flat
+// shard with sizes around the block size and the kernel's chunk (and an empty one), a strided
+// parameter (the strided kernel), each with its own lr, weight decay and step; f32 slices also
+// write a bf16 copy-out. Every operand after two steps, in f32.
+Tensor segmented_steps(const Inputs& x, DType dtype) {
+  const std::int64_t sizes[] = {1, 255, 257, 0, 1023, 1025, 2389};
+  const Tensor flat = x[0].to(dtype).clone(), flat_grad = x[1].to(dtype);
+  std::vector<AdamSegment> adam;
+  std::vector<AdadeltaSegment> adadelta;
+  std::int64_t offset = 0;
+  for (std::size_t i = 0; i < std::size(sizes); ++i) {
+    const Tensor param = flat.narrow(0, offset, sizes[i]), grad = flat_grad.narrow(0, offset, sizes[i]);
+    offset += sizes[i];
+    const double lr = 1e-3 * static_cast<double>(i + 1), decay = 0.05 * static_cast<double>(i % 3);
+    const Tensor copy =
+        dtype == DType::f32 ? empty(param.shape(), TensorOptions{DType::bf16, param.device()}) : Tensor();
+    const AdamHyper adam_hyper{
+        .lr = lr, .weight_decay = decay, .decoupled = i % 2 == 0, .step = static_cast<std::int64_t>(i) + 1};
+    adam.push_back({param, grad, zeros_like(param), zeros_like(param), adam_hyper, copy});
+    const AdadeltaHyper adadelta_hyper{
+        .lr = 100 * lr, .rho = 0.9 - 0.01 * static_cast<double>(i), .weight_decay = decay};
+    const Tensor other = param.clone();
+    adadelta.push_back({other, grad, zeros_like(other), zeros_like(other), adadelta_hyper});
+  }
+  const Tensor grad = x[3].to(dtype);
+  const auto strided = [&] { return x[2].to(dtype).transpose(0, 1).contiguous().transpose(0, 1); };
+  adam.push_back({strided(), grad, zeros_like(grad), zeros_like(grad), {.lr = 1e-2, .step = 2}, {}});
+  adadelta.push_back({strided(), grad, zeros_like(grad), zeros_like(grad), {.weight_decay = 0.1}});
+  for (int step = 0; step < 2; ++step) {
+    adam_step(adam);
+    adadelta_step(adadelta);
+    for (AdamSegment& s : adam) ++s.hyper.step;
+  }
+  std::vector<Tensor> results;
+  for (const AdamSegment& s : adam) {
+    for (const Tensor& t : {s.param, s.exp_avg, s.exp_avg_sq, s.copy_out}) {
+      if (t.defined()) results.push_back(t.to(DType::f32).flatten());
+    }
+  }
+  for (const AdadeltaSegment& s : adadelta) {
+    for (const Tensor& t : {s.param, s.square_avg, s.acc_delta})
+      results.push_back(t.to(DType::f32).flatten());
+  }
+  return cat(results, 0);
+}
+const Inputs kSegmentInputs = {random_tensor({5000}, 121), random_tensor({5000}, 122),
+                               random_tensor({19, 23}, 123), random_tensor({19, 23}, 124)};
+SHARDLAB_CUDA_VS_CPU("adam_step and adadelta_step over f32 segments with their own hyper-parameters",
+                     kSegmentInputs, [](const Inputs& x) { return segmented_steps(x, DType::f32); });
+// nvcc's fused multiply-adds can move a bf16 result by one rounding step.
+SHARDLAB_CUDA_VS_CPU(
+    "adam_step and adadelta_step over bf16 segments with their own hyper-parameters", kSegmentInputs,
+    [](const Inputs& x) { return segmented_steps(x, DType::bf16); }, test::default_tolerance(DType::bf16));
 
 // --- conv2d (core/cuda/conv.cu + cuBLAS) -----------------------------------------------------------
 

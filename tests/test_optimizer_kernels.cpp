@@ -1,5 +1,8 @@
-// tests/test_optimizer_kernels.cpp: fused optimizer kernels equal their op-by-op formulas.
+// tests/test_optimizer_kernels.cpp: fused optimizer kernels equal their op-by-op formulas, and their
+// multi-segment forms equal the single-parameter calls.
 #include <cmath>
+#include <iterator>
+#include <vector>
 
 #include "tests/check.h"
 
@@ -102,4 +105,106 @@ TEST_CASE("adadelta_step rejects mismatched operands", "[optimizer-kernels]") {
                      "adadelta_step: every operand must match the parameter [[3] f32], got [[3] f64]");
   CHECK_THROWS_ERROR(adadelta_step(zeros({3}, dtype(DType::i32)), zeros({3}), zeros({3}), zeros({3}), {}),
                      "adadelta_step: needs a floating dtype, got i32");
+}
+
+namespace {
+
+// Segments of different sizes, dtypes and hyper-parameters (one strided, one empty), as an
+// optimizer step over a model's parameters passes them.
+struct SegmentCase {
+  Shape shape;
+  DType type;
+  double lr, weight_decay;
+  std::int64_t step;
+  bool strided;
+};
+const SegmentCase kSegmentCases[] = {{{5, 7}, DType::f32, 1e-2, 0.1, 3, true},
+                                     {{300}, DType::f64, 3e-3, 0.0, 1, false},
+                                     {{0}, DType::f32, 1e-2, 0.1, 2, false},
+                                     {{2, 3, 4}, DType::bf16, 5e-2, 0.2, 7, false}};
+
+Tensor segment_param(const SegmentCase& c, std::uint64_t seed) {
+  return c.strided ? test::random_strided(c.shape, seed, c.type) : test::random_tensor(c.shape, seed, c.type);
+}
+
+// Each tensor's values, for bitwise comparisons.
+std::vector<std::vector<double>> values_of(const std::vector<Tensor>& tensors) {
+  std::vector<std::vector<double>> out;
+  for (const Tensor& t : tensors) out.push_back(t.to_vector<double>());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("adam_step over segments equals the single-parameter call on each, bit for bit",
+          "[optimizer-kernels]") {
+  for (const bool decoupled : {false, true}) {
+    INFO((decoupled ? "AdamW" : "Adam"));
+    std::vector<AdamSegment> segments;
+    std::vector<Tensor> single;  // param, m, v, copy of each segment, updated one call at a time
+    for (std::size_t i = 0; i < std::size(kSegmentCases); ++i) {
+      const SegmentCase& c = kSegmentCases[i];
+      const Tensor param = segment_param(c, 30 + i), grad = test::random_tensor(c.shape, 40 + i, c.type);
+      const Tensor m = test::random_tensor(c.shape, 50 + i, c.type) * 0.1;
+      const Tensor v = abs(test::random_tensor(c.shape, 60 + i, c.type)) * 0.01;
+      const AdamHyper hyper{
+          .lr = c.lr, .weight_decay = c.weight_decay, .decoupled = decoupled, .step = c.step};
+      // Only the f32 segments write a bf16 copy-out.
+      const bool copied = c.type == DType::f32;
+      const Tensor copy = copied ? empty(c.shape, dtype(DType::bf16)) : Tensor();
+      segments.push_back({param, grad, m, v, hyper, copy});
+      const Tensor p1 = param.clone(), m1 = m.clone(), v1 = v.clone();
+      const Tensor copy1 = copied ? empty(c.shape, dtype(DType::bf16)) : p1;
+      adam_step(p1, grad, m1, v1, hyper, copied ? copy1 : Tensor());
+      single.insert(single.end(), {p1, m1, v1, copy1});
+    }
+    adam_step(segments);
+    std::vector<Tensor> fused;
+    for (const AdamSegment& s : segments)
+      fused.insert(fused.end(),
+                   {s.param, s.exp_avg, s.exp_avg_sq, s.copy_out.defined() ? s.copy_out : s.param});
+    CHECK(values_of(fused) == values_of(single));
+  }
+}
+
+TEST_CASE("adadelta_step over segments equals the single-parameter call on each, bit for bit",
+          "[optimizer-kernels]") {
+  std::vector<AdadeltaSegment> segments;
+  std::vector<Tensor> single;
+  for (std::size_t i = 0; i < std::size(kSegmentCases); ++i) {
+    const SegmentCase& c = kSegmentCases[i];
+    const Tensor param = segment_param(c, 70 + i), grad = test::random_tensor(c.shape, 80 + i, c.type);
+    const Tensor sa = abs(test::random_tensor(c.shape, 90 + i, c.type)) * 0.01;
+    const Tensor ad = abs(test::random_tensor(c.shape, 100 + i, c.type)) * 0.01;
+    const AdadeltaHyper hyper{.lr = c.lr * 100, .rho = 0.8 + 0.01 * c.step, .weight_decay = c.weight_decay};
+    segments.push_back({param, grad, sa, ad, hyper});
+    const Tensor p1 = param.clone(), sa1 = sa.clone(), ad1 = ad.clone();
+    adadelta_step(p1, grad, sa1, ad1, hyper);
+    single.insert(single.end(), {p1, sa1, ad1});
+  }
+  adadelta_step(segments);
+  std::vector<Tensor> fused;
+  for (const AdadeltaSegment& s : segments) fused.insert(fused.end(), {s.param, s.square_avg, s.acc_delta});
+  CHECK(values_of(fused) == values_of(single));
+}
+
+TEST_CASE("multi-segment steps name the segment an error is in and change nothing", "[optimizer-kernels]") {
+  const Tensor p = ones({3});
+  const Tensor z3 = zeros({3});
+  const std::vector<AdamSegment> adam = {{p, z3, z3.clone(), z3.clone(), {.step = 1}, {}},
+                                         {ones({2}), zeros({2}), zeros({2}), zeros({2}), {.step = 0}, {}}};
+  CHECK_THROWS_ERROR(adam_step(adam), "adam_step: segment 1: step must be >= 1, got 0");
+  const std::vector<AdamSegment> bad_copy = {
+      {p, z3, z3.clone(), z3.clone(), {}, {}},
+      {ones({2}), zeros({2}), zeros({2}), zeros({2}), {}, zeros({3}, dtype(DType::bf16))}};
+  CHECK_THROWS_ERROR(adam_step(bad_copy),
+                     "adam_step: segment 1: copy_out [3] must have the parameter's shape [2]");
+  const std::vector<AdadeltaSegment> adadelta = {{ones({2}), zeros({2}), zeros({2}), zeros({2}), {}},
+                                                 {p, zeros({4}), z3.clone(), z3.clone(), {}}};
+  CHECK_THROWS_ERROR(
+      adadelta_step(adadelta),
+      "adadelta_step: segment 1: every operand must match the parameter [[3] f32], got [[4] f32]");
+  // Segment 0 was valid, but the whole call was refused before any update.
+  CHECK(p.to_vector<double>() == std::vector<double>{1.0, 1.0, 1.0});
+  CHECK(adam[1].param.to_vector<double>() == std::vector<double>{1.0, 1.0});
 }

@@ -25,10 +25,8 @@ void gather(const Tensor& in, std::int64_t dim, const Tensor& index, const Tenso
 void scatter_add(const Tensor& out, std::int64_t dim, const Tensor& index, const Tensor& src);
 void index_add(const Tensor& out, std::int64_t dim, const Tensor& index, const Tensor& src);
 void random(const RandomSpec& spec, const Tensor& out);
-void adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-               const AdamHyper& hyper, const Tensor& copy_out);
-void adadelta_step(const Tensor& param, const Tensor& grad, const Tensor& square_avg, const Tensor& acc_delta,
-                   const AdadeltaHyper& hyper);
+void adam_step(std::span<const AdamSegment> segments);
+void adadelta_step(std::span<const AdadeltaSegment> segments);
 
 inline Tensor as_f32(const Tensor& t) { return t.defined() ? t.to(DType::f32) : t; }
 

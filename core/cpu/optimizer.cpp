@@ -1,6 +1,6 @@
 // core/cpu/optimizer.cpp: fused optimizer updates: every element's whole update in one pass,
 // computed in the parameter's compute type with the same operation order as the op-by-op
-// formula, so results round the same way.
+// formula, so results round the same way; a multi-segment call is that pass over each segment.
 #include <cmath>
 #include <type_traits>
 
@@ -9,9 +9,10 @@
 #include "core/cpu/loops.h"
 
 namespace shardlab::cpu {
+namespace {
 
-void adadelta_step(const Tensor& param, const Tensor& grad, const Tensor& square_avg, const Tensor& acc_delta,
-                   const AdadeltaHyper& h) {
+void adadelta_segment(const AdadeltaSegment& segment) {
+  const auto& [param, grad, square_avg, acc_delta, h] = segment;
   visit_dtype(param.dtype(), [&]<typename T>() {
     using C = compute_t<T>;
     if constexpr (std::is_floating_point_v<C>) {
@@ -38,8 +39,8 @@ void adadelta_step(const Tensor& param, const Tensor& grad, const Tensor& square
   });
 }
 
-void adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-               const AdamHyper& h, const Tensor& copy_out) {
+void adam_segment(const AdamSegment& segment) {
+  const auto& [param, grad, exp_avg, exp_avg_sq, h, copy_out] = segment;
   // copy_out's dtype is the outer switch; without it the parameter is copied onto itself.
   const Tensor& copy = copy_out.defined() ? copy_out : param;
   visit_dtype(param.dtype(), [&]<typename T>() {
@@ -62,6 +63,16 @@ void adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, c
       }
     });
   });
+}
+
+}  // namespace
+
+void adadelta_step(std::span<const AdadeltaSegment> segments) {
+  for (const AdadeltaSegment& segment : segments) adadelta_segment(segment);
+}
+
+void adam_step(std::span<const AdamSegment> segments) {
+  for (const AdamSegment& segment : segments) adam_segment(segment);
 }
 
 }  // namespace shardlab::cpu

@@ -8,7 +8,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <span>
 
 #include "core/adam_math.h"
 #include "core/dtype.h"
@@ -176,5 +179,36 @@ struct AdadeltaScalars {
 [[nodiscard]] bool launch_adam_step(DType dtype, DType copy_dtype, void* param, const void* grad,
                                     void* exp_avg, void* exp_avg_sq, void* copy, const Layout<5>& layout,
                                     const AdamScalars& hyper, cudaStream_t stream);
+
+// Multi-segment launches: one kernel for many parameters, each a segment of `numel` (> 0)
+// contiguous elements per operand with its own hyper-parameters. The kernel reads a table of
+// the segments from device memory that `scratch` returns (called once, with the bytes needed;
+// the memory must stay valid for the work queued on `stream`, as a caching-allocator block of
+// that stream does). False, launching nothing, for dtypes without a kernel.
+using DeviceScratch = std::function<void*(std::size_t bytes)>;
+
+struct AdadeltaSegmentArgs {
+  void* param;
+  const void* grad;
+  void* square_avg;
+  void* acc_delta;
+  std::int64_t numel;
+  AdadeltaScalars hyper;
+};
+[[nodiscard]] bool launch_adadelta_segments(DType dtype, std::span<const AdadeltaSegmentArgs> segments,
+                                            const DeviceScratch& scratch, cudaStream_t stream);
+
+struct AdamSegmentArgs {
+  void* param;
+  const void* grad;
+  void* exp_avg;
+  void* exp_avg_sq;
+  void* copy;  // as launch_adam_step's copy, in copy_dtype
+  std::int64_t numel;
+  AdamScalars hyper;
+};
+[[nodiscard]] bool launch_adam_segments(DType dtype, DType copy_dtype,
+                                        std::span<const AdamSegmentArgs> segments,
+                                        const DeviceScratch& scratch, cudaStream_t stream);
 
 }  // namespace shardlab::cuda

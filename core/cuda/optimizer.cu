@@ -1,9 +1,12 @@
 // core/cuda/optimizer.cu: fused optimizer updates, each element's whole update in one thread,
-// computed in the parameter's compute type in the CPU kernel's operation order. nvcc may fuse a
-// multiply and an add (the CPU build does not), so the last bit can differ from the CPU's.
+// computed in the parameter's compute type in the CPU kernel's operation order: a strided
+// kernel for one parameter, and a multi-segment kernel that updates many contiguous parameters
+// in one launch. nvcc may fuse a multiply and an add (the CPU build does not), so the last bit
+// can differ from the CPU's.
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "core/adam_math.h"
 #include "core/cuda/check.h"
@@ -13,23 +16,34 @@
 namespace shardlab::cuda {
 namespace {
 
+// Adadelta's constants in the compute type, as the CPU kernel rounds them.
+template <typename C>
+struct AdadeltaCoefficients {
+  C lr, rho, keep, eps, decay;
+  bool decayed;
+};
+
+template <typename C>
+AdadeltaCoefficients<C> adadelta_coefficients(const AdadeltaScalars& h) {
+  return {static_cast<C>(h.lr),  static_cast<C>(h.rho),          static_cast<C>(1.0 - h.rho),
+          static_cast<C>(h.eps), static_cast<C>(h.weight_decay), h.weight_decay != 0};
+}
+
+template <typename C, typename T>
+__device__ void adadelta_element(const AdadeltaCoefficients<C>& k, T& w, C g, T& sa, T& ad) {
+  if (k.decayed) g = g + widen(w) * k.decay;
+  const C square = widen(sa) * k.rho + g * g * k.keep;
+  sa = narrow<T>(square);
+  const C delta = sqrt(widen(ad) + k.eps) / sqrt(widen(sa) + k.eps) * g;
+  ad = narrow<T>(widen(ad) * k.rho + delta * delta * k.keep);
+  w = narrow<T>(widen(w) - delta * k.lr);
+}
+
 template <typename T>
 __global__ void adadelta_kernel(T* param, const T* grad, T* square_avg, T* acc_delta, Layout<4> layout,
-                                AdadeltaScalars h) {
-  using C = compute_t<T>;
-  const C lr = static_cast<C>(h.lr), rho = static_cast<C>(h.rho), eps = static_cast<C>(h.eps);
-  const C keep = static_cast<C>(1.0 - h.rho), decay = static_cast<C>(h.weight_decay);
+                                AdadeltaCoefficients<compute_t<T>> k) {
   for_each_element(layout, [&](const Offsets<4>& at) {
-    T& w = param[at.of[0]];
-    T& sa = square_avg[at.of[2]];
-    T& ad = acc_delta[at.of[3]];
-    C g = widen(grad[at.of[1]]);
-    if (h.weight_decay != 0) g = g + widen(w) * decay;
-    const C square = widen(sa) * rho + g * g * keep;
-    sa = narrow<T>(square);
-    const C delta = sqrt(widen(ad) + eps) / sqrt(widen(sa) + eps) * g;
-    ad = narrow<T>(widen(ad) * rho + delta * delta * keep);
-    w = narrow<T>(widen(w) - delta * lr);
+    adadelta_element(k, param[at.of[0]], widen(grad[at.of[1]]), square_avg[at.of[2]], acc_delta[at.of[3]]);
   });
 }
 
@@ -41,6 +55,97 @@ __global__ void adam_kernel(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, 
     adam_element(k, w, widen(grad[at.of[1]]), exp_avg[at.of[2]], exp_avg_sq[at.of[3]]);
     copy[at.of[4]] = narrow<Out>(widen(w));
   });
+}
+
+// --- multi-segment launches ------------------------------------------------------------------------
+// The launch is cut into chunks of kChunk elements, each segment into its own chunks (the last
+// one partial), and each block takes chunks in a grid-stride loop. A segment's entry in the
+// device table says which chunks are its: a block finds its segment by binary search over
+// first_chunk, which increases along the table.
+
+constexpr std::int64_t kChunk = 4 * kBlockSize;
+
+// A segment as the kernels read it from the table: typed operands, the step's constants and
+// where its chunks start.
+template <typename T>
+struct AdadeltaDescriptor {
+  T* param;
+  const T* grad;
+  T* square_avg;
+  T* acc_delta;
+  std::int64_t numel, first_chunk;
+  AdadeltaCoefficients<compute_t<T>> k;
+};
+
+template <typename T, typename Out>
+struct AdamDescriptor {
+  T* param;
+  const T* grad;
+  T* exp_avg;
+  T* exp_avg_sq;
+  Out* copy;
+  std::int64_t numel, first_chunk;
+  AdamCoefficients<compute_t<T>> k;
+};
+
+// Calls fn(segment, i) for every element i of every segment of the table.
+template <typename Descriptor, typename Fn>
+__device__ void for_each_segment_element(const Descriptor* table, std::int64_t segments, std::int64_t chunks,
+                                         Fn&& fn) {
+  for (std::int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
+    std::int64_t low = 0, high = segments - 1;  // the last segment with first_chunk <= chunk
+    while (low < high) {
+      const std::int64_t middle = (low + high + 1) / 2;
+      if (table[middle].first_chunk <= chunk) {
+        low = middle;
+      } else {
+        high = middle - 1;
+      }
+    }
+    // A copy in registers: the element loop's stores could otherwise alias the table for nvcc.
+    const Descriptor segment = table[low];
+    const std::int64_t begin = (chunk - segment.first_chunk) * kChunk;
+    const std::int64_t end = begin + kChunk < segment.numel ? begin + kChunk : segment.numel;
+    for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) fn(segment, i);
+  }
+}
+
+template <typename T>
+__global__ void adadelta_segments_kernel(const AdadeltaDescriptor<T>* table, std::int64_t segments,
+                                         std::int64_t chunks) {
+  for_each_segment_element(table, segments, chunks, [](const AdadeltaDescriptor<T>& s, std::int64_t i) {
+    adadelta_element(s.k, s.param[i], widen(s.grad[i]), s.square_avg[i], s.acc_delta[i]);
+  });
+}
+
+template <typename T, typename Out>
+__global__ void adam_segments_kernel(const AdamDescriptor<T, Out>* table, std::int64_t segments,
+                                     std::int64_t chunks) {
+  for_each_segment_element(table, segments, chunks, [](const AdamDescriptor<T, Out>& s, std::int64_t i) {
+    adam_element(s.k, s.param[i], widen(s.grad[i]), s.exp_avg[i], s.exp_avg_sq[i]);
+    s.copy[i] = narrow<Out>(widen(s.param[i]));
+  });
+}
+
+// Numbers the chunks of `table`'s segments, copies the table into scratch and launches `kernel`
+// over it on `stream`.
+template <typename Descriptor>
+void launch_segments(void (*kernel)(const Descriptor*, std::int64_t, std::int64_t),
+                     std::vector<Descriptor>& table, const DeviceScratch& scratch, cudaStream_t stream) {
+  std::int64_t chunks = 0;
+  for (Descriptor& segment : table) {
+    segment.first_chunk = chunks;
+    chunks += (segment.numel + kChunk - 1) / kChunk;
+  }
+  const std::size_t bytes = table.size() * sizeof(Descriptor);
+  void* device_table = scratch(bytes);
+  // From pageable memory the copy returns once the driver has staged `table`, so the vector may
+  // go before the copy and the kernel run; no synchronization on the hot path.
+  SHARDLAB_CUDA_CHECK(cudaMemcpyAsync(device_table, table.data(), bytes, cudaMemcpyHostToDevice, stream));
+  const unsigned blocks = static_cast<unsigned>(chunks < kMaxBlocks ? chunks : kMaxBlocks);
+  kernel<<<blocks, kBlockSize, 0, stream>>>(static_cast<const Descriptor*>(device_table),
+                                            static_cast<std::int64_t>(table.size()), chunks);
+  SHARDLAB_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -72,12 +177,50 @@ bool launch_adadelta_step(DType dtype, void* param, const void* grad, void* squa
       if (layout.numel == 0) return true;
       adadelta_kernel<T><<<grid_size(layout.numel), kBlockSize, 0, stream>>>(
           static_cast<T*>(param), static_cast<const T*>(grad), static_cast<T*>(square_avg),
-          static_cast<T*>(acc_delta), layout, hyper);
+          static_cast<T*>(acc_delta), layout, adadelta_coefficients<compute_t<T>>(hyper));
       SHARDLAB_CUDA_CHECK_LAUNCH();
       return true;
     } else {
       return false;
     }
+  });
+}
+
+bool launch_adadelta_segments(DType dtype, std::span<const AdadeltaSegmentArgs> segments,
+                              const DeviceScratch& scratch, cudaStream_t stream) {
+  return visit_dtype(dtype, [&]<typename T>() {
+    if constexpr (std::is_floating_point_v<compute_t<T>>) {
+      std::vector<AdadeltaDescriptor<T>> table;
+      for (const AdadeltaSegmentArgs& s : segments) {
+        table.push_back({static_cast<T*>(s.param), static_cast<const T*>(s.grad),
+                         static_cast<T*>(s.square_avg), static_cast<T*>(s.acc_delta), s.numel, 0,
+                         adadelta_coefficients<compute_t<T>>(s.hyper)});
+      }
+      launch_segments(adadelta_segments_kernel<T>, table, scratch, stream);
+      return true;
+    } else {
+      return false;
+    }
+  });
+}
+
+bool launch_adam_segments(DType dtype, DType copy_dtype, std::span<const AdamSegmentArgs> segments,
+                          const DeviceScratch& scratch, cudaStream_t stream) {
+  return visit_dtype(dtype, [&]<typename T>() {
+    return visit_dtype(copy_dtype, [&]<typename Out>() {
+      if constexpr (std::is_floating_point_v<compute_t<T>> && std::is_floating_point_v<compute_t<Out>>) {
+        std::vector<AdamDescriptor<T, Out>> table;
+        for (const AdamSegmentArgs& s : segments) {
+          table.push_back({static_cast<T*>(s.param), static_cast<const T*>(s.grad),
+                           static_cast<T*>(s.exp_avg), static_cast<T*>(s.exp_avg_sq),
+                           static_cast<Out*>(s.copy), s.numel, 0, adam_coefficients<compute_t<T>>(s.hyper)});
+        }
+        launch_segments(adam_segments_kernel<T, Out>, table, scratch, stream);
+        return true;
+      } else {
+        return false;
+      }
+    });
   });
 }
 

@@ -3,7 +3,11 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <span>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "core/cuda/check.h"
@@ -342,27 +346,72 @@ void cuda_conv2d_backward_weight(const Tensor& grad_out, const Tensor& input, Co
       "conv2d_backward_weight: no CUDA kernel for {}", dtype_name(grad_weight.dtype()));
 }
 
-void cuda_adadelta_step(const Tensor& param, const Tensor& grad, const Tensor& square_avg,
-                        const Tensor& acc_delta, const AdadeltaHyper& hyper) {
-  const LaunchContext context(param);
-  const cuda::AdadeltaScalars scalars{hyper.lr, hyper.rho, hyper.eps, hyper.weight_decay};
-  SHARDLAB_CHECK(
-      cuda::launch_adadelta_step(
-          param.dtype(), param.raw_data(), grad.raw_data(), square_avg.raw_data(), acc_delta.raw_data(),
-          layout_of<4>("adadelta_step", {&param, &grad, &square_avg, &acc_delta}), scalars, context.stream()),
-      "adadelta_step: no CUDA kernel for {}", dtype_name(param.dtype()));
+bool all_contiguous(std::initializer_list<const Tensor*> tensors) {
+  return std::all_of(tensors.begin(), tensors.end(), [](const Tensor* t) { return t->is_contiguous(); });
 }
 
-void cuda_adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                    const AdamHyper& hyper, const Tensor& copy_out) {
-  const LaunchContext context(param);
-  const Tensor& copy = copy_out.defined() ? copy_out : param;
-  SHARDLAB_CHECK(
-      cuda::launch_adam_step(param.dtype(), copy.dtype(), param.raw_data(), grad.raw_data(),
-                             exp_avg.raw_data(), exp_avg_sq.raw_data(), copy.raw_data(),
-                             layout_of<5>("adam_step", {&param, &grad, &exp_avg, &exp_avg_sq, &copy}),
-                             adam_scalars(hyper), context.stream()),
-      "adam_step: no CUDA kernel for {} to {}", dtype_name(param.dtype()), dtype_name(copy.dtype()));
+// Device memory for a multi-segment launch's table, held by `table` until the launch is queued
+// (then freed into the stream's cache, reused only by later work on that stream).
+cuda::DeviceScratch scratch_into(Tensor& table, Device device) {
+  return [&table, device](std::size_t bytes) {
+    table = empty({static_cast<std::int64_t>(bytes)}, TensorOptions{DType::u8, device});
+    return table.raw_data();
+  };
+}
+
+// Contiguous segments go to one multi-segment launch per dtype (pair); segments with a strided
+// operand each take the strided kernel.
+void cuda_adadelta_step(std::span<const AdadeltaSegment> segments) {
+  const LaunchContext context(segments.front().param);
+  const Device device = segments.front().param.device();
+  std::map<DType, std::vector<cuda::AdadeltaSegmentArgs>> contiguous;
+  for (const auto& [param, grad, square_avg, acc_delta, hyper] : segments) {
+    const cuda::AdadeltaScalars scalars{hyper.lr, hyper.rho, hyper.eps, hyper.weight_decay};
+    if (all_contiguous({&param, &grad, &square_avg, &acc_delta})) {
+      contiguous[param.dtype()].push_back({param.raw_data(), grad.raw_data(), square_avg.raw_data(),
+                                           acc_delta.raw_data(), param.numel(), scalars});
+      continue;
+    }
+    SHARDLAB_CHECK(
+        cuda::launch_adadelta_step(param.dtype(), param.raw_data(), grad.raw_data(), square_avg.raw_data(),
+                                   acc_delta.raw_data(),
+                                   layout_of<4>("adadelta_step", {&param, &grad, &square_avg, &acc_delta}),
+                                   scalars, context.stream()),
+        "adadelta_step: no CUDA kernel for {}", dtype_name(param.dtype()));
+  }
+  for (const auto& [dtype, args] : contiguous) {
+    Tensor table;
+    SHARDLAB_CHECK(cuda::launch_adadelta_segments(dtype, args, scratch_into(table, device), context.stream()),
+                   "adadelta_step: no CUDA kernel for {}", dtype_name(dtype));
+  }
+}
+
+void cuda_adam_step(std::span<const AdamSegment> segments) {
+  const LaunchContext context(segments.front().param);
+  const Device device = segments.front().param.device();
+  std::map<std::pair<DType, DType>, std::vector<cuda::AdamSegmentArgs>> contiguous;
+  for (const auto& [param, grad, exp_avg, exp_avg_sq, hyper, copy_out] : segments) {
+    const Tensor& copy = copy_out.defined() ? copy_out : param;
+    if (all_contiguous({&param, &grad, &exp_avg, &exp_avg_sq, &copy})) {
+      contiguous[{param.dtype(), copy.dtype()}].push_back(
+          {param.raw_data(), grad.raw_data(), exp_avg.raw_data(), exp_avg_sq.raw_data(), copy.raw_data(),
+           param.numel(), adam_scalars(hyper)});
+      continue;
+    }
+    SHARDLAB_CHECK(
+        cuda::launch_adam_step(param.dtype(), copy.dtype(), param.raw_data(), grad.raw_data(),
+                               exp_avg.raw_data(), exp_avg_sq.raw_data(), copy.raw_data(),
+                               layout_of<5>("adam_step", {&param, &grad, &exp_avg, &exp_avg_sq, &copy}),
+                               adam_scalars(hyper), context.stream()),
+        "adam_step: no CUDA kernel for {} to {}", dtype_name(param.dtype()), dtype_name(copy.dtype()));
+  }
+  for (const auto& [dtypes, args] : contiguous) {
+    Tensor table;
+    SHARDLAB_CHECK(cuda::launch_adam_segments(dtypes.first, dtypes.second, args, scratch_into(table, device),
+                                              context.stream()),
+                   "adam_step: no CUDA kernel for {} to {}", dtype_name(dtypes.first),
+                   dtype_name(dtypes.second));
+  }
 }
 
 }  // namespace
