@@ -1,12 +1,18 @@
-// optim/optimizer.cpp: the Optimizer base (parameter checks, step loop, per-parameter state
-// and its state dict), the update rules of SGD, Adam, AdamW and Adadelta, and clip_grad_norm_.
+// optim/optimizer.cpp: the Optimizer base (parameter checks, parameter groups and their
+// hyper-parameters, the step loop, per-parameter state and the state dict), the update rules
+// of SGD, Adam, AdamW and Adadelta, and clip_grad_norm_.
 #include "optim/optimizer.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <set>
+#include <string_view>
+#include <system_error>
+#include <type_traits>
+#include <variant>
 
 #include "core/ops.h"
 
@@ -15,12 +21,12 @@ namespace shardlab::optim {
 namespace {
 
 // Written as !(x >= 0) so that NaN is refused too.
-void check_non_negative(const char* optimizer, const char* what, double value) {
-  SHARDLAB_CHECK(value >= 0, "{}: invalid {} {} (must be >= 0)", optimizer, what, value);
+void check_non_negative(const std::string& context, const char* what, double value) {
+  SHARDLAB_CHECK(value >= 0, "{}: invalid {} {} (must be >= 0)", context, what, value);
 }
 
-void check_beta(const char* optimizer, const char* what, double value) {
-  SHARDLAB_CHECK(value >= 0 && value < 1, "{}: invalid {} {} (must be in [0, 1))", optimizer, what, value);
+void check_beta(const std::string& context, const char* what, double value) {
+  SHARDLAB_CHECK(value >= 0 && value < 1, "{}: invalid {} {} (must be in [0, 1))", context, what, value);
 }
 
 // A state slot of `param`'s dtype and device, zero-filled the first time it is asked for.
@@ -33,88 +39,228 @@ const Tensor& zero_slot(std::map<std::string, Tensor>& state, const char* slot, 
 
 // The slot the base class keeps for every updated parameter: its own number of updates.
 constexpr const char* kStepSlot = "step";
+// Group keys of the state dict are "param_groups.<g>.<hyper-parameter>".
+constexpr std::string_view kGroupPrefix = "param_groups.";
+constexpr const char* kInitialLr = "initial_lr";
 
 Tensor step_tensor(std::int64_t value) { return scalar_tensor(value, dtype(DType::i64)); }
 
-// Adam's moment updates and parameter step shared by Adam and AdamW (weight decay already
-// applied by the caller). Follows torch.optim's single-tensor Adam operation for operation:
-// denom = sqrt(v) / sqrt(bc2) + eps and step_size = lr / bc1, so results round alike.
-// One fused pass (core's adam_step, the op-by-op formula's rounding) instead of a dozen
-// elementwise ops and their temporaries over every shard.
+// --- hyper-parameters by name --------------------------------------------------------------------
+
+// A hyper-parameter of an options struct, by the name ParamGroup and the state dict give it.
 template <typename Options>
-void adam_update(const Tensor& param, const Tensor& grad, std::map<std::string, Tensor>& state, double lr,
-                 const Options& options, bool decoupled, std::int64_t step) {
-  adam_step(param, grad, zero_slot(state, "exp_avg", param), zero_slot(state, "exp_avg_sq", param),
-            {.lr = lr,
-             .beta1 = options.beta1,
-             .beta2 = options.beta2,
-             .eps = options.eps,
-             .weight_decay = options.weight_decay,
-             .decoupled = decoupled,
-             .step = step});
+struct Field {
+  const char* name;
+  std::variant<double Options::*, bool Options::*> member;
+};
+
+// The options a group's values stand for.
+template <typename Options>
+Options options_from(std::span<const Field<Options>> fields, std::span<const double> values) {
+  Options options;
+  for (std::size_t i = 0; i < fields.size(); ++i) {
+    std::visit(
+        [&](auto member) {
+          using Value = std::remove_reference_t<decltype(options.*member)>;
+          options.*member = static_cast<Value>(values[i]);
+        },
+        fields[i].member);
+  }
+  return options;
 }
 
-// g + weight_decay * p as a new tensor: the parameter's .grad() itself is never modified.
-Tensor with_l2(const Tensor& grad, const Tensor& param, double weight_decay) {
-  return weight_decay == 0.0 ? grad : add(grad, mul(param, weight_decay));
+// What OptimizerWith needs to know of an optimizer type besides its options struct.
+template <typename Options>
+struct TypeInfo {
+  const char* name;
+  std::span<const Field<Options>> fields;
+  void (*check)(const Options& options, const std::string& context);
+};
+template <typename Options>
+TypeInfo<Options> type_info();  // specialized below, next to each type's update rule
+
+// The base class's view of a type's hyper-parameters, with `defaults` as the values.
+template <typename Options>
+HyperParameters hyper_parameters(const TypeInfo<Options>& type, const Options& defaults) {
+  HyperParameters hyper;
+  for (const Field<Options>& field : type.fields) {
+    hyper.names.emplace_back(field.name);
+    hyper.defaults.push_back(
+        std::visit([&](auto member) { return static_cast<double>(defaults.*member); }, field.member));
+    hyper.flags.push_back(std::holds_alternative<bool Options::*>(field.member));
+  }
+  hyper.check = [type](std::span<const double> values, const std::string& context) {
+    type.check(options_from(type.fields, values), context);
+  };
+  return hyper;
+}
+
+// The fields a group sets, in ParamGroup's order.
+std::vector<std::pair<const char*, double>> overrides_of(const ParamGroup& group) {
+  std::vector<std::pair<const char*, double>> out;
+  const auto add = [&](const char* name, const auto& value) {
+    if (value) out.emplace_back(name, static_cast<double>(*value));
+  };
+  add("lr", group.lr);
+  add("weight_decay", group.weight_decay);
+  add("momentum", group.momentum);
+  add("dampening", group.dampening);
+  add("nesterov", group.nesterov);
+  add("beta1", group.beta1);
+  add("beta2", group.beta2);
+  add("eps", group.eps);
+  add("rho", group.rho);
+  return out;
+}
+
+// Everything the base class checks of a group's values before the type's own checks.
+void check_values(const HyperParameters& hyper, std::span<const double> values, const std::string& context) {
+  check_non_negative(context, "learning rate", values[0]);
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    SHARDLAB_CHECK(!hyper.flags[i] || values[i] == 0 || values[i] == 1,
+                   "{}: invalid {} {} (a flag is 0 or 1)", context, hyper.names[i], values[i]);
+  }
+  hyper.check(values, context);
+}
+
+std::vector<ParamGroup> one_group(nn::Named<Variable> parameters) {
+  std::vector<ParamGroup> groups(1);
+  groups[0].parameters = std::move(parameters);
+  return groups;
 }
 
 }  // namespace
 
 // --- Optimizer -------------------------------------------------------------------------------
 
-Optimizer::Optimizer(nn::Named<Variable> parameters, double lr, std::string type_name)
-    : type_name_(std::move(type_name)), parameters_(std::move(parameters)), lr_(lr) {
-  SHARDLAB_CHECK(!parameters_.empty(), "{}: got an empty parameter list", type_name_);
-  check_non_negative(type_name_.c_str(), "learning rate", lr);
-  std::set<std::string> seen;
-  for (const auto& [name, variable] : parameters_) {
-    SHARDLAB_CHECK(seen.insert(name).second, "{}: parameter name '{}' appears twice", type_name_, name);
-    SHARDLAB_CHECK(variable.defined(), "{}: parameter '{}' is an undefined Variable", type_name_, name);
-    SHARDLAB_CHECK(is_floating(variable.dtype()),
-                   "{}: parameter '{}' has dtype {}; only floating parameters can be optimized", type_name_,
-                   name, dtype_name(variable.dtype()));
-    SHARDLAB_CHECK(variable.requires_grad(), "{}: parameter '{}' does not require grad", type_name_, name);
-    // A non-leaf never receives a .grad(): optimizing it would silently do nothing.
-    SHARDLAB_CHECK(variable.is_leaf(), "{}: parameter '{}' is not a leaf of the graph", type_name_, name);
+Optimizer::Optimizer(std::vector<ParamGroup> groups, HyperParameters hyper, std::string type_name)
+    : type_name_(std::move(type_name)), hyper_(std::move(hyper)) {
+  std::map<const autograd::VariableImpl*, std::string> variables;  // to refuse a Variable passed twice
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    for (const auto& [name, variable] : groups[g].parameters) {
+      SHARDLAB_CHECK(group_of_.emplace(name, g).second, "{}: parameter name '{}' appears twice", type_name_,
+                     name);
+      SHARDLAB_CHECK(!name.starts_with(kGroupPrefix),
+                     "{}: parameter name '{}' is reserved: state dict keys starting with '{}' name groups",
+                     type_name_, name, kGroupPrefix);
+      SHARDLAB_CHECK(variable.defined(), "{}: parameter '{}' is an undefined Variable", type_name_, name);
+      SHARDLAB_CHECK(is_floating(variable.dtype()),
+                     "{}: parameter '{}' has dtype {}; only floating parameters can be optimized", type_name_,
+                     name, dtype_name(variable.dtype()));
+      // A non-leaf never receives a .grad(): optimizing it would silently do nothing.
+      SHARDLAB_CHECK(variable.is_leaf(), "{}: parameter '{}' is not a leaf of the graph", type_name_, name);
+      const auto [seen, first] = variables.emplace(variable.impl().get(), name);
+      SHARDLAB_CHECK(first, "{}: parameters '{}' and '{}' are the same Variable", type_name_, seen->second,
+                     name);
+    }
   }
+  SHARDLAB_CHECK(!group_of_.empty(), "{}: got an empty parameter list", type_name_);
+
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    std::vector<double> values = hyper_.defaults;
+    for (const auto& [field, value] : overrides_of(groups[g])) {
+      const auto it = std::find(hyper_.names.begin(), hyper_.names.end(), field);
+      SHARDLAB_CHECK(it != hyper_.names.end(), "{}: group {} sets {}, which {} does not have (it has {})",
+                     type_name_, g, field, type_name_, fmt::join(hyper_.names, ", "));
+      values[static_cast<std::size_t>(it - hyper_.names.begin())] = value;
+    }
+    groups_.push_back({std::move(groups[g].parameters), std::move(values), std::nullopt});
+  }
+  for (std::size_t g = 0; g < groups_.size(); ++g) check_values(hyper_, groups_[g].hyper, group_context(g));
+}
+
+std::size_t Optimizer::checked_group(std::size_t group) const {
+  SHARDLAB_CHECK(group < groups_.size(), "{}: no parameter group {} (it has {})", type_name_, group,
+                 groups_.size());
+  return group;
+}
+
+std::string Optimizer::group_context(std::size_t group) const {
+  return groups_.size() == 1 ? type_name_ : fmt::format("{}: group {}", type_name_, group);
+}
+
+const nn::Named<Variable>& Optimizer::group_parameters(std::size_t group) const {
+  return groups_[checked_group(group)].parameters;
+}
+
+std::span<const double> Optimizer::hyper_values(std::size_t group) const {
+  return groups_[checked_group(group)].hyper;
+}
+
+double Optimizer::lr(std::size_t group) const { return groups_[checked_group(group)].hyper[0]; }
+
+void Optimizer::set_lr(std::size_t group, double lr) {
+  const std::size_t g = checked_group(group);
+  check_non_negative(group_context(g), "learning rate", lr);
+  groups_[g].hyper[0] = lr;
 }
 
 void Optimizer::set_lr(double lr) {
-  check_non_negative(type_name_.c_str(), "learning rate", lr);
-  lr_ = lr;
+  check_non_negative(type_name_, "learning rate", lr);
+  for (Group& group : groups_) group.hyper[0] = lr;
+}
+
+std::vector<double> Optimizer::initial_lrs() {
+  std::vector<double> out;
+  for (Group& group : groups_) {
+    if (!group.initial_lr) group.initial_lr = group.hyper[0];
+    out.push_back(*group.initial_lr);
+  }
+  return out;
 }
 
 void Optimizer::step() {
   const NoGradGuard no_grad;
-  ++steps_;
-  for (const auto& [name, variable] : parameters_) {
-    const Tensor& grad = variable.grad();
-    if (!grad.defined()) continue;
-    const Tensor& param = variable.data();
-    // set_grad checks the shape, but FSDP may swap the data (set_data) after the gradient.
-    SHARDLAB_CHECK(grad.shape() == param.shape(),
-                   "{}.step: gradient of '{}' has shape {} but the parameter has shape {}", type_name_, name,
-                   shape_str(grad.shape()), shape_str(param.shape()));
-    auto& slots = state_[name];
-    auto step_it = slots.find(kStepSlot);
-    if (step_it == slots.end()) step_it = slots.emplace(kStepSlot, step_tensor(0)).first;
-    // The step tensor is a CPU scalar: counting on the host costs no device round trip.
-    const std::int64_t step = ++step_it->second.data<std::int64_t>()[0];
-    update(param, grad.dtype() == param.dtype() ? grad : grad.to(param.dtype()), slots, step);
+  // Every gradient is checked before any parameter or counter changes.
+  for (const Group& group : groups_) {
+    for (const auto& [name, variable] : group.parameters) {
+      const Tensor& grad = variable.grad();
+      // set_grad checks the shape, but FSDP may swap the data (set_data) after the gradient.
+      SHARDLAB_CHECK(!grad.defined() || grad.shape() == variable.shape(),
+                     "{}.step: gradient of '{}' has shape {} but the parameter has shape {}", type_name_,
+                     name, shape_str(grad.shape()), shape_str(variable.shape()));
+    }
   }
+  ++steps_;
+  std::vector<ParamUpdate> updates;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    for (const auto& [name, variable] : groups_[g].parameters) {
+      const Tensor& grad = variable.grad();
+      if (!grad.defined()) continue;
+      const Tensor& param = variable.data();
+      auto& slots = state_[name];
+      auto step_it = slots.find(kStepSlot);
+      if (step_it == slots.end()) step_it = slots.emplace(kStepSlot, step_tensor(0)).first;
+      // The step tensor is a CPU scalar: counting on the host costs no device round trip.
+      const std::int64_t step = ++step_it->second.data<std::int64_t>()[0];
+      updates.push_back(
+          {param, grad.dtype() == param.dtype() ? grad : grad.to(param.dtype()), slots, step, g});
+    }
+  }
+  update(updates);
 }
 
 void Optimizer::zero_grad(bool set_to_none) {
-  for (const auto& [name, variable] : parameters_) variable.zero_grad(set_to_none);
+  for (const Group& group : groups_) {
+    for (const auto& [name, variable] : group.parameters) variable.zero_grad(set_to_none);
+  }
 }
 
 nn::StateDict Optimizer::state_dict() const {
   nn::StateDict out;
-  for (const auto& [name, variable] : parameters_) {
-    const auto it = state_.find(name);
-    if (it == state_.end()) continue;
-    for (const auto& [slot, tensor] : it->second) out.emplace_back(name + "." + slot, tensor);
+  for (const Group& group : groups_) {
+    for (const auto& [name, variable] : group.parameters) {
+      const auto it = state_.find(name);
+      if (it == state_.end()) continue;
+      for (const auto& [slot, tensor] : it->second) out.emplace_back(name + "." + slot, tensor);
+    }
+  }
+  const auto value = [](double v) { return scalar_tensor(v, dtype(DType::f64)); };
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const std::string prefix = fmt::format("{}{}.", kGroupPrefix, g);
+    for (std::size_t i = 0; i < hyper_.names.size(); ++i)
+      out.emplace_back(prefix + hyper_.names[i], value(groups_[g].hyper[i]));
+    if (groups_[g].initial_lr) out.emplace_back(prefix + kInitialLr, value(*groups_[g].initial_lr));
   }
   out.emplace_back(kStepSlot, step_tensor(steps_));
   return out;
@@ -122,56 +268,103 @@ nn::StateDict Optimizer::state_dict() const {
 
 void Optimizer::load_state_dict(const nn::StateDict& state) {
   const std::string where = type_name_ + ".load_state_dict";
-  std::vector<std::string> slots = slot_names();
-  slots.emplace_back(kStepSlot);
-  std::sort(slots.begin(), slots.end());
-  const std::string slot_list = fmt::format("{}", fmt::join(slots, ", "));
+  const auto check_shape = [&](const std::string& key, const Tensor& tensor, const Shape& expected) {
+    SHARDLAB_CHECK(tensor.shape() == expected,
+                   "{}: key '{}' has shape {} in the state dict but {} in the optimizer", where, key,
+                   shape_str(tensor.shape()), shape_str(expected));
+  };
+  const auto check_count = [&](const std::string& key, const Tensor& tensor) {
+    check_shape(key, tensor, {});
+    SHARDLAB_CHECK(tensor.item<double>() >= 0, "{}: key '{}' holds a negative step count {}", where, key,
+                   tensor.item<double>());
+  };
+  std::vector<std::string> group_fields = hyper_.names;
+  group_fields.emplace_back(kInitialLr);
 
-  std::map<std::string, const Variable*> by_name;
-  for (const auto& [name, variable] : parameters_) by_name.emplace(name, &variable);
-
-  // Validate everything before touching state_, so a failed load changes nothing.
+  // Validate everything before touching any member, so a failed load changes nothing.
   std::set<std::string> seen;
   const Tensor* global_step = nullptr;
   std::map<std::string, std::map<std::string, const Tensor*>> given;  // parameter -> slot -> tensor
+  std::vector<std::map<std::string, double>> group_values(groups_.size());
   for (const auto& [key, tensor] : state) {
     SHARDLAB_CHECK(seen.insert(key).second, "{}: key '{}' appears twice", where, key);
     SHARDLAB_CHECK(tensor.defined(), "{}: key '{}' holds an undefined tensor", where, key);
     if (key == kStepSlot) {
+      check_count(key, tensor);
       global_step = &tensor;
-      continue;
+    } else if (key.starts_with(kGroupPrefix)) {
+      const std::string_view rest = std::string_view(key).substr(kGroupPrefix.size());
+      const std::size_t dot = std::min(rest.find('.'), rest.size());
+      std::size_t g = 0;
+      const auto [end, error] = std::from_chars(rest.data(), rest.data() + dot, g);
+      SHARDLAB_CHECK(dot < rest.size() && error == std::errc() && end == rest.data() + dot,
+                     "{}: unexpected key '{}' (group keys are '{}<group>.<hyper-parameter>')", where, key,
+                     kGroupPrefix);
+      SHARDLAB_CHECK(g < groups_.size(), "{}: unexpected key '{}': the optimizer has {} parameter groups",
+                     where, key, groups_.size());
+      const std::string field(rest.substr(dot + 1));
+      SHARDLAB_CHECK(std::find(group_fields.begin(), group_fields.end(), field) != group_fields.end(),
+                     "{}: unexpected key '{}': {} has no hyper-parameter '{}' (its hyper-parameters: {})",
+                     where, key, type_name_, field, fmt::join(group_fields, ", "));
+      check_shape(key, tensor, {});
+      group_values[g][field] = tensor.item<double>();
+    } else {
+      // Parameter names may contain dots ("fc1.weight"); slot names never do.
+      const std::size_t dot = key.rfind('.');
+      SHARDLAB_CHECK(
+          dot != std::string::npos,
+          "{}: unexpected key '{}' (keys are '<parameter>.<slot>', '{}<group>.<hyper-parameter>' or "
+          "'step')",
+          where, key, kGroupPrefix);
+      const std::string name = key.substr(0, dot);
+      SHARDLAB_CHECK(group_of_.contains(name), "{}: unexpected key '{}': no parameter '{}'", where, key,
+                     name);
+      given[name][key.substr(dot + 1)] = &tensor;
     }
-    // Parameter names may contain dots ("fc1.weight"); slot names never do.
-    const std::size_t dot = key.rfind('.');
-    SHARDLAB_CHECK(dot != std::string::npos,
-                   "{}: unexpected key '{}' (keys are '<parameter>.<slot>' or 'step')", where, key);
-    const std::string name = key.substr(0, dot);
-    const std::string slot = key.substr(dot + 1);
-    const auto param = by_name.find(name);
-    SHARDLAB_CHECK(param != by_name.end(), "{}: unexpected key '{}': no parameter '{}'", where, key, name);
-    SHARDLAB_CHECK(std::binary_search(slots.begin(), slots.end(), slot),
-                   "{}: unexpected key '{}': {} has no state slot '{}' (its slots: {})", where, key,
-                   type_name_, slot, slot_list);
-    const Shape expected = slot == kStepSlot ? Shape{} : param->second->shape();
-    SHARDLAB_CHECK(tensor.shape() == expected,
-                   "{}: key '{}' has shape {} in the state dict but {} in the optimizer", where, key,
-                   shape_str(tensor.shape()), shape_str(expected));
-    if (slot == kStepSlot) {
-      SHARDLAB_CHECK(tensor.item<double>() >= 0, "{}: key '{}' holds a negative step count {}", where, key,
-                     tensor.item<double>());
-    }
-    given[name][slot] = &tensor;
   }
   SHARDLAB_CHECK(global_step != nullptr, "{}: missing key 'step'", where);
-  SHARDLAB_CHECK(global_step->shape().empty(),
-                 "{}: key 'step' has shape {} in the state dict but [] in the optimizer", where,
-                 shape_str(global_step->shape()));
-  SHARDLAB_CHECK(global_step->item<double>() >= 0, "{}: key 'step' holds a negative step count {}", where,
-                 global_step->item<double>());
+
+  // Every group's hyper-parameters, complete and valid.
+  std::vector<std::vector<double>> hyper(groups_.size());
+  std::vector<std::optional<double>> initial_lr(groups_.size());
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    for (const std::string& name : hyper_.names) {
+      const auto it = group_values[g].find(name);
+      SHARDLAB_CHECK(it != group_values[g].end(), "{}: missing key '{}{}.{}'", where, kGroupPrefix, g, name);
+      hyper[g].push_back(it->second);
+    }
+    const std::string context = fmt::format("{}: {}{}", where, kGroupPrefix, g);
+    check_values(hyper_, hyper[g], context);
+    if (const auto it = group_values[g].find(kInitialLr); it != group_values[g].end()) {
+      check_non_negative(context, kInitialLr, it->second);
+      initial_lr[g] = it->second;
+    }
+  }
+
+  // Every parameter's slots, as its group (with the loaded values) keeps them.
+  std::map<std::string, const Variable*> by_name;
+  for (const Group& group : groups_) {
+    for (const auto& [name, variable] : group.parameters) by_name.emplace(name, &variable);
+  }
   for (const auto& [name, present] : given) {
+    std::vector<std::string> slots = slot_names(hyper[group_of_.at(name)]);
+    slots.emplace_back(kStepSlot);
+    std::sort(slots.begin(), slots.end());
+    const Shape& shape = by_name.at(name)->shape();
+    for (const auto& [slot, tensor] : present) {
+      const std::string key = name + "." + slot;
+      SHARDLAB_CHECK(std::binary_search(slots.begin(), slots.end(), slot),
+                     "{}: unexpected key '{}': {} has no state slot '{}' (its slots: {})", where, key,
+                     type_name_, slot, fmt::join(slots, ", "));
+      if (slot == kStepSlot) {
+        check_count(key, *tensor);
+      } else {
+        check_shape(key, *tensor, shape);
+      }
+    }
     for (const std::string& slot : slots) {
       SHARDLAB_CHECK(present.contains(slot), "{}: missing key '{}.{}' (expected shape {})", where, name, slot,
-                     shape_str(slot == kStepSlot ? Shape{} : by_name.at(name)->shape()));
+                     shape_str(slot == kStepSlot ? Shape{} : shape));
     }
   }
 
@@ -190,107 +383,196 @@ void Optimizer::load_state_dict(const nn::StateDict& state) {
   }
   state_ = std::move(loaded);
   steps_ = global_step->item<std::int64_t>();
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    groups_[g].hyper = std::move(hyper[g]);
+    groups_[g].initial_lr = initial_lr[g];
+  }
 }
 
 // --- SGD -------------------------------------------------------------------------------------
 
 namespace {
-SGDOptions checked(SGDOptions options) {
-  check_non_negative("SGD", "momentum", options.momentum);
-  check_non_negative("SGD", "weight_decay", options.weight_decay);
+
+const Field<SGDOptions> kSgdFields[] = {{"lr", &SGDOptions::lr},
+                                        {"momentum", &SGDOptions::momentum},
+                                        {"dampening", &SGDOptions::dampening},
+                                        {"weight_decay", &SGDOptions::weight_decay},
+                                        {"nesterov", &SGDOptions::nesterov}};
+
+void check_sgd(const SGDOptions& options, const std::string& context) {
+  check_non_negative(context, "momentum", options.momentum);
+  check_non_negative(context, "weight_decay", options.weight_decay);
   // Nesterov's look-ahead is defined on the undamped buffer (PyTorch refuses the rest too).
   SHARDLAB_CHECK(!options.nesterov || (options.momentum > 0 && options.dampening == 0),
-                 "SGD: nesterov needs momentum > 0 and dampening == 0 (got momentum {}, dampening {})",
-                 options.momentum, options.dampening);
-  return options;
+                 "{}: nesterov needs momentum > 0 and dampening == 0 (got momentum {}, dampening {})",
+                 context, options.momentum, options.dampening);
 }
+
+// g + weight_decay * p as a new tensor: the parameter's .grad() itself is never modified.
+Tensor with_l2(const Tensor& grad, const Tensor& param, double weight_decay) {
+  return weight_decay == 0.0 ? grad : add(grad, mul(param, weight_decay));
+}
+
+template <>
+TypeInfo<SGDOptions> type_info() {
+  return {"SGD", kSgdFields, check_sgd};
+}
+
 }  // namespace
 
-SGD::SGD(nn::Named<Variable> parameters, SGDOptions options)
-    : Optimizer(std::move(parameters), options.lr, "SGD"), options(checked(options)) {}
-
-std::vector<std::string> SGD::slot_names() const {
-  if (options.momentum == 0.0) return {};
+std::vector<std::string> SGD::slot_names(std::span<const double> hyper_values) const {
+  if (options_from<SGDOptions>(kSgdFields, hyper_values).momentum == 0.0) return {};
   return {"momentum_buffer"};
 }
 
-void SGD::update(const Tensor& param, const Tensor& grad, std::map<std::string, Tensor>& state,
-                 std::int64_t) {
-  Tensor direction = with_l2(grad, param, options.weight_decay);
-  if (options.momentum != 0.0) {
-    auto it = state.find("momentum_buffer");
-    if (it == state.end()) {
-      // Cloned: the buffer is updated in place later and must not alias .grad().
-      it = state.emplace("momentum_buffer", direction.clone()).first;
-    } else {
-      add_(mul_(it->second, options.momentum), mul(direction, 1.0 - options.dampening));
+void SGD::update(std::span<const ParamUpdate> updates) {
+  for (const auto& [param, grad, state, step, group] : updates) {
+    const SGDOptions o = options(group);
+    Tensor direction = with_l2(grad, param, o.weight_decay);
+    if (o.momentum != 0.0) {
+      auto it = state.find("momentum_buffer");
+      if (it == state.end()) {
+        // Cloned: the buffer is updated in place later and must not alias .grad().
+        it = state.emplace("momentum_buffer", direction.clone()).first;
+      } else {
+        add_(mul_(it->second, o.momentum), mul(direction, 1.0 - o.dampening));
+      }
+      const Tensor& buffer = it->second;
+      direction = o.nesterov ? add(direction, mul(buffer, o.momentum)) : buffer;
     }
-    const Tensor& buffer = it->second;
-    direction = options.nesterov ? add(direction, mul(buffer, options.momentum)) : buffer;
+    sub_(param, mul(direction, o.lr));
   }
-  sub_(param, mul(direction, lr()));
 }
 
-// --- Adam ------------------------------------------------------------------------------------
+// --- Adam and AdamW --------------------------------------------------------------------------
 
 namespace {
+
 template <typename Options>
-Options checked_adam(const char* name, Options options) {
-  check_beta(name, "beta1", options.beta1);
-  check_beta(name, "beta2", options.beta2);
-  check_non_negative(name, "eps", options.eps);
-  check_non_negative(name, "weight_decay", options.weight_decay);
-  return options;
+const Field<Options> kAdamFields[] = {{"lr", &Options::lr},
+                                      {"beta1", &Options::beta1},
+                                      {"beta2", &Options::beta2},
+                                      {"eps", &Options::eps},
+                                      {"weight_decay", &Options::weight_decay}};
+
+template <typename Options>
+void check_adam(const Options& options, const std::string& context) {
+  check_beta(context, "beta1", options.beta1);
+  check_beta(context, "beta2", options.beta2);
+  check_non_negative(context, "eps", options.eps);
+  check_non_negative(context, "weight_decay", options.weight_decay);
 }
+
+const std::vector<std::string> kAdamSlots = {"exp_avg", "exp_avg_sq"};
+
+// Adam's moment updates and parameter steps shared by Adam and AdamW, for every parameter in
+// one fused pass (core's multi-segment adam_step: per element the op-by-op formula of
+// torch.optim's single-tensor Adam, denom = sqrt(v) / sqrt(bc2) + eps and step_size = lr / bc1,
+// so results round alike) instead of a dozen elementwise ops and their temporaries per shard.
+// Decoupled (AdamW) decay shrinks the parameter itself, before and apart from the moments.
+template <typename Options>
+void adam_update(const OptimizerWith<Options>& optimizer, std::span<const ParamUpdate> updates,
+                 bool decoupled) {
+  std::vector<AdamSegment> segments;
+  for (const auto& [param, grad, state, step, group] : updates) {
+    const Options o = optimizer.options(group);
+    segments.push_back({.param = param,
+                        .grad = grad,
+                        .exp_avg = zero_slot(state, "exp_avg", param),
+                        .exp_avg_sq = zero_slot(state, "exp_avg_sq", param),
+                        .hyper = {.lr = o.lr,
+                                  .beta1 = o.beta1,
+                                  .beta2 = o.beta2,
+                                  .eps = o.eps,
+                                  .weight_decay = o.weight_decay,
+                                  .decoupled = decoupled,
+                                  .step = step}});
+  }
+  adam_step(segments);
+}
+
+template <>
+TypeInfo<AdamOptions> type_info() {
+  return {"Adam", kAdamFields<AdamOptions>, check_adam<AdamOptions>};
+}
+
+template <>
+TypeInfo<AdamWOptions> type_info() {
+  return {"AdamW", kAdamFields<AdamWOptions>, check_adam<AdamWOptions>};
+}
+
 }  // namespace
 
-Adam::Adam(nn::Named<Variable> parameters, AdamOptions options)
-    : Optimizer(std::move(parameters), options.lr, "Adam"), options(checked_adam("Adam", options)) {}
+std::vector<std::string> Adam::slot_names(std::span<const double>) const { return kAdamSlots; }
 
-std::vector<std::string> Adam::slot_names() const { return {"exp_avg", "exp_avg_sq"}; }
+void Adam::update(std::span<const ParamUpdate> updates) { adam_update(*this, updates, /*decoupled=*/false); }
 
-void Adam::update(const Tensor& param, const Tensor& grad, std::map<std::string, Tensor>& state,
-                  std::int64_t step) {
-  adam_update(param, grad, state, lr(), options, /*decoupled=*/false, step);
-}
+std::vector<std::string> AdamW::slot_names(std::span<const double>) const { return kAdamSlots; }
 
-// --- AdamW -----------------------------------------------------------------------------------
-
-AdamW::AdamW(nn::Named<Variable> parameters, AdamWOptions options)
-    : Optimizer(std::move(parameters), options.lr, "AdamW"), options(checked_adam("AdamW", options)) {}
-
-std::vector<std::string> AdamW::slot_names() const { return {"exp_avg", "exp_avg_sq"}; }
-
-void AdamW::update(const Tensor& param, const Tensor& grad, std::map<std::string, Tensor>& state,
-                   std::int64_t step) {
-  // Decoupled decay shrinks the parameter itself, before and apart from the moments.
-  adam_update(param, grad, state, lr(), options, /*decoupled=*/true, step);
-}
+void AdamW::update(std::span<const ParamUpdate> updates) { adam_update(*this, updates, /*decoupled=*/true); }
 
 // --- Adadelta --------------------------------------------------------------------------------
 
 namespace {
-AdadeltaOptions checked(AdadeltaOptions options) {
-  SHARDLAB_CHECK(options.rho >= 0 && options.rho <= 1, "Adadelta: invalid rho {} (must be in [0, 1])",
+
+const Field<AdadeltaOptions> kAdadeltaFields[] = {{"lr", &AdadeltaOptions::lr},
+                                                  {"rho", &AdadeltaOptions::rho},
+                                                  {"eps", &AdadeltaOptions::eps},
+                                                  {"weight_decay", &AdadeltaOptions::weight_decay}};
+
+void check_adadelta(const AdadeltaOptions& options, const std::string& context) {
+  SHARDLAB_CHECK(options.rho >= 0 && options.rho <= 1, "{}: invalid rho {} (must be in [0, 1])", context,
                  options.rho);
-  check_non_negative("Adadelta", "eps", options.eps);
-  check_non_negative("Adadelta", "weight_decay", options.weight_decay);
-  return options;
+  check_non_negative(context, "eps", options.eps);
+  check_non_negative(context, "weight_decay", options.weight_decay);
 }
+
+template <>
+TypeInfo<AdadeltaOptions> type_info() {
+  return {"Adadelta", kAdadeltaFields, check_adadelta};
+}
+
 }  // namespace
 
-Adadelta::Adadelta(nn::Named<Variable> parameters, AdadeltaOptions options)
-    : Optimizer(std::move(parameters), options.lr, "Adadelta"), options(checked(options)) {}
-
-std::vector<std::string> Adadelta::slot_names() const { return {"acc_delta", "square_avg"}; }
-
-void Adadelta::update(const Tensor& param, const Tensor& grad, std::map<std::string, Tensor>& state,
-                      std::int64_t) {
-  // One fused pass (core's adadelta_step) instead of a dozen elementwise ops: the update is
-  // a tenth of the CNN's training step otherwise.
-  adadelta_step(param, grad, zero_slot(state, "square_avg", param), zero_slot(state, "acc_delta", param),
-                {.lr = lr(), .rho = options.rho, .eps = options.eps, .weight_decay = options.weight_decay});
+std::vector<std::string> Adadelta::slot_names(std::span<const double>) const {
+  return {"acc_delta", "square_avg"};
 }
+
+void Adadelta::update(std::span<const ParamUpdate> updates) {
+  // One fused pass over every parameter (core's multi-segment adadelta_step) instead of a dozen
+  // elementwise ops each: the update is a tenth of the CNN's training step otherwise.
+  std::vector<AdadeltaSegment> segments;
+  for (const auto& [param, grad, state, step, group] : updates) {
+    const AdadeltaOptions o = options(group);
+    segments.push_back({.param = param,
+                        .grad = grad,
+                        .square_avg = zero_slot(state, "square_avg", param),
+                        .acc_delta = zero_slot(state, "acc_delta", param),
+                        .hyper = {.lr = o.lr, .rho = o.rho, .eps = o.eps, .weight_decay = o.weight_decay}});
+  }
+  adadelta_step(segments);
+}
+
+// --- OptimizerWith ---------------------------------------------------------------------------
+
+template <typename Options>
+OptimizerWith<Options>::OptimizerWith(nn::Named<Variable> parameters, Options options)
+    : OptimizerWith(one_group(std::move(parameters)), options) {}
+
+template <typename Options>
+OptimizerWith<Options>::OptimizerWith(std::vector<ParamGroup> groups, Options options)
+    : Optimizer(std::move(groups), hyper_parameters(type_info<Options>(), options),
+                type_info<Options>().name) {}
+
+template <typename Options>
+Options OptimizerWith<Options>::options(std::size_t group) const {
+  return options_from(type_info<Options>().fields, hyper_values(group));
+}
+
+template class OptimizerWith<SGDOptions>;
+template class OptimizerWith<AdamOptions>;
+template class OptimizerWith<AdamWOptions>;
+template class OptimizerWith<AdadeltaOptions>;
 
 // --- clip_grad_norm_ -------------------------------------------------------------------------
 

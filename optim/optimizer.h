@@ -1,13 +1,16 @@
-// optim/optimizer.h: optimizers over named parameters, with PyTorch's update rules and
-// defaults. An optimizer reads each parameter's .grad() and updates its tensor in place;
-// parameters without a gradient are skipped. Under FSDP the "parameters" are the flat
-// shards, so the state (momentum, Adam m and v) exists for the local shard only.
+// optim/optimizer.h: optimizers over named parameters in groups, with PyTorch's update rules,
+// defaults and param_groups. An optimizer reads each parameter's .grad() and updates its tensor
+// in place; parameters without a gradient (frozen, or unused this step) are skipped and keep no
+// state. Under FSDP the parameters are each rank's slices of the flat shards, so the state
+// (momentum, Adam m and v) exists for the local shard only.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,70 +20,147 @@
 
 namespace shardlab::optim {
 
+// Parameters that share hyper-parameters (PyTorch's param_groups). Setting a field the optimizer
+// type does not have is an error. Groups may be empty (a rank may hold no element of them).
+//
+//   optim::AdamW opt({{.parameters = decayed}, {.parameters = plain, .weight_decay = 0.0}},
+//                    {.lr = 3e-4, .weight_decay = 0.1});
+struct ParamGroup {
+  nn::Named<Variable> parameters;
+  // Overrides of the optimizer's options for this group; unset fields take the options passed
+  // to the optimizer.
+  std::optional<double> lr, weight_decay;
+  std::optional<double> momentum, dampening;  // SGD
+  std::optional<bool> nesterov;               // SGD
+  std::optional<double> beta1, beta2, eps;    // Adam, AdamW (eps also Adadelta)
+  std::optional<double> rho;                  // Adadelta
+};
+
+// --- for the optimizer types: what they tell the Optimizer base and what it hands them ---------
+
+// An optimizer type's hyper-parameters: their names as ParamGroup and the state dict spell them,
+// "lr" first; their values in the options passed to the constructor (a flag as 0 or 1), which
+// `flags` marks; and the check of one group's values, whose errors start with `context` ("AdamW",
+// or "AdamW: group 1" when there are several groups).
+struct HyperParameters {
+  std::vector<std::string> names;
+  std::vector<double> defaults;
+  std::vector<bool> flags;
+  std::function<void(std::span<const double> values, const std::string& context)> check;
+};
+
+// One parameter that step() updates: its tensor, its gradient (in the parameter's dtype and
+// shape), its state slots (created by the optimizer type on first use; the slot "step" is the
+// base class's), its number of updates counting this one (1 on its first), and its group.
+struct ParamUpdate {
+  Tensor param, grad;
+  std::map<std::string, Tensor>& state;
+  std::int64_t step;
+  std::size_t group;
+};
+
 //   optim::AdamW opt(model->named_parameters(), {.lr = 3e-4});
 //   loss.backward();
 //   opt.step();
 //   opt.zero_grad();
 class Optimizer {
  public:
-  // Every parameter must be a defined, floating, grad-requiring leaf with a unique name, and
-  // the list must not be empty; lr >= 0. Errors name the optimizer type and the parameter.
-  Optimizer(nn::Named<Variable> parameters, double lr, std::string type_name);
   virtual ~Optimizer() = default;
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  // One update of every parameter that has a gradient. Runs without recording a graph. A
-  // gradient of another dtype is cast to the parameter's; its shape must be the parameter's.
+  // One update of every parameter that has a gradient, all of them validated first. Runs without
+  // recording a graph. A gradient of another dtype is cast to the parameter's; its shape must be
+  // the parameter's.
   void step();
   // Drops every parameter's gradient (set_to_none, PyTorch's default) or fills it with zeros.
   void zero_grad(bool set_to_none = true);
 
-  // The current learning rate (schedulers change it); options.lr of a subclass is the initial one.
-  double lr() const { return lr_; }
-  void set_lr(double lr);  // lr >= 0
-  const nn::Named<Variable>& parameters() const { return parameters_; }
+  std::size_t num_groups() const { return groups_.size(); }
+  // A group's parameters, in the order given.
+  const nn::Named<Variable>& group_parameters(std::size_t group) const;
+  // A group's current learning rate (schedulers change it); lr() is group 0's, the only one of an
+  // optimizer built from a plain parameter list.
+  double lr(std::size_t group = 0) const;
+  void set_lr(std::size_t group, double lr);  // lr >= 0
+  void set_lr(double lr);                     // every group's
   // Calls of step() so far.
   std::int64_t steps() const { return steps_; }
 
-  // The per-parameter state as tensors named "<parameter>.<slot>" (e.g. "fc1.weight.exp_avg")
-  // plus "step" (an i64 scalar, steps()). Parameters that were never updated have no entries.
-  // Every updated parameter has the slot "step" (an i64 CPU scalar, the one slot not on the
+  // The state as tensors. Per parameter "<parameter>.<slot>" (e.g. "fc1.weight.exp_avg"), for the
+  // parameters updated so far only: the slot "step" (an i64 CPU scalar, the one slot not on the
   // parameter's device: its own update count, PyTorch's state["step"], which drives Adam's bias
-  // correction) and the slots of the optimizer type, in the parameter's dtype and device.
-  // The slot tensors are the live state, not copies: save them before the next step().
+  // correction) and the slots of the optimizer type, in the parameter's dtype and device. Per
+  // group "param_groups.<g>.<name>" (f64 scalars): every hyper-parameter of the type with the
+  // group's current value (a flag as 0 or 1), and "initial_lr" once a scheduler recorded it. Last
+  // "step" (an i64 scalar, steps()). The slot tensors are the live state, not copies: save them
+  // before the next step().
   nn::StateDict state_dict() const;
-  // Replaces the whole state with copies of `state`, converted to each parameter's dtype and
-  // device. Every key must name a parameter and a slot of this optimizer type, each updated
-  // parameter must have all its slots, shapes must match; on any error nothing is changed.
+  // Replaces the whole state and every group's hyper-parameters (as PyTorch, the loaded ones win)
+  // with copies of `state`, slots converted to each parameter's dtype and device. Every key must
+  // name a parameter and a slot of its group, or a group of this optimizer and a hyper-parameter
+  // of its type; every group needs all its hyper-parameters, each updated parameter all its slots;
+  // shapes must match and values pass the constructor's checks. On any error nothing is changed.
   void load_state_dict(const nn::StateDict& state);
 
  protected:
-  // Updates one parameter in place; `state` holds its slots (created on first use by the
-  // subclass; the slot "step" belongs to the base class). `step` counts this parameter's
-  // updates, this one included (1 on its first).
-  virtual void update(const Tensor& param, const Tensor& grad, std::map<std::string, Tensor>& state,
-                      std::int64_t step) = 0;
-  // The slots update() keeps for every parameter, for load_state_dict's checks.
-  virtual std::vector<std::string> slot_names() const = 0;
+  // Every parameter must be a defined, floating leaf with a unique name, no Variable may appear
+  // twice (under two names or in two groups), and there must be at least one parameter; groups
+  // may be empty. Frozen parameters (requires_grad false) are accepted, as in PyTorch: like any
+  // other, one is updated only when it has a gradient. Each group's options are resolved from
+  // `hyper` and its overrides, then checked.
+  // Errors name the optimizer type, and the group and parameter concerned.
+  Optimizer(std::vector<ParamGroup> groups, HyperParameters hyper, std::string type_name);
+
+  // A group's hyper-parameter values, in the order of HyperParameters::names (the lr current).
+  std::span<const double> hyper_values(std::size_t group) const;
+
+  // Updates the parameters that have a gradient this step (one entry each, group by group).
+  virtual void update(std::span<const ParamUpdate> updates) = 0;
+  // The slots update() keeps for every parameter of a group with these hyper-parameter values,
+  // for load_state_dict's checks.
+  virtual std::vector<std::string> slot_names(std::span<const double> hyper_values) const = 0;
 
  private:
-  friend class LRScheduler;  // reads and records initial_lr_
+  friend class LRScheduler;  // records and reads initial_lrs()
+
+  struct Group {
+    nn::Named<Variable> parameters;
+    std::vector<double> hyper;
+    // The lr when the first scheduler attached: the base of every later scheduler on this
+    // optimizer, as PyTorch's param_group["initial_lr"], so a scheduler created after another
+    // has moved the lr (SequentialLR's parts) still starts from the original lr.
+    std::optional<double> initial_lr;
+  };
+
+  std::size_t checked_group(std::size_t group) const;  // the index, or an Error naming it
+  // What errors about a group start with: the type alone when there is one group.
+  std::string group_context(std::size_t group) const;
+  // Every group's initial_lr, recording the current lr for groups without one.
+  std::vector<double> initial_lrs();
 
   std::string type_name_;
-  nn::Named<Variable> parameters_;
-  double lr_;
+  HyperParameters hyper_;
+  std::vector<Group> groups_;
+  std::map<std::string, std::size_t> group_of_;  // by parameter name
   std::int64_t steps_ = 0;
   std::map<std::string, std::map<std::string, Tensor>> state_;  // by parameter name
-  // The lr when the first scheduler attached: the base of every later scheduler on this
-  // optimizer, as PyTorch's param_group["initial_lr"], so a scheduler created after another
-  // has moved the lr (SequentialLR's parts) still starts from the original lr.
-  std::optional<double> initial_lr_;
+};
+
+// What every optimizer type has and depends only on its options struct: construction from a
+// parameter list (one group) or from groups, and each group's resolved options.
+template <typename Options>
+class OptimizerWith : public Optimizer {
+ public:
+  OptimizerWith(nn::Named<Variable> parameters, Options options);
+  OptimizerWith(std::vector<ParamGroup> groups, Options options);
+  // A group's resolved options, its current lr included.
+  Options options(std::size_t group = 0) const;
 };
 
 // PyTorch's SGD: g += weight_decay * p; with momentum, buf = g on a parameter's first update
 // and buf = momentum * buf + (1 - dampening) * g after; g = nesterov ? g + momentum * buf : buf;
-// p -= lr * g. Slot: "momentum_buffer" (only with momentum).
+// p -= lr * g. Slot: "momentum_buffer" (only in groups with momentum).
 struct SGDOptions {
   double lr = 1e-3;
   double momentum = 0.0;
@@ -88,19 +168,18 @@ struct SGDOptions {
   double weight_decay = 0.0;  // L2: added to the gradient
   bool nesterov = false;
 };
-class SGD final : public Optimizer {
+class SGD final : public OptimizerWith<SGDOptions> {
  public:
-  SGD(nn::Named<Variable> parameters, SGDOptions options);
-  const SGDOptions options;
+  using OptimizerWith::OptimizerWith;
 
  protected:
-  void update(const Tensor& param, const Tensor& grad, std::map<std::string, Tensor>& state,
-              std::int64_t step) override;
-  std::vector<std::string> slot_names() const override;
+  void update(std::span<const ParamUpdate> updates) override;
+  std::vector<std::string> slot_names(std::span<const double> hyper_values) const override;
 };
 
 // PyTorch's Adam: g += weight_decay * p; m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2;
 // p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps). Slots: "exp_avg", "exp_avg_sq".
+// One fused pass over all parameters (core's multi-segment adam_step).
 struct AdamOptions {
   double lr = 1e-3;
   double beta1 = 0.9;
@@ -108,15 +187,13 @@ struct AdamOptions {
   double eps = 1e-8;
   double weight_decay = 0.0;  // Adam: L2 added to the gradient; AdamW: decoupled, lr * wd * param
 };
-class Adam final : public Optimizer {
+class Adam final : public OptimizerWith<AdamOptions> {
  public:
-  Adam(nn::Named<Variable> parameters, AdamOptions options);
-  const AdamOptions options;
+  using OptimizerWith::OptimizerWith;
 
  protected:
-  void update(const Tensor& param, const Tensor& grad, std::map<std::string, Tensor>& state,
-              std::int64_t step) override;
-  std::vector<std::string> slot_names() const override;
+  void update(std::span<const ParamUpdate> updates) override;
+  std::vector<std::string> slot_names(std::span<const double> hyper_values) const override;
 };
 
 // PyTorch's AdamW: p *= 1 - lr * weight_decay, then Adam's update without weight decay.
@@ -127,35 +204,31 @@ struct AdamWOptions {
   double eps = 1e-8;
   double weight_decay = 1e-2;
 };
-class AdamW final : public Optimizer {
+class AdamW final : public OptimizerWith<AdamWOptions> {
  public:
-  AdamW(nn::Named<Variable> parameters, AdamWOptions options);
-  const AdamWOptions options;
+  using OptimizerWith::OptimizerWith;
 
  protected:
-  void update(const Tensor& param, const Tensor& grad, std::map<std::string, Tensor>& state,
-              std::int64_t step) override;
-  std::vector<std::string> slot_names() const override;
+  void update(std::span<const ParamUpdate> updates) override;
+  std::vector<std::string> slot_names(std::span<const double> hyper_values) const override;
 };
 
 // PyTorch's Adadelta: g += weight_decay * p; s = rho s + (1 - rho) g^2;
 // delta = sqrt(a + eps) / sqrt(s + eps) * g; a = rho a + (1 - rho) delta^2; p -= lr * delta.
-// Slots: "square_avg", "acc_delta".
+// Slots: "square_avg", "acc_delta". One fused pass over all parameters (core's adadelta_step).
 struct AdadeltaOptions {
   double lr = 1.0;
   double rho = 0.9;
   double eps = 1e-6;
   double weight_decay = 0.0;
 };
-class Adadelta final : public Optimizer {
+class Adadelta final : public OptimizerWith<AdadeltaOptions> {
  public:
-  Adadelta(nn::Named<Variable> parameters, AdadeltaOptions options);
-  const AdadeltaOptions options;
+  using OptimizerWith::OptimizerWith;
 
  protected:
-  void update(const Tensor& param, const Tensor& grad, std::map<std::string, Tensor>& state,
-              std::int64_t step) override;
-  std::vector<std::string> slot_names() const override;
+  void update(std::span<const ParamUpdate> updates) override;
+  std::vector<std::string> slot_names(std::span<const double> hyper_values) const override;
 };
 
 // Scales all gradients so their global norm is at most max_norm and returns the norm before

@@ -8,18 +8,15 @@
 
 namespace shardlab::optim {
 
-LRScheduler::LRScheduler(Optimizer& optimizer, double base_lr) : optimizer_(optimizer), base_lr_(base_lr) {}
+LRScheduler::LRScheduler(Optimizer& optimizer) : optimizer_(optimizer), base_lrs_(optimizer.initial_lrs()) {}
 
 void LRScheduler::step() {
   ++epoch_;
   apply();
 }
 
-void LRScheduler::apply() { optimizer_.set_lr(lr_at(epoch_)); }
-
-double LRScheduler::initial_lr(Optimizer& optimizer) {
-  if (!optimizer.initial_lr_) optimizer.initial_lr_ = optimizer.lr();
-  return *optimizer.initial_lr_;
+void LRScheduler::apply() {
+  for (std::size_t g = 0; g < base_lrs_.size(); ++g) optimizer_.set_lr(g, lr_at(epoch_, base_lrs_[g]));
 }
 
 // --- StepLR ----------------------------------------------------------------------------------
@@ -36,14 +33,12 @@ double checked_gamma(double gamma) {
 }  // namespace
 
 StepLR::StepLR(Optimizer& optimizer, std::int64_t step_size, double gamma)
-    : LRScheduler(optimizer, initial_lr(optimizer)),
-      step_size(checked_step_size(step_size)),
-      gamma(checked_gamma(gamma)) {
+    : LRScheduler(optimizer), step_size(checked_step_size(step_size)), gamma(checked_gamma(gamma)) {
   apply();
 }
 
-double StepLR::lr_at(std::int64_t epoch) const {
-  return base_lr_ * std::pow(gamma, static_cast<double>(epoch / step_size));
+double StepLR::lr_at(std::int64_t epoch, double base_lr) const {
+  return base_lr * std::pow(gamma, static_cast<double>(epoch / step_size));
 }
 
 // --- LinearLR --------------------------------------------------------------------------------
@@ -67,17 +62,17 @@ std::int64_t checked_total_iters(std::int64_t total_iters) {
 }  // namespace
 
 LinearLR::LinearLR(Optimizer& optimizer, double start_factor, double end_factor, std::int64_t total_iters)
-    : LRScheduler(optimizer, initial_lr(optimizer)),
+    : LRScheduler(optimizer),
       start_factor(checked_start(start_factor)),
       end_factor(checked_end(end_factor)),
       total_iters(checked_total_iters(total_iters)) {
   apply();
 }
 
-double LinearLR::lr_at(std::int64_t epoch) const {
+double LinearLR::lr_at(std::int64_t epoch, double base_lr) const {
   const double progress =
       static_cast<double>(std::min(epoch, total_iters)) / static_cast<double>(total_iters);
-  return base_lr_ * (start_factor + (end_factor - start_factor) * progress);
+  return base_lr * (start_factor + (end_factor - start_factor) * progress);
 }
 
 // --- CosineAnnealingLR -----------------------------------------------------------------------
@@ -94,24 +89,20 @@ double checked_eta_min(double eta_min) {
 }  // namespace
 
 CosineAnnealingLR::CosineAnnealingLR(Optimizer& optimizer, std::int64_t t_max, double eta_min)
-    : LRScheduler(optimizer, initial_lr(optimizer)),
-      t_max(checked_t_max(t_max)),
-      eta_min(checked_eta_min(eta_min)) {
+    : LRScheduler(optimizer), t_max(checked_t_max(t_max)), eta_min(checked_eta_min(eta_min)) {
   apply();
 }
 
-double CosineAnnealingLR::lr_at(std::int64_t epoch) const {
+double CosineAnnealingLR::lr_at(std::int64_t epoch, double base_lr) const {
   const double angle = std::numbers::pi * static_cast<double>(epoch) / static_cast<double>(t_max);
-  return eta_min + (base_lr_ - eta_min) * (1.0 + std::cos(angle)) / 2.0;
+  return eta_min + (base_lr - eta_min) * (1.0 + std::cos(angle)) / 2.0;
 }
 
 // --- SequentialLR ----------------------------------------------------------------------------
 
 SequentialLR::SequentialLR(Optimizer& optimizer, std::vector<std::unique_ptr<LRScheduler>> schedulers,
                            std::vector<std::int64_t> milestones)
-    : LRScheduler(optimizer, initial_lr(optimizer)),
-      schedulers_(std::move(schedulers)),
-      milestones_(std::move(milestones)) {
+    : LRScheduler(optimizer), schedulers_(std::move(schedulers)), milestones_(std::move(milestones)) {
   SHARDLAB_CHECK(!schedulers_.empty(), "SequentialLR: needs at least one scheduler");
   for (std::size_t i = 0; i < schedulers_.size(); ++i) {
     SHARDLAB_CHECK(schedulers_[i] != nullptr, "SequentialLR: scheduler {} is null", i);
@@ -134,11 +125,11 @@ SequentialLR::SequentialLR(Optimizer& optimizer, std::vector<std::unique_ptr<LRS
   apply();
 }
 
-double SequentialLR::lr_at(std::int64_t epoch) const {
+double SequentialLR::lr_at(std::int64_t epoch, double base_lr) const {
   // The part whose range holds `epoch`: the number of milestones at or before it.
   const auto passed = std::upper_bound(milestones_.begin(), milestones_.end(), epoch) - milestones_.begin();
   const std::int64_t start = passed == 0 ? 0 : milestones_[static_cast<std::size_t>(passed - 1)];
-  return schedulers_[static_cast<std::size_t>(passed)]->lr_at(epoch - start);
+  return schedulers_[static_cast<std::size_t>(passed)]->lr_at(epoch - start, base_lr);
 }
 
 }  // namespace shardlab::optim

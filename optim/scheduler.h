@@ -1,5 +1,6 @@
-// optim/scheduler.h: learning-rate schedules with PyTorch's closed forms; step() once per
-// epoch (or iteration) after optimizer.step().
+// optim/scheduler.h: learning-rate schedules with PyTorch's closed forms, applied to every
+// parameter group from its own initial lr; step() once per epoch (or iteration) after
+// optimizer.step().
 //
 //   optim::Adadelta opt(model->named_parameters(), {.lr = 1.0});
 //   optim::StepLR scheduler(opt, /*step_size=*/1, /*gamma=*/0.7);
@@ -14,36 +15,40 @@
 
 namespace shardlab::optim {
 
+// Every schedule scales each parameter group from its own base lr (PyTorch's): group g's lr after
+// `epoch` steps is lr_at(epoch, base_lrs()[g]).
 class LRScheduler {
  public:
-  // Subclass constructors end with apply(), which sets the optimizer's lr to lr_at(0) (the
-  // base lr for most schedules). The built-in schedules take as base_lr the optimizer's lr
-  // when its first scheduler was created (PyTorch's "initial_lr"; see initial_lr()).
-  LRScheduler(Optimizer& optimizer, double base_lr);
+  // Takes as base lrs the groups' lrs when the optimizer's first scheduler was created (PyTorch's
+  // "initial_lr", recorded on the optimizer by that first scheduler), so a scheduler created after
+  // another has moved the lrs (SequentialLR's parts) still starts from the original ones.
+  // Subclass constructors end with apply(), which sets every group's lr for epoch 0.
+  explicit LRScheduler(Optimizer& optimizer);
   virtual ~LRScheduler() = default;
-  // Advances one epoch and sets the optimizer's lr to lr_at(epoch).
+  // Advances one epoch and sets every group's lr for it.
   void step();
   std::int64_t epoch() const { return epoch_; }
-  double last_lr() const { return optimizer_.lr(); }
-  // The lr after `epoch` steps, in closed form.
-  virtual double lr_at(std::int64_t epoch) const = 0;
+  double last_lr(std::size_t group = 0) const { return optimizer_.lr(group); }
+  const std::vector<double>& base_lrs() const { return base_lrs_; }
+  // The lr after `epoch` steps of a group whose base lr is base_lr, in closed form.
+  virtual double lr_at(std::int64_t epoch, double base_lr) const = 0;
 
  protected:
-  void apply();  // optimizer lr = lr_at(epoch_)
-  // The optimizer's lr when its first scheduler was created; records it on the first call.
-  static double initial_lr(Optimizer& optimizer);
+  void apply();  // group g's lr = lr_at(epoch_, base_lrs_[g])
   // The optimizer another scheduler drives (SequentialLR checks its parts share one).
   static const Optimizer& optimizer_of(const LRScheduler& scheduler) { return scheduler.optimizer_; }
   Optimizer& optimizer_;
-  const double base_lr_;
   std::int64_t epoch_ = 0;
+
+ private:
+  std::vector<double> base_lrs_;
 };
 
 // lr = base * gamma^floor(epoch / step_size); step_size >= 1, gamma > 0.
 class StepLR final : public LRScheduler {
  public:
   StepLR(Optimizer& optimizer, std::int64_t step_size, double gamma = 0.1);
-  double lr_at(std::int64_t epoch) const override;
+  double lr_at(std::int64_t epoch, double base_lr) const override;
   const std::int64_t step_size;
   const double gamma;
 };
@@ -55,7 +60,7 @@ class LinearLR final : public LRScheduler {
  public:
   LinearLR(Optimizer& optimizer, double start_factor = 1.0 / 3, double end_factor = 1.0,
            std::int64_t total_iters = 5);
-  double lr_at(std::int64_t epoch) const override;
+  double lr_at(std::int64_t epoch, double base_lr) const override;
   const double start_factor, end_factor;
   const std::int64_t total_iters;
 };
@@ -65,13 +70,13 @@ class LinearLR final : public LRScheduler {
 class CosineAnnealingLR final : public LRScheduler {
  public:
   CosineAnnealingLR(Optimizer& optimizer, std::int64_t t_max, double eta_min = 0.0);
-  double lr_at(std::int64_t epoch) const override;
+  double lr_at(std::int64_t epoch, double base_lr) const override;
   const std::int64_t t_max;
   const double eta_min;
 };
 
 // Runs schedulers[i] from milestones[i-1] on, each counting its epochs from its own start:
-// lr_at(e) = schedulers[i]->lr_at(e - milestones[i-1]) for milestones[i-1] <= e < milestones[i].
+// lr_at(e, base) = schedulers[i]->lr_at(e - milestones[i-1], base) for milestones[i-1] <= e < milestones[i].
 // Needs one milestone fewer than schedulers, milestones >= 1 and strictly increasing, and
 // every scheduler on `optimizer`. Only the parts' closed forms are used, never their step().
 //
@@ -83,7 +88,7 @@ class SequentialLR final : public LRScheduler {
  public:
   SequentialLR(Optimizer& optimizer, std::vector<std::unique_ptr<LRScheduler>> schedulers,
                std::vector<std::int64_t> milestones);
-  double lr_at(std::int64_t epoch) const override;
+  double lr_at(std::int64_t epoch, double base_lr) const override;
 
  private:
   std::vector<std::unique_ptr<LRScheduler>> schedulers_;

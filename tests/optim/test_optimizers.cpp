@@ -1,8 +1,10 @@
 // tests/optim/test_optimizers.cpp: SGD, Adam, AdamW and Adadelta against naive per-element
 // re-implementations, their state dicts, argument errors, and clip_grad_norm_.
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -120,8 +122,9 @@ void check_three_steps(Options options, Ref ref, DType dtype = DType::f64) {
   for (const auto& [key, tensor] : opt.state_dict()) {
     INFO(key);
     CHECK(key.rfind("frozen.", 0) != 0);
-    // State lives in the parameter's dtype; the step counters are i64.
-    CHECK(tensor.dtype() == (key == "step" || key == "w.step" ? DType::i64 : dtype));
+    // State lives in the parameter's dtype; the step counters are i64, the group's values f64.
+    const bool counter = key == "step" || key == "w.step";
+    CHECK(tensor.dtype() == (counter ? DType::i64 : key.starts_with("param_groups.") ? DType::f64 : dtype));
   }
 }
 
@@ -258,7 +261,7 @@ TEST_CASE("SGD: set_lr changes the next update; zero_grad clears or zeroes", "[o
   optim::SGD opt({{"w", w}}, {.lr = 0.1});
   opt.set_lr(0.5);
   CHECK(opt.lr() == 0.5);
-  CHECK(opt.options.lr == 0.1);
+  CHECK(opt.options().lr == 0.5);
   w.set_grad(from_vector<double>({1.0, 2.0, -4.0}));
   opt.step();
   check_close(w.data(), {0.5 - 0.5, -1.25 - 1.0, 2.0 + 2.0}, kF64);
@@ -281,54 +284,108 @@ void set_test_grads(const Variable& w, const Variable& b, int t) {
   b.set_grad(from_vector<double>({0.5 * t, -0.25 * t}));
 }
 
-// Saves after 2 steps, loads into a fresh optimizer over equal parameters, and steps both:
-// they must agree exactly, while an optimizer that did not load must not.
+// Builds an optimizer over a weight and a bias (named "layer.weight" and "layer.bias").
+using Build = std::function<std::unique_ptr<optim::Optimizer>(const Variable& w, const Variable& b)>;
+
 template <typename Opt, typename Options>
-void check_round_trip(Options options) {
+Build one_group(Options options) {
+  return [options](const Variable& w, const Variable& b) {
+    return std::make_unique<Opt>(nn::Named<Variable>{{"layer.weight", w}, {"layer.bias", b}}, options);
+  };
+}
+
+// The weight in the options' group, the bias in a group with its own lr and weight decay.
+template <typename Opt, typename Options>
+Build two_groups(Options options, double bias_lr, double bias_decay) {
+  return [=](const Variable& w, const Variable& b) {
+    return std::make_unique<Opt>(
+        std::vector<optim::ParamGroup>{
+            {.parameters = {{"layer.weight", w}}},
+            {.parameters = {{"layer.bias", b}}, .lr = bias_lr, .weight_decay = bias_decay}},
+        options);
+  };
+}
+
+// Saves after 2 steps, loads into a fresh optimizer over equal parameters built by `build_fresh`
+// (whose hyper-parameters the load replaces), and steps both: they must agree exactly, while an
+// optimizer that did not load must not.
+void check_round_trip(const Build& build, const Build& build_fresh) {
   // Dotted names, as a model gives them: the key splits at the last dot.
   Variable w(from_vector<double>(kStart), true, "layer.weight");
   Variable b(from_vector<double>({0.1, -0.2}), true, "layer.bias");
-  Opt first({{"layer.weight", w}, {"layer.bias", b}}, options);
+  const auto first = build(w, b);
   for (int t = 1; t <= 2; ++t) {
     set_test_grads(w, b, t);
-    first.step();
+    first->step();
   }
-  const nn::StateDict saved = first.state_dict();
+  const nn::StateDict saved = first->state_dict();
 
   Variable w2(w.data().clone(), true), b2(b.data().clone(), true);
-  Opt second({{"layer.weight", w2}, {"layer.bias", b2}}, options);
-  second.load_state_dict(saved);
-  CHECK(second.steps() == 2);
+  const auto second = build_fresh(w2, b2);
+  second->load_state_dict(saved);
+  CHECK(second->steps() == 2);
+  for (std::size_t g = 0; g < first->num_groups(); ++g) CHECK(second->lr(g) == first->lr(g));
   Variable w3(w.data().clone(), true), b3(b.data().clone(), true);
-  Opt control({{"layer.weight", w3}, {"layer.bias", b3}}, options);
+  const auto control = build(w3, b3);
 
   for (int t = 3; t <= 4; ++t) {
     // `first` steps before `second`: `saved` holds first's live state, so a load that kept
     // those tensors instead of copying them would see them advance and diverge here.
     set_test_grads(w, b, t);
-    first.step();
+    first->step();
     set_test_grads(w2, b2, t);
-    second.step();
+    second->step();
     set_test_grads(w3, b3, t);
-    control.step();
+    control->step();
     check_equal(w2.data(), values(w.data()));
     check_equal(b2.data(), values(b.data()));
   }
   CHECK(test::count_mismatches(values(w3.data()), values(w.data()), kF64) > 0);
 
   std::vector<std::string> keys_first, keys_second;
-  for (const auto& [key, tensor] : first.state_dict()) keys_first.push_back(key);
-  for (const auto& [key, tensor] : second.state_dict()) keys_second.push_back(key);
+  for (const auto& [key, tensor] : first->state_dict()) keys_first.push_back(key);
+  for (const auto& [key, tensor] : second->state_dict()) keys_second.push_back(key);
   CHECK(keys_first == keys_second);
 }
 
 TEST_CASE("state_dict round trip gives identical continued training", "[optim]") {
   SECTION("SGD with momentum") {
-    check_round_trip<optim::SGD>(optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01});
+    const auto build =
+        one_group<optim::SGD>(optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01});
+    check_round_trip(build, build);
   }
-  SECTION("Adam") { check_round_trip<optim::Adam>(optim::AdamOptions{.lr = 0.1, .eps = 0.01}); }
-  SECTION("AdamW") { check_round_trip<optim::AdamW>(optim::AdamWOptions{.lr = 0.1, .weight_decay = 0.1}); }
-  SECTION("Adadelta") { check_round_trip<optim::Adadelta>(optim::AdadeltaOptions{.rho = 0.8}); }
+  SECTION("Adam") {
+    const auto build = one_group<optim::Adam>(optim::AdamOptions{.lr = 0.1, .eps = 0.01});
+    check_round_trip(build, build);
+  }
+  SECTION("AdamW") {
+    const auto build = one_group<optim::AdamW>(optim::AdamWOptions{.lr = 0.1, .weight_decay = 0.1});
+    check_round_trip(build, build);
+  }
+  SECTION("Adadelta") {
+    const auto build = one_group<optim::Adadelta>(optim::AdadeltaOptions{.rho = 0.8});
+    check_round_trip(build, build);
+  }
+}
+
+TEST_CASE("state_dict round trip with two groups restores each group's hyper-parameters", "[optim]") {
+  // The fresh optimizer is built with other options and lrs: the loaded ones must win.
+  SECTION("SGD") {
+    check_round_trip(two_groups<optim::SGD>(optim::SGDOptions{.lr = 0.1, .momentum = 0.9}, 0.3, 0.05),
+                     two_groups<optim::SGD>(optim::SGDOptions{.lr = 0.7, .momentum = 0.5}, 0.01, 0.0));
+  }
+  SECTION("Adam") {
+    check_round_trip(two_groups<optim::Adam>(optim::AdamOptions{.lr = 0.1, .eps = 0.01}, 0.02, 0.1),
+                     two_groups<optim::Adam>(optim::AdamOptions{.beta1 = 0.5}, 0.5, 0.0));
+  }
+  SECTION("AdamW") {
+    check_round_trip(two_groups<optim::AdamW>(optim::AdamWOptions{.lr = 0.1, .weight_decay = 0.1}, 0.05, 0.0),
+                     two_groups<optim::AdamW>(optim::AdamWOptions{}, 0.3, 0.2));
+  }
+  SECTION("Adadelta") {
+    check_round_trip(two_groups<optim::Adadelta>(optim::AdadeltaOptions{.rho = 0.8}, 0.5, 0.1),
+                     two_groups<optim::Adadelta>(optim::AdadeltaOptions{.rho = 0.95}, 2.0, 0.0));
+  }
 }
 
 TEST_CASE("state_dict: keys, live tensors, and loading converts to the parameter's dtype", "[optim]") {
@@ -340,8 +397,11 @@ TEST_CASE("state_dict: keys, live tensors, and loading converts to the parameter
   const nn::StateDict sd = opt.state_dict();
   std::vector<std::string> keys;
   for (const auto& [key, tensor] : sd) keys.push_back(key);
-  CHECK(keys ==
-        std::vector<std::string>{"fc1.weight.exp_avg", "fc1.weight.exp_avg_sq", "fc1.weight.step", "step"});
+  CHECK(keys == std::vector<std::string>{"fc1.weight.exp_avg", "fc1.weight.exp_avg_sq", "fc1.weight.step",
+                                         "param_groups.0.lr", "param_groups.0.beta1", "param_groups.0.beta2",
+                                         "param_groups.0.eps", "param_groups.0.weight_decay", "step"});
+  CHECK(values(sd[3].second) == Vec{0.1});
+  CHECK(sd[3].second.dtype() == DType::f64);
   // exp_avg after one step is (1 - beta1) g.
   check_close(sd[0].second, {0.1, -0.1, 0.05});
   check_close(sd[1].second, {0.001, 0.001, 0.00025});
@@ -356,7 +416,7 @@ TEST_CASE("state_dict: keys, live tensors, and loading converts to the parameter
   optim::Adam other({{"fc1.weight", w2}, {"fc1.bias", unused2}}, {.lr = 0.1});
   other.load_state_dict(as_f64);
   const nn::StateDict loaded = other.state_dict();
-  REQUIRE(loaded.size() == 4);
+  REQUIRE(loaded.size() == 9);
   CHECK(loaded[0].second.dtype() == DType::f32);
   check_close(loaded[0].second, {0.1, -0.1, 0.05});
   as_f64[0].second.fill_(7.0);
@@ -372,8 +432,14 @@ TEST_CASE("load_state_dict errors name the key and leave the state unchanged", "
 
   const auto t3 = [] { return zeros({3}, dtype(DType::f64)); };
   const auto step = [](std::int64_t n) { return scalar_tensor(n, dtype(DType::i64)); };
-  const nn::StateDict good = {
-      {"w.exp_avg", t3()}, {"w.exp_avg_sq", t3()}, {"w.step", step(1)}, {"step", step(1)}};
+  const auto f64 = [](double v) { return scalar_tensor(v, dtype(DType::f64)); };
+  const nn::StateDict hyper = {{"param_groups.0.lr", f64(0.1)},
+                               {"param_groups.0.beta1", f64(0.9)},
+                               {"param_groups.0.beta2", f64(0.999)},
+                               {"param_groups.0.eps", f64(1e-8)},
+                               {"param_groups.0.weight_decay", f64(0.0)}};
+  nn::StateDict good = {{"w.exp_avg", t3()}, {"w.exp_avg_sq", t3()}, {"w.step", step(1)}, {"step", step(1)}};
+  good.insert(good.end(), hyper.begin(), hyper.end());
   const auto with = [&](const std::string& key, const Tensor& value) {
     nn::StateDict out = good;
     bool replaced = false;
@@ -394,9 +460,9 @@ TEST_CASE("load_state_dict errors name the key and leave the state unchanged", "
     return out;
   };
 
-  CHECK_THROWS_ERROR(
-      opt.load_state_dict(with("bogus", t3())),
-      "Adam.load_state_dict: unexpected key 'bogus' (keys are '<parameter>.<slot>' or 'step')");
+  CHECK_THROWS_ERROR(opt.load_state_dict(with("bogus", t3())),
+                     "Adam.load_state_dict: unexpected key 'bogus' (keys are '<parameter>.<slot>', "
+                     "'param_groups.<group>.<hyper-parameter>' or 'step')");
   CHECK_THROWS_ERROR(opt.load_state_dict(with("v.exp_avg", t3())),
                      "Adam.load_state_dict: unexpected key 'v.exp_avg': no parameter 'v'");
   CHECK_THROWS_ERROR(
@@ -430,19 +496,293 @@ TEST_CASE("load_state_dict errors name the key and leave the state unchanged", "
   // Nothing above was applied.
   CHECK(opt.steps() == 1);
   check_equal(opt.state_dict()[0].second, exp_avg_before);
-  // The good dict loads, and a dict with only "step" clears every parameter's state.
+  // The good dict loads, and a dict without parameter keys clears every parameter's state.
   opt.load_state_dict(good);
   check_equal(opt.state_dict()[0].second, {0.0, 0.0, 0.0});
-  opt.load_state_dict({{"step", step(5)}});
+  nn::StateDict only_counter = hyper;
+  only_counter.emplace_back("step", step(5));
+  opt.load_state_dict(only_counter);
   CHECK(opt.steps() == 5);
-  CHECK(opt.state_dict().size() == 1);
+  CHECK(opt.state_dict().size() == 6);
 
-  // SGD without momentum keeps only the step counter.
+  // SGD without momentum keeps only the step counter; with momentum (also when the loaded
+  // group sets it) every updated parameter needs its buffer.
   Variable v(from_vector<double>(kStart), true);
   optim::SGD sgd({{"w", v}}, {.lr = 0.1});
-  CHECK_THROWS_ERROR(sgd.load_state_dict(good),
+  v.set_grad(from_vector<double>({1.0, 2.0, 3.0}));
+  sgd.step();
+  nn::StateDict with_adam_slot = sgd.state_dict();
+  with_adam_slot.emplace_back("w.exp_avg", t3());
+  CHECK_THROWS_ERROR(sgd.load_state_dict(with_adam_slot),
                      "SGD.load_state_dict: unexpected key 'w.exp_avg': SGD has no state slot 'exp_avg' "
                      "(its slots: step)");
+  nn::StateDict with_momentum = sgd.state_dict();
+  for (auto& [key, tensor] : with_momentum) {
+    if (key == "param_groups.0.momentum") tensor = f64(0.9);
+  }
+  CHECK_THROWS_ERROR(sgd.load_state_dict(with_momentum),
+                     "SGD.load_state_dict: missing key 'w.momentum_buffer' (expected shape [3])");
+}
+
+// --- parameter groups and frozen parameters ------------------------------------------------------
+
+Variable f32_parameter(const Vec& v, const char* name) {
+  return Variable(from_vector<double>(v).to(DType::f32), true, name);
+}
+
+// Three steps of one optimizer over two groups (a1 and a2 with the options, b with its own lr
+// and weight decay) against two single-group optimizers, one per group's options, on copies:
+// every parameter must come out bit for bit the same.
+template <typename Opt, typename Options>
+void check_groups_match_separate_optimizers(Options options, double b_lr, double b_decay) {
+  Variable a1 = f32_parameter(kStart, "a1"), a2 = f32_parameter({0.25, -0.5}, "a2");
+  Variable b = f32_parameter({1.5, 0.75, -2.0}, "b");
+  Opt grouped({{.parameters = {{"a1", a1}, {"a2", a2}}},
+               {.parameters = {{"b", b}}, .lr = b_lr, .weight_decay = b_decay}},
+              options);
+  CHECK(grouped.num_groups() == 2);
+  CHECK(grouped.options(0).lr == options.lr);
+  CHECK(grouped.options(1).lr == b_lr);
+  CHECK(grouped.options(1).weight_decay == b_decay);
+
+  Variable alone_a1(a1.data().clone(), true), alone_a2(a2.data().clone(), true),
+      alone_b(b.data().clone(), true);
+  Options b_options = options;
+  b_options.lr = b_lr;
+  b_options.weight_decay = b_decay;
+  Opt alone_a({{"a1", alone_a1}, {"a2", alone_a2}}, options);
+  Opt alone_group_b({{"b", alone_b}}, b_options);
+
+  for (int t = 1; t <= 3; ++t) {
+    INFO("step " << t);
+    for (const auto& [param, twin] :
+         {std::pair{a1, alone_a1}, std::pair{a2, alone_a2}, std::pair{b, alone_b}}) {
+      const Tensor grad = from_vector<double>(test_grad(values(param.data()), t)).to(DType::f32);
+      param.set_grad(grad);
+      twin.set_grad(grad.clone());
+    }
+    grouped.step();
+    alone_a.step();
+    alone_group_b.step();
+    check_equal(a1.data(), values(alone_a1.data()));
+    check_equal(a2.data(), values(alone_a2.data()));
+    check_equal(b.data(), values(alone_b.data()));
+  }
+  // The groups really differ: b under the first group's options would have moved otherwise.
+  Variable b_in_a(from_vector<double>({1.5, 0.75, -2.0}).to(DType::f32), true);
+  Opt as_group_a({{"b", b_in_a}}, options);
+  for (int t = 1; t <= 3; ++t) {
+    b_in_a.set_grad(from_vector<double>(test_grad(values(b_in_a.data()), t)).to(DType::f32));
+    as_group_a.step();
+  }
+  CHECK(test::count_mismatches(values(b_in_a.data()), values(b.data()), {0.0, 0.0}) > 0);
+}
+
+TEST_CASE("parameter groups: each group updates exactly as its own optimizer would", "[optim]") {
+  SECTION("SGD") {
+    check_groups_match_separate_optimizers<optim::SGD>(optim::SGDOptions{.lr = 0.1, .momentum = 0.9}, 0.02,
+                                                       0.1);
+  }
+  SECTION("Adam") {
+    check_groups_match_separate_optimizers<optim::Adam>(optim::AdamOptions{.lr = 0.1, .weight_decay = 0.05},
+                                                        0.01, 0.0);
+  }
+  SECTION("AdamW") {
+    check_groups_match_separate_optimizers<optim::AdamW>(optim::AdamWOptions{.lr = 0.1, .weight_decay = 0.1},
+                                                         0.03, 0.0);
+  }
+  SECTION("Adadelta") {
+    check_groups_match_separate_optimizers<optim::Adadelta>(optim::AdadeltaOptions{.lr = 1.0}, 0.5, 0.2);
+  }
+}
+
+TEST_CASE("groups override only the fields they set; set_lr per group and for all", "[optim]") {
+  Variable w(from_vector<double>(kStart), true, "w"), v(from_vector<double>({1.0}), true, "v");
+  optim::SGD opt({{.parameters = {{"w", w}}}, {.parameters = {{"v", v}}, .momentum = 0.5, .nesterov = true}},
+                 {.lr = 0.1, .momentum = 0.9, .dampening = 0.0, .weight_decay = 0.01});
+  const optim::SGDOptions second = opt.options(1);
+  CHECK(second.lr == 0.1);
+  CHECK(second.momentum == 0.5);
+  CHECK(second.weight_decay == 0.01);
+  CHECK(second.nesterov);
+  CHECK_FALSE(opt.options(0).nesterov);
+  CHECK(opt.group_parameters(1).size() == 1);
+  CHECK(opt.group_parameters(1)[0].first == "v");
+  CHECK(opt.group_parameters(0)[0].second.same(w));
+
+  opt.set_lr(1, 0.7);
+  CHECK(opt.lr(0) == 0.1);
+  CHECK(opt.lr(1) == 0.7);
+  CHECK(opt.options(1).lr == 0.7);
+  opt.set_lr(0.3);
+  CHECK(opt.lr(0) == 0.3);
+  CHECK(opt.lr(1) == 0.3);
+  CHECK(opt.lr() == 0.3);
+}
+
+TEST_CASE("frozen, unused and empty parameters: accepted, untouched, stateless unless they have a gradient",
+          "[optim]") {
+  Variable w(from_vector<double>(kStart), true, "w");
+  Variable frozen(from_vector<double>({3.0, -4.0}), false, "frozen");
+  Variable unused(from_vector<double>({5.0}), true, "unused");
+  // A rank's slice of a parameter it holds no element of (FSDP): empty, with an empty gradient.
+  Variable empty_slice(zeros({0}, dtype(DType::f64)), true, "empty");
+  optim::Adam opt({{.parameters = {}},
+                   {.parameters = {{"w", w}, {"frozen", frozen}}},
+                   {.parameters = {{"unused", unused}, {"empty", empty_slice}}, .lr = 0.5}},
+                  {.lr = 0.1});
+  Vec p = kStart;
+  AdamRef ref{.lr = 0.1, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0};
+  for (int t = 1; t <= 2; ++t) {
+    const Vec g = test_grad(p, t);
+    w.set_grad(from_vector<double>(g));
+    empty_slice.set_grad(zeros({0}, dtype(DType::f64)));
+    opt.step();
+    ref.step(p, g);
+  }
+  check_close(w.data(), p, kF64);
+  check_equal(frozen.data(), {3.0, -4.0});
+  check_equal(unused.data(), {5.0});
+  CHECK(empty_slice.data().numel() == 0);
+  std::vector<std::string> parameter_keys;
+  for (const auto& [key, tensor] : opt.state_dict()) {
+    if (key != "step" && !key.starts_with("param_groups.")) parameter_keys.push_back(key);
+  }
+  CHECK(parameter_keys == std::vector<std::string>{"w.exp_avg", "w.exp_avg_sq", "w.step", "empty.exp_avg",
+                                                   "empty.exp_avg_sq", "empty.step"});
+}
+
+TEST_CASE("parameter group errors name the optimizer, the group and the field", "[optim]") {
+  Variable w(from_vector<double>(kStart), true, "w"), v(from_vector<double>({1.0}), true, "v");
+  const nn::Named<Variable> first = {{"w", w}}, second = {{"v", v}};
+
+  SECTION("a field the optimizer type does not have") {
+    CHECK_THROWS_ERROR(
+        optim::AdamW({{.parameters = first}, {.parameters = second, .momentum = 0.9}}, {}),
+        "AdamW: group 1 sets momentum, which AdamW does not have (it has lr, beta1, beta2, eps, "
+        "weight_decay)");
+    CHECK_THROWS_ERROR(optim::SGD({{.parameters = first, .rho = 0.9}}, {}),
+                       "SGD: group 0 sets rho, which SGD does not have (it has lr, momentum, dampening, "
+                       "weight_decay, nesterov)");
+    CHECK_THROWS_ERROR(optim::Adam({{.parameters = first, .nesterov = false}}, {}),
+                       "Adam: group 0 sets nesterov, which Adam does not have (it has lr, beta1, beta2, eps, "
+                       "weight_decay)");
+    CHECK_THROWS_ERROR(optim::Adadelta({{.parameters = first}, {.parameters = second, .beta1 = 0.9}}, {}),
+                       "Adadelta: group 1 sets beta1, which Adadelta does not have (it has lr, rho, eps, "
+                       "weight_decay)");
+  }
+  SECTION("a group's resolved options are checked, naming the group") {
+    CHECK_THROWS_ERROR(optim::SGD({{.parameters = first}, {.parameters = second, .momentum = -1}}, {}),
+                       "SGD: group 1: invalid momentum -1 (must be >= 0)");
+    CHECK_THROWS_ERROR(
+        optim::SGD({{.parameters = first}, {.parameters = second, .nesterov = true}}, {}),
+        "SGD: group 1: nesterov needs momentum > 0 and dampening == 0 (got momentum 0, dampening 0)");
+    CHECK_THROWS_ERROR(optim::Adam({{.parameters = first, .lr = -1}, {.parameters = second}}, {}),
+                       "Adam: group 0: invalid learning rate -1 (must be >= 0)");
+    CHECK_THROWS_ERROR(optim::AdamW({{.parameters = first}, {.parameters = second, .beta2 = 1.0}}, {}),
+                       "AdamW: group 1: invalid beta2 1 (must be in [0, 1))");
+    CHECK_THROWS_ERROR(optim::Adadelta({{.parameters = first}, {.parameters = second, .rho = 2.0}}, {}),
+                       "Adadelta: group 1: invalid rho 2 (must be in [0, 1])");
+    // One group: the messages of a plain parameter list.
+    CHECK_THROWS_ERROR(optim::Adam({{.parameters = first, .eps = -1}}, {}),
+                       "Adam: invalid eps -1 (must be >= 0)");
+  }
+  SECTION("parameters across groups") {
+    CHECK_THROWS_ERROR(optim::SGD({{.parameters = first}, {.parameters = {{"w", v}}}}, {}),
+                       "SGD: parameter name 'w' appears twice");
+    CHECK_THROWS_ERROR(optim::SGD({{.parameters = first}, {.parameters = {{"again", w}}}}, {}),
+                       "SGD: parameters 'w' and 'again' are the same Variable");
+    CHECK_THROWS_ERROR(optim::Adam({{.parameters = {}}, {.parameters = {}}}, {}),
+                       "Adam: got an empty parameter list");
+    CHECK_THROWS_ERROR(optim::Adam(std::vector<optim::ParamGroup>{}, {}),
+                       "Adam: got an empty parameter list");
+  }
+  SECTION("group indices") {
+    optim::SGD opt({{.parameters = first}, {.parameters = second}}, {.lr = 0.1});
+    CHECK_THROWS_ERROR(opt.lr(2), "SGD: no parameter group 2 (it has 2)");
+    CHECK_THROWS_ERROR(opt.set_lr(2, 0.1), "SGD: no parameter group 2 (it has 2)");
+    CHECK_THROWS_ERROR(opt.group_parameters(5), "SGD: no parameter group 5 (it has 2)");
+    CHECK_THROWS_ERROR(opt.options(2), "SGD: no parameter group 2 (it has 2)");
+    CHECK_THROWS_ERROR(opt.set_lr(1, -1), "SGD: group 1: invalid learning rate -1 (must be >= 0)");
+    CHECK_THROWS_ERROR(opt.set_lr(kNaN), "SGD: invalid learning rate nan (must be >= 0)");
+    CHECK(opt.lr(0) == 0.1);
+    CHECK(opt.lr(1) == 0.1);
+  }
+}
+
+TEST_CASE("load_state_dict: group keys are checked like the constructor's options, nothing changes on error",
+          "[optim]") {
+  Variable w(from_vector<double>(kStart), true, "w"), b(from_vector<double>({0.5, -0.5}), true, "b");
+  optim::SGD opt({{.parameters = {{"w", w}}}, {.parameters = {{"b", b}}, .lr = 0.2, .momentum = 0.0}},
+                 {.lr = 0.1, .momentum = 0.9});
+  set_test_grads(w, b, 1);
+  opt.step();
+  const nn::StateDict good = opt.state_dict();
+  const Vec buffer_before = values(good[0].second);
+  const auto f64 = [](double v) { return scalar_tensor(v, dtype(DType::f64)); };
+  const auto with = [&](const std::string& key, const Tensor& value) {
+    nn::StateDict out;
+    bool replaced = false;
+    for (const auto& [k, t] : good) {
+      out.emplace_back(k, k == key ? value : t);
+      replaced = replaced || k == key;
+    }
+    if (!replaced) out.emplace_back(key, value);
+    return out;
+  };
+  const auto without = [&](const std::string& prefix) {
+    nn::StateDict out;
+    for (const auto& [k, t] : good) {
+      if (!k.starts_with(prefix)) out.emplace_back(k, t);
+    }
+    return out;
+  };
+
+  CHECK_THROWS_ERROR(
+      opt.load_state_dict(with("param_groups.2.lr", f64(0.1))),
+      "SGD.load_state_dict: unexpected key 'param_groups.2.lr': the optimizer has 2 parameter groups");
+  CHECK_THROWS_ERROR(opt.load_state_dict(with("param_groups.x.lr", f64(0.1))),
+                     "SGD.load_state_dict: unexpected key 'param_groups.x.lr' (group keys are "
+                     "'param_groups.<group>.<hyper-parameter>')");
+  CHECK_THROWS_ERROR(opt.load_state_dict(with("param_groups.1", f64(0.1))),
+                     "SGD.load_state_dict: unexpected key 'param_groups.1' (group keys are "
+                     "'param_groups.<group>.<hyper-parameter>')");
+  CHECK_THROWS_ERROR(
+      opt.load_state_dict(with("param_groups.0.rho", f64(0.9))),
+      "SGD.load_state_dict: unexpected key 'param_groups.0.rho': SGD has no hyper-parameter 'rho' "
+      "(its hyper-parameters: lr, momentum, dampening, weight_decay, nesterov, initial_lr)");
+  CHECK_THROWS_ERROR(opt.load_state_dict(without("param_groups.1.dampening")),
+                     "SGD.load_state_dict: missing key 'param_groups.1.dampening'");
+  // A state dict of a one-group optimizer: the second group is missing.
+  CHECK_THROWS_ERROR(opt.load_state_dict(without("param_groups.1.")),
+                     "SGD.load_state_dict: missing key 'param_groups.1.lr'");
+  CHECK_THROWS_ERROR(
+      opt.load_state_dict(with("param_groups.0.lr", zeros({1}, dtype(DType::f64)))),
+      "SGD.load_state_dict: key 'param_groups.0.lr' has shape [1] in the state dict but [] in the "
+      "optimizer");
+  CHECK_THROWS_ERROR(opt.load_state_dict(with("param_groups.0.lr", f64(kNaN))),
+                     "SGD.load_state_dict: param_groups.0: invalid learning rate nan (must be >= 0)");
+  CHECK_THROWS_ERROR(opt.load_state_dict(with("param_groups.1.momentum", f64(-1))),
+                     "SGD.load_state_dict: param_groups.1: invalid momentum -1 (must be >= 0)");
+  CHECK_THROWS_ERROR(opt.load_state_dict(with("param_groups.0.nesterov", f64(0.5))),
+                     "SGD.load_state_dict: param_groups.0: invalid nesterov 0.5 (a flag is 0 or 1)");
+  CHECK_THROWS_ERROR(opt.load_state_dict(with("param_groups.0.initial_lr", f64(-1))),
+                     "SGD.load_state_dict: param_groups.0: invalid initial_lr -1 (must be >= 0)");
+  // Loaded momentum in group 1 asks for a buffer its parameter does not have.
+  CHECK_THROWS_ERROR(opt.load_state_dict(with("param_groups.1.momentum", f64(0.5))),
+                     "SGD.load_state_dict: missing key 'b.momentum_buffer' (expected shape [2])");
+
+  // Nothing above was applied.
+  CHECK(opt.lr(0) == 0.1);
+  CHECK(opt.lr(1) == 0.2);
+  CHECK(opt.options(1).momentum == 0.0);
+  CHECK(opt.steps() == 1);
+  check_equal(opt.state_dict()[0].second, buffer_before);
+
+  // A valid dict replaces the groups' values.
+  opt.load_state_dict(with("param_groups.1.lr", f64(0.05)));
+  CHECK(opt.lr(1) == 0.05);
+  CHECK(opt.lr(0) == 0.1);
 }
 
 // --- argument errors --------------------------------------------------------------------------
@@ -452,14 +792,17 @@ TEST_CASE("optimizer constructors and set_lr reject bad arguments", "[optim]") {
   const nn::Named<Variable> params = {{"w", w}};
 
   SECTION("parameters") {
-    CHECK_THROWS_ERROR(optim::SGD({}, {}), "SGD: got an empty parameter list");
+    CHECK_THROWS_ERROR(optim::SGD(nn::Named<Variable>{}, {}), "SGD: got an empty parameter list");
     CHECK_THROWS_ERROR(optim::Adam({{"w", w}, {"w", Variable(zeros({2}), true)}}, {}),
                        "Adam: parameter name 'w' appears twice");
     CHECK_THROWS_ERROR(optim::SGD({{"x", Variable()}}, {}), "SGD: parameter 'x' is an undefined Variable");
     CHECK_THROWS_ERROR(optim::AdamW({{"idx", Variable(arange(3))}}, {}),
                        "AdamW: parameter 'idx' has dtype i64; only floating parameters can be optimized");
-    CHECK_THROWS_ERROR(optim::Adadelta({{"c", Variable(zeros({2}), false)}}, {}),
-                       "Adadelta: parameter 'c' does not require grad");
+    CHECK_THROWS_ERROR(optim::Adadelta({{"a", w}, {"b", w}}, {}),
+                       "Adadelta: parameters 'a' and 'b' are the same Variable");
+    CHECK_THROWS_ERROR(optim::SGD({{"param_groups.0", Variable(zeros({2}), true)}}, {}),
+                       "SGD: parameter name 'param_groups.0' is reserved: state dict keys starting with "
+                       "'param_groups.' name groups");
     const Variable computed = mul(w, 2.0);
     CHECK_THROWS_ERROR(optim::SGD({{"twice", computed}}, {}),
                        "SGD: parameter 'twice' is not a leaf of the graph");

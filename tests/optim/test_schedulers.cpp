@@ -1,9 +1,14 @@
 // tests/optim/test_schedulers.cpp: StepLR, LinearLR, CosineAnnealingLR and SequentialLR against
-// PyTorch's recursive (chainable) update rules, re-implemented here, and their argument errors.
+// PyTorch's recursive (chainable) update rules, re-implemented here, on two parameter groups
+// against the closed forms, and their argument errors.
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <numbers>
+#include <string>
 #include <vector>
 
 #include "optim/scheduler.h"
@@ -58,7 +63,7 @@ void check_schedule(optim::LRScheduler& scheduler, const optim::Optimizer& opt, 
     if (e > 0) scheduler.step();
     REQUIRE(scheduler.epoch() == static_cast<std::int64_t>(e));
     CHECK(scheduler.last_lr() == opt.lr());
-    CHECK(scheduler.lr_at(static_cast<std::int64_t>(e)) == opt.lr());
+    CHECK(scheduler.lr_at(static_cast<std::int64_t>(e), scheduler.base_lrs()[0]) == opt.lr());
     seen.push_back(opt.lr());
   }
   INFO("expected " << Catch::Detail::stringify(expected) << "\nseen " << Catch::Detail::stringify(seen));
@@ -135,6 +140,85 @@ TEST_CASE("SequentialLR: three parts and two milestones", "[optim][scheduler]") 
   for (double lr : step_lr_recursive(1.0, 1, 0.5, 3)) expected.push_back(lr);
   for (double lr : cosine_recursive(1.0, 3, 0.0, 5)) expected.push_back(lr);
   check_schedule(scheduler, opt, expected);
+}
+
+TEST_CASE("schedulers scale every group from its own initial lr (closed forms)", "[optim][scheduler]") {
+  const double pi = std::numbers::pi;
+  const Vec bases = {0.1, 0.02};
+  // A fresh two-group optimizer: group 1 overrides the lr.
+  const auto two_groups = [] {
+    return std::make_unique<optim::SGD>(
+        std::vector<optim::ParamGroup>{{.parameters = {{"w", parameter()}}},
+                                       {.parameters = {{"v", parameter()}}, .lr = 0.02}},
+        optim::SGDOptions{.lr = 0.1});
+  };
+  // Walks 12 epochs: each group's lr must be closed_form(epoch, its base).
+  const auto check = [&](optim::LRScheduler& scheduler, const optim::Optimizer& opt,
+                         const std::function<double(double, double)>& closed_form) {
+    CHECK(scheduler.base_lrs() == bases);
+    for (int e = 0; e < 12; ++e) {
+      if (e > 0) scheduler.step();
+      for (std::size_t g = 0; g < 2; ++g) {
+        INFO("epoch " << e << " group " << g);
+        CHECK(opt.lr(g) == Approx(closed_form(e, bases[g])).epsilon(1e-12).margin(1e-15));
+        CHECK(scheduler.last_lr(g) == opt.lr(g));
+      }
+    }
+  };
+
+  SECTION("StepLR") {
+    const auto opt = two_groups();
+    optim::StepLR scheduler(*opt, 3, 0.5);
+    check(scheduler, *opt, [](double e, double base) { return base * std::pow(0.5, std::floor(e / 3)); });
+  }
+  SECTION("LinearLR") {
+    const auto opt = two_groups();
+    optim::LinearLR scheduler(*opt, 0.25, 0.75, 4);
+    check(scheduler, *opt, [](double e, double base) { return base * (0.25 + 0.5 * std::min(e, 4.0) / 4); });
+  }
+  SECTION("CosineAnnealingLR with eta_min") {
+    const auto opt = two_groups();
+    optim::CosineAnnealingLR scheduler(*opt, 5, 0.01);
+    check(scheduler, *opt,
+          [&](double e, double base) { return 0.01 + (base - 0.01) * (1 + std::cos(pi * e / 5)) / 2; });
+  }
+  SECTION("SequentialLR: warm-up, then cosine from the original lrs") {
+    const auto opt = two_groups();
+    std::vector<std::unique_ptr<optim::LRScheduler>> parts;
+    parts.push_back(std::make_unique<optim::LinearLR>(*opt, 0.1, 1.0, 3));
+    parts.push_back(std::make_unique<optim::CosineAnnealingLR>(*opt, 6));
+    optim::SequentialLR scheduler(*opt, std::move(parts), {3});
+    check(scheduler, *opt, [&](double e, double base) {
+      return e < 3 ? base * (0.1 + 0.9 * e / 3) : base * (1 + std::cos(pi * (e - 3) / 6)) / 2;
+    });
+  }
+}
+
+TEST_CASE("the groups' initial lrs travel in the optimizer's state dict", "[optim][scheduler]") {
+  optim::SGD opt({{.parameters = {{"w", parameter()}}}, {.parameters = {{"v", parameter()}}, .lr = 0.02}},
+                 {.lr = 0.1});
+  std::vector<std::string> keys;
+  for (const auto& [key, tensor] : opt.state_dict()) keys.push_back(key);
+  CHECK(std::count(keys.begin(), keys.end(), "param_groups.0.initial_lr") == 0);
+
+  optim::StepLR scheduler(opt, 1, 0.5);
+  scheduler.step();
+  const nn::StateDict saved = opt.state_dict();
+  std::map<std::string, double> group_values;
+  for (const auto& [key, tensor] : saved) {
+    if (key.starts_with("param_groups.")) group_values[key] = tensor.item<double>();
+  }
+  CHECK(group_values.at("param_groups.0.initial_lr") == 0.1);
+  CHECK(group_values.at("param_groups.1.initial_lr") == 0.02);
+  CHECK(group_values.at("param_groups.0.lr") == 0.05);
+  CHECK(group_values.at("param_groups.1.lr") == 0.01);
+
+  // A resumed optimizer's first scheduler starts from the loaded initial lrs, not the current lrs.
+  optim::SGD resumed({{.parameters = {{"w", parameter()}}}, {.parameters = {{"v", parameter()}}}},
+                     {.lr = 1.0});
+  resumed.load_state_dict(saved);
+  optim::StepLR continued(resumed, 1, 0.5);
+  CHECK(continued.base_lrs() == Vec{0.1, 0.02});
 }
 
 TEST_CASE("schedulers drive the optimizer's update", "[optim][scheduler]") {
