@@ -897,6 +897,19 @@ TEST_CASE("cuda matches cpu: optimizer steps and clip_grad_norm_", "[cuda][optim
     return three_steps_on<optim::Adadelta>(x, optim::AdadeltaOptions{.weight_decay = 0.1});
   });
   test::compare_cuda_with_cpu(inputs, [](const test::Inputs& x) {
+    // Two groups: one fused launch updates both parameters, each with its group's lr and decay.
+    Variable w(x[0].narrow(0, 0, 20).clone(), true), v(x[0].narrow(0, 20, 17).clone(), true);
+    optim::AdamW opt(
+        {{.parameters = {{"w", w}}}, {.parameters = {{"v", v}}, .lr = 0.05, .weight_decay = 0.0}},
+        {.lr = 0.01});
+    for (std::size_t t = 1; t <= 3; ++t) {
+      w.set_grad(x[t].narrow(0, 0, 20).clone());
+      v.set_grad(x[t].narrow(0, 20, 17).clone());
+      opt.step();
+    }
+    return cat({w.data(), v.data()}, 0);
+  });
+  test::compare_cuda_with_cpu(inputs, [](const test::Inputs& x) {
     Variable w(x[0], true);
     w.set_grad(x[1].clone());
     const double total = optim::clip_grad_norm_({w}, 0.5);
