@@ -565,9 +565,11 @@ std::vector<std::uint8_t> RootState::agree_on_gradients(const std::vector<Unit*>
   Communicator* all = units.front()->groups().base;
   if (flags.empty() || all->size() == 1) return flags;
   const auto count = static_cast<std::int64_t>(flags.size());
-  const Tensor agreed = from_vector(std::vector<std::uint8_t>(flags), {count});
+  // On the units' device: an NCCL communicator takes device tensors only.
+  const Tensor agreed = from_vector(flags, {count}).to(units.front()->device());
   all->all_reduce(agreed, ReduceOp::max, "gradient flags").wait();
-  std::copy_n(agreed.data<std::uint8_t>(), flags.size(), flags.begin());
+  const Tensor on_host = agreed.to(Device::cpu());
+  std::copy_n(on_host.data<std::uint8_t>(), flags.size(), flags.begin());
   return flags;
 }
 

@@ -173,9 +173,9 @@ double clip_grad_norm_(nn::Module& root, double max_norm) {
   Communicator& all = *state->units.front()->groups().base;
   double global = local;
   if (all.size() > 1) {
-    const Tensor total = full({1}, local, dtype(DType::f64));
+    const Tensor total = full({1}, local, dtype(DType::f64).with_device(state->units.front()->device()));
     all.all_reduce(total, ReduceOp::sum, "clip_grad_norm_").wait();
-    global = total.item<double>();
+    global = total.to(Device::cpu()).item<double>();
   }
   return optim::clip_gradients_to_norm(views, max_norm, std::sqrt(global));
 }
