@@ -1,5 +1,6 @@
 // apps/bench_ops: GEMM and conv2d throughput of shardlab's kernels next to OpenBLAS's own
-// sgemm on the same shapes (and CUDA next to it when a GPU and a kernel exist), one table.
+// sgemm on the same shapes (and CUDA next to it when a GPU and a kernel exist), one table; then
+// fused attention against the composed one on the CPU, forward and backward.
 #include <cblas.h>
 
 #include <CLI/CLI.hpp>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/functional.h"
 #include "core/cuda/runtime.h"
 #include "core/kernels.h"
 #include "core/ops.h"
@@ -111,6 +113,46 @@ Row conv_row(const std::string& label, Shape input, Shape weight, Conv2dParams p
           patch};
 }
 
+using AttentionPath = Variable (*)(const Variable&, const Variable&, const Variable&,
+                                   const AttentionOptions&);
+
+// Forward and backward of an attention path on the Llama's shape: causal, padding at the end of
+// every other sequence.
+std::function<void()> attention_step(AttentionPath path) {
+  const std::int64_t batch = 16, heads = 8, kv_heads = 2, length = 256, head_dim = 32;
+  const Tensor q = uniform({batch, heads, length, head_dim}, {13, 1}, -1, 1);
+  const Tensor k = uniform({batch, kv_heads, length, head_dim}, {13, 2}, -1, 1);
+  const Tensor v = uniform({batch, kv_heads, length, head_dim}, {13, 3}, -1, 1);
+  std::vector<std::int64_t> lengths;
+  for (std::int64_t b = 0; b < batch; ++b) lengths.push_back(b % 2 == 0 ? length : length - 48);
+  const Tensor padded = ge(arange(length).unsqueeze(0), from_vector<std::int64_t>(lengths, {batch, 1}));
+  const AttentionOptions options{.causal = true, .padding = padded};
+  return [=] {
+    const Variable qv(q, true), kv(k, true), vv(v, true);
+    sum(path(qv, kv, vv, options)).backward();
+  };
+}
+
+// Fused against composed attention: medians over `reps` rounds that each time one call of both
+// back to back, so that a busy machine slows both alike; the ratio is the median of the rounds'.
+void print_attention(int reps) {
+  const std::function<void()> fused = attention_step(detail::fused_attention);
+  const std::function<void()> composed = attention_step(detail::naive_attention);
+  const auto none = [] {};
+  seconds(fused, none);  // warm-up
+  seconds(composed, none);
+  std::vector<double> fused_ms, composed_ms, ratios;
+  for (int round = 0; round < reps; ++round) {
+    fused_ms.push_back(1e3 * seconds(fused, none));
+    composed_ms.push_back(1e3 * seconds(composed, none));
+    ratios.push_back(composed_ms.back() / fused_ms.back());
+  }
+  fmt::print(
+      "attention forward+backward, q [16, 8, 256, 32], k/v [16, 2, 256, 32] f32, causal, padding: "
+      "fused {:.1f} ms, composed {:.1f} ms (medians), composed / fused {:.2f}\n",
+      median(fused_ms), median(composed_ms), median(ratios));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -160,6 +202,7 @@ int main(int argc, char** argv) {
     fmt::print(
         "ratio = OpenBLAS time / ours on the same GEMM shape (conv: O x C*KH*KW x N*OH*OW); "
         "1.00 means parity\n");
+    print_attention(reps);
   } catch (const std::exception& e) {
     fmt::print(stderr, "bench_ops: {}\n", e.what());
     return 1;

@@ -1,5 +1,6 @@
 // autograd/functional.cpp: losses, normalisations and attention, composed from the
-// differentiable ops of autograd/ops.h (their backward is that of the ops they use).
+// differentiable ops of autograd/ops.h (their backward is that of the ops they use), and
+// attention also as one fused node over core's attention kernels.
 #include "autograd/functional.h"
 
 #include <cmath>
@@ -7,7 +8,14 @@
 #include <string>
 #include <utility>
 
+#include "autograd/function.h"
+#include "core/kernels.h"
+
 namespace shardlab {
+
+using autograd::Grads;
+using autograd::record;
+
 namespace {
 
 // log_probs (or logits) [N, C] and targets [N] of class indices, checked for `op`.
@@ -41,6 +49,72 @@ Variable negative_log_likelihood(const char* op, const Variable& log_probs, cons
   fail("{}: unknown reduction {}", op, static_cast<int>(reduction));
 }
 
+// The user's additive mask, checked against the scores [B, H, T, S], in the scores' dtype.
+Tensor additive_mask(const char* op, const Tensor& mask, const Shape& scores, DType dtype) {
+  SHARDLAB_CHECK(is_floating(mask.dtype()), "{}: mask must be floating (it is added to the scores), got {}",
+                 op, dtype_name(mask.dtype()));
+  bool fits = mask.dim() <= 4;
+  for (std::int64_t i = 1; fits && i <= mask.dim(); ++i) {
+    const std::int64_t size = mask.size(-i);
+    fits = size == 1 || size == scores[static_cast<std::size_t>(4 - i)];
+  }
+  SHARDLAB_CHECK(fits, "{}: mask of shape {} does not broadcast to the scores [B, H, T, S] = {}", op,
+                 shape_str(mask.shape()), shape_str(scores));
+  return mask.to(dtype);
+}
+
+// a && b for bool tensors that broadcast together; an undefined operand is all true.
+Tensor both(const Tensor& a, const Tensor& b) {
+  if (!a.defined()) return b;
+  return where(a, b, false);
+}
+
+// Where query t may attend to key s, as bool broadcastable to the scores [B, H, T, S]: not to a
+// later key when causal, a padding key (nor at all as a padding query when T == S), or a key the
+// additive mask sets to -inf. Undefined when every pair may attend.
+Tensor visible_pairs(const AttentionOptions& options, const Shape& scores, Device device) {
+  const std::int64_t batch = scores[0], queries = scores[2], keys = scores[3];
+  Tensor visible;
+  if (options.causal) {
+    const TensorOptions positions{DType::i64, device};
+    visible = le(arange(keys, positions).unsqueeze(0), arange(queries, positions).unsqueeze(1));  // s <= t
+  }
+  if (options.padding.defined()) {
+    const Tensor real = eq(options.padding, false);
+    visible = both(visible, real.view({batch, 1, 1, keys}));
+    if (queries == keys) visible = both(visible, real.view({batch, 1, queries, 1}));
+  }
+  if (options.mask.defined()) {
+    visible = both(visible, gt(options.mask, -std::numeric_limits<double>::infinity()));
+  }
+  return visible;
+}
+
+// The most negative finite value of a floating dtype: what hidden scores become.
+double lowest_finite(const char* op, DType dtype) {
+  switch (dtype) {
+    case DType::f64:
+      return std::numeric_limits<double>::lowest();
+    case DType::f32:
+      return std::numeric_limits<float>::lowest();
+    case DType::bf16:
+      return -3.3895313892515355e38;  // -(2 - 2^-7) * 2^127
+    case DType::f16:
+      return -65504.0;
+    default:
+      fail("{}: needs a floating dtype, got {}", op, dtype_name(dtype));
+  }
+}
+
+constexpr const char* kAttention = "scaled_dot_product_attention";
+
+// Checks what both attention paths need; an undefined variable is reported by name.
+void check_attention(const Variable& q, const Variable& k, const Variable& v,
+                     const AttentionOptions& options) {
+  const auto data = [](const Variable& x) { return x.defined() ? x.data() : Tensor(); };
+  check_attention_operands(kAttention, data(q), data(k), data(v), options.padding);
+}
+
 // [B, Hkv, S, D] -> [B, Hkv * groups, S, D]: each head repeated `groups` times in a row, so
 // query head h reads head h / groups. expand's backward sums the copies' gradients back
 // into the shared head.
@@ -50,31 +124,40 @@ Variable repeat_heads(const Variable& x, std::int64_t groups) {
                  {s[0], s[1] * groups, s[2], s[3]});
 }
 
-// The additive mask of the scores [B, H, T, S]: the user's mask plus -inf above the diagonal
-// when causal (top-left aligned: query t sees keys 0..t). Undefined when there is none.
-Tensor attention_mask(const char* op, const AttentionOptions& options, const Shape& scores, DType dtype,
-                      Device device) {
-  Tensor mask;
+// softmax(scale q k^T + mask) v over the visible keys, from differentiable ops.
+Variable naive(const Variable& q, const Variable& k, const Variable& v, const AttentionOptions& options) {
+  const std::int64_t groups = q.size(1) / k.size(1);
+  const Variable keys = groups == 1 ? k : repeat_heads(k, groups);
+  const Variable values = groups == 1 ? v : repeat_heads(v, groups);
+  const double scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
+  // (q * scale) k^T: the scale applied to [B, H, T, D] rather than to the larger scores.
+  Variable scores = matmul(mul(q, scale), transpose(keys, -2, -1));  // [B, H, T, S]
   if (options.mask.defined()) {
-    const Tensor& user = options.mask;
-    SHARDLAB_CHECK(is_floating(user.dtype()), "{}: mask must be floating (it is added to the scores), got {}",
-                   op, dtype_name(user.dtype()));
-    bool fits = user.dim() <= 4;
-    for (std::int64_t i = 1; fits && i <= user.dim(); ++i) {
-      const std::int64_t size = user.size(-i);
-      fits = size == 1 || size == scores[static_cast<std::size_t>(4 - i)];
-    }
-    SHARDLAB_CHECK(fits, "{}: mask of shape {} does not broadcast to the scores [B, H, T, S] = {}", op,
-                   shape_str(user.shape()), shape_str(scores));
-    mask = user.to(dtype);
+    scores = add(scores, constant(additive_mask(kAttention, options.mask, scores.shape(), q.dtype())));
   }
-  if (options.causal) {
-    const TensorOptions tensor_options{dtype, device};
-    const Tensor causal =
-        triu(full({scores[2], scores[3]}, -std::numeric_limits<double>::infinity(), tensor_options), 1);
-    mask = mask.defined() ? add(mask, causal) : causal;
-  }
-  return mask;
+  const Tensor visible = visible_pairs(options, scores.shape(), q.device());
+  if (!visible.defined()) return matmul(softmax(scores, -1), values);
+  // Hidden scores become the lowest finite value rather than -inf: a query that sees nothing then
+  // gets a finite (uniform) softmax, which the 0/1 factor zeroes, where -inf would give NaN, and
+  // NaN * 0 is NaN again in backward.
+  const TensorOptions like{q.dtype(), q.device()};
+  scores = where(visible, scores, constant(full({}, lowest_finite(kAttention, q.dtype()), like)));
+  const Tensor sees_any = gt(sum(visible, {-1}, true), 0).to(q.dtype());
+  return mul(matmul(softmax(scores, -1), values), constant(sees_any));
+}
+
+// One node: core's fused kernels compute the output and, in backward, all three gradients.
+Variable fused(const Variable& q, const Variable& k, const Variable& v, const AttentionOptions& options) {
+  SHARDLAB_CHECK(!options.mask.defined(), "{}: the fused path takes no additive mask (got one of shape {})",
+                 kAttention, shape_str(options.mask.shape()));
+  const AttentionParams params{.causal = options.causal, .padding = options.padding, .scale = options.scale};
+  const Tensor x = q.data(), y = k.data(), z = v.data();
+  const AttentionResult result = attention_forward(x, y, z, params);
+  const bool need_q = q.requires_grad(), need_k = k.requires_grad(), need_v = v.requires_grad();
+  return record("attention", {q, k, v}, result.out, [=](const Tensor& g) -> Grads {
+    const AttentionGrads grads = attention_backward(g, x, y, z, result, params);
+    return {need_q ? grads.q : Tensor(), need_k ? grads.k : Tensor(), need_v ? grads.v : Tensor()};
+  });
 }
 
 }  // namespace
@@ -123,40 +206,26 @@ Variable layer_norm(const Variable& x, const Variable& weight, const Variable& b
 
 Variable scaled_dot_product_attention(const Variable& q, const Variable& k, const Variable& v,
                                       const AttentionOptions& options) {
-  const char* op = "scaled_dot_product_attention";
-  for (const auto& [x, what] : {std::pair{&q, "q [B, H, T, D]"}, std::pair{&k, "k [B, Hkv, S, D]"},
-                                std::pair{&v, "v [B, Hkv, S, D]"}}) {
-    SHARDLAB_CHECK(x->defined(), "{}: {} is undefined", op, what);
-    SHARDLAB_CHECK(x->dim() == 4, "{}: {} must be 4-D, got shape {}", op, what, shape_str(x->shape()));
-  }
-  const std::string shapes =
-      fmt::format("q {}, k {}, v {}", shape_str(q.shape()), shape_str(k.shape()), shape_str(v.shape()));
-  const std::int64_t batch = q.size(0), heads = q.size(1), queries = q.size(2), head_dim = q.size(3);
-  const std::int64_t kv_heads = k.size(1), keys = k.size(2);
-  SHARDLAB_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype(), "{}: dtypes differ ({}, {} and {})", op,
-                 dtype_name(q.dtype()), dtype_name(k.dtype()), dtype_name(v.dtype()));
-  SHARDLAB_CHECK(k.size(0) == batch && v.size(0) == batch, "{}: batch sizes differ ({})", op, shapes);
-  SHARDLAB_CHECK(k.size(3) == head_dim, "{}: q and k have different head dims ({} != {}; {})", op, head_dim,
-                 k.size(3), shapes);
-  SHARDLAB_CHECK(v.size(1) == kv_heads, "{}: k and v have different numbers of heads ({} != {}; {})", op,
-                 kv_heads, v.size(1), shapes);
-  SHARDLAB_CHECK(v.size(2) == keys, "{}: k and v have different lengths ({} != {}; {})", op, keys, v.size(2),
-                 shapes);
-  SHARDLAB_CHECK(kv_heads > 0 && heads % kv_heads == 0,
-                 "{}: {} query heads are not a multiple of {} key/value heads ({})", op, heads, kv_heads,
-                 shapes);
-
-  Variable keys_per_head = k, values_per_head = v;
-  if (heads != kv_heads) {
-    keys_per_head = repeat_heads(k, heads / kv_heads);
-    values_per_head = repeat_heads(v, heads / kv_heads);
-  }
-  const double scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(head_dim)));
-  // (q * scale) k^T: the scale applied to [B, H, T, D] rather than to the larger scores.
-  Variable scores = matmul(mul(q, scale), transpose(keys_per_head, -2, -1));  // [B, H, T, S]
-  const Tensor mask = attention_mask(op, options, {batch, heads, queries, keys}, q.dtype(), q.device());
-  if (mask.defined()) scores = add(scores, constant(mask));
-  return matmul(softmax(scores, -1), values_per_head);
+  check_attention(q, k, v, options);
+  const bool fusable = !options.mask.defined() && (q.dtype() == DType::f32 || q.dtype() == DType::f64) &&
+                       supports<&Kernels::attention_forward>(q.device());
+  return fusable ? fused(q, k, v, options) : naive(q, k, v, options);
 }
+
+namespace detail {
+
+Variable naive_attention(const Variable& q, const Variable& k, const Variable& v,
+                         const AttentionOptions& options) {
+  check_attention(q, k, v, options);
+  return naive(q, k, v, options);
+}
+
+Variable fused_attention(const Variable& q, const Variable& k, const Variable& v,
+                         const AttentionOptions& options) {
+  check_attention(q, k, v, options);
+  return fused(q, k, v, options);
+}
+
+}  // namespace detail
 
 }  // namespace shardlab

@@ -1,5 +1,5 @@
 // autograd/functional.h: differentiable building blocks of networks, composed from the
-// ops in autograd/ops.h: losses, dropout, normalisations, attention.
+// ops in autograd/ops.h: losses, dropout, normalisations, attention (fused where core has it).
 #pragma once
 
 #include <cstdint>
@@ -34,12 +34,31 @@ Variable layer_norm(const Variable& x, const Variable& weight, const Variable& b
 
 struct AttentionOptions {
   bool causal = false;          // query t attends to keys 0..t (top-left aligned, as PyTorch)
+  Tensor padding;               // optional bool [B, S]: true marks a padding token
   Tensor mask;                  // optional additive mask broadcastable to [B, H, T, S]
   std::optional<double> scale;  // default 1 / sqrt(head_dim)
 };
 // q [B, H, T, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv] with H a multiple of Hkv
 // (grouped-query attention: query head h uses key/value head h / (H / Hkv)) -> [B, H, T, Dv].
+// No query attends to a padding key or to a key the mask sets to -inf; when T == S the queries
+// are the keys' tokens and a padding query attends to nothing. A query that attends to nothing
+// outputs zeros and passes no gradient (not NaN).
+//
+//   Variable y = scaled_dot_product_attention(q, k, v, {.causal = true, .padding = eq(ids, pad_id)});
+//
+// f32 and f64 without an additive mask run fused (core's attention_forward/backward: no [T, S]
+// scores in memory) on devices with that kernel; everything else runs the composed reference.
 Variable scaled_dot_product_attention(const Variable& q, const Variable& k, const Variable& v,
                                       const AttentionOptions& options = {});
+
+namespace detail {
+// The two paths scaled_dot_product_attention chooses between, to compare them directly.
+// Composed from differentiable ops: any device, dtype and mask; scores [B, H, T, S] in memory.
+Variable naive_attention(const Variable& q, const Variable& k, const Variable& v,
+                         const AttentionOptions& options = {});
+// One node over attention_forward/backward: f32/f64, no additive mask.
+Variable fused_attention(const Variable& q, const Variable& k, const Variable& v,
+                         const AttentionOptions& options = {});
+}  // namespace detail
 
 }  // namespace shardlab

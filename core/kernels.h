@@ -42,6 +42,14 @@ struct Kernels {
                                  const Tensor& grad_weight);
   void (*max_pool2d)(const Tensor& input, MaxPool2dParams p, const Tensor& out, const Tensor& indices);
   void (*max_pool2d_backward)(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_in);
+  // Fused attention (core/ops.h): q, k, v, grad_out and the forward result contiguous and of one
+  // dtype (f32 or f64); params.padding undefined or contiguous; params.scale set. The gradients
+  // arrive zero-filled.
+  void (*attention_forward)(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
+                            const AttentionResult& result);
+  void (*attention_backward)(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const AttentionResult& forward, const AttentionParams& params,
+                             const AttentionGrads& grads);
   // Index tensors are contiguous i64 and in range; data operands contiguous.
   void (*index_select)(const Tensor& in, std::int64_t dim, const Tensor& index, const Tensor& out);
   void (*gather)(const Tensor& in, std::int64_t dim, const Tensor& index, const Tensor& out);

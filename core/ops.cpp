@@ -408,6 +408,100 @@ Tensor softmax_impl(const char* op, const Tensor& x, std::int64_t dim, bool log)
 Tensor softmax(const Tensor& x, std::int64_t dim) { return softmax_impl("softmax", x, dim, false); }
 Tensor log_softmax(const Tensor& x, std::int64_t dim) { return softmax_impl("log_softmax", x, dim, true); }
 
+// --- attention ---------------------------------------------------------------------------------
+
+void check_attention_operands(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& padding) {
+  for (const auto& [x, what] : {std::pair{&q, "q [B, H, T, D]"}, std::pair{&k, "k [B, Hkv, S, D]"},
+                                std::pair{&v, "v [B, Hkv, S, D]"}}) {
+    SHARDLAB_CHECK(x->defined(), "{}: {} is undefined", op, what);
+    SHARDLAB_CHECK(x->dim() == 4, "{}: {} must be 4-D, got shape {}", op, what, shape_str(x->shape()));
+  }
+  const std::string shapes =
+      fmt::format("q {}, k {}, v {}", shape_str(q.shape()), shape_str(k.shape()), shape_str(v.shape()));
+  const std::int64_t batch = q.size(0), heads = q.size(1), kv_heads = k.size(1), keys = k.size(2);
+  SHARDLAB_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype(), "{}: dtypes differ ({}, {} and {})", op,
+                 dtype_name(q.dtype()), dtype_name(k.dtype()), dtype_name(v.dtype()));
+  SHARDLAB_CHECK(k.size(0) == batch && v.size(0) == batch, "{}: batch sizes differ ({})", op, shapes);
+  SHARDLAB_CHECK(k.size(3) == q.size(3), "{}: q and k have different head dims ({} != {}; {})", op, q.size(3),
+                 k.size(3), shapes);
+  SHARDLAB_CHECK(v.size(1) == kv_heads, "{}: k and v have different numbers of heads ({} != {}; {})", op,
+                 kv_heads, v.size(1), shapes);
+  SHARDLAB_CHECK(v.size(2) == keys, "{}: k and v have different lengths ({} != {}; {})", op, keys, v.size(2),
+                 shapes);
+  SHARDLAB_CHECK(kv_heads > 0 && heads % kv_heads == 0,
+                 "{}: {} query heads are not a multiple of {} key/value heads ({})", op, heads, kv_heads,
+                 shapes);
+  check_same_device(op, q, k);
+  check_same_device(op, q, v);
+  if (!padding.defined()) return;
+  check_same_device(op, q, padding);
+  SHARDLAB_CHECK(padding.dtype() == DType::boolean,
+                 "{}: padding must be bool (true marks a padding token), got {}", op,
+                 dtype_name(padding.dtype()));
+  const Shape expected{batch, keys};
+  SHARDLAB_CHECK(padding.shape() == expected, "{}: padding of shape {} is not [B, S] = {} ({})", op,
+                 shape_str(padding.shape()), shape_str(expected), shapes);
+}
+
+namespace {
+
+// The operands of a fused attention op, checked, with what the kernels expect: contiguous
+// operands on one device, f32 or f64, and the scale resolved.
+AttentionParams checked_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const AttentionParams& params) {
+  check_attention_operands(op, q, k, v, params.padding);
+  SHARDLAB_CHECK(q.dtype() == DType::f32 || q.dtype() == DType::f64, "{}: needs f32 or f64, got {}", op,
+                 dtype_name(q.dtype()));
+  AttentionParams resolved = params;
+  if (params.padding.defined()) resolved.padding = params.padding.contiguous();
+  resolved.scale = params.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
+  return resolved;
+}
+
+// Checks that `t` has `shape` and q's dtype and device, for attention_backward's extra operands.
+void check_attention_tensor(const char* op, const char* what, const Tensor& t, const Tensor& q,
+                            const Shape& shape) {
+  SHARDLAB_CHECK(t.defined(), "{}: {} is undefined", op, what);
+  check_same_device(op, q, t);
+  SHARDLAB_CHECK(t.shape() == shape && t.dtype() == q.dtype(), "{}: {} must be {} {}, got {} {}", op, what,
+                 shape_str(shape), dtype_name(q.dtype()), shape_str(t.shape()), dtype_name(t.dtype()));
+}
+
+}  // namespace
+
+AttentionResult attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const AttentionParams& params) {
+  const char* op = "attention_forward";
+  const AttentionParams resolved = checked_attention(op, q, k, v, params);
+  const TensorOptions options{q.dtype(), q.device()};
+  AttentionResult result{empty({q.size(0), q.size(1), q.size(2), v.size(3)}, options),
+                         empty({q.size(0), q.size(1), q.size(2)}, options)};
+  if (result.logsumexp.numel() > 0) {
+    kernel<&Kernels::attention_forward>(q.device(), op)(q.contiguous(), k.contiguous(), v.contiguous(),
+                                                        resolved, result);
+  }
+  return result;
+}
+
+AttentionGrads attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const AttentionResult& forward, const AttentionParams& params) {
+  const char* op = "attention_backward";
+  const AttentionParams resolved = checked_attention(op, q, k, v, params);
+  const Shape out_shape{q.size(0), q.size(1), q.size(2), v.size(3)};
+  check_attention_tensor(op, "grad_out", grad_out, q, out_shape);
+  check_attention_tensor(op, "out", forward.out, q, out_shape);
+  check_attention_tensor(op, "logsumexp", forward.logsumexp, q, {q.size(0), q.size(1), q.size(2)});
+  const TensorOptions options{q.dtype(), q.device()};
+  AttentionGrads grads{zeros(q.shape(), options), zeros(k.shape(), options), zeros(v.shape(), options)};
+  if (grad_out.numel() > 0 && k.size(2) > 0) {
+    kernel<&Kernels::attention_backward>(q.device(), op)(
+        grad_out.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(),
+        AttentionResult{forward.out.contiguous(), forward.logsumexp.contiguous()}, resolved, grads);
+  }
+  return grads;
+}
+
 // --- convolution and pooling -------------------------------------------------------------------
 
 namespace {

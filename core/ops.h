@@ -162,6 +162,36 @@ std::vector<Tensor> chunk(const Tensor& x, std::int64_t chunks, std::int64_t dim
 Tensor triu(const Tensor& x, std::int64_t diagonal = 0);
 Tensor tril(const Tensor& x, std::int64_t diagonal = 0);
 
+// --- attention ---------------------------------------------------------------------------------
+// Fused scaled dot-product attention (FlashAttention-2: blocked over keys with an online softmax,
+// no [T, S] score matrix), the core of autograd's scaled_dot_product_attention:
+//   out[b, h, t] = sum_s softmax_s(scale * q[b, h, t] . k[b, h / G, s]) v[b, h / G, s]
+// over the keys s query t may see, for q [B, H, T, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv],
+// H = G * Hkv (grouped-query attention). f32 or f64.
+struct AttentionParams {
+  bool causal = false;          // query t sees keys 0..t (top-left aligned, as PyTorch)
+  Tensor padding;               // optional bool [B, S]: true marks a padding token (see below)
+  std::optional<double> scale;  // default 1 / sqrt(D)
+};
+// No query sees a padding key; when T == S the queries are the same tokens, and a padding
+// query sees nothing. A query that sees no key outputs zeros (logsumexp -inf) and passes no
+// gradient.
+struct AttentionResult {
+  Tensor out;        // [B, H, T, Dv]
+  Tensor logsumexp;  // [B, H, T]: of each query's scaled scores over the keys it sees
+};
+AttentionResult attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const AttentionParams& params = {});
+struct AttentionGrads {
+  Tensor q, k, v;  // in the shapes of q, k and v: k and v summed over each group's query heads
+};
+AttentionGrads attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const AttentionResult& forward, const AttentionParams& params = {});
+// The shape checks attention_forward makes (4-D operands that agree, H a multiple of Hkv, a
+// bool [B, S] padding), with errors that start with `op` and name the shapes.
+void check_attention_operands(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& padding);
+
 // --- optimizer steps -----------------------------------------------------------------------------
 // Fused in-place updates over a parameter and its state (one pass instead of one per op).
 struct AdadeltaHyper {

@@ -1,5 +1,5 @@
 // tests/test_dispatch.cpp: the per-device kernel tables: the CPU table is complete, and so is the
-// CUDA one in a CUDA build (empty otherwise).
+// CUDA one in a CUDA build (empty otherwise) but for the entries it does not have yet.
 #include "core/kernels.h"
 #include "tests/check.h"
 
@@ -13,7 +13,8 @@ std::vector<bool> supported_on(Device device) {
   return {supports<Entries>(device)...};
 }
 
-std::vector<bool> every_entry(Device device) {
+// The entries every device has.
+std::vector<bool> common_entries(Device device) {
   return supported_on<&Kernels::fill, &Kernels::copy, &Kernels::unary, &Kernels::binary, &Kernels::where,
                       &Kernels::reduce, &Kernels::matmul, &Kernels::softmax, &Kernels::conv2d,
                       &Kernels::conv2d_backward_input, &Kernels::conv2d_backward_weight, &Kernels::max_pool2d,
@@ -22,17 +23,26 @@ std::vector<bool> every_entry(Device device) {
                       &Kernels::adam_step>(device);
 }
 
+// The entries with no CUDA kernel yet: their ops fall back (autograd's scaled_dot_product_attention
+// composes attention from other ops) or say they are not supported. Move an entry to
+// common_entries when its CUDA kernel lands.
+std::vector<bool> entries_without_cuda(Device device) {
+  return supported_on<&Kernels::attention_forward, &Kernels::attention_backward>(device);
+}
+
 }  // namespace
 
 TEST_CASE("the CPU table has a kernel for every entry", "[dispatch]") {
-  static_assert(sizeof(Kernels) == 20 * sizeof(void*), "a new Kernels entry must be added to this test");
-  for (const bool supported : every_entry(Device::cpu())) CHECK(supported);
+  static_assert(sizeof(Kernels) == 22 * sizeof(void*), "a new Kernels entry must be added to this test");
+  for (const bool supported : common_entries(Device::cpu())) CHECK(supported);
+  for (const bool supported : entries_without_cuda(Device::cpu())) CHECK(supported);
 }
 
 TEST_CASE("the CUDA table has a kernel for every entry when built with CUDA", "[dispatch]") {
   // Built without CUDA every entry is empty (and the ops say so, naming op and device).
   const bool built = supports<&Kernels::fill>(Device::cuda(0));
-  for (const bool supported : every_entry(Device::cuda(0))) CHECK(supported == built);
+  for (const bool supported : common_entries(Device::cuda(0))) CHECK(supported == built);
+  for (const bool supported : entries_without_cuda(Device::cuda(0))) CHECK_FALSE(supported);
 }
 
 TEST_CASE("conv2d on cuda through the table: the CPU's values", "[dispatch][cuda]") {

@@ -18,6 +18,11 @@ void conv2d_backward_input(const Tensor& grad_out, const Tensor& weight, Conv2dP
                            const Tensor& grad_in);
 void conv2d_backward_weight(const Tensor& grad_out, const Tensor& input, Conv2dParams p,
                             const Tensor& grad_weight);
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
+                       const AttentionResult& result);
+void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const AttentionResult& forward, const AttentionParams& params,
+                        const AttentionGrads& grads);
 void max_pool2d(const Tensor& input, MaxPool2dParams p, const Tensor& out, const Tensor& indices);
 void max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_in);
 void index_select(const Tensor& in, std::int64_t dim, const Tensor& index, const Tensor& out);

@@ -36,6 +36,8 @@ const Kernels& cpu_kernels() {
       .conv2d_backward_weight = cpu::conv2d_backward_weight,
       .max_pool2d = cpu::max_pool2d,
       .max_pool2d_backward = max_pool2d_backward_f32,
+      .attention_forward = cpu::attention_forward,
+      .attention_backward = cpu::attention_backward,
       .index_select = cpu::index_select,
       .gather = cpu::gather,
       .scatter_add = scatter_add_f32,

@@ -1,0 +1,358 @@
+// core/cpu/attention.cpp: fused attention on the CPU, FlashAttention-2 style: 64 x 64 tiles of
+// scores multiplied on OpenBLAS, an online softmax over the key tiles, GQA by index.
+//
+// Forward keeps, per query, the running max and sum of exp(score - max) of the keys seen so far
+// and rescales its output accumulator when the max grows, so no [T, S] matrix exists; it saves
+// logsumexp, from which backward recomputes each tile's probabilities exactly. Causal tiles above
+// the diagonal are never visited. A query that sees no key has logsumexp -inf: its probabilities
+// are set to 0 rather than computed as exp(-inf - -inf) = NaN.
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "core/cpu/gemm.h"
+#include "core/cpu/kernels.h"
+#include "core/parallel.h"
+
+namespace shardlab::cpu {
+namespace {
+
+constexpr std::int64_t kTile = 64;  // queries and keys per tile: a score tile fits in L1/L2
+
+// Sizes of the contiguous operands q [B, H, T, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv].
+struct Layout {
+  std::int64_t batch, heads, kv_heads, queries, keys, head_dim, value_dim;
+
+  std::int64_t group() const { return heads / kv_heads; }
+  std::int64_t query_tiles() const { return (queries + kTile - 1) / kTile; }
+  std::int64_t key_tiles() const { return (keys + kTile - 1) / kTile; }
+  // Index of query (b, h, t) in [B, H, T] and of key (b, j, s) in [B, Hkv, S].
+  std::int64_t query(std::int64_t b, std::int64_t h, std::int64_t t) const {
+    return (b * heads + h) * queries + t;
+  }
+  std::int64_t key(std::int64_t b, std::int64_t j, std::int64_t s) const {
+    return (b * kv_heads + j) * keys + s;
+  }
+};
+
+// Which keys a query sees: none after it when causal, no padding key, and none at all when the
+// query is itself a padding token (T == S: queries and keys are the same tokens).
+struct Visibility {
+  bool causal;
+  const bool* padding;  // [B, S], or null
+  bool padded_queries;
+  std::int64_t keys;
+
+  bool blind(std::int64_t b, std::int64_t t) const { return padded_queries && padding[b * keys + t]; }
+  bool padded_key(std::int64_t b, std::int64_t s) const {
+    return padding != nullptr && padding[b * keys + s];
+  }
+};
+
+template <typename T>
+struct Problem {
+  Layout layout;
+  Visibility visibility;
+  T scale;
+  const T *q, *k, *v;
+
+  Problem(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const AttentionParams& params)
+      : layout{q_in.size(0), q_in.size(1), k_in.size(1), q_in.size(2),
+               k_in.size(2), q_in.size(3), v_in.size(3)},
+        visibility{params.causal, params.padding.defined() ? params.padding.data<bool>() : nullptr,
+                   params.padding.defined() && layout.queries == layout.keys, layout.keys},
+        scale(static_cast<T>(*params.scale)),
+        q(q_in.data<T>()),
+        k(k_in.data<T>()),
+        v(v_in.data<T>()) {}
+};
+
+// Queries t0..t0+rows of head h (key/value head j) of batch row b against keys s0..s0+cols.
+struct Tile {
+  std::int64_t b, h, j, t0, rows, s0, cols;
+};
+
+constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
+
+// scores[i, c] (leading dim kTile) = scale * q . k for the tile's pairs, -inf for hidden ones.
+template <typename T>
+void score_tile(const Problem<T>& p, const Tile& tile, T* scores) {
+  const Layout& l = p.layout;
+  const std::int64_t d = l.head_dim;
+  gemm_block(false, true, tile.rows, tile.cols, d, p.scale, p.q + l.query(tile.b, tile.h, tile.t0) * d, d,
+             p.k + l.key(tile.b, tile.j, tile.s0) * d, d, T(0), scores, kTile);
+  const Visibility& vis = p.visibility;
+  for (std::int64_t i = 0; i < tile.rows; ++i) {
+    const std::int64_t t = tile.t0 + i;
+    T* row = scores + i * kTile;
+    // Causal: keys s > t, i.e. columns from t + 1 - s0 on, are hidden; a blind query sees none.
+    const std::int64_t hidden_from = vis.blind(tile.b, t) ? 0
+                                     : vis.causal ? std::clamp<std::int64_t>(t + 1 - tile.s0, 0, tile.cols)
+                                                  : tile.cols;
+    std::fill(row + hidden_from, row + tile.cols, T(kMinusInf));
+    if (vis.padding == nullptr) continue;
+    for (std::int64_t c = 0; c < hidden_from; ++c) {
+      if (vis.padded_key(tile.b, tile.s0 + c)) row[c] = T(kMinusInf);
+    }
+  }
+}
+
+// row[c] = exp(row[c] - shift) for row[c] <= shift: scores minus their running max or their
+// logsumexp (-inf gives 0). f64 calls std::exp (gradchecks). f32 evaluates Cephes' expf in a form
+// GCC vectorises, where std::exp is a libm call per element that took a third of the time:
+// x = n ln2 + r with |r| <= ln2 / 2, a polynomial in r, 2^n from the exponent bits. Within 1 ulp
+// of exp on [-87, 0]; 0 below (exp < 2^-125 there).
+void exp_shifted(double* row, std::int64_t count, double shift) {
+  for (std::int64_t c = 0; c < count; ++c) row[c] = std::exp(row[c] - shift);
+}
+
+// exp(x) for x >= -88, branch-free (the 0 below -87 is a bit mask, not a select of products).
+inline float exp_from_floor(float x) {
+  const auto n = static_cast<std::int32_t>(x * 1.44269504088896341f - 0.5f);  // round(x log2 e), x <= 0
+  const float whole = static_cast<float>(n);
+  const float r = x - whole * 0.693359375f + whole * 2.12194440e-4f;  // x - n ln2 in two parts
+  const float p =
+      ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r +
+       1.6666665459e-1f) *
+          r +
+      5.0000001201e-1f;
+  const float value = (p * r * r + r + 1.0f) * std::bit_cast<float>((n + 127) << 23);
+  const std::uint32_t keep = x < -87.0f ? 0u : ~0u;
+  return std::bit_cast<float>(std::bit_cast<std::uint32_t>(value) & keep);
+}
+
+void exp_shifted(float* row, std::int64_t count, float shift) {
+  // Two loops: with the clamp in the polynomial's loop GCC no longer vectorises it.
+  for (std::int64_t c = 0; c < count; ++c) row[c] = std::max(row[c] - shift, -88.0f);
+  for (std::int64_t c = 0; c < count; ++c) row[c] = exp_from_floor(row[c]);
+}
+
+// --- forward ---------------------------------------------------------------------------------
+
+// Per query row of a tile: the running max and sum of exp(score - max), and the output
+// accumulator sum of exp(score - max) v, all over the keys seen so far.
+template <typename T>
+struct RunningSoftmax {
+  std::vector<T> max, total, acc;
+
+  RunningSoftmax(std::int64_t rows, std::int64_t value_dim)
+      : max(rows, T(kMinusInf)), total(rows, T(0)), acc(rows * value_dim, T(0)) {}
+};
+
+// Turns a tile's scores into exp(score - new max) and rescales each row's total and
+// accumulator from its old max to the new one (FlashAttention's online softmax).
+template <typename T>
+void fold_scores(const Tile& tile, std::int64_t value_dim, T* scores, RunningSoftmax<T>& state) {
+  for (std::int64_t i = 0; i < tile.rows; ++i) {
+    T* row = scores + i * kTile;
+    T new_max = state.max[i];  // a local, not std::max_element: GCC kept that in memory
+    for (std::int64_t c = 0; c < tile.cols; ++c) new_max = std::max(new_max, row[c]);
+    if (new_max == T(kMinusInf)) {  // nothing seen yet: the row adds nothing
+      std::fill(row, row + tile.cols, T(0));
+      continue;
+    }
+    const T rescale = std::exp(state.max[i] - new_max);  // 0 when nothing was seen before
+    exp_shifted(row, tile.cols, new_max);
+    T sum = 0;
+    for (std::int64_t c = 0; c < tile.cols; ++c) sum += row[c];
+    state.total[i] = state.total[i] * rescale + sum;
+    if (rescale != T(1)) {
+      for (std::int64_t e = 0; e < value_dim; ++e) state.acc[i * value_dim + e] *= rescale;
+    }
+    state.max[i] = new_max;
+  }
+}
+
+// out = acc / total and logsumexp = max + log(total) per row; zeros and -inf for a row that saw
+// no key (total 0).
+template <typename T>
+void write_rows(const Problem<T>& p, const Tile& tile, const RunningSoftmax<T>& state, T* out, T* logsumexp) {
+  const std::int64_t dv = p.layout.value_dim, first = p.layout.query(tile.b, tile.h, tile.t0);
+  for (std::int64_t i = 0; i < tile.rows; ++i) {
+    const T total = state.total[i];
+    const T inverse = total > 0 ? T(1) / total : T(0);
+    for (std::int64_t e = 0; e < dv; ++e) out[(first + i) * dv + e] = state.acc[i * dv + e] * inverse;
+    logsumexp[first + i] = total > 0 ? state.max[i] + std::log(total) : T(kMinusInf);
+  }
+}
+
+template <typename T>
+void forward_query_tile(const Problem<T>& p, std::int64_t b, std::int64_t h, std::int64_t t0, T* out,
+                        T* logsumexp) {
+  const Layout& l = p.layout;
+  const std::int64_t rows = std::min(kTile, l.queries - t0), dv = l.value_dim, j = h / l.group();
+  // Causal: keys after the tile's last query are hidden from all of it; their tiles are skipped.
+  const std::int64_t key_end = p.visibility.causal ? std::min(l.keys, t0 + rows) : l.keys;
+  RunningSoftmax<T> state(rows, dv);
+  std::vector<T> scores(kTile * kTile);
+  for (std::int64_t s0 = 0; s0 < key_end; s0 += kTile) {
+    const Tile tile{b, h, j, t0, rows, s0, std::min(kTile, key_end - s0)};
+    score_tile(p, tile, scores.data());
+    fold_scores(tile, dv, scores.data(), state);
+    gemm_block(false, false, rows, dv, tile.cols, T(1), scores.data(), kTile, p.v + l.key(b, j, s0) * dv, dv,
+               T(1), state.acc.data(), dv);
+  }
+  write_rows(p, Tile{b, h, j, t0, rows, 0, 0}, state, out, logsumexp);
+}
+
+template <typename T>
+void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
+             const AttentionResult& result) {
+  const Problem<T> p(q, k, v, params);
+  const Layout& l = p.layout;
+  const std::int64_t tiles = l.query_tiles();
+  T* out = result.out.data<T>();
+  T* logsumexp = result.logsumexp.data<T>();
+  // One task per (batch row, head, query tile): each writes only its own rows.
+  parallel_for(0, l.batch * l.heads * tiles, 1, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t item = first; item < last; ++item) {
+      const std::int64_t head_row = item / tiles;
+      forward_query_tile(p, head_row / l.heads, head_row % l.heads, item % tiles * kTile, out, logsumexp);
+    }
+  });
+}
+
+// --- backward --------------------------------------------------------------------------------
+
+template <typename T>
+struct BackwardOperands {
+  const T* grad_out;   // [B, H, T, Dv]
+  const T* logsumexp;  // [B, H, T]
+  const T* delta;      // [B, H, T]: rowsum(grad_out * out)
+  T *grad_q, *grad_k, *grad_v;
+};
+
+// delta[row] = grad_out[row] . out[row], the softmax backward's row term (FlashAttention-2's D).
+template <typename T>
+std::vector<T> row_deltas(const Tensor& grad_out, const Tensor& out) {
+  const std::int64_t width = out.size(3), rows = out.numel() / width;  // the op skips empty outputs
+  const T* g = grad_out.data<T>();
+  const T* o = out.data<T>();
+  std::vector<T> delta(rows);
+  parallel_for(0, rows, 256, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t r = first; r < last; ++r) {
+      T sum = 0;
+      for (std::int64_t e = 0; e < width; ++e) sum += g[r * width + e] * o[r * width + e];
+      delta[r] = sum;
+    }
+  });
+  return delta;
+}
+
+// scores -> probabilities exp(score - logsumexp) of the tile's rows, recomputed as forward had them.
+template <typename T>
+void probabilities(const Layout& l, const Tile& tile, const T* logsumexp, T* scores) {
+  for (std::int64_t i = 0; i < tile.rows; ++i) {
+    T* row = scores + i * kTile;
+    const T lse = logsumexp[l.query(tile.b, tile.h, tile.t0 + i)];
+    if (lse == T(kMinusInf)) {  // the query sees no key: no probability, no gradient
+      std::fill(row, row + tile.cols, T(0));
+      continue;
+    }
+    exp_shifted(row, tile.cols, lse);
+  }
+}
+
+// The gradients one tile contributes: dV += P^T dO; dS = P * (dO V^T - delta);
+// dQ += scale dS K; dK += scale dS^T Q.
+template <typename T>
+void backward_tile(const Problem<T>& p, const BackwardOperands<T>& o, const Tile& tile, T* probs,
+                   T* dscores) {
+  const Layout& l = p.layout;
+  const std::int64_t d = l.head_dim, dv = l.value_dim;
+  score_tile(p, tile, probs);
+  probabilities(l, tile, o.logsumexp, probs);
+  const std::int64_t query = l.query(tile.b, tile.h, tile.t0), key = l.key(tile.b, tile.j, tile.s0);
+  const T* grad_out = o.grad_out + query * dv;
+  gemm_block(true, false, tile.cols, dv, tile.rows, T(1), probs, kTile, grad_out, dv, T(1),
+             o.grad_v + key * dv, dv);
+  gemm_block(false, true, tile.rows, tile.cols, dv, T(1), grad_out, dv, p.v + key * dv, dv, T(0), dscores,
+             kTile);
+  for (std::int64_t i = 0; i < tile.rows; ++i) {
+    const T delta = o.delta[query + i];
+    for (std::int64_t c = 0; c < tile.cols; ++c) {
+      dscores[i * kTile + c] = probs[i * kTile + c] * (dscores[i * kTile + c] - delta);
+    }
+  }
+  gemm_block(false, false, tile.rows, d, tile.cols, p.scale, dscores, kTile, p.k + key * d, d, T(1),
+             o.grad_q + query * d, d);
+  gemm_block(true, false, tile.cols, d, tile.rows, p.scale, dscores, kTile, p.q + query * d, d, T(1),
+             o.grad_k + key * d, d);
+}
+
+// Every tile of key tile s0 of key/value head j: the group's query heads, the queries that can
+// see these keys (causal: from s0 on).
+template <typename T>
+void backward_key_tile(const Problem<T>& p, const BackwardOperands<T>& o, std::int64_t b, std::int64_t j,
+                       std::int64_t s0) {
+  const Layout& l = p.layout;
+  const std::int64_t cols = std::min(kTile, l.keys - s0), group = l.group();
+  std::vector<T> probs(kTile * kTile), dscores(kTile * kTile);
+  for (std::int64_t h = j * group; h < (j + 1) * group; ++h) {
+    for (std::int64_t t0 = p.visibility.causal ? s0 : 0; t0 < l.queries; t0 += kTile) {
+      backward_tile(p, o, Tile{b, h, j, t0, std::min(kTile, l.queries - t0), s0, cols}, probs.data(),
+                    dscores.data());
+    }
+  }
+}
+
+// grad_q += the sum of `chunks` consecutive copies of it in `partials`.
+template <typename T>
+void add_partials(const std::vector<T>& partials, std::int64_t chunks, T* grad_q) {
+  const auto size = static_cast<std::int64_t>(partials.size()) / chunks;
+  parallel_for(0, size, 4096, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
+      for (std::int64_t i = first; i < last; ++i) grad_q[i] += partials[chunk * size + i];
+    }
+  });
+}
+
+// Backward writes dK and dV of key/value head j only from tasks owning (b, j) and some of its key
+// tiles, so they never race. dQ of the group's query heads gets a term from every key tile: with
+// one task per (b, j) it is owned too; when there are fewer (b, j) than threads, the key tiles
+// are dealt to `chunks` tasks per (b, j), each adding its dQ terms into its own copy, summed after.
+template <typename T>
+void backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+              const AttentionResult& forward, const AttentionParams& params, const AttentionGrads& grads) {
+  const Problem<T> p(q, k, v, params);
+  const Layout& l = p.layout;
+  const std::vector<T> delta = row_deltas<T>(grad_out, forward.out);
+  const std::int64_t owners = l.batch * l.kv_heads, key_tiles = l.key_tiles();
+  const std::int64_t chunks = std::clamp<std::int64_t>((num_threads() + owners - 1) / owners, 1, key_tiles);
+  const std::int64_t q_numel = q.numel();
+  std::vector<T> partial_q(chunks > 1 ? chunks * q_numel : 0, T(0));
+  parallel_for(0, owners * chunks, 1, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t item = first; item < last; ++item) {
+      const std::int64_t owner = item / chunks, chunk = item % chunks;
+      T* grad_q = chunks > 1 ? partial_q.data() + chunk * q_numel : grads.q.data<T>();
+      const BackwardOperands<T> o{grad_out.data<T>(), forward.logsumexp.data<T>(),
+                                  delta.data(),       grad_q,
+                                  grads.k.data<T>(),  grads.v.data<T>()};
+      // Dealt round robin: causal key tiles late in the sequence have less work.
+      for (std::int64_t tile = chunk; tile < key_tiles; tile += chunks) {
+        backward_key_tile(p, o, owner / l.kv_heads, owner % l.kv_heads, tile * kTile);
+      }
+    }
+  });
+  if (chunks > 1) add_partials(partial_q, chunks, grads.q.data<T>());
+}
+
+}  // namespace
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
+                       const AttentionResult& result) {
+  if (q.dtype() == DType::f64) return forward<double>(q, k, v, params, result);
+  forward<float>(q, k, v, params, result);
+}
+
+void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const AttentionResult& forward, const AttentionParams& params,
+                        const AttentionGrads& grads) {
+  if (q.dtype() == DType::f64) return backward<double>(grad_out, q, k, v, forward, params, grads);
+  backward<float>(grad_out, q, k, v, forward, params, grads);
+}
+
+}  // namespace shardlab::cpu

@@ -1,0 +1,288 @@
+// tests/autograd/test_attention.cpp: scaled_dot_product_attention's fused and composed paths:
+// finite-difference gradients, the two paths against each other, padding, queries that see no key,
+// a closed form, which path runs, and the errors.
+#include <cmath>
+#include <limits>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "autograd/functional.h"
+#include "autograd/gradcheck.h"
+#include "autograd/node.h"
+#include "core/parallel.h"
+#include "tests/check.h"
+#include "tests/cuda_compare.h"
+
+using namespace shardlab;
+using test::check_close;
+using test::check_equal;
+using test::values;
+
+namespace {
+
+using AttentionPath = Variable (*)(const Variable&, const Variable&, const Variable&,
+                                   const AttentionOptions&);
+
+// bool [B, S]: sequence b has lengths[b] tokens followed by padding.
+Tensor padding_after(const std::vector<std::int64_t>& lengths, std::int64_t keys) {
+  const Tensor positions = arange(keys).unsqueeze(0);
+  return ge(positions, from_vector<std::int64_t>(lengths).unsqueeze(1));
+}
+
+Variable leaf(const Shape& shape, std::uint64_t seed) {
+  return Variable(test::random_tensor(shape, seed, DType::f64), true);
+}
+
+void check_gradients(const std::string& what, AttentionPath path, const AttentionOptions& options,
+                     const std::vector<Variable>& qkv) {
+  const GradcheckResult result =
+      gradcheck([&](const std::vector<Variable>& x) { return path(x[0], x[1], x[2], options); }, qkv);
+  INFO(what << ": " << result.report);
+  CHECK(result.ok);
+}
+
+// The output and the gradients of sum(out * weights) with respect to q, k and v.
+struct Run {
+  Tensor out, grad_q, grad_k, grad_v;
+};
+
+Run run(AttentionPath path, const Tensor& q, const Tensor& k, const Tensor& v,
+        const AttentionOptions& options, const Tensor& weights) {
+  const Variable qv(q, true), kv(k, true), vv(v, true);
+  const Variable out = path(qv, kv, vv, options);
+  sum(mul(out, constant(weights))).backward();
+  return {out.data(), qv.grad(), kv.grad(), vv.grad()};
+}
+
+// bool [B, S] from 0/1 flags in row-major order.
+Tensor padding_of(const std::vector<std::int64_t>& flags, Shape shape) {
+  return ne(from_vector<std::int64_t>(flags, std::move(shape)), 0);
+}
+
+void check_zero(const Tensor& t) {
+  check_equal(t, std::vector<double>(static_cast<std::size_t>(t.numel()), 0.0));
+}
+
+void check_finite(const Tensor& t) {
+  std::int64_t bad = 0;
+  for (const double x : values(t)) bad += std::isfinite(x) ? 0 : 1;
+  CHECK(bad == 0);
+}
+
+// Fused against composed on f32 inputs: output and the three gradients within atol + rtol * |ref|
+// (a NaN fails, on either side).
+void check_paths_agree(const Shape& q_shape, const Shape& kv_shape, const AttentionOptions& options,
+                       std::uint64_t seed) {
+  const Tensor q = test::random_tensor(q_shape, seed, DType::f32, -2, 2);
+  const Tensor k = test::random_tensor(kv_shape, seed + 1, DType::f32, -2, 2);
+  const Tensor v = test::random_tensor(kv_shape, seed + 2);
+  const Tensor weights = test::random_tensor(q_shape, seed + 3);
+  const Run fused = run(detail::fused_attention, q, k, v, options, weights);
+  const Run naive = run(detail::naive_attention, q, k, v, options, weights);
+  const test::Tolerance tol{2e-5, 1e-4};
+  for (const auto& [actual, expected, what] :
+       {std::tuple{fused.out, naive.out, "out"}, std::tuple{fused.grad_q, naive.grad_q, "grad q"},
+        std::tuple{fused.grad_k, naive.grad_k, "grad k"}, std::tuple{fused.grad_v, naive.grad_v, "grad v"}}) {
+    INFO(what << " of q " << shape_str(q_shape) << ", k " << shape_str(kv_shape) << ", causal "
+              << options.causal);
+    check_finite(expected);
+    check_close(actual, expected, tol);
+  }
+}
+
+// Sets the CPU thread count for a scope (the fused backward splits work differently by it).
+class ThreadCount {
+ public:
+  explicit ThreadCount(int threads) : saved_(num_threads()) { set_num_threads(threads); }
+  ~ThreadCount() { set_num_threads(saved_); }
+  ThreadCount(const ThreadCount&) = delete;
+  ThreadCount& operator=(const ThreadCount&) = delete;
+
+ private:
+  int saved_;
+};
+
+}  // namespace
+
+TEST_CASE("fused attention gradients: causal, padding, GQA, partial tiles", "[attention][gradcheck]") {
+  const AttentionOptions options{.causal = true, .padding = padding_after({5, 3}, 5)};
+  check_gradients("T = S = 5", detail::fused_attention, options,
+                  {leaf({2, 4, 5, 3}, 1), leaf({2, 2, 5, 3}, 2), leaf({2, 2, 5, 3}, 3)});
+  // 70 = a full 64-tile and a partial one, in queries and keys.
+  check_gradients("T = S = 70", detail::fused_attention,
+                  {.causal = true, .padding = padding_after({70, 61}, 70)},
+                  {leaf({2, 4, 70, 2}, 4), leaf({2, 2, 70, 2}, 5), leaf({2, 2, 70, 2}, 6)});
+  check_gradients("T = 5 < S = 70, padding keys, Dv = 3 != D, not causal", detail::fused_attention,
+                  {.padding = padding_after({66}, 70), .scale = 0.7},
+                  {leaf({1, 4, 5, 2}, 7), leaf({1, 2, 70, 2}, 8), leaf({1, 2, 70, 3}, 9)});
+  // One batch row and one key/value head: backward deals key tiles to several threads, each
+  // with its own dq.
+  const ThreadCount threads(4);
+  check_gradients("MQA, B = 1, key tiles split", detail::fused_attention,
+                  {.causal = true, .padding = padding_after({67}, 70)},
+                  {leaf({1, 2, 70, 2}, 10), leaf({1, 1, 70, 2}, 11), leaf({1, 1, 70, 2}, 12)});
+}
+
+TEST_CASE("composed attention gradients with padding", "[attention][gradcheck]") {
+  check_gradients("T = S, causal, padding, GQA", detail::naive_attention,
+                  {.causal = true, .padding = padding_after({5, 2}, 5)},
+                  {leaf({2, 4, 5, 3}, 20), leaf({2, 2, 5, 3}, 21), leaf({2, 2, 5, 3}, 22)});
+  check_gradients("T < S, padding keys", detail::naive_attention, {.padding = padding_after({4}, 6)},
+                  {leaf({1, 2, 3, 2}, 23), leaf({1, 2, 6, 2}, 24), leaf({1, 2, 6, 2}, 25)});
+  check_gradients("padding and an additive mask", detail::naive_attention,
+                  {.padding = padding_after({3, 4}, 4), .mask = test::random_tensor({4, 4}, 26, DType::f64)},
+                  {leaf({2, 2, 4, 2}, 27), leaf({2, 1, 4, 2}, 28), leaf({2, 1, 4, 2}, 29)});
+}
+
+TEST_CASE("fused attention equals the composed one", "[attention]") {
+  // Sequence 0 has no padding, 1 some at the end, 2 is all padding.
+  const Tensor padding = padding_after({130, 93, 0}, 130);
+  std::uint64_t seed = 100;
+  for (const std::int64_t d : {16, 32}) {
+    for (const std::int64_t kv_heads : {4, 2, 1}) {  // MHA, GQA, MQA
+      for (const bool causal : {false, true}) {
+        check_paths_agree({3, 4, 130, d}, {3, kv_heads, 130, d}, {.causal = causal, .padding = padding},
+                          seed);
+        seed += 10;
+      }
+    }
+  }
+  // Fewer queries than keys (queries are not padding then).
+  check_paths_agree({3, 4, 37, 16}, {3, 2, 130, 16}, {.causal = true, .padding = padding}, 300);
+  // One sequence and one key/value head: backward deals the key tiles to several threads.
+  const ThreadCount threads(4);
+  check_paths_agree({1, 4, 130, 32}, {1, 1, 130, 32}, {.causal = true, .padding = padding_after({120}, 130)},
+                    310);
+}
+
+TEST_CASE("a query that sees no key outputs zeros and passes no gradient, on both paths", "[attention]") {
+  for (const DType type : {DType::f64, DType::f32}) {
+    const Tensor q = test::random_tensor({2, 2, 4, 3}, 40, type),
+                 k = test::random_tensor({2, 1, 4, 3}, 41, type),
+                 v = test::random_tensor({2, 1, 4, 3}, 42, type);
+    for (const AttentionPath path : {detail::fused_attention, detail::naive_attention}) {
+      INFO(dtype_name(type) << (path == detail::fused_attention ? " fused" : " composed"));
+      // T == S: tokens 2 and 3 of sequence 0 are padding, and all of sequence 1.
+      const Run padded = run(path, q, k, v, {.causal = true, .padding = padding_after({2, 0}, 4)},
+                             ones(q.shape(), dtype(type)));
+      for (const Tensor& t : {padded.out, padded.grad_q, padded.grad_k, padded.grad_v}) {
+        check_finite(t);
+        check_zero(t.narrow(0, 0, 1).narrow(2, 2, 2));
+        check_zero(t.narrow(0, 1, 1));
+      }
+      // T < S, causal: query 0 sees only key 0, which is padding (query 0 itself is not).
+      const Tensor q2 = q.narrow(2, 0, 2);
+      const Run blind = run(path, q2, k.narrow(2, 0, 3), v.narrow(2, 0, 3),
+                            {.causal = true, .padding = padding_of({1, 0, 0, 0, 0, 0}, {2, 3})},
+                            ones(q2.shape(), dtype(type)));
+      for (const Tensor& t : {blind.out, blind.grad_q}) {
+        check_finite(t);
+        check_zero(t.narrow(0, 0, 1).narrow(2, 0, 1));
+      }
+      check_finite(blind.grad_k);
+      check_finite(blind.grad_v);
+    }
+    // An additive mask of -inf over a whole row (composed path) hides every key too.
+    const Tensor mask = where(eq(arange(4).view({4, 1}), 1),
+                              full({4, 4}, -std::numeric_limits<double>::infinity()), zeros({4, 4}));
+    const Run masked =
+        run(scaled_dot_product_attention, q, k, v, {.mask = mask}, ones(q.shape(), dtype(type)));
+    for (const Tensor& t : {masked.out, masked.grad_q}) {
+      check_finite(t);
+      check_zero(t.narrow(2, 1, 1));
+    }
+    check_finite(masked.grad_k);
+    check_finite(masked.grad_v);
+  }
+}
+
+TEST_CASE("attention of two one-dimensional tokens against its closed form", "[attention]") {
+  // q = (a, b), k = (c, d), v = (e, f), D = 1 so the scale is 1. Causal: query 0 sees key 0 alone,
+  // query 1 puts weight s = sigmoid(b (d - c)) on key 1: out = (e, e + (f - e) s).
+  const double a = 0.5, b = -1.5, c = 0.3, d = 1.1, e = 2.0, f = -1.0;
+  const double s = 1 / (1 + std::exp(-b * (d - c))), ds = s * (1 - s);
+  const Tensor q = from_vector<double>({a, b}, {1, 1, 2, 1}), k = from_vector<double>({c, d}, {1, 1, 2, 1}),
+               v = from_vector<double>({e, f}, {1, 1, 2, 1}), weights = ones({1, 1, 2, 1}, dtype(DType::f64));
+  for (const AttentionPath path :
+       {scaled_dot_product_attention, detail::fused_attention, detail::naive_attention}) {
+    const Run causal = run(path, q, k, v, {.causal = true}, weights);
+    check_close(causal.out, {e, e + (f - e) * s});
+    check_close(causal.grad_q, {0.0, (f - e) * ds * (d - c)});
+    check_close(causal.grad_k, {-(f - e) * ds * b, (f - e) * ds * b});
+    check_close(causal.grad_v, {2 - s, s});
+    // Token 1 is padding: query 0 sees key 0, query 1 sees nothing.
+    const Run padded = run(path, q, k, v, {.padding = padding_of({0, 1}, {1, 2})}, weights);
+    check_close(padded.out, {e, 0.0});
+    check_close(padded.grad_q, {0.0, 0.0});
+    check_close(padded.grad_k, {0.0, 0.0});
+    check_close(padded.grad_v, {1.0, 0.0});
+    // Not causal, no padding: query 0 puts weight sigmoid(a (d - c)) on key 1.
+    const double s0 = 1 / (1 + std::exp(-a * (d - c)));
+    check_close(run(path, q, k, v, {}, weights).out, {e + (f - e) * s0, e + (f - e) * s});
+  }
+}
+
+TEST_CASE("scaled_dot_product_attention runs fused for f32/f64 without an additive mask", "[attention]") {
+  const Tensor q = test::random_tensor({1, 2, 3, 4}, 60), k = test::random_tensor({1, 1, 3, 4}, 61),
+               v = test::random_tensor({1, 1, 3, 4}, 62);
+  const Variable qv(q, true), kv(k, true), vv(v, true);
+  const auto node = [](const Variable& y) { return y.grad_fn()->name(); };
+  const AttentionOptions options{.causal = true, .padding = padding_of({0, 0, 1}, {1, 3})};
+  CHECK(node(scaled_dot_product_attention(qv, kv, vv, options)) == "attention_backward");
+  CHECK(node(scaled_dot_product_attention(qv, kv, vv, {.mask = zeros({3, 3})})) != "attention_backward");
+  // bf16 runs composed, and agrees with f32 to bf16 precision.
+  const auto bf16 = [](const Tensor& t) { return Variable(t.to(DType::bf16), true); };
+  const Variable out16 = scaled_dot_product_attention(bf16(q), bf16(k), bf16(v), options);
+  CHECK(node(out16) != "attention_backward");
+  check_close(out16.data().to(DType::f32), scaled_dot_product_attention(qv, kv, vv, options).data(),
+              test::Tolerance{2e-2, 2e-2});
+}
+
+TEST_CASE("attention rejects a bad padding, and inputs the fused path cannot take", "[attention][errors]") {
+  const auto var = [](const Shape& shape, DType type = DType::f32) {
+    return constant(zeros(shape, dtype(type)));
+  };
+  const Variable q = var({2, 4, 3, 8}), k = var({2, 2, 5, 8}), v = var({2, 2, 5, 8});
+  const std::string shapes = "(q [2, 4, 3, 8], k [2, 2, 5, 8], v [2, 2, 5, 8])";
+  CHECK_THROWS_ERROR(
+      scaled_dot_product_attention(q, k, v, {.padding = zeros({2, 5})}),
+      "scaled_dot_product_attention: padding must be bool (true marks a padding token), got f32");
+  CHECK_THROWS_ERROR(
+      scaled_dot_product_attention(q, k, v, {.padding = zeros({2, 4}, dtype(DType::boolean))}),
+      "scaled_dot_product_attention: padding of shape [2, 4] is not [B, S] = [2, 5] " + shapes);
+  CHECK_THROWS_ERROR(detail::naive_attention(q, k, v, {.padding = zeros({5}, dtype(DType::boolean))}),
+                     "scaled_dot_product_attention: padding of shape [5] is not [B, S] = [2, 5] " + shapes);
+  CHECK_THROWS_ERROR(
+      attention_forward(q.data(), k.data(), v.data(), {.padding = zeros({1, 5}, dtype(DType::i64))}),
+      "attention_forward: padding must be bool (true marks a padding token), got i64");
+  CHECK_THROWS_ERROR(
+      detail::fused_attention(q, k, v, {.mask = zeros({3, 5})}),
+      "scaled_dot_product_attention: the fused path takes no additive mask (got one of shape [3, 5])");
+  CHECK_THROWS_ERROR(
+      attention_forward(q.data().to(DType::bf16), k.data().to(DType::bf16), v.data().to(DType::bf16)),
+      "attention_forward: needs f32 or f64, got bf16");
+  const AttentionResult forward = attention_forward(q.data(), k.data(), v.data());
+  CHECK_THROWS_ERROR(attention_backward(zeros({2, 4, 3, 7}), q.data(), k.data(), v.data(), forward),
+                     "attention_backward: grad_out must be [2, 4, 3, 8] f32, got [2, 4, 3, 7] f32");
+  CHECK_THROWS_ERROR(attention_backward(zeros({2, 4, 3, 8}), q.data(), k.data(), v.data(),
+                                        {forward.out, forward.logsumexp.to(DType::f64)}),
+                     "attention_backward: logsumexp must be [2, 4, 3] f32, got [2, 4, 3] f64");
+}
+
+// CUDA has no attention kernel yet: there the composed path runs, and must give what the CPU's
+// fused kernels give.
+SHARDLAB_CUDA_VS_CPU(
+    "attention, causal, padding, GQA: output and gradients",
+    {test::random_tensor({2, 4, 70, 16}, 80), test::random_tensor({2, 2, 70, 16}, 81),
+     test::random_tensor({2, 2, 70, 16}, 82), padding_after({70, 50}, 70)},
+    [](const test::Inputs& x) {
+      const Variable q(x[0], true), k(x[1], true), v(x[2], true);
+      const Variable out = scaled_dot_product_attention(q, k, v, {.causal = true, .padding = x[3]});
+      sum(mul(out, out)).backward();
+      return cat(
+          {out.data().reshape({-1}), q.grad().reshape({-1}), k.grad().reshape({-1}), v.grad().reshape({-1})},
+          0);
+    },
+    test::Tolerance{2e-5, 1e-4})
