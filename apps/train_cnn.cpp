@@ -2,20 +2,15 @@
 // ranks mpirun starts (one process is a world of 1), following the PyTorch FSDP tutorial:
 // Adadelta(lr) + StepLR(gamma), nll_loss summed over the batch, "Train Epoch" and "Test set"
 // lines, plus a progress bar, per-rank JSON-lines metrics, step timing and a safetensors file.
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "apps/training_support.h"
 #include "autograd/functional.h"
 #include "autograd/random_context.h"
 #include "core/allocator.h"
@@ -94,79 +89,6 @@ dist::MixedPrecision parse_mixed_precision(const std::string& text) {
   fail("mixed precision '{}' is not one of none, bf16", text);
 }
 
-// The element-wise sums of `values` over all ranks of `comm` (f64: counts stay exact).
-std::vector<double> sum_over_ranks(dist::Communicator& comm, const std::vector<double>& values) {
-  const Tensor total = from_vector(values);
-  comm.all_reduce(total, dist::ReduceOp::sum, "train_cnn").wait();
-  return total.to_vector<double>();
-}
-
-// The --metrics file: rank 0 truncates it, then every rank appends whole JSON lines, each with
-// one write() on an O_APPEND descriptor, so the ranks' records never interleave within a line.
-class MetricsFile {
- public:
-  MetricsFile(const std::string& path, dist::Communicator& comm) {
-    // Rank 0 truncates before anyone appends: the sum over ranks is also the barrier.
-    if (comm.rank() == 0) fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0644);
-    const int error = errno;
-    SHARDLAB_CHECK(sum_over_ranks(comm, {comm.rank() == 0 && fd_ < 0 ? 1.0 : 0.0})[0] == 0,
-                   "cannot write metrics to '{}'{}", path,
-                   comm.rank() == 0 ? fmt::format(": {}", std::strerror(error)) : "");
-    if (comm.rank() != 0) fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND);
-    const double failed = sum_over_ranks(comm, {fd_ < 0 ? 1.0 : 0.0})[0];
-    SHARDLAB_CHECK(failed == 0, "cannot append metrics to '{}' on {} of {} ranks", path, failed, comm.size());
-  }
-  ~MetricsFile() { ::close(fd_); }
-  MetricsFile(const MetricsFile&) = delete;
-  MetricsFile& operator=(const MetricsFile&) = delete;
-
-  void write(const nlohmann::json& record) const {
-    const std::string line = record.dump() + "\n";
-    const ssize_t written = ::write(fd_, line.data(), line.size());
-    SHARDLAB_CHECK(written == static_cast<ssize_t>(line.size()), "metrics: wrote {} of {} bytes: {}", written,
-                   line.size(), std::strerror(errno));
-  }
-
- private:
-  int fd_ = -1;
-};
-
-// A progress bar redrawn in place on a terminal; a plain line every tenth of the epoch otherwise.
-// Only rank 0 draws it. Open MPI hands its ranks a pseudo-terminal whatever mpirun's own output
-// is (a log file, a pipe), so under mpirun (OMPI_COMM_WORLD_SIZE set) the lines are plain.
-class Progress {
- public:
-  Progress(std::int64_t epoch, std::int64_t total, bool shown)
-      : epoch_(epoch),
-        total_(total),
-        shown_(shown),
-        tty_(isatty(fileno(stdout)) && std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) {}
-  // Ends a bar that an early stop (--steps) left open.
-  ~Progress() {
-    if (shown_ && tty_ && last_ >= 0 && last_ != total_) std::printf("\n");
-  }
-  Progress(const Progress&) = delete;
-  Progress& operator=(const Progress&) = delete;
-
-  void update(std::int64_t done, double loss, double images_per_second) {
-    const std::int64_t tenth = std::max<std::int64_t>(1, total_ / 10);
-    if (!shown_ || (!tty_ && done != total_ && done / tenth == last_ / tenth)) return;
-    last_ = done;
-    constexpr int kWidth = 30;
-    const int filled = static_cast<int>(kWidth * done / std::max<std::int64_t>(total_, 1));
-    const std::string bar = std::string(filled, '#') + std::string(kWidth - filled, '.');
-    std::printf("%sepoch %lld [%s] %lld/%lld  loss %.4f  %.0f img/s%s", tty_ ? "\r" : "",
-                static_cast<long long>(epoch_), bar.c_str(), static_cast<long long>(done),
-                static_cast<long long>(total_), loss, images_per_second, tty_ ? "" : "\n");
-    if (tty_ && done == total_) std::printf("\n");
-    std::fflush(stdout);
-  }
-
- private:
-  std::int64_t epoch_, total_, last_ = -1;
-  bool shown_, tty_;
-};
-
 struct TestResult {
   double average_loss = 0;
   std::int64_t correct = 0, total = 0;
@@ -203,7 +125,7 @@ class Training {
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::optional<optim::StepLR> scheduler_;
   dist::Plan plan_;
-  std::optional<MetricsFile> metrics_;
+  std::optional<apps::MetricsFile> metrics_;
   std::int64_t step_ = 0;
   std::vector<double> step_ms_;  // every optimizer step after the first
   std::int64_t peak_bytes_ = 0;
@@ -306,7 +228,7 @@ Training::EpochResult Training::train_epoch(std::int64_t epoch) {
   const auto batches = loader_->batch_indices(epoch);
   std::int64_t total = 0;  // every rank's batches have the same sizes
   for (const auto& b : batches) total += static_cast<std::int64_t>(b.size()) * world_size_;
-  Progress progress(epoch, total, rank_ == 0);
+  apps::Progress progress(fmt::format("epoch {}", epoch), total, "img/s", rank_ == 0);
   const auto start = std::chrono::steady_clock::now();
   for (const auto& indices : batches) {
     if (options_.steps > 0 && step_ >= options_.steps) {
@@ -331,7 +253,7 @@ Training::EpochResult Training::train_epoch(std::int64_t epoch) {
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start).count();
     if (step_ > 1) step_ms_.push_back(step_ms);
 
-    const std::vector<double> global = sum_over_ranks(
+    const std::vector<double> global = apps::sum_over_ranks(
         session_.cpu_world(), {loss.data().item<double>(), static_cast<double>(indices.size())});
     result.loss_sum += global[0];
     result.images += static_cast<std::int64_t>(global[1]);
@@ -365,7 +287,7 @@ TestResult Training::evaluate() {
     loss_sum += nll_loss(output, targets, -100, Reduction::sum).data().item<double>();
     correct += sum(eq(argmax(output.data(), {1}), targets)).item<double>();
   }
-  const std::vector<double> global = sum_over_ranks(session_.cpu_world(), {loss_sum, correct});
+  const std::vector<double> global = apps::sum_over_ranks(session_.cpu_world(), {loss_sum, correct});
   return {.average_loss = global[0] / static_cast<double>(test_total_),
           .correct = static_cast<std::int64_t>(global[1]),
           .total = test_total_};
@@ -374,13 +296,7 @@ TestResult Training::evaluate() {
 // Step time (median of the steps after the first, which also builds caches) and memory, for
 // comparing sharding strategies and world sizes.
 void Training::report() {
-  double median_ms = 0;
-  if (!step_ms_.empty()) {
-    std::vector<double> sorted = step_ms_;
-    std::sort(sorted.begin(), sorted.end());
-    const std::size_t middle = sorted.size() / 2;
-    median_ms = sorted.size() % 2 == 1 ? sorted[middle] : (sorted[middle - 1] + sorted[middle]) / 2;
-  }
+  const double median_ms = apps::median(step_ms_);
   constexpr double kMiB = 1024.0 * 1024.0;
   dist::log("train_cnn: median step {:.1f} ms ({} steps, the first excluded)", median_ms, step_ms_.size());
   dist::log(

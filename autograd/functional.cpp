@@ -228,4 +228,21 @@ Variable fused_attention(const Variable& q, const Variable& k, const Variable& v
 
 }  // namespace detail
 
+Variable rotary_embedding(const Variable& x, const Tensor& cos, const Tensor& sin) {
+  SHARDLAB_CHECK(x.defined() && x.dim() >= 2, "rotary_embedding: x must be [..., T, D], got {}",
+                 x.defined() ? shape_str(x.shape()) : "undefined");
+  const std::int64_t length = x.size(-2), dim = x.size(-1);
+  SHARDLAB_CHECK(dim % 2 == 0, "rotary_embedding: the last dim of x {} must be even", shape_str(x.shape()));
+  const Shape table{length, dim};
+  for (const auto& [t, name] : {std::pair{&cos, "cos"}, std::pair{&sin, "sin"}}) {
+    SHARDLAB_CHECK(t->defined() && t->shape() == table, "rotary_embedding: {} must be {} for x {}, got {}", name,
+                   shape_str(table), shape_str(x.shape()), t->defined() ? shape_str(t->shape()) : "undefined");
+    SHARDLAB_CHECK(t->dtype() == x.dtype(), "rotary_embedding: {} is {} but x is {}", name,
+                   dtype_name(t->dtype()), dtype_name(x.dtype()));
+  }
+  const std::int64_t half = dim / 2;
+  const Variable rotated = cat({neg(narrow(x, -1, half, half)), narrow(x, -1, 0, half)}, -1);
+  return add(mul(x, constant(cos)), mul(rotated, constant(sin)));
+}
+
 }  // namespace shardlab

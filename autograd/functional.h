@@ -61,4 +61,9 @@ Variable fused_attention(const Variable& q, const Variable& k, const Variable& v
                          const AttentionOptions& options = {});
 }  // namespace detail
 
+// Rotary position embedding, rotate-half convention (Hugging Face's apply_rotary_pos_emb):
+// x * cos + rotate_half(x) * sin, where rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2]).
+// x [..., T, D] with D even; cos and sin [T, D] (broadcast over the leading dims), x's dtype.
+Variable rotary_embedding(const Variable& x, const Tensor& cos, const Tensor& sin);
+
 }  // namespace shardlab

@@ -1,6 +1,7 @@
 // nn/module.cpp: Module's registry, tree walks, moves, state dicts, printer, initialize().
 #include "nn/module.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -74,8 +75,9 @@ Variable Module::register_parameter(std::string name, const Shape& shape, Init i
   return variable;
 }
 
-Tensor Module::register_buffer(std::string name, Tensor value) {
+Tensor Module::register_buffer(std::string name, Tensor value, bool persistent) {
   check_new_name(name, "buffer");
+  if (!persistent) transient_buffers_.push_back(name);
   buffers_.emplace_back(std::move(name), value);
   return value;
 }
@@ -124,6 +126,16 @@ Named<Init> Module::named_inits() const {
     for (const auto& p : m.parameters_) out.emplace_back(join(prefix, p.name), p.init);
   });
   return out;
+}
+
+void Module::set_init(const std::string& name, Init init) {
+  for (auto& p : parameters_) {
+    if (p.name == name) {
+      p.init = init;
+      return;
+    }
+  }
+  fail("{}: set_init: no parameter named '{}'", type_name_, name);
 }
 
 Named<Tensor> Module::named_buffers(bool recurse) const {
@@ -177,7 +189,12 @@ StateDict Module::state_dict() const {
   StateDict out;
   walk(*this, "", [&](const std::string& prefix, const Module& m) {
     for (const auto& p : m.parameters_) out.emplace_back(join(prefix, p.name), p.variable.data());
-    for (const auto& [name, b] : m.buffers_) out.emplace_back(join(prefix, name), b);
+    for (const auto& [name, b] : m.buffers_) {
+      if (std::find(m.transient_buffers_.begin(), m.transient_buffers_.end(), name) ==
+          m.transient_buffers_.end()) {
+        out.emplace_back(join(prefix, name), b);
+      }
+    }
   });
   return out;
 }

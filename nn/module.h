@@ -112,6 +112,9 @@ class Module : public std::enable_shared_from_this<Module> {
   std::int64_t parameter_count() const;
   // The Init of each parameter, by the same dotted names.
   Named<Init> named_inits() const;
+  // Replaces how initialize() draws this module's own parameter `name` (a model's N(0, 0.02) in
+  // place of a layer's default); an unknown name is an error.
+  void set_init(const std::string& name, Init init);
 
   // --- modes and moves -------------------------------------------------------------------------
   void train(bool on = true);
@@ -123,8 +126,8 @@ class Module : public std::enable_shared_from_this<Module> {
   void to(DType dtype);
 
   // --- state dicts -----------------------------------------------------------------------------
-  // Each module's parameters, then its buffers, then its children's, depth first (PyTorch's
-  // order), as tensors (not copies).
+  // Each module's parameters, then its persistent buffers, then its children's, depth first
+  // (PyTorch's order), as tensors (not copies).
   StateDict state_dict() const;
   // Copies values in. Strict: every key must exist on both sides. Any mismatch of shape is an
   // error naming the key and both shapes; nothing is copied unless everything matches.
@@ -151,7 +154,9 @@ class Module : public std::enable_shared_from_this<Module> {
  protected:
   // A new parameter, filled from `init` with seed 0 (initialize() redraws it).
   Variable register_parameter(std::string name, const Shape& shape, Init init, bool requires_grad = true);
-  Tensor register_buffer(std::string name, Tensor value);
+  // A non-persistent buffer (derived tables such as rotary cos/sin) moves with the module but is
+  // not part of its state dict, as in PyTorch.
+  Tensor register_buffer(std::string name, Tensor value, bool persistent = true);
   template <typename M>
   std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> child) {
     add_child(std::move(name), child);
@@ -198,6 +203,7 @@ class Module : public std::enable_shared_from_this<Module> {
   std::optional<std::uint64_t> initialized_seed_;
   std::vector<Parameter> parameters_;
   Named<Tensor> buffers_;
+  std::vector<std::string> transient_buffers_;  // names of the non-persistent ones
   Named<std::shared_ptr<Module>> children_;
   std::vector<ForwardPreHook> pre_hooks_;
   std::vector<ForwardHook> post_hooks_;

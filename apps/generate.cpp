@@ -1,0 +1,79 @@
+// apps/generate: prints text a saved Llama directory (train_llama --save-model, or a Hugging
+// Face LlamaForCausalLM with a byte-level vocabulary) writes after a prompt: greedy, or sampled
+// with temperature and top-k, through the KV cache. One process, no MPI.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "core/parallel.h"
+#include "data/tokenizer.h"
+#include "models/generate.h"
+#include "models/llama.h"
+
+using namespace shardlab;
+
+namespace {
+
+struct Options {
+  std::string model_dir;
+  std::string tokenizer = "bytes";
+  std::string prompt;
+  std::int64_t samples = 3;
+  models::SamplingOptions sampling;
+  int threads = 0;
+};
+
+void run(const Options& options) {
+  if (options.threads > 0) set_num_threads(options.threads);
+  const std::unique_ptr<data::Tokenizer> tokenizer = data::make_tokenizer(options.tokenizer);
+  const models::LlamaConfig config = models::load_pretrained_config(options.model_dir);
+  SHARDLAB_CHECK(config.vocab_size >= tokenizer->vocab_size(),
+                 "'{}' has a vocabulary of {}, fewer than the {} tokenizer's {} ids", options.model_dir,
+                 config.vocab_size, tokenizer->name(), tokenizer->vocab_size());
+  models::Llama model = [&] {
+    const nn::DeferredInitGuard deferred;  // shapes only: the weights come from the file
+    return models::Llama(config);
+  }();
+  nn::Named<Shape> shapes;
+  for (const auto& [name, p] : model->named_parameters()) {
+    p.set_data(empty(p.shape()));
+    shapes.emplace_back(name, p.shape());
+  }
+  model->load_state_dict(models::load_pretrained_weights(options.model_dir, shapes));
+
+  std::vector<std::int64_t> prompt{tokenizer->bot_id()};
+  for (const std::int64_t id : tokenizer->encode(options.prompt)) prompt.push_back(id);
+  for (std::int64_t i = 0; i < options.samples; ++i) {
+    models::SamplingOptions sampling = options.sampling;
+    sampling.seed += static_cast<std::uint64_t>(i);
+    sampling.stop_token = tokenizer->eot_id();
+    const std::vector<std::int64_t> tokens = models::generate(*model, prompt, sampling);
+    std::printf("--- sample %lld ---\n%s%s\n", static_cast<long long>(i + 1), options.prompt.c_str(),
+                tokenizer->decode(tokens).c_str());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options options;
+  CLI::App app{"generate: sample text from a saved Llama directory"};
+  app.add_option("model", options.model_dir, "directory with config.json and model.safetensors")->required();
+  app.add_option("--tokenizer", options.tokenizer, "bytes");
+  app.add_option("--prompt", options.prompt, "text the samples continue (default: none, from [BOT])");
+  app.add_option("--samples", options.samples, "how many texts")->check(CLI::PositiveNumber);
+  app.add_option("--tokens", options.sampling.max_new_tokens, "at most this many new tokens each")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--temperature", options.sampling.temperature, "0: greedy")->check(CLI::NonNegativeNumber);
+  app.add_option("--top-k", options.sampling.top_k, "sample among the k most likely tokens (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", options.sampling.seed, "seed of the draws");
+  app.add_option("--threads", options.threads, "CPU threads");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    run(options);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "generate: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

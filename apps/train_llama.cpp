@@ -1,0 +1,426 @@
+// apps/train_llama: trains the Llama (models/llama.h) on a text corpus (Debian's fortunes by
+// default) with FSDP over the ranks mpirun starts: one unit per decoder layer plus the root
+// (embedding, final norm and head), as the seed's script shards it. AdamW (0.9, 0.99, wd 0.1),
+// linear warm-up from 0.1 then cosine to 0, gradient clipping at 1.0, cross-entropy that ignores
+// [PAD]. Prints a progress bar with loss and tokens/s, writes per-step JSON-lines metrics, saves
+// a Hugging Face directory, and can print a few samples after training.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <optional>
+
+#include "apps/training_support.h"
+#include "autograd/functional.h"
+#include "core/allocator.h"
+#include "core/ops.h"
+#include "core/parallel.h"
+#include "data/loader.h"
+#include "data/text_corpus.h"
+#include "data/tokenizer.h"
+#include "dist/fsdp.h"
+#include "dist/init.h"
+#include "dist/log.h"
+#include "models/generate.h"
+#include "models/llama.h"
+#include "optim/optimizer.h"
+#include "optim/scheduler.h"
+
+using namespace shardlab;
+
+namespace {
+
+struct Options {
+  std::string config = "tiny";
+  std::string tokenizer = "bytes";
+  std::vector<std::string> data{"/usr/share/games/fortunes"};
+  std::string separator = "%";
+  std::int64_t limit_documents = 0;
+  std::int64_t seq = 256;
+  std::int64_t global_batch = 16;
+  std::int64_t epochs = 1;
+  std::int64_t steps = 0;  // 0: --epochs decides
+  double lr = 1e-3;
+  std::int64_t warmup_steps = -1;  // default: a tenth of the steps
+  double weight_decay = 0.1;
+  bool no_decay_norms = false;
+  double clip = 1.0;
+  std::uint64_t seed = 1;
+  std::string sharding = "full";
+  int prefetch = 1;
+  std::string mixed_precision = "none";
+  bool cpu_offload = false;
+  bool explain = false;
+  std::string metrics;
+  std::string save_model;
+  std::string init_from;
+  std::int64_t samples = 0;
+  std::int64_t sample_tokens = 200;
+  int threads = 0;
+};
+
+// AdamW keeps exp_avg and exp_avg_sq in f32: what the plan counts as optimizer state.
+constexpr std::int64_t kOptimizerStateBytesPerElement = 8;
+
+models::LlamaConfig resolve_config(const Options& options, const data::Tokenizer& tokenizer) {
+  if (options.config.ends_with(".json")) {
+    const models::LlamaConfig config = models::LlamaConfig::from_json(
+        [&] {
+          std::ifstream in(options.config);
+          SHARDLAB_CHECK(in.good(), "cannot read the config file '{}'", options.config);
+          try {
+            return nlohmann::json::parse(in);
+          } catch (const nlohmann::json::exception& e) {
+            fail("'{}' is not valid JSON: {}", options.config, e.what());
+          }
+        }(),
+        options.config);
+    SHARDLAB_CHECK(config.vocab_size >= tokenizer.vocab_size(),
+                   "{}: vocab_size {} is smaller than the {} tokenizer's {} ids", options.config, config.vocab_size,
+                   tokenizer.name(), tokenizer.vocab_size());
+    return config;
+  }
+  // A preset's shape with the tokenizer's vocabulary.
+  models::LlamaConfig config = models::LlamaConfig::preset(options.config);
+  config.vocab_size = tokenizer.vocab_size();
+  return config;
+}
+
+dist::MixedPrecision parse_mixed_precision(const std::string& text) {
+  if (text == "none") return {};
+  // bf16 gathers and computes; gradients are reduced and the master shards kept in f32.
+  if (text == "bf16") return {.param_dtype = DType::bf16, .reduce_dtype = DType::f32};
+  fail("mixed precision '{}' is not one of none, bf16", text);
+}
+
+// The seed's schedule: LinearLR from 0.1 over the warm-up, then cosine annealing to 0.
+std::unique_ptr<optim::LRScheduler> make_schedule(optim::Optimizer& optimizer, std::int64_t total_steps,
+                                                  std::int64_t warmup_steps) {
+  std::vector<std::unique_ptr<optim::LRScheduler>> parts;
+  parts.push_back(std::make_unique<optim::LinearLR>(optimizer, 0.1, 1.0, warmup_steps));
+  parts.push_back(std::make_unique<optim::CosineAnnealingLR>(optimizer, std::max<std::int64_t>(1, total_steps - warmup_steps)));
+  return std::make_unique<optim::SequentialLR>(optimizer, std::move(parts), std::vector<std::int64_t>{warmup_steps});
+}
+
+bool is_norm(const std::string& name) { return name.ends_with("norm.weight"); }
+
+// Everything a run needs, built (and checked) on every rank before the first step: errors
+// thrown here are the same on all ranks.
+class Training {
+ public:
+  Training(const Options& options, dist::Session& session);
+  void run();
+
+ private:
+  struct StepResult {
+    double loss = 0, grad_norm = 0, seconds = 0;
+  };
+  StepResult train_step(const data::Batch& batch);
+  void write_step_metrics(const StepResult& result);
+  void save_and_sample();
+  void report();
+
+  const Options options_;
+  dist::Session& session_;
+  const int rank_, world_size_;
+  std::unique_ptr<data::Tokenizer> tokenizer_;
+  models::LlamaConfig config_;
+  std::optional<data::PretrainingDataset> corpus_;
+  std::optional<data::DataLoader> loader_;
+  std::int64_t data_bytes_ = 0;           // CPU bytes in use once the corpus is loaded
+  std::int64_t model_bytes_baseline_ = 0;  // before the shards existed
+  std::optional<models::Llama> model_;
+  std::unique_ptr<optim::AdamW> optimizer_;
+  std::unique_ptr<optim::LRScheduler> scheduler_;
+  dist::Plan plan_;
+  std::optional<apps::MetricsFile> metrics_;
+  std::int64_t total_steps_ = 0, step_ = 0;
+  std::vector<double> step_seconds_;  // every step after the first
+  std::int64_t step_bytes_received_ = 0;
+};
+
+// The model with its parameters sharded over the ranks: drawn shard by shard (no rank holds the
+// whole model), or loaded from a directory (each rank reads it and keeps its shards).
+models::Llama sharded_llama(const Options& options, const models::LlamaConfig& config,
+                            const dist::FsdpOptions& fsdp) {
+  auto build = [&] {
+    if (!options.init_from.empty()) {
+      models::Llama model(config, options.seed);
+      nn::Named<Shape> shapes;
+      for (const auto& [name, p] : model->named_parameters()) shapes.emplace_back(name, p.shape());
+      model->load_state_dict(models::load_pretrained_weights(options.init_from, shapes));
+      return model;
+    }
+    const nn::DeferredInitGuard deferred;
+    return models::Llama(config, options.seed);
+  };
+  models::Llama model = build();
+  for (auto& layer : *model->model->layers) dist::fully_shard(*layer, fsdp);
+  dist::FsdpOptions root = fsdp;
+  root.mixed_precision.output_dtype = DType::f32;  // f32 logits for the loss
+  dist::fully_shard(*model, root);
+  return model;
+}
+
+Training::Training(const Options& options, dist::Session& session)
+    : options_(options), session_(session), rank_(session.rank()), world_size_(session.world_size()) {
+  if (options.threads > 0) set_num_threads(options.threads);
+  // Options first: a typo fails before the corpus loads.
+  tokenizer_ = data::make_tokenizer(options.tokenizer);
+  config_ = options.init_from.empty() ? resolve_config(options, *tokenizer_)
+                                      : models::load_pretrained_config(options.init_from);
+  SHARDLAB_CHECK(options.seq <= config_.max_position_embeddings, "--seq {} exceeds the model's {} positions",
+                 options.seq, config_.max_position_embeddings);
+  const auto [sharding, group] = dist::parse_sharding(options.sharding);
+  const dist::FsdpOptions fsdp{.sharding = sharding,
+                               .hybrid_group_size = group,
+                               .prefetch = options.prefetch,
+                               .mixed_precision = parse_mixed_precision(options.mixed_precision),
+                               .cpu_offload = options.cpu_offload};
+  const std::int64_t per_rank_batch = data::per_rank_batch_size(options.global_batch, world_size_);
+
+  std::vector<std::string> documents = data::read_documents(options.data, options.separator);
+  if (options.limit_documents > 0 && options.limit_documents < static_cast<std::int64_t>(documents.size())) {
+    documents.resize(static_cast<std::size_t>(options.limit_documents));
+  }
+  corpus_.emplace(documents, *tokenizer_, options.seq);
+  loader_.emplace(data::rank_loader(corpus_->dataset(), {.size = options.global_batch,
+                                                         .world_size = world_size_,
+                                                         .rank = rank_,
+                                                         .shuffle = true,
+                                                         .seed = options.seed}));
+  data_bytes_ = memory_stats(Device::cpu()).bytes_in_use;
+  total_steps_ = options.steps > 0 ? options.steps : options.epochs * loader_->batches_per_epoch();
+  SHARDLAB_CHECK(total_steps_ > 0, "nothing to train: {} documents give no batch of {}", documents.size(),
+                 options.global_batch);
+  const std::int64_t warmup =
+      options.warmup_steps >= 0 ? options.warmup_steps : std::max<std::int64_t>(1, total_steps_ / 10);
+
+  model_bytes_baseline_ = memory_stats(Device::cpu()).bytes_in_use;
+  model_.emplace(sharded_llama(options, config_, fsdp));
+  nn::Named<Variable> decayed, undecayed;
+  for (auto& [name, shard] : dist::sharded_parameters(**model_)) {
+    (options.no_decay_norms && is_norm(name) ? undecayed : decayed).emplace_back(name, shard);
+  }
+  std::vector<optim::ParamGroup> groups{{.parameters = decayed}};
+  if (!undecayed.empty()) groups.push_back({.parameters = undecayed, .weight_decay = 0.0});
+  optimizer_ = std::make_unique<optim::AdamW>(
+      std::move(groups),
+      optim::AdamWOptions{.lr = options.lr, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = options.weight_decay});
+  scheduler_ = make_schedule(*optimizer_, total_steps_, std::max<std::int64_t>(1, warmup));
+  plan_ = dist::explain(**model_, kOptimizerStateBytesPerElement);
+  if (!options.metrics.empty()) metrics_.emplace(options.metrics, session.cpu_world());
+
+  dist::log(
+      "train_llama: {} documents, {} sequences of {} tokens ({} tokenizer, vocab {}), model {} with {} parameters, "
+      "{} rank{} x {} threads, sharding {}, global batch {} ({} per rank), {} steps, AdamW lr {:g}{}{}",
+      documents.size(), corpus_->size(), options.seq, tokenizer_->name(), config_.vocab_size,
+      options.init_from.empty() ? options.config : options.init_from, config_.parameter_count(), world_size_,
+      world_size_ == 1 ? "" : "s", num_threads(), plan_.sharding, options.global_batch, per_rank_batch,
+      total_steps_, options.lr, options.mixed_precision == "none" ? "" : ", mixed precision " + options.mixed_precision,
+      "");
+}
+
+void Training::run() {
+  if (options_.explain) dist::log("{}", plan_.str());
+  apps::Progress progress("train", total_steps_, "tok/s", rank_ == 0);
+  std::vector<double> recent_losses;  // the bar shows the mean of the last 10 steps
+  for (std::int64_t epoch = 0; step_ < total_steps_; ++epoch) {
+    for (const auto& indices : loader_->batch_indices(epoch)) {
+      if (step_ >= total_steps_) break;
+      const StepResult result = train_step(loader_->batch(indices));
+      ++step_;
+      if (step_ > 1) step_seconds_.push_back(result.seconds);
+      write_step_metrics(result);
+      recent_losses.push_back(result.loss);
+      if (recent_losses.size() > 10) recent_losses.erase(recent_losses.begin());
+      double recent = 0;
+      for (const double loss : recent_losses) recent += loss;
+      progress.update(step_, recent / static_cast<double>(recent_losses.size()),
+                      static_cast<double>(options_.global_batch * options_.seq) / result.seconds);
+    }
+  }
+  save_and_sample();
+  report();
+}
+
+Training::StepResult Training::train_step(const data::Batch& batch) {
+  const auto start = std::chrono::steady_clock::now();
+  const Tensor padding = eq(batch.inputs, tokenizer_->pad_id());
+  // The loss is the mean over the global batch's non-padding targets: each rank sums its own and
+  // divides by the global count, so any number of ranks computes the 1-process loss.
+  const double local_targets = sum(ne(batch.targets, tokenizer_->pad_id()).to(DType::i64)).item<double>();
+  const double targets = apps::sum_over_ranks(session_.cpu_world(), {local_targets})[0];
+  optimizer_->zero_grad();
+  session_.world().reset_counters();
+  const Variable logits = (*model_)(batch.inputs, padding);
+  const Variable loss_sum = cross_entropy(reshape(logits, {-1, config_.vocab_size}), batch.targets.reshape({-1}),
+                                          tokenizer_->pad_id(), Reduction::sum);
+  // FSDP averages gradients over the ranks: scaled by W, the average is the global mean's gradient.
+  (loss_sum * (static_cast<double>(world_size_) / std::max(targets, 1.0))).backward();
+  // FSDP's collectives of the step, what the plan predicts (clipping's all-reduce comes after).
+  step_bytes_received_ = session_.world().counters().total().bytes_received;
+  StepResult result;
+  result.grad_norm = dist::clip_grad_norm_(**model_, options_.clip);
+  optimizer_->step();
+  scheduler_->step();
+  result.loss = apps::sum_over_ranks(session_.cpu_world(), {loss_sum.data().item<double>()})[0] / std::max(targets, 1.0);
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+void Training::write_step_metrics(const StepResult& result) {
+  if (!metrics_) return;
+  const MemoryStats memory = memory_stats(Device::cpu());
+  metrics_->write({{"rank", rank_},
+                   {"step", step_},
+                   {"loss", result.loss},
+                   {"lr", optimizer_->lr()},
+                   {"grad_norm", result.grad_norm},
+                   {"tokens_per_second", static_cast<double>(options_.global_batch * options_.seq) / result.seconds},
+                   {"step_seconds", result.seconds},
+                   {"memory_bytes", memory.bytes_in_use},
+                   {"peak_memory_bytes", memory.peak_bytes}});
+}
+
+// --save-model and --sample need the full parameters: gathered on every rank (a collective),
+// then rank 0 writes them and samples from an unsharded copy.
+void Training::save_and_sample() {
+  if (options_.save_model.empty() && options_.samples == 0) return;
+  const nn::Named<Tensor> parameters = dist::gather_full_parameters(**model_);
+  if (rank_ != 0) return;
+  if (!options_.save_model.empty()) {
+    models::save_pretrained(options_.save_model, config_, parameters);
+    dist::log("train_llama: saved the model to {}", options_.save_model);
+  }
+  if (options_.samples == 0) return;
+  models::Llama copy = [&] {
+    const nn::DeferredInitGuard deferred;  // shapes only: the weights come from the shards
+    return models::Llama(config_, options_.seed);
+  }();
+  for (const auto& [name, p] : copy->named_parameters()) p.set_data(empty(p.shape()));
+  copy->load_state_dict(parameters);
+  for (std::int64_t i = 0; i < options_.samples; ++i) {
+    const std::vector<std::int64_t> tokens =
+        models::generate(*copy, {tokenizer_->bot_id()},
+                         {.max_new_tokens = options_.sample_tokens,
+                          .temperature = 0.8,
+                          .top_k = 40,
+                          .seed = options_.seed + static_cast<std::uint64_t>(i),
+                          .stop_token = tokenizer_->eot_id()});
+    dist::log("--- sample {} ---\n{}", i + 1, tokenizer_->decode(tokens));
+  }
+}
+
+void Training::report() {
+  const double median_seconds = apps::median(step_seconds_);
+  const double tokens_per_second =
+      median_seconds > 0 ? static_cast<double>(options_.global_batch * options_.seq) / median_seconds : 0;
+  dist::log("train_llama: median step {:.1f} ms, {:.0f} tokens/s ({} steps, the first excluded)",
+            1e3 * median_seconds, tokens_per_second, step_seconds_.size());
+  // The plan counts the sharded state; the rotary tables are replicated buffers, the same on every rank.
+  std::int64_t buffer_bytes = 0;
+  for (const auto& [name, buffer] : (*model_)->named_buffers()) buffer_bytes += buffer.numel() * static_cast<std::int64_t>(buffer.element_size());
+  const std::int64_t persistent = memory_stats(Device::cpu()).bytes_in_use - model_bytes_baseline_ - buffer_bytes;
+  dist::log(
+      "train_llama: rank 0 persistent model state: measured {} B (besides {} B of buffers), planned {} B + {} step "
+      "counters of 8 B",
+      persistent, buffer_bytes, plan_.total_persistent_bytes(), dist::sharded_parameters(**model_).size());
+  dist::log("train_llama: rank 0 peak of gathered parameters: measured {} B, planned {} B",
+            dist::unsharded_memory().peak_bytes, plan_.peak_unsharded_bytes());
+  dist::log("train_llama: rank 0 collectives of the last step: received {} B, planned {} B", step_bytes_received_,
+            plan_.bytes_per_step());
+  if (metrics_) {
+    metrics_->write({{"rank", rank_},
+                     {"steps", step_},
+                     {"median_step_seconds", median_seconds},
+                     {"tokens_per_second", tokens_per_second},
+                     {"peak_memory_bytes", memory_stats(Device::cpu()).peak_bytes},
+                     {"data_bytes", data_bytes_},
+                     {"persistent_bytes", plan_.total_persistent_bytes()},
+                     {"measured_persistent_bytes", persistent},
+                     {"step_counters", dist::sharded_parameters(**model_).size()},
+                     {"unsharded_peak_bytes", dist::unsharded_memory().peak_bytes},
+                     {"planned_unsharded_peak_bytes", plan_.peak_unsharded_bytes()},
+                     {"step_bytes_received", step_bytes_received_},
+                     {"planned_step_bytes", plan_.bytes_per_step()}});
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::unique_ptr<dist::Session> session;
+  try {
+    session = dist::init(argc, argv, {.device = dist::DeviceChoice::cpu});
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_llama: %s\n", e.what());
+    return 1;
+  }
+  const int rank = session->rank();
+
+  Options options;
+  CLI::App app{"train_llama: train the Llama on a text corpus, with FSDP over the ranks of mpirun"};
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // later flags win
+  app.add_option("--config", options.config, "tiny, seed, 1b, or a Hugging Face config.json file");
+  app.add_option("--tokenizer", options.tokenizer, "bytes (256 byte ids + [BOT], [EOT], [PAD])");
+  app.add_option("--data", options.data, "text files or directories of them (default: Debian's fortunes)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.add_option("--separator", options.separator, "the line that separates documents in a file");
+  app.add_option("--limit-documents", options.limit_documents, "use only the first N documents")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--seq", options.seq, "tokens per sequence")->check(CLI::PositiveNumber);
+  app.add_option("--global-batch", options.global_batch, "sequences per step over all ranks")
+      ->check(CLI::PositiveNumber);
+  auto* steps = app.add_option("--steps", options.steps, "optimizer steps")->check(CLI::PositiveNumber);
+  app.add_option("--epochs", options.epochs, "passes over the corpus (when --steps is not given)")
+      ->check(CLI::PositiveNumber)
+      ->excludes(steps);
+  app.add_option("--lr", options.lr, "peak learning rate")->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup-steps", options.warmup_steps, "linear warm-up from 0.1 x lr (default: a tenth of the steps)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--weight-decay", options.weight_decay, "AdamW's decoupled weight decay")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--no-decay-norms", options.no_decay_norms, "put the norms in a group without weight decay");
+  app.add_option("--clip", options.clip, "clip the global gradient norm to this")->check(CLI::PositiveNumber);
+  app.add_option("--seed", options.seed, "seed of initialisation, shuffling and sampling");
+  app.add_option("--sharding", options.sharding, "full, grad_op, none or hybrid:G (G ranks per shard group)");
+  app.add_option("--prefetch", options.prefetch, "units whose all-gather is issued ahead")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--mixed-precision", options.mixed_precision,
+                 "none, or bf16 (bf16 gathers and compute, f32 reductions and master shards)");
+  app.add_flag("--cpu-offload", options.cpu_offload, "keep shards and optimizer state in host memory");
+  app.add_flag("--explain", options.explain, "print the FSDP plan (units, bytes, traffic) before step 1");
+  app.add_option("--metrics", options.metrics, "write JSON lines of every rank's metrics to this file");
+  app.add_option("--save-model", options.save_model,
+                 "write model.safetensors + config.json here (Hugging Face's LlamaForCausalLM format)");
+  app.add_option("--init-from", options.init_from, "start from a saved or Hugging Face Llama directory");
+  app.add_option("--sample", options.samples, "print this many generated texts after training")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--sample-tokens", options.sample_tokens, "at most this many tokens per sample")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--threads", options.threads, "CPU threads per rank (default: the cores this process may use)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return rank == 0 ? app.exit(e) : e.get_exit_code();  // --help and usage errors, printed once
+  }
+
+  std::optional<Training> training;
+  try {
+    training.emplace(options, *session);
+  } catch (const std::exception& e) {
+    if (rank == 0) std::fprintf(stderr, "train_llama: %s\n", e.what());
+    return 1;
+  }
+  try {
+    training->run();
+  } catch (const std::exception& e) {
+    const std::string prefix = session->world_size() > 1 ? fmt::format("[rank {}] ", rank) : "";
+    std::fputs(fmt::format("{}train_llama: {}\n", prefix, e.what()).c_str(), stderr);
+    return 1;
+  }
+  return 0;
+}

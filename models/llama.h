@@ -1,0 +1,154 @@
+// models/llama.h: the Llama-style decoder (RMSNorm, rotary position embedding, grouped-query
+// attention, SwiGLU), with Hugging Face's module and parameter names, so that its state dict is
+// a LlamaForCausalLM checkpoint and a HF checkpoint loads into it:
+//
+//   models::Llama model(models::LlamaConfig::preset("tiny"), /*seed=*/1);
+//   Variable logits = model(tokens, padding);       // tokens [B, T] i64 -> logits [B, T, vocab]
+//   models::save_pretrained(model, "out/");         // model.safetensors + config.json
+//
+// The model does not know whether it is sharded: FSDP units wrap its decoder layers and itself.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "nn/layers.h"
+
+namespace shardlab::models {
+
+// The fields of Hugging Face's LlamaConfig that shape the model.
+struct LlamaConfig {
+  std::int64_t vocab_size = 50000;
+  std::int64_t hidden_size = 768;
+  std::int64_t intermediate_size = 3072;
+  std::int64_t num_hidden_layers = 12;
+  std::int64_t num_attention_heads = 12;
+  std::int64_t num_key_value_heads = 3;  // GQA; 1 = MQA; = num_attention_heads = MHA
+  std::int64_t max_position_embeddings = 2048;
+  double rms_norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  bool tie_word_embeddings = false;
+
+  std::int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  // Throws naming the fields when the shapes do not fit together (hidden not divisible by the
+  // heads, heads not divisible by the key/value heads, an odd head dim, a size below 1).
+  void validate() const;
+  std::int64_t parameter_count() const;
+
+  // "tiny" (tests: 2 layers, hidden 72, 6/2 heads), "seed" (the defaults above) and "1b"
+  // (TinyLlama's shape: 2048/5632, 22 layers, 32/4 heads, vocab 32000).
+  static LlamaConfig preset(std::string_view name);
+  // Hugging Face's config.json of a LlamaForCausalLM; from_json reads the fields above (missing
+  // optional ones take HF's defaults) and refuses other architectures or wrong field types,
+  // naming `source` (the file).
+  nlohmann::json to_json() const;
+  static LlamaConfig from_json(const nlohmann::json& json, const std::string& source);
+};
+
+// Keys and values of the positions seen so far, per decoder layer, for generation: a prompt
+// runs once, then each new token attends to the cache instead of recomputing the prefix.
+struct KvCache {
+  KvCache(const LlamaConfig& config, std::int64_t batch, std::int64_t capacity, const TensorOptions& options);
+  std::vector<Tensor> keys, values;  // per layer [B, kv_heads, capacity, head_dim]
+  std::int64_t length = 0;           // positions filled
+  std::int64_t capacity = 0;
+};
+
+// cos and sin of the rotary angles, [max_positions, head_dim] each (rotate-half layout: the
+// angle of pair i repeated at i and i + head_dim/2), computed in f64 and stored in f32, kept as
+// non-persistent buffers (not in the state dict, as in Hugging Face).
+class LlamaRotaryEmbeddingImpl : public nn::Module {
+ public:
+  explicit LlamaRotaryEmbeddingImpl(const LlamaConfig& config);
+  bool has_forward() const override { return false; }
+  std::string describe() const override;
+  // Rows [offset, offset + length) of the tables, in `dtype`.
+  std::pair<Tensor, Tensor> rows(std::int64_t offset, std::int64_t length, DType dtype) const;
+
+  Tensor cos, sin;
+};
+using LlamaRotaryEmbedding = nn::Holder<LlamaRotaryEmbeddingImpl>;
+
+class LlamaAttentionImpl : public nn::Module {
+ public:
+  explicit LlamaAttentionImpl(const LlamaConfig& config);
+  // x [B, T, hidden]; cos/sin [T, head_dim]; padding bool [B, T] (true at padding) or undefined.
+  // With a cache, keys and values are appended to layer `layer`'s entries and the queries attend
+  // to every cached position (a prompt of several tokens only as the cache's first entry).
+  Variable operator()(const Variable& x, const Tensor& cos, const Tensor& sin, const Tensor& padding,
+                      KvCache* cache = nullptr, std::int64_t layer = 0);
+
+  const std::int64_t heads, kv_heads, head_dim;
+  nn::Linear q_proj, k_proj, v_proj, o_proj;
+};
+using LlamaAttention = nn::Holder<LlamaAttentionImpl>;
+
+// down_proj(silu(gate_proj(x)) * up_proj(x)).
+class LlamaMlpImpl : public nn::Module {
+ public:
+  explicit LlamaMlpImpl(const LlamaConfig& config);
+  Variable operator()(const Variable& x);
+
+  nn::Linear gate_proj, up_proj, down_proj;
+};
+using LlamaMlp = nn::Holder<LlamaMlpImpl>;
+
+// x + attn(norm(x)), then + mlp(norm(.)): the unit FSDP wraps, one per layer.
+class LlamaDecoderLayerImpl : public nn::Module {
+ public:
+  explicit LlamaDecoderLayerImpl(const LlamaConfig& config);
+  Variable operator()(const Variable& x, const Tensor& cos, const Tensor& sin, const Tensor& padding,
+                      KvCache* cache = nullptr, std::int64_t layer = 0);
+
+  LlamaAttention self_attn;
+  LlamaMlp mlp;
+  nn::RMSNorm input_layernorm, post_attention_layernorm;
+};
+using LlamaDecoderLayer = nn::Holder<LlamaDecoderLayerImpl>;
+
+// Hugging Face's LlamaModel: embeddings, the decoder layers and the final norm.
+class LlamaModelImpl : public nn::Module {
+ public:
+  explicit LlamaModelImpl(const LlamaConfig& config);
+  bool has_forward() const override { return false; }  // LlamaImpl runs its pieces
+
+  nn::Embedding embed_tokens;
+  nn::ModuleList<LlamaDecoderLayerImpl> layers;
+  nn::RMSNorm norm;
+  LlamaRotaryEmbedding rotary_emb;
+};
+using LlamaModel = nn::Holder<LlamaModelImpl>;
+
+// Hugging Face's LlamaForCausalLM: `model` and `lm_head` (absent when tie_word_embeddings:
+// the embedding matrix is the head).
+class LlamaImpl : public nn::Module {
+ public:
+  // Every weight N(0, 0.02) and every norm 1, drawn by nn::initialize(*this, seed) by name.
+  LlamaImpl(const LlamaConfig& config, std::uint64_t seed = 1);
+  // tokens [B, T] (i64/i32), padding bool [B, T] (true at padding tokens: they neither attend
+  // nor are attended) or undefined -> logits [B, T, vocab]. With a cache, the tokens continue
+  // the cached positions.
+  Variable operator()(const Tensor& tokens, const Tensor& padding = {}, KvCache* cache = nullptr);
+
+  const LlamaConfig config;
+  LlamaModel model;
+  std::optional<nn::Linear> lm_head;
+};
+using Llama = nn::Holder<LlamaImpl>;
+
+// Writes `dir`/model.safetensors (f32, HF names) and `dir`/config.json, creating `dir`: a
+// directory transformers' LlamaForCausalLM.from_pretrained reads unchanged. `state` is the
+// model's parameters by name (gathered from the shards when sharded).
+void save_pretrained(const std::string& dir, const LlamaConfig& config, const nn::StateDict& state);
+// config.json of a saved or Hugging Face directory.
+LlamaConfig load_pretrained_config(const std::string& dir);
+// The tensors of `dir`/model.safetensors, or of the files model.safetensors.index.json names,
+// checked strictly against `expected` (names and shapes; missing, unexpected and mismatched
+// tensors are errors naming them and the file), converted to f32.
+nn::StateDict load_pretrained_weights(const std::string& dir, const nn::Named<Shape>& expected);
+
+}  // namespace shardlab::models

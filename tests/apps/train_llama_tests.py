@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""tests/apps/train_llama_tests.py: runs apps/train_llama under mpirun on Debian's fortunes and
+checks what its users rely on:
+
+- exact parity: 10 steps of the tiny config (uneven shards at 3 ranks) give every step's loss
+  within 1e-5 of the 1-process run at 1, 2, 3 and 4 ranks for full, grad_op, none and hybrid;
+- activation checkpointing gives the same losses and gradient norms as without, bit for bit;
+- memory: the persistent model state measured on every rank equals the plan, the gathered
+  parameters never exceed the planned peak, and the last step received the planned bytes;
+- --save-model writes a directory that apps/generate samples from and --init-from loads;
+- bad options, a missing corpus and a config that does not fit exit 1 with one clear message.
+
+Usage: train_llama_tests.py <mpirun> <train_llama> <generate>. Without /usr/share/games/fortunes
+(scripts/setup installs it) the cases that train are skipped. Prints one line per check, then
+"train_llama_app: N passed, N failed, N skipped".
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+DATA_DIR = "/usr/share/games/fortunes"
+STEPS = 10
+BASE_ARGS = ["--config", "tiny", "--seq", "48", "--global-batch", "12", "--limit-documents", "240",
+             "--steps", str(STEPS), "--lr", "3e-3", "--threads", "1"]
+# (ranks, sharding); (1, "full") is the reference.
+PARITY_RUNS = [(1, "full"), (1, "grad_op"), (2, "full"), (2, "grad_op"), (2, "none"), (2, "hybrid:1"),
+               (3, "full"), (3, "grad_op"), (3, "none"), (4, "full"), (4, "grad_op"), (4, "none"),
+               (4, "hybrid:2")]
+RTOL = 1e-5
+LIMIT_S = 300
+
+
+def run_job(mpirun, program, ranks, args):
+    env = dict(os.environ, SHARDLAB_COLLECTIVE_TIMEOUT="120")
+    command = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(ranks), program] + args
+    return run_command(command, env)
+
+
+def run_command(command, env=None):
+    try:
+        done = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              timeout=LIMIT_S, text=True, errors="replace")
+        return done.returncode, done.stdout
+    except subprocess.TimeoutExpired as expired:
+        output = expired.stdout
+        if isinstance(output, bytes):
+            output = output.decode(errors="replace")
+        return None, (output or "") + f"\n(killed after {LIMIT_S} s)\n"
+
+
+def read_metrics(path):
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as lines:
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+def per_step(records, rank, field):
+    return {r["step"]: r[field] for r in records if r.get("rank") == rank and "step" in r and field in r}
+
+
+def close(actual, expected):
+    return abs(actual - expected) <= RTOL * abs(expected)  # NaN compares false: it fails
+
+
+def main(mpirun, train_llama, generate):
+    results = []
+
+    def check(name, ok, detail=""):
+        print(f"{'ok' if ok else 'FAILED'}: {name}{'' if ok or not detail else chr(10) + detail}")
+        results.append(ok)
+
+    check_errors(mpirun, train_llama, check)
+    skipped = 0
+    if not os.path.isdir(DATA_DIR):
+        skipped = len(PARITY_RUNS) + 5
+        print(f"skipped: {skipped} cases that train, {DATA_DIR} is missing (scripts/setup installs fortunes)")
+    else:
+        with tempfile.TemporaryDirectory(prefix="train_llama_tests.") as scratch:
+            check_parity_and_memory(mpirun, train_llama, scratch, check)
+            check_save_and_generate(mpirun, train_llama, generate, scratch, check)
+
+    passed = sum(results)
+    failed = len(results) - passed
+    print(f"train_llama_app: {passed} passed, {failed} failed, {skipped} skipped")
+    return 1 if failed else 0
+
+
+def check_errors(mpirun, program, check):
+    cases = [
+        (4, ["--global-batch", "10"], "train_llama: global batch: 10 does not split evenly over 4 ranks"),
+        (2, ["--config", "huge"], "train_llama: LlamaConfig: no preset named 'huge' (tiny, seed, 1b)"),
+        (2, ["--tokenizer", "words"], "train_llama: "),
+        (2, ["--data", "/nonexistent/corpus"], "/nonexistent/corpus"),
+        (1, ["--seq", "600"], "train_llama: --seq 600 exceeds the model's 512 positions"),
+        (2, ["--sharding", "half"], "train_llama: sharding 'half' is not one of full, grad_op, none, hybrid:G"),
+    ]
+    for ranks, args, message in cases:
+        code, output = run_job(mpirun, program, ranks, args + ["--steps", "1"])
+        check(f"np {ranks} {' '.join(args)} exits 1, explained once", code == 1 and output.count(message) == 1,
+              f"exit {code}, expected once: {message}\n{output}")
+
+
+def check_parity_and_memory(mpirun, program, scratch, check):
+    runs = {}
+    for ranks, sharding in PARITY_RUNS:
+        metrics = os.path.join(scratch, f"np{ranks}_{sharding.replace(':', '_')}.jsonl")
+        code, output = run_job(mpirun, program, ranks, BASE_ARGS + ["--sharding", sharding, "--metrics", metrics])
+        runs[(ranks, sharding)] = (code, output, read_metrics(metrics))
+
+    ref_code, ref_output, ref_records = runs[(1, "full")]
+    expected = per_step(ref_records, 0, "loss")
+    falling = ref_code == 0 and len(expected) == STEPS and expected[STEPS] < expected[1] - 0.5
+    check(f"the 1-process reference run: {STEPS} steps, the loss falls", falling,
+          f"exit {ref_code}, losses {expected}\n{ref_output}")
+    for (ranks, sharding), (code, output, records) in runs.items():
+        if (ranks, sharding) == (1, "full"):
+            continue
+        losses = per_step(records, 0, "loss")
+        wrong = [f"step {s}: {losses.get(s)} vs {expected[s]}" for s in expected
+                 if s not in losses or not close(losses[s], expected[s])]
+        check(f"np {ranks} --sharding {sharding}: {STEPS} step losses equal the 1-process run's within {RTOL:g}",
+              code == 0 and expected and not wrong, f"exit {code}; " + "; ".join(wrong[:4]) + "\n" + output)
+
+    # Memory against the plan, on every rank of the uneven 3-rank run and the 4-rank hybrid run.
+    for key in ((3, "full"), (4, "hybrid:2")):
+        code, output, records = runs[key]
+        finals = [r for r in records if "measured_persistent_bytes" in r]
+        problems = []
+        for r in finals:
+            planned = r["persistent_bytes"] + 8 * r["step_counters"]
+            if r["measured_persistent_bytes"] != planned:
+                problems.append(f"rank {r['rank']}: persistent {r['measured_persistent_bytes']} != {planned}")
+            if r["unsharded_peak_bytes"] > r["planned_unsharded_peak_bytes"]:
+                problems.append(f"rank {r['rank']}: gathered peak {r['unsharded_peak_bytes']} > "
+                                f"{r['planned_unsharded_peak_bytes']}")
+            if key[1] != "hybrid:2" and r["step_bytes_received"] != r["planned_step_bytes"]:
+                problems.append(f"rank {r['rank']}: received {r['step_bytes_received']} != {r['planned_step_bytes']}")
+        check(f"np {key[0]} --sharding {key[1]}: every rank's memory and traffic equal the plan",
+              code == 0 and len(finals) == key[0] and not problems, f"exit {code}; {problems}\n{output}")
+
+
+def check_checkpointing(mpirun, program, scratch, check):
+    outcomes = []
+    for flag in ([], ["--activation-checkpointing"]):
+        metrics = os.path.join(scratch, f"ac{len(flag)}.jsonl")
+        code, output = run_job(mpirun, program, 2, BASE_ARGS + flag + ["--metrics", metrics])
+        records = read_metrics(metrics)
+        outcomes.append((code, output, per_step(records, 0, "loss"), per_step(records, 0, "grad_norm")))
+    (code0, _, loss0, norm0), (code1, output1, loss1, norm1) = outcomes
+    check("np 2 --activation-checkpointing: the same losses and gradient norms, bit for bit",
+          code0 == 0 and code1 == 0 and loss0 and loss0 == loss1 and norm0 == norm1,
+          f"exit {code0}/{code1}\n{loss0}\n{loss1}\n{norm0}\n{norm1}\n{output1}")
+
+
+def check_save_and_generate(mpirun, program, generate, scratch, check):
+    saved = os.path.join(scratch, "saved")
+    code, output = run_job(mpirun, program, 2, BASE_ARGS + ["--save-model", saved, "--sample", "1",
+                                                            "--sample-tokens", "20"])
+    files = sorted(os.listdir(saved)) if os.path.isdir(saved) else []
+    check("np 2 --save-model writes config.json and model.safetensors; --sample prints a sample",
+          code == 0 and files == ["config.json", "model.safetensors"] and "--- sample 1 ---" in output,
+          f"exit {code}, files {files}\n{output}")
+
+    code, output = run_command([generate, saved, "--prompt", "Q:", "--samples", "2", "--tokens", "16"])
+    check("generate samples twice from the saved directory", code == 0 and output.count("--- sample") == 2,
+          f"exit {code}\n{output}")
+
+    # Starting from the saved model, the first step's loss is the trained model's, well below a
+    # fresh model's first loss.
+    metrics = os.path.join(scratch, "init_from.jsonl")
+    code, output = run_job(mpirun, program, 2, BASE_ARGS[:-4] + ["--steps", "1", "--threads", "1", "--init-from",
+                                                                 saved, "--metrics", metrics])
+    first = per_step(read_metrics(metrics), 0, "loss").get(1)
+    fresh = per_step(read_metrics(os.path.join(scratch, "np1_full.jsonl")), 0, "loss").get(1)
+    check("np 2 --init-from the saved directory starts where training ended",
+          code == 0 and first is not None and fresh is not None and first < fresh - 0.5,
+          f"exit {code}, first loss {first} vs a fresh model's {fresh}\n{output}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4:
+        sys.exit("usage: train_llama_tests.py <mpirun> <train_llama> <generate>")
+    sys.exit(main(*sys.argv[1:]))
