@@ -308,7 +308,17 @@ void Unit::reshard() {
   state_ = Gathered::no;
 }
 
-void Unit::prefetch(const std::vector<Unit*>& order) {
+// The units `listed` by set_modules_to_*_prefetch, from the first step on; otherwise, once the
+// order is recorded, the next options_.prefetch units after this one in it.
+void Unit::prefetch(const std::optional<std::vector<std::weak_ptr<Unit>>>& listed,
+                    const std::vector<Unit*>& order, bool recorded) {
+  if (listed) {
+    for (const auto& weak : *listed) {
+      if (auto unit = weak.lock()) unit->unshard();
+    }
+    return;
+  }
+  if (!recorded) return;
   const auto me = std::find(order.begin(), order.end(), this);
   if (me == order.end()) return;
   for (auto next = me + 1; next != order.end() && next - me <= options_.prefetch; ++next) (*next)->unshard();
@@ -323,7 +333,7 @@ void Unit::pre_forward(nn::ForwardInputs& inputs) {
   }
   unshard();
   wait_unshard();
-  if (root.forward_recorded) prefetch(root.forward_order);
+  prefetch(forward_prefetch_, root.forward_order, root.forward_recorded);
   cast_inputs(inputs);
   mark_inputs(inputs);
 }
@@ -405,7 +415,7 @@ void Unit::pre_backward() {
   if (!root.backward_recorded) root.backward_order.push_back(this);
   unshard();
   wait_unshard();
-  if (root.backward_recorded) prefetch(root.backward_order);
+  prefetch(backward_prefetch_, root.backward_order, root.backward_recorded);
   prepare_gradients();
 }
 

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -63,7 +64,9 @@ struct FsdpOptions {
   // for full and hybrid, false for grad_op and none; the root always keeps them (its backward
   // comes right after its forward), as FSDP2.
   std::optional<bool> reshard_after_forward;
-  int prefetch = 1;  // units whose all-gather is issued ahead, in forward and in backward
+  // Units whose all-gather is issued ahead, in forward and in backward, in the order recorded in
+  // the first step; set_modules_to_*_prefetch replaces it on a unit with a list of its own.
+  int prefetch = 1;
   MixedPrecision mixed_precision;
   // Keep the f32 shards, their gradients and the optimizer state in host memory (GPU runs: the
   // optimizer steps on the CPU; each gather copies the shard up). On the CPU: nothing to do.
@@ -108,6 +111,66 @@ double clip_grad_norm_(nn::Module& root, double max_norm);
 // Every parameter's full value (f32, unpadded, by its dotted name under `root`), gathered from
 // the shards on every rank: for checkpoints, evaluation and tests.
 nn::Named<Tensor> gather_full_parameters(nn::Module& root);
+
+// --- explicit gathering and prefetching, FSDP2's FSDPModule calls --------------------------------
+
+namespace detail {
+class Unit;
+}
+
+// The all-gather dist::unshard issued. wait() returns once the unit's parameters are gathered
+// (a second wait returns at once). Dropped without wait(), nothing leaks and nothing blocks: the
+// gather completes on its own, and the unit's next forward, reshard or destruction waits for it.
+class UnshardHandle {
+ public:
+  UnshardHandle() = default;
+  void wait();
+
+ private:
+  friend UnshardHandle unshard(nn::Module& unit);
+  explicit UnshardHandle(std::weak_ptr<detail::Unit> unit) : unit_(std::move(unit)) {}
+  std::weak_ptr<detail::Unit> unit_;
+};
+
+// Issues the all-gather of the unit's parameters now, so that it overlaps what comes next; the
+// unit's forward then uses them without gathering again. A collective: call it on every rank.
+//   dist::UnshardHandle gathering = dist::unshard(*model);  // the root's all-gather ...
+//   const Tensor tokens = batch.tokens.to(device);          // ... overlaps the copy
+//   Variable logits = model(tokens);                        // waits for it, gathers nothing
+// A unit already gathered (the root, or any unit kept gathered through backward, between its
+// forward and the end of its backward) gathers nothing. An error if `unit` is no FSDP unit.
+UnshardHandle unshard(nn::Module& unit);
+// Frees the unit's gathered parameters (once an all-gather in flight has completed); its forward
+// or backward gathers them again when it needs them. An error if `unit` is no FSDP unit, or while
+// its backward runs (its gradients still read them).
+void reshard(nn::Module& unit);
+
+// Explicit prefetching: when set on `unit`, its pre-forward (pre-backward) issues the all-gathers of
+// exactly these units, in this order, from the first step on, instead of the next
+// FsdpOptions::prefetch units of the order recorded in the first step; an empty list prefetches
+// nothing. Each must be a unit under the same root as `unit`.
+//   for (std::size_t i = 0; i + 1 < blocks.size(); ++i) {
+//     dist::set_modules_to_forward_prefetch(*blocks[i], {blocks[i + 1].get()});
+//     dist::set_modules_to_backward_prefetch(*blocks[i + 1], {blocks[i].get()});
+//   }
+void set_modules_to_forward_prefetch(nn::Module& unit, std::vector<nn::Module*> next);
+void set_modules_to_backward_prefetch(nn::Module& unit, std::vector<nn::Module*> previous);
+
+// --- where each parameter lives ---------------------------------------------------------------------
+
+// This rank's part of one parameter: what PyTorch's DTensor tells with placements and to_local().
+struct ParameterShard {
+  Shape full_shape;  // the parameter's own shape
+  // This rank holds elements [first, first + count) of the flattened parameter (count 0: none).
+  std::int64_t first = 0, count = 0;
+  Variable local;  // those elements: the parameter's view in sharded_parameters(), 1-D f32
+  // "Shard(flat) elements [12, 40) of 64, rank 1 of 2" (full, grad_op; hybrid adds ", replicated
+  // over 2 groups"), or "Replicate" (none).
+  std::string placement;
+};
+// Every parameter under `root`, by dotted name in root.named_parameters() order (a tied parameter
+// once, under its first name).
+nn::Named<ParameterShard> parameter_shards(nn::Module& root);
 
 // Bytes of gathered (unsharded) parameters held by all units of this process: now, and the
 // peak since the last reset. What prefetching and resharding bound.

@@ -1,5 +1,6 @@
 // dist/fsdp_api.cpp: what users call: fully_shard and the wrapping helpers, the per-parameter
-// shard views for the optimizer, gradient sync and clipping, and the full parameters.
+// shard views for the optimizer and their placements, gradient sync and clipping, the full
+// parameters, and explicit unshard, reshard and prefetch lists.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -178,6 +179,129 @@ double clip_grad_norm_(nn::Module& root, double max_norm) {
     global = total.to(Device::cpu()).item<double>();
   }
   return optim::clip_gradients_to_norm(views, max_norm, std::sqrt(global));
+}
+
+namespace {
+
+// Where a module sits: the module of the outermost unit whose subtree holds it (null when none
+// does) and its dotted path from there, which is its name once that unit is the root.
+struct Location {
+  nn::Module* top = nullptr;
+  std::string path;
+};
+
+Location locate(const nn::Module& module) {
+  Location found;
+  std::size_t found_size = 0;
+  for (const auto& unit : live_units()) {
+    const auto modules = unit->module().named_modules();
+    if (modules.size() <= found_size) continue;
+    for (const auto& [path, inner] : modules) {
+      if (inner.get() == &module) {
+        found = {&unit->module(), path};
+        found_size = modules.size();
+        break;
+      }
+    }
+  }
+  return found;
+}
+
+std::string describe_anywhere(const nn::Module& module) {
+  const Location where = locate(module);
+  return where.top ? describe_module(where.path, module) : fmt::format("this {}", module.type_name());
+}
+
+std::shared_ptr<Unit> unit_for(std::string_view call, const nn::Module& module) {
+  auto unit = unit_of(module);
+  SHARDLAB_CHECK(unit != nullptr,
+                 "dist::{}: {} is not an FSDP unit; call it on a module dist::fully_shard made one", call,
+                 describe_anywhere(module));
+  return unit;
+}
+
+std::vector<std::weak_ptr<Unit>> prefetch_list(std::string_view call, const nn::Module& module,
+                                               const std::vector<nn::Module*>& listed) {
+  unit_for(call, module);
+  const nn::Module* root = locate(module).top;
+  std::vector<std::weak_ptr<Unit>> units;
+  for (std::size_t i = 0; i < listed.size(); ++i) {
+    SHARDLAB_CHECK(listed[i] != nullptr, "dist::{}: entry {} of the list is null", call, i);
+    units.push_back(unit_for(call, *listed[i]));
+    SHARDLAB_CHECK(locate(*listed[i]).top == root,
+                   "dist::{}: {} is a unit under another root than {}; a unit prefetches units of its own "
+                   "root only",
+                   call, describe_anywhere(*listed[i]), describe_anywhere(module));
+  }
+  return units;
+}
+
+}  // namespace
+
+void UnshardHandle::wait() {
+  if (auto unit = unit_.lock()) unit->wait_unshard();
+}
+
+UnshardHandle unshard(nn::Module& module) {
+  auto unit = unit_for("unshard", module);
+  if (!unit->root_state()) ensure_root(*locate(module).top);  // names the units, as the first forward does
+  unit->unshard();
+  return UnshardHandle(unit);
+}
+
+void reshard(nn::Module& module) {
+  auto unit = unit_for("reshard", module);
+  SHARDLAB_CHECK(!unit->in_backward(),
+                 "dist::reshard: the backward of unit {} is running and reads its gathered parameters; "
+                 "reshard it after the backward",
+                 describe_anywhere(module));
+  unit->reshard();
+}
+
+void set_modules_to_forward_prefetch(nn::Module& unit, std::vector<nn::Module*> next) {
+  unit_for("set_modules_to_forward_prefetch", unit)
+      ->set_forward_prefetch(prefetch_list("set_modules_to_forward_prefetch", unit, next));
+}
+
+void set_modules_to_backward_prefetch(nn::Module& unit, std::vector<nn::Module*> previous) {
+  unit_for("set_modules_to_backward_prefetch", unit)
+      ->set_backward_prefetch(prefetch_list("set_modules_to_backward_prefetch", unit, previous));
+}
+
+nn::Named<ParameterShard> parameter_shards(nn::Module& root) {
+  std::map<const void*, ParameterShard> shard_of;  // by the module parameter's identity
+  for (const Unit* unit : ensure_root(root)->units) {
+    const Groups& groups = unit->groups();
+    const bool replicated = unit->options().sharding == Sharding::none;
+    for (std::size_t i = 0; i < unit->slots().size(); ++i) {
+      const Slot& slot = unit->slots()[i];
+      const std::int64_t numel = slot.variable.numel();
+      // This rank's range of the flat buffer, clamped to the parameter's.
+      const std::int64_t begin = groups.shard_rank() * unit->shard_elements() - slot.offset;
+      const std::int64_t first = std::clamp<std::int64_t>(begin, 0, numel),
+                         last = std::clamp<std::int64_t>(begin + unit->shard_elements(), 0, numel);
+      std::string placement = "Replicate";
+      if (!replicated) {
+        placement = fmt::format("Shard(flat) elements [{}, {}) of {}, rank {} of {}", first, last, numel,
+                                groups.shard_rank(), groups.shard_size());
+        if (groups.replica != nullptr)
+          placement += fmt::format(", replicated over {} groups", groups.replica->size());
+      }
+      shard_of.emplace(slot.variable.impl().get(), ParameterShard{.full_shape = slot.shape,
+                                                                  .first = first,
+                                                                  .count = last - first,
+                                                                  .local = unit->views()[i],
+                                                                  .placement = std::move(placement)});
+    }
+  }
+  nn::Named<ParameterShard> shards;
+  for (const auto& [name, parameter] : root.named_parameters()) {
+    const auto it = shard_of.find(parameter.impl().get());
+    if (it == shard_of.end()) continue;  // a tied parameter's second name
+    shards.emplace_back(name, std::move(it->second));
+    shard_of.erase(it);
+  }
+  return shards;
 }
 
 nn::Named<Tensor> gather_full_parameters(nn::Module& root) {

@@ -102,6 +102,13 @@ Plan explain(nn::Module& root, std::int64_t optimizer_state_bytes_per_element) {
             ? "cpu offload: nothing to do, parameters and optimizer state are already in host memory"
             : "cpu offload: shards, gradient shards and optimizer state in host memory; copied per gather";
   }
+  if (std::any_of(state->units.begin(), state->units.end(),
+                  [](const Unit* unit) { return unit->has_prefetch_lists(); })) {
+    if (!plan.note.empty()) plan.note += "\n";
+    plan.note +=
+        "prefetch lists (set_modules_to_*_prefetch) replace the prefetch depth on some units: the peak of "
+        "unsharded parameters assumes the depth, the lists may hold more units at once";
+  }
   return plan;
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -104,6 +105,14 @@ class Unit : public std::enable_shared_from_this<Unit> {
   bool reducing() const { return reducing_; }
   // This rank's "got a gradient since the last reduction" flags, one per slot.
   const std::vector<std::uint8_t>& gradient_flags() const { return got_gradient_; }
+  // Between its pre-backward and its post-backward: its gradients still read the gathered parameters.
+  bool in_backward() const { return backward_started_ && !reduced_; }
+  // set_modules_to_forward_prefetch / set_modules_to_backward_prefetch.
+  void set_forward_prefetch(std::vector<std::weak_ptr<Unit>> units) { forward_prefetch_ = std::move(units); }
+  void set_backward_prefetch(std::vector<std::weak_ptr<Unit>> units) {
+    backward_prefetch_ = std::move(units);
+  }
+  bool has_prefetch_lists() const { return forward_prefetch_.has_value() || backward_prefetch_.has_value(); }
 
   void join_root(std::shared_ptr<RootState> root, std::string name);
   void install_hooks();
@@ -126,7 +135,8 @@ class Unit : public std::enable_shared_from_this<Unit> {
   Tensor gathered() const {
     return Tensor(storage_, {padded_}, {1}, 0, options_.mixed_precision.param_dtype);
   }
-  void prefetch(const std::vector<Unit*>& order);
+  void prefetch(const std::optional<std::vector<std::weak_ptr<Unit>>>& listed,
+                const std::vector<Unit*>& order, bool recorded);
   void prepare_gradients();
   void start_reduction();
   void cast_inputs(nn::ForwardInputs& inputs) const;
@@ -152,6 +162,8 @@ class Unit : public std::enable_shared_from_this<Unit> {
   std::vector<Variable> views_;       // per slot
   std::shared_ptr<Storage> storage_;  // the gathered parameters, bytes only while gathered
   Gathered state_ = Gathered::no;
+  // Explicit prefetch lists; unset: the next options_.prefetch units of the recorded order.
+  std::optional<std::vector<std::weak_ptr<Unit>>> forward_prefetch_, backward_prefetch_;
   Work gather_work_;
   Tensor gather_source_;      // the shard cast to param_dtype, alive until its all-gather completed
   std::vector<bool> hooked_;  // per slot: its post-accumulate hook is registered

@@ -1,10 +1,13 @@
-// nn/module.cpp: Module's registry, tree walks, moves, state dicts, printer, initialize().
+// nn/module.cpp: Module's registry, tree walks, moves, state dicts, printer, initialize(),
+// activation checkpointing by module.
 #include "nn/module.h"
 
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 
+#include "autograd/checkpoint.h"
 #include "autograd/variable.h"
 #include "core/ops.h"
 #include "core/storage.h"
@@ -264,6 +267,45 @@ void initialize(Module& root, std::uint64_t seed) {
   const NoGradGuard no_grad;
   root.initialized_seed_ = seed;
   root.initialize_subtree("", seed);
+}
+
+// checkpoint() takes defined inputs only: an undefined argument (an optional Tensor) stays
+// undefined in the recompute, at its place.
+Variable Module::run_checkpointed(const ForwardInputs& inputs,
+                                  std::function<Variable(const ForwardInputs&)> body) {
+  std::vector<Variable> defined;
+  std::vector<bool> is_defined;
+  for (const Variable& input : inputs) {
+    is_defined.push_back(input.defined());
+    if (input.defined()) defined.push_back(input);
+  }
+  return checkpoint(
+      [body = std::move(body), is_defined](const std::vector<Variable>& replayed) {
+        ForwardInputs all(is_defined.size());
+        std::size_t next = 0;
+        for (std::size_t i = 0; i < all.size(); ++i) {
+          if (is_defined[i]) all[i] = replayed[next++];
+        }
+        return body(all);
+      },
+      defined);
+}
+
+int apply_activation_checkpointing(
+    Module& root, const std::function<bool(const std::string& name, Module& module)>& predicate) {
+  std::vector<Module*> selected;
+  std::set<const Module*> seen;
+  for (const auto& [name, module] : root.named_modules()) {
+    if (!seen.insert(module.get()).second || !predicate(name, *module)) continue;
+    SHARDLAB_CHECK(module->has_forward(),
+                   "apply_activation_checkpointing: {} has no forward of its own, so nothing of it can run "
+                   "under checkpoint; select the modules in it instead",
+                   name.empty() ? fmt::format("the root {}", module->type_name())
+                                : fmt::format("'{}' ({})", name, module->type_name()));
+    selected.push_back(module.get());
+  }
+  for (Module* module : selected) module->checkpointed_ = true;
+  return static_cast<int>(selected.size());
 }
 
 }  // namespace shardlab::nn

@@ -1,7 +1,7 @@
 // nn/module.h: Module, the base of every layer and model: named parameters, buffers and
 // children in registration order, train/eval, device and dtype moves, state dicts, forward
-// hooks, and a printer. Holder<Impl> gives modules value syntax: `Linear fc(LinearOptions(9216, 128));
-// fc(x)`.
+// hooks, activation checkpointing, and a printer. Holder<Impl> gives modules value syntax:
+// `Linear fc(LinearOptions(9216, 128)); fc(x)`.
 #pragma once
 
 #include <concepts>
@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -150,6 +151,8 @@ class Module : public std::enable_shared_from_this<Module> {
   // False for containers without a forward of their own (ModuleList): their forward hooks
   // never run, so wrappers such as FSDP must not hook them.
   virtual bool has_forward() const { return true; }
+  // Whether apply_activation_checkpointing made this module's forward run under checkpoint().
+  bool checkpointed() const { return checkpointed_; }
 
  protected:
   // A new parameter, filled from `init` with seed 0 (initialize() redraws it).
@@ -163,8 +166,9 @@ class Module : public std::enable_shared_from_this<Module> {
     return child;
   }
 
-  // Runs the forward pre-hooks on the inputs, fn(inputs...) on what they leave, then the
-  // forward hooks on its output. Every module's operator() goes through it, passing its
+  // Runs the forward pre-hooks on the inputs, fn(inputs...) on what they leave (as one
+  // checkpoint() node when the module is checkpointed and grad mode is on), then the forward
+  // hooks on its output. Every module's operator() goes through it, passing its
   // Variable and Tensor arguments (other arguments pass through untouched), so hooks see every
   // call:  return with_hooks([&](const Variable& x) { return relu(x); }, x);
   template <typename Fn, typename... Inputs>
@@ -180,13 +184,36 @@ class Module : public std::enable_shared_from_this<Module> {
       std::size_t next = 0;
       (take_forward_input(seen, next, inputs), ...);
     }
-    Variable output = fn(inputs...);
+    Variable output =
+        checkpointed_ && is_grad_enabled() ? checkpointed_forward(fn, inputs...) : fn(inputs...);
     for (const auto& hook : post_hooks_) hook(*this, output);
     return output;
   }
 
  private:
   friend void initialize(Module& root, std::uint64_t seed);
+  friend int apply_activation_checkpointing(
+      Module& root, const std::function<bool(const std::string& name, Module& module)>& predicate);
+  // fn(inputs...) as one checkpoint() node: the Variable and Tensor arguments are its inputs, and
+  // the recompute in backward calls a copy of fn on them again with copies of the other
+  // arguments, so fn must not refer to the caller's locals by reference.
+  template <typename Fn, typename... Inputs>
+  Variable checkpointed_forward(const Fn& fn, const Inputs&... inputs) {
+    ForwardInputs given;
+    (add_forward_input(given, inputs), ...);
+    return run_checkpointed(given, [fn, inputs...](const ForwardInputs& replayed) {
+      std::tuple<Inputs...> arguments(inputs...);
+      std::apply(
+          [&](auto&... argument) {
+            std::size_t next = 0;
+            (take_forward_input(replayed, next, argument), ...);
+          },
+          arguments);
+      return std::apply(fn, arguments);
+    });
+  }
+  static Variable run_checkpointed(const ForwardInputs& inputs,
+                                   std::function<Variable(const ForwardInputs&)> body);
   void initialize_subtree(const std::string& prefix, std::uint64_t seed);
   void add_child(std::string name, std::shared_ptr<Module> child);
   void check_new_name(const std::string& name, const char* what) const;
@@ -207,11 +234,27 @@ class Module : public std::enable_shared_from_this<Module> {
   Named<std::shared_ptr<Module>> children_;
   std::vector<ForwardPreHook> pre_hooks_;
   std::vector<ForwardHook> post_hooks_;
+  bool checkpointed_ = false;
 };
 
 // Fills every parameter of `root` from its Init, keyed by (seed, dotted name from root), and
 // gives every module its stream. Call it once the model tree is complete.
 void initialize(Module& root, std::uint64_t seed);
+
+// Activation checkpointing by module, as PyTorch's apply_activation_checkpointing: every module
+// under `root` (itself included, each module once) for which predicate(dotted name, module) is
+// true runs its forward, in grad mode, under autograd's checkpoint(): after its forward pre-hooks
+// (FSDP's gather), its activations are not kept but recomputed in its backward, with the same
+// random masks; its forward hooks see the checkpoint node's output. Gradients are bit-identical.
+// The recompute calls the module's forward lambda again during backward, with copies of its
+// arguments: it must not hold the caller's locals by reference (members through `this` are fine).
+// Returns the number of modules wrapped; selecting a module without a forward of its own
+// (ModuleList) is an error, and then none is wrapped.
+//   nn::apply_activation_checkpointing(*model, [](const std::string&, nn::Module& m) {
+//     return dynamic_cast<BlockImpl*>(&m) != nullptr;
+//   });
+int apply_activation_checkpointing(
+    Module& root, const std::function<bool(const std::string& name, Module& module)>& predicate);
 
 // Value-like handle to a module: `Linear fc(LinearOptions(4, 2)); Variable y = fc(x);`.
 template <typename Impl>

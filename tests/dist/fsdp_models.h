@@ -1,6 +1,6 @@
 // tests/dist/fsdp_models.h: the small nested model of the FSDP tests (an embedding, a
-// ModuleList of residual MLP blocks whose parameter counts divide by none of 2, 3, 4, and a
-// head) and a deterministic stream of global batches for it.
+// ModuleList of residual MLP blocks whose parameter counts divide by none of 2, 3, 4, with
+// dropout if asked, and a head) and a deterministic stream of global batches for it.
 #pragma once
 
 #include <cstdint>
@@ -11,29 +11,40 @@
 
 namespace shardlab::test {
 
-// x + down(relu(up(x))): 15 * hidden + 7 parameters (247 for hidden 16, 277 for 18).
+inline constexpr std::int64_t kGlobalBatch = 12;  // divides by 1, 2, 3, 4
+inline constexpr std::uint64_t kSeed = 7;
+
+// x + down(dropout(relu(up(x)))): 15 * hidden + 7 parameters (247 for hidden 16, 277 for 18).
+// Dropout 0 (the default) passes its input through untouched.
 class BlockImpl : public nn::Module {
  public:
-  explicit BlockImpl(std::int64_t hidden)
-      : nn::Module("Block"), up(nn::LinearOptions(7, hidden)), down(nn::LinearOptions(hidden, 7)) {
+  explicit BlockImpl(std::int64_t hidden, double dropout = 0.0)
+      : nn::Module("Block"),
+        up(nn::LinearOptions(7, hidden)),
+        drop(dropout),
+        down(nn::LinearOptions(hidden, 7)) {
     register_module("up", up.ptr());
+    register_module("drop", drop.ptr());
     register_module("down", down.ptr());
   }
   Variable operator()(const Variable& x) {
-    return with_hooks([&](const Variable& input) { return add(input, down(relu(up(input)))); }, x);
+    return with_hooks([&](const Variable& input) { return add(input, down(drop(relu(up(input))))); }, x);
   }
-  nn::Linear up, down;
+  nn::Linear up;
+  nn::Dropout drop;
+  nn::Linear down;
 };
 
 // tokens [B] -> logits [B, vocab].
 class NestedImpl : public nn::Module {
  public:
-  NestedImpl(std::int64_t vocab, std::uint64_t seed)
+  NestedImpl(std::int64_t vocab, std::uint64_t seed, double dropout = 0.0)
       : nn::Module("Nested"), embed(vocab, 7), head(nn::LinearOptions(7, vocab)) {
     register_module("embed", embed.ptr());
     register_module("blocks", blocks.ptr());
     register_module("head", head.ptr());
-    for (const std::int64_t hidden : {16, 18, 16}) blocks->push_back(std::make_shared<BlockImpl>(hidden));
+    for (const std::int64_t hidden : {16, 18, 16})
+      blocks->push_back(std::make_shared<BlockImpl>(hidden, dropout));
     nn::initialize(*this, seed);
   }
   Variable operator()(const Tensor& tokens) {

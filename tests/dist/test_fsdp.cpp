@@ -15,20 +15,14 @@
 #include "tests/dist/world.h"
 
 using namespace shardlab;
+using test::kGlobalBatch;
+using test::kSeed;
+using test::mean_over_ranks;
 using test::Nested;
 using test::token_batch;
 using test::world;
 
 namespace {
-
-constexpr std::int64_t kGlobalBatch = 12;  // divides by 1, 2, 3, 4
-constexpr std::uint64_t kSeed = 7;
-
-double mean_over_ranks(double local) {
-  double total = 0;
-  MPI_Allreduce(&local, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-  return total / world().size();
-}
 
 struct Run {
   std::vector<double> losses;

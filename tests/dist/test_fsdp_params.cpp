@@ -16,12 +16,12 @@
 #include "tests/dist/world.h"
 
 using namespace shardlab;
+using test::kGlobalBatch;
+using test::kSeed;
+using test::mean_over_ranks;
 using test::world;
 
 namespace {
-
-constexpr std::int64_t kGlobalBatch = 12;  // divides by 1, 2, 3, 4
-constexpr std::uint64_t kSeed = 7;
 
 // The nested model of fsdp_models.h with a branch, Linear(7, 7) in the root unit, added to the
 // rows a mask selects, and not called at all when this rank has no selected row: a
@@ -105,12 +105,6 @@ void freeze(Branchy& model, const Scenario& scenario) {
   for (auto [name, parameter] : model->named_parameters()) {
     if (frozen.contains(name)) parameter.set_requires_grad(false);
   }
-}
-
-double mean_over_ranks(double local) {
-  double total = 0;
-  MPI_Allreduce(&local, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-  return total / world().size();
 }
 
 // `shard` null: one process on the whole global batches. Otherwise FSDP over all ranks, each

@@ -24,6 +24,15 @@ inline std::int64_t sum_over_ranks(std::int64_t local, MPI_Comm comm = MPI_COMM_
   return total;
 }
 
+// The mean of `local` over all ranks (a loss, for one-process comparisons).
+inline double mean_over_ranks(double local, MPI_Comm comm = MPI_COMM_WORLD) {
+  double total = 0;
+  int size = 1;
+  MPI_Allreduce(&local, &total, 1, MPI_DOUBLE, MPI_SUM, comm);
+  MPI_Comm_size(comm, &size);
+  return total / size;
+}
+
 // A tensor of `count` elements whose element i is value(i), built in f64 and cast: every
 // value used here is a small integer, exact in every dtype including bf16, f16 and u8.
 inline Tensor pattern(DType dtype, std::int64_t count, const std::function<double(std::int64_t)>& value) {

@@ -1,5 +1,9 @@
 // tests/nn/test_module.cpp: Module's registry, names, modes, moves, state dicts, hooks,
-// printer and name-keyed initialisation.
+// printer, name-keyed initialisation and activation checkpointing by module.
+#include "autograd/engine.h"
+#include "autograd/node.h"
+#include "autograd/random_context.h"
+#include "core/allocator.h"
 #include "nn/layers.h"
 #include "tests/check.h"
 
@@ -220,4 +224,149 @@ TEST_CASE("DeferredInitGuard: parameters without bytes; initialize names streams
   const nn::Linear real(nn::LinearOptions(3, 4));
   CHECK_FALSE(nn::deferred(real->weight.data()));
   CHECK_FALSE(nn::deferred(empty({0})));
+}
+
+namespace {
+
+// x + scale * fc2(dropout(gelu(fc1(x)))) (+ shift where given): a block with an optional Tensor
+// argument and a plain one, which a checkpoint recompute must replay.
+class ResidualImpl : public Module {
+ public:
+  explicit ResidualImpl(std::int64_t width)
+      : Module("Residual"), fc1(LinearOptions(width, 2 * width)), fc2(LinearOptions(2 * width, width)) {
+    register_module("fc1", fc1.ptr());
+    register_module("drop", drop.ptr());
+    register_module("fc2", fc2.ptr());
+  }
+  Variable operator()(const Variable& x, const Tensor& shift, double scale) {
+    return with_hooks(
+        [this](const Variable& input, const Tensor& offset, double factor) {
+          Variable y = add(input, mul(fc2(drop(gelu(fc1(input)))), factor));
+          return offset.defined() ? add(y, constant(offset)) : y;
+        },
+        x, shift, scale);
+  }
+  Linear fc1, fc2;
+  Dropout drop{0.4};
+};
+
+class StackImpl : public Module {
+ public:
+  explicit StackImpl(std::int64_t width) : Module("Stack"), head(LinearOptions(width, 3)) {
+    register_module("blocks", blocks.ptr());
+    register_module("head", head.ptr());
+    for (int i = 0; i < 3; ++i) blocks->push_back(std::make_shared<ResidualImpl>(width));
+    initialize(*this, 5);
+  }
+  Variable operator()(const Variable& x, const Tensor& shift) {
+    return with_hooks(
+        [this](const Variable& input, const Tensor& offset) {
+          Variable y = input;
+          for (std::size_t i = 0; i < blocks->size(); ++i)
+            y = (*blocks)[i](y, i == 1 ? offset : Tensor(), 0.5);
+          return head(y);
+        },
+        x, shift);
+  }
+  ModuleList<ResidualImpl> blocks;
+  Linear head;
+};
+using Stack = Holder<StackImpl>;
+
+bool is_residual(const std::string&, Module& module) {
+  return dynamic_cast<ResidualImpl*>(&module) != nullptr;
+}
+
+// The gradients of every parameter and of the input after one forward under one random context
+// and a backward under another (the recompute must restore the forward's).
+std::vector<std::vector<double>> gradients(bool checkpointed, std::uint64_t seed = 9) {
+  Stack model(6);
+  if (checkpointed) CHECK(apply_activation_checkpointing(*model, is_residual) == 3);
+  const Variable x(test::random_tensor({4, 6}, 1), true, "x");
+  const Tensor shift = test::random_tensor({4, 6}, 2);
+  Variable y;
+  {
+    const RandomContextGuard context({.seed = seed, .step = 2, .sample_indices = {20, 21, 22, 23}});
+    y = model(x, shift);
+  }
+  const RandomContextGuard other({.seed = 99, .step = 7});
+  sum(mul(y, y)).backward();
+  std::vector<std::vector<double>> grads{test::values(x.grad())};
+  for (const auto& [name, parameter] : model->named_parameters())
+    grads.push_back(test::values(parameter.grad()));
+  return grads;
+}
+
+}  // namespace
+
+TEST_CASE("apply_activation_checkpointing: the same gradients bit for bit, dropout masks replayed",
+          "[nn][module][checkpoint]") {
+  const auto plain = gradients(false);
+  CHECK(gradients(true) == plain);
+  CHECK(gradients(false, 10) != plain);  // other masks, other gradients: the masks count
+  CHECK(gradients(true, 10) == gradients(false, 10));
+}
+
+TEST_CASE("a checkpointed module: its hooks see one call and the checkpoint node, inner modules rerun",
+          "[nn][module][checkpoint]") {
+  Stack model(6);
+  CHECK(apply_activation_checkpointing(*model, [](const std::string& name, Module&) {
+          return name == "blocks.0" || name == "blocks.2";
+        }) == 2);
+  CHECK((*model->blocks)[0].checkpointed());
+  CHECK(!(*model->blocks)[1].checkpointed());
+  CHECK(!model->checkpointed());
+  std::vector<std::string> events;
+  auto& block = (*model->blocks)[0];
+  block.register_forward_pre_hook([&](Module&, ForwardInputs& inputs) {
+    events.push_back(fmt::format("pre, {} inputs", inputs.size()));
+  });
+  block.register_forward_hook([&](Module&, Variable& output) {
+    events.push_back("post " + (output.grad_fn() ? output.grad_fn()->name() : std::string("leaf")));
+  });
+  block.fc1->register_forward_pre_hook([&](Module&, ForwardInputs&) {
+    events.push_back(autograd::backward_running() ? "fc1 in backward" : "fc1");
+  });
+  const Variable x(test::random_tensor({4, 6}, 1), true, "x");
+  sum(model(x, Tensor())).backward();
+  // The block's hooks run once, around the checkpoint; the recompute runs its body, fc1 included.
+  CHECK(events ==
+        std::vector<std::string>{"pre, 2 inputs", "fc1", "post checkpoint_backward", "fc1 in backward"});
+  // Without grad mode there is nothing to recompute: the forward runs as it is.
+  events.clear();
+  {
+    const NoGradGuard no_grad;
+    CHECK(!model(x, Tensor()).requires_grad());
+  }
+  CHECK(events == std::vector<std::string>{"pre, 2 inputs", "fc1", "post leaf"});
+}
+
+TEST_CASE("checkpointed blocks keep only their outputs", "[nn][module][checkpoint]") {
+  const auto kept = [](bool checkpointed) {
+    Stack model(64);
+    if (checkpointed) apply_activation_checkpointing(*model, is_residual);
+    const Variable x(test::random_tensor({256, 64}, 1), true, "x");
+    const std::int64_t before = memory_stats(Device::cpu()).bytes_in_use;
+    const Variable y = model(x, Tensor());
+    return memory_stats(Device::cpu()).bytes_in_use - before;
+  };
+  const std::int64_t activation = 256 * 64 * 4, logits = 256 * 3 * 4;
+  // The three blocks' outputs and the logits, against every block's fc1, gelu, mask, dropout, ...
+  CHECK(kept(true) == 3 * activation + logits);
+  CHECK(kept(false) > 20 * activation);
+}
+
+TEST_CASE("apply_activation_checkpointing refuses a module without a forward and wraps nothing then",
+          "[nn][module][checkpoint][errors]") {
+  Stack model(6);
+  CHECK_THROWS_ERROR(
+      apply_activation_checkpointing(
+          *model, [](const std::string& name, Module&) { return name.starts_with("blocks"); }),
+      "apply_activation_checkpointing: 'blocks' (ModuleList) has no forward of its own, so nothing of it can "
+      "run under checkpoint; select the modules in it instead");
+  for (const auto& [name, module] : model->named_modules()) CHECK(!module->checkpointed());
+  CHECK(apply_activation_checkpointing(*model, [](const std::string&, Module&) { return false; }) == 0);
+  CHECK(apply_activation_checkpointing(*model,
+                                       [](const std::string& name, Module&) { return name.empty(); }) == 1);
+  CHECK(model->checkpointed());
 }
