@@ -1,12 +1,13 @@
 // apps/generate: prints text a saved Llama directory (train_llama --save-model, or a Hugging
 // Face LlamaForCausalLM with a byte-level vocabulary) writes after a prompt: greedy, or sampled
 // with temperature and top-k, through the KV cache. One process, no MPI.
+#include "models/generate.h"
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
 #include "core/parallel.h"
 #include "data/tokenizer.h"
-#include "models/generate.h"
 #include "models/llama.h"
 
 using namespace shardlab;

@@ -51,6 +51,7 @@ struct Options {
   std::string sharding = "full";
   int prefetch = 1;
   std::string mixed_precision = "none";
+  bool activation_checkpointing = false;
   bool cpu_offload = false;
   bool explain = false;
   std::string metrics;
@@ -78,8 +79,8 @@ models::LlamaConfig resolve_config(const Options& options, const data::Tokenizer
         }(),
         options.config);
     SHARDLAB_CHECK(config.vocab_size >= tokenizer.vocab_size(),
-                   "{}: vocab_size {} is smaller than the {} tokenizer's {} ids", options.config, config.vocab_size,
-                   tokenizer.name(), tokenizer.vocab_size());
+                   "{}: vocab_size {} is smaller than the {} tokenizer's {} ids", options.config,
+                   config.vocab_size, tokenizer.name(), tokenizer.vocab_size());
     return config;
   }
   // A preset's shape with the tokenizer's vocabulary.
@@ -100,8 +101,10 @@ std::unique_ptr<optim::LRScheduler> make_schedule(optim::Optimizer& optimizer, s
                                                   std::int64_t warmup_steps) {
   std::vector<std::unique_ptr<optim::LRScheduler>> parts;
   parts.push_back(std::make_unique<optim::LinearLR>(optimizer, 0.1, 1.0, warmup_steps));
-  parts.push_back(std::make_unique<optim::CosineAnnealingLR>(optimizer, std::max<std::int64_t>(1, total_steps - warmup_steps)));
-  return std::make_unique<optim::SequentialLR>(optimizer, std::move(parts), std::vector<std::int64_t>{warmup_steps});
+  parts.push_back(std::make_unique<optim::CosineAnnealingLR>(
+      optimizer, std::max<std::int64_t>(1, total_steps - warmup_steps)));
+  return std::make_unique<optim::SequentialLR>(optimizer, std::move(parts),
+                                               std::vector<std::int64_t>{warmup_steps});
 }
 
 bool is_norm(const std::string& name) { return name.ends_with("norm.weight"); }
@@ -129,7 +132,7 @@ class Training {
   models::LlamaConfig config_;
   std::optional<data::PretrainingDataset> corpus_;
   std::optional<data::DataLoader> loader_;
-  std::int64_t data_bytes_ = 0;           // CPU bytes in use once the corpus is loaded
+  std::int64_t data_bytes_ = 0;            // CPU bytes in use once the corpus is loaded
   std::int64_t model_bytes_baseline_ = 0;  // before the shards existed
   std::optional<models::Llama> model_;
   std::unique_ptr<optim::AdamW> optimizer_;
@@ -161,6 +164,11 @@ models::Llama sharded_llama(const Options& options, const models::LlamaConfig& c
   dist::FsdpOptions root = fsdp;
   root.mixed_precision.output_dtype = DType::f32;  // f32 logits for the loss
   dist::fully_shard(*model, root);
+  if (options.activation_checkpointing) {
+    nn::apply_activation_checkpointing(*model, [](const std::string&, nn::Module& module) {
+      return dynamic_cast<models::LlamaDecoderLayerImpl*>(&module) != nullptr;
+    });
+  }
   return model;
 }
 
@@ -208,23 +216,34 @@ Training::Training(const Options& options, dist::Session& session)
   if (!undecayed.empty()) groups.push_back({.parameters = undecayed, .weight_decay = 0.0});
   optimizer_ = std::make_unique<optim::AdamW>(
       std::move(groups),
-      optim::AdamWOptions{.lr = options.lr, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = options.weight_decay});
+      optim::AdamWOptions{
+          .lr = options.lr, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = options.weight_decay});
   scheduler_ = make_schedule(*optimizer_, total_steps_, std::max<std::int64_t>(1, warmup));
   plan_ = dist::explain(**model_, kOptimizerStateBytesPerElement);
   if (!options.metrics.empty()) metrics_.emplace(options.metrics, session.cpu_world());
 
   dist::log(
-      "train_llama: {} documents, {} sequences of {} tokens ({} tokenizer, vocab {}), model {} with {} parameters, "
+      "train_llama: {} documents, {} sequences of {} tokens ({} tokenizer, vocab {}), model {} with {} "
+      "parameters, "
       "{} rank{} x {} threads, sharding {}, global batch {} ({} per rank), {} steps, AdamW lr {:g}{}{}",
       documents.size(), corpus_->size(), options.seq, tokenizer_->name(), config_.vocab_size,
       options.init_from.empty() ? options.config : options.init_from, config_.parameter_count(), world_size_,
       world_size_ == 1 ? "" : "s", num_threads(), plan_.sharding, options.global_batch, per_rank_batch,
-      total_steps_, options.lr, options.mixed_precision == "none" ? "" : ", mixed precision " + options.mixed_precision,
-      "");
+      total_steps_, options.lr,
+      options.mixed_precision == "none" ? "" : ", mixed precision " + options.mixed_precision,
+      options.activation_checkpointing ? ", activation checkpointing" : "");
 }
 
 void Training::run() {
-  if (options_.explain) dist::log("{}", plan_.str());
+  if (options_.explain) {
+    dist::log("{}", plan_.str());
+    // What the seed prints as param.placements: where rank 0's piece of each parameter lies.
+    std::string shards = "rank 0's shards (parameter, shape: placement):\n";
+    for (const auto& [name, shard] : dist::parameter_shards(**model_)) {
+      shards += fmt::format("  {} {}: {}\n", name, shape_str(shard.full_shape), shard.placement);
+    }
+    dist::log("{}", shards);
+  }
   apps::Progress progress("train", total_steps_, "tok/s", rank_ == 0);
   std::vector<double> recent_losses;  // the bar shows the mean of the last 10 steps
   for (std::int64_t epoch = 0; step_ < total_steps_; ++epoch) {
@@ -248,25 +267,29 @@ void Training::run() {
 
 Training::StepResult Training::train_step(const data::Batch& batch) {
   const auto start = std::chrono::steady_clock::now();
-  const Tensor padding = eq(batch.inputs, tokenizer_->pad_id());
   // The loss is the mean over the global batch's non-padding targets: each rank sums its own and
   // divides by the global count, so any number of ranks computes the 1-process loss.
   const double local_targets = sum(ne(batch.targets, tokenizer_->pad_id()).to(DType::i64)).item<double>();
   const double targets = apps::sum_over_ranks(session_.cpu_world(), {local_targets})[0];
+  dist::reset_collective_counters(**model_);
+  // The root's all-gather first, as the seed's model.unshard(): it overlaps preparing the step.
+  dist::UnshardHandle gathering = dist::unshard(**model_);
+  const Tensor padding = eq(batch.inputs, tokenizer_->pad_id());
   optimizer_->zero_grad();
-  session_.world().reset_counters();
+  gathering.wait();
   const Variable logits = (*model_)(batch.inputs, padding);
-  const Variable loss_sum = cross_entropy(reshape(logits, {-1, config_.vocab_size}), batch.targets.reshape({-1}),
-                                          tokenizer_->pad_id(), Reduction::sum);
+  const Variable loss_sum = cross_entropy(reshape(logits, {-1, config_.vocab_size}),
+                                          batch.targets.reshape({-1}), tokenizer_->pad_id(), Reduction::sum);
   // FSDP averages gradients over the ranks: scaled by W, the average is the global mean's gradient.
   (loss_sum * (static_cast<double>(world_size_) / std::max(targets, 1.0))).backward();
   // FSDP's collectives of the step, what the plan predicts (clipping's all-reduce comes after).
-  step_bytes_received_ = session_.world().counters().total().bytes_received;
+  step_bytes_received_ = dist::collective_counters(**model_).total().bytes_received;
   StepResult result;
   result.grad_norm = dist::clip_grad_norm_(**model_, options_.clip);
   optimizer_->step();
   scheduler_->step();
-  result.loss = apps::sum_over_ranks(session_.cpu_world(), {loss_sum.data().item<double>()})[0] / std::max(targets, 1.0);
+  result.loss = apps::sum_over_ranks(session_.cpu_world(), {loss_sum.data().item<double>()})[0] /
+                std::max(targets, 1.0);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }
@@ -274,15 +297,16 @@ Training::StepResult Training::train_step(const data::Batch& batch) {
 void Training::write_step_metrics(const StepResult& result) {
   if (!metrics_) return;
   const MemoryStats memory = memory_stats(Device::cpu());
-  metrics_->write({{"rank", rank_},
-                   {"step", step_},
-                   {"loss", result.loss},
-                   {"lr", optimizer_->lr()},
-                   {"grad_norm", result.grad_norm},
-                   {"tokens_per_second", static_cast<double>(options_.global_batch * options_.seq) / result.seconds},
-                   {"step_seconds", result.seconds},
-                   {"memory_bytes", memory.bytes_in_use},
-                   {"peak_memory_bytes", memory.peak_bytes}});
+  metrics_->write(
+      {{"rank", rank_},
+       {"step", step_},
+       {"loss", result.loss},
+       {"lr", optimizer_->lr()},
+       {"grad_norm", result.grad_norm},
+       {"tokens_per_second", static_cast<double>(options_.global_batch * options_.seq) / result.seconds},
+       {"step_seconds", result.seconds},
+       {"memory_bytes", memory.bytes_in_use},
+       {"peak_memory_bytes", memory.peak_bytes}});
 }
 
 // --save-model and --sample need the full parameters: gathered on every rank (a collective),
@@ -322,16 +346,19 @@ void Training::report() {
             1e3 * median_seconds, tokens_per_second, step_seconds_.size());
   // The plan counts the sharded state; the rotary tables are replicated buffers, the same on every rank.
   std::int64_t buffer_bytes = 0;
-  for (const auto& [name, buffer] : (*model_)->named_buffers()) buffer_bytes += buffer.numel() * static_cast<std::int64_t>(buffer.element_size());
-  const std::int64_t persistent = memory_stats(Device::cpu()).bytes_in_use - model_bytes_baseline_ - buffer_bytes;
+  for (const auto& [name, buffer] : (*model_)->named_buffers())
+    buffer_bytes += buffer.numel() * static_cast<std::int64_t>(buffer.element_size());
+  const std::int64_t persistent =
+      memory_stats(Device::cpu()).bytes_in_use - model_bytes_baseline_ - buffer_bytes;
   dist::log(
-      "train_llama: rank 0 persistent model state: measured {} B (besides {} B of buffers), planned {} B + {} step "
+      "train_llama: rank 0 persistent model state: measured {} B (besides {} B of buffers), planned {} B + "
+      "{} step "
       "counters of 8 B",
       persistent, buffer_bytes, plan_.total_persistent_bytes(), dist::sharded_parameters(**model_).size());
   dist::log("train_llama: rank 0 peak of gathered parameters: measured {} B, planned {} B",
             dist::unsharded_memory().peak_bytes, plan_.peak_unsharded_bytes());
-  dist::log("train_llama: rank 0 collectives of the last step: received {} B, planned {} B", step_bytes_received_,
-            plan_.bytes_per_step());
+  dist::log("train_llama: rank 0 collectives of the last step: received {} B, planned {} B",
+            step_bytes_received_, plan_.bytes_per_step());
   if (metrics_) {
     metrics_->write({{"rank", rank_},
                      {"steps", step_},
@@ -379,7 +406,8 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->excludes(steps);
   app.add_option("--lr", options.lr, "peak learning rate")->check(CLI::NonNegativeNumber);
-  app.add_option("--warmup-steps", options.warmup_steps, "linear warm-up from 0.1 x lr (default: a tenth of the steps)")
+  app.add_option("--warmup-steps", options.warmup_steps,
+                 "linear warm-up from 0.1 x lr (default: a tenth of the steps)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--weight-decay", options.weight_decay, "AdamW's decoupled weight decay")
       ->check(CLI::NonNegativeNumber);
@@ -391,6 +419,8 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--mixed-precision", options.mixed_precision,
                  "none, or bf16 (bf16 gathers and compute, f32 reductions and master shards)");
+  app.add_flag("--activation-checkpointing", options.activation_checkpointing,
+               "recompute each decoder layer in backward instead of keeping its activations");
   app.add_flag("--cpu-offload", options.cpu_offload, "keep shards and optimizer state in host memory");
   app.add_flag("--explain", options.explain, "print the FSDP plan (units, bytes, traffic) before step 1");
   app.add_option("--metrics", options.metrics, "write JSON lines of every rank's metrics to this file");
@@ -401,7 +431,8 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--sample-tokens", options.sample_tokens, "at most this many tokens per sample")
       ->check(CLI::PositiveNumber);
-  app.add_option("--threads", options.threads, "CPU threads per rank (default: the cores this process may use)");
+  app.add_option("--threads", options.threads,
+                 "CPU threads per rank (default: the cores this process may use)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

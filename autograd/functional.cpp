@@ -235,8 +235,9 @@ Variable rotary_embedding(const Variable& x, const Tensor& cos, const Tensor& si
   SHARDLAB_CHECK(dim % 2 == 0, "rotary_embedding: the last dim of x {} must be even", shape_str(x.shape()));
   const Shape table{length, dim};
   for (const auto& [t, name] : {std::pair{&cos, "cos"}, std::pair{&sin, "sin"}}) {
-    SHARDLAB_CHECK(t->defined() && t->shape() == table, "rotary_embedding: {} must be {} for x {}, got {}", name,
-                   shape_str(table), shape_str(x.shape()), t->defined() ? shape_str(t->shape()) : "undefined");
+    SHARDLAB_CHECK(t->defined() && t->shape() == table, "rotary_embedding: {} must be {} for x {}, got {}",
+                   name, shape_str(table), shape_str(x.shape()),
+                   t->defined() ? shape_str(t->shape()) : "undefined");
     SHARDLAB_CHECK(t->dtype() == x.dtype(), "rotary_embedding: {} is {} but x is {}", name,
                    dtype_name(t->dtype()), dtype_name(x.dtype()));
   }

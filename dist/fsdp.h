@@ -172,6 +172,12 @@ struct ParameterShard {
 // once, under its first name).
 nn::Named<ParameterShard> parameter_shards(nn::Module& root);
 
+// The collectives the units under `root` issued since the last reset, summed over the distinct
+// communicators they use (the base, and for hybrid sharding the shard and replica groups the
+// world's own counters do not see): what Plan::bytes_per_step() predicts for one step.
+CollectiveCounters collective_counters(nn::Module& root);
+void reset_collective_counters(nn::Module& root);
+
 // Bytes of gathered (unsharded) parameters held by all units of this process: now, and the
 // peak since the last reset. What prefetching and resharding bound.
 struct UnshardedMemory {

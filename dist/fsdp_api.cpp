@@ -318,4 +318,29 @@ nn::Named<Tensor> gather_full_parameters(nn::Module& root) {
   return ordered;
 }
 
+namespace {
+std::set<Communicator*> unit_communicators(nn::Module& root) {
+  std::set<Communicator*> out;
+  for (Unit* unit : ensure_root(root)->units) {
+    for (Communicator* comm : {unit->groups().base, unit->groups().shard, unit->groups().replica}) {
+      if (comm != nullptr) out.insert(comm);
+    }
+  }
+  return out;
+}
+}  // namespace
+
+CollectiveCounters collective_counters(nn::Module& root) {
+  CollectiveCounters sum;
+  for (Communicator* comm : unit_communicators(root)) {
+    const CollectiveCounters counters = comm->counters();
+    for (std::size_t i = 0; i < sum.by_kind.size(); ++i) sum.by_kind[i] += counters.by_kind[i];
+  }
+  return sum;
+}
+
+void reset_collective_counters(nn::Module& root) {
+  for (Communicator* comm : unit_communicators(root)) comm->reset_counters();
+}
+
 }  // namespace shardlab::dist

@@ -9,17 +9,21 @@
 
 namespace shardlab::models {
 
-std::int64_t pick_token(const std::vector<float>& logits, double temperature, std::int64_t top_k, double uniform) {
+std::int64_t pick_token(const std::vector<float>& logits, double temperature, std::int64_t top_k,
+                        double uniform) {
   SHARDLAB_CHECK(!logits.empty(), "pick_token: no logits");
   SHARDLAB_CHECK(temperature >= 0, "pick_token: temperature must be >= 0, got {}", temperature);
   SHARDLAB_CHECK(top_k >= 0, "pick_token: top_k must be >= 0, got {}", top_k);
   if (temperature == 0) return std::max_element(logits.begin(), logits.end()) - logits.begin();
   std::vector<std::int64_t> order(logits.size());
   std::iota(order.begin(), order.end(), 0);
-  const std::size_t kept = top_k == 0 ? order.size() : std::min(order.size(), static_cast<std::size_t>(top_k));
+  const std::size_t kept =
+      top_k == 0 ? order.size() : std::min(order.size(), static_cast<std::size_t>(top_k));
   // Largest first; ties by index, so the choice never depends on the sort's whims.
   std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(kept), order.end(),
-                    [&](std::int64_t a, std::int64_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+                    [&](std::int64_t a, std::int64_t b) {
+                      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+                    });
   const double top = logits[order[0]];
   std::vector<double> weights(kept);
   for (std::size_t i = 0; i < kept; ++i) weights[i] = std::exp((logits[order[i]] - top) / temperature);
@@ -43,14 +47,15 @@ std::vector<std::int64_t> generate(LlamaImpl& model, const std::vector<std::int6
   const NoGradGuard no_grad;
   const Device device = model.model->embed_tokens->weight.device();
   const std::int64_t capacity = std::min(limit, prompt_length + options.max_new_tokens);
-  KvCache cache(model.config, 1, capacity, TensorOptions{}.with_device(device).with_dtype(model.model->embed_tokens->weight.dtype()));
+  KvCache cache(model.config, 1, capacity,
+                TensorOptions{}.with_device(device).with_dtype(model.model->embed_tokens->weight.dtype()));
   std::vector<std::int64_t> out;
   Tensor input = from_vector(prompt, {1, prompt_length}, device);
   while (static_cast<std::int64_t>(out.size()) < options.max_new_tokens && cache.length < capacity) {
     const Tensor logits = model(input, {}, &cache).data();
     const std::vector<float> last = logits.select(1, logits.size(1) - 1).to(DType::f32).to_vector<float>();
-    const double draw = uniform({1}, RandomKey{options.seed, static_cast<std::uint64_t>(cache.length)}, 0.0, 1.0,
-                                TensorOptions{}.with_dtype(DType::f64))
+    const double draw = uniform({1}, RandomKey{options.seed, static_cast<std::uint64_t>(cache.length)}, 0.0,
+                                1.0, TensorOptions{}.with_dtype(DType::f64))
                             .item<double>();
     const std::int64_t token = pick_token(last, options.temperature, options.top_k, draw);
     if (options.stop_token && token == *options.stop_token) break;

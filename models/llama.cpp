@@ -129,10 +129,11 @@ LlamaConfig LlamaConfig::from_json(const nlohmann::json& json, const std::string
   SHARDLAB_CHECK(!model_type || *model_type == "llama", "{}: model_type is '{}', expected 'llama'", source,
                  model_type.value_or(""));
   const auto act = json_field<std::string>(json, "hidden_act", source);
-  SHARDLAB_CHECK(!act || *act == "silu", "{}: hidden_act '{}' is not supported (silu)", source, act.value_or(""));
+  SHARDLAB_CHECK(!act || *act == "silu", "{}: hidden_act '{}' is not supported (silu)", source,
+                 act.value_or(""));
   for (const char* bias : {"attention_bias", "mlp_bias"}) {
-    SHARDLAB_CHECK(!json_field<bool>(json, bias, source).value_or(false), "{}: {} = true is not supported", source,
-                   bias);
+    SHARDLAB_CHECK(!json_field<bool>(json, bias, source).value_or(false), "{}: {} = true is not supported",
+                   source, bias);
   }
   SHARDLAB_CHECK(!json.contains("rope_scaling") || json["rope_scaling"].is_null(),
                  "{}: rope_scaling {} is not supported (plain rotary embedding only)", source,
@@ -147,7 +148,8 @@ LlamaConfig LlamaConfig::from_json(const nlohmann::json& json, const std::string
   // Hugging Face's defaults for the optional fields.
   config.num_key_value_heads =
       json_field<std::int64_t>(json, "num_key_value_heads", source).value_or(config.num_attention_heads);
-  config.max_position_embeddings = json_field<std::int64_t>(json, "max_position_embeddings", source).value_or(2048);
+  config.max_position_embeddings =
+      json_field<std::int64_t>(json, "max_position_embeddings", source).value_or(2048);
   config.rms_norm_eps = json_field<double>(json, "rms_norm_eps", source).value_or(1e-6);
   config.rope_theta = json_field<double>(json, "rope_theta", source).value_or(10000.0);
   config.tie_word_embeddings = json_field<bool>(json, "tie_word_embeddings", source).value_or(false);
@@ -158,8 +160,8 @@ LlamaConfig LlamaConfig::from_json(const nlohmann::json& json, const std::string
   }
   const auto head_dim = json_field<std::int64_t>(json, "head_dim", source);
   SHARDLAB_CHECK(!head_dim || *head_dim == config.head_dim(),
-                 "{}: head_dim {} differs from hidden_size / num_attention_heads = {} (not supported)", source,
-                 head_dim.value_or(0), config.head_dim());
+                 "{}: head_dim {} differs from hidden_size / num_attention_heads = {} (not supported)",
+                 source, head_dim.value_or(0), config.head_dim());
   return config;
 }
 
@@ -178,7 +180,8 @@ KvCache::KvCache(const LlamaConfig& config, std::int64_t batch, std::int64_t cac
   }
 }
 
-LlamaRotaryEmbeddingImpl::LlamaRotaryEmbeddingImpl(const LlamaConfig& config) : nn::Module("LlamaRotaryEmbedding") {
+LlamaRotaryEmbeddingImpl::LlamaRotaryEmbeddingImpl(const LlamaConfig& config)
+    : nn::Module("LlamaRotaryEmbedding") {
   const std::int64_t positions = config.max_position_embeddings, dim = config.head_dim(), half = dim / 2;
   std::vector<float> cos_values(static_cast<std::size_t>(positions * dim));
   std::vector<float> sin_values(cos_values.size());
@@ -202,7 +205,7 @@ std::string LlamaRotaryEmbeddingImpl::describe() const {
 }
 
 std::pair<Tensor, Tensor> LlamaRotaryEmbeddingImpl::rows(std::int64_t offset, std::int64_t length,
-                                                          DType dtype) const {
+                                                         DType dtype) const {
   // Looked up by name each call: Module::to() replaces the buffers.
   const nn::Named<Tensor> tables = named_buffers(false);
   const std::int64_t positions = tables[0].second.size(0);
@@ -239,8 +242,9 @@ Variable split_heads(const Variable& x, std::int64_t heads, std::int64_t head_di
 // every position so far.
 Variable append_to_cache(const Tensor& entry, const Variable& fresh, std::int64_t length) {
   const std::int64_t count = fresh.size(2);
-  SHARDLAB_CHECK(length + count <= entry.size(2), "KvCache: {} cached + {} new positions exceed its capacity {}",
-                 length, count, entry.size(2));
+  SHARDLAB_CHECK(length + count <= entry.size(2),
+                 "KvCache: {} cached + {} new positions exceed its capacity {}", length, count,
+                 entry.size(2));
   entry.narrow(2, length, count).copy_(fresh.data());
   return constant(entry.narrow(2, 0, length + count));
 }
@@ -249,14 +253,18 @@ Variable append_to_cache(const Tensor& entry, const Variable& fresh, std::int64_
 
 Variable LlamaAttentionImpl::operator()(const Variable& input, const Tensor& cos_rows, const Tensor& sin_rows,
                                         const Tensor& padding_mask, KvCache* cache, std::int64_t layer) {
+  // Captures by value: under activation checkpointing the forward runs again in backward.
   return with_hooks(
-      [&](const Variable& x, const Tensor& cos, const Tensor& sin, const Tensor& padding) {
+      [this, cache, layer](const Variable& x, const Tensor& cos, const Tensor& sin, const Tensor& padding) {
         const std::int64_t batch = x.size(0), length = x.size(1);
         const Variable q = rotary_embedding(split_heads(q_proj(x), heads, head_dim), cos, sin);
         Variable k = rotary_embedding(split_heads(k_proj(x), kv_heads, head_dim), cos, sin);
         Variable v = split_heads(v_proj(x), kv_heads, head_dim);
         bool causal = true;
         if (cache != nullptr) {
+          // Generation only: a recomputed forward (activation checkpointing) would append twice.
+          SHARDLAB_CHECK(!is_grad_enabled(),
+                         "LlamaAttention: a KvCache is for generation; run it under NoGradGuard");
           // A cached step's one query attends to every cached key: no causal mask needed. A prompt
           // is the cache's first entry, where the queries and keys are the same positions.
           SHARDLAB_CHECK(cache->length == 0 || length == 1,
@@ -266,7 +274,8 @@ Variable LlamaAttentionImpl::operator()(const Variable& input, const Tensor& cos
           k = append_to_cache(cache->keys.at(static_cast<std::size_t>(layer)), k, cache->length);
           v = append_to_cache(cache->values.at(static_cast<std::size_t>(layer)), v, cache->length);
         }
-        const Variable attended = scaled_dot_product_attention(q, k, v, {.causal = causal, .padding = padding});
+        const Variable attended =
+            scaled_dot_product_attention(q, k, v, {.causal = causal, .padding = padding});
         return o_proj(reshape(contiguous(transpose(attended, 1, 2)), {batch, length, heads * head_dim}));
       },
       input, cos_rows, sin_rows, padding_mask);
@@ -283,7 +292,8 @@ LlamaMlpImpl::LlamaMlpImpl(const LlamaConfig& config)
 }
 
 Variable LlamaMlpImpl::operator()(const Variable& input) {
-  return with_hooks([&](const Variable& x) { return down_proj(mul(silu(gate_proj(x)), up_proj(x))); }, input);
+  return with_hooks([this](const Variable& x) { return down_proj(mul(silu(gate_proj(x)), up_proj(x))); },
+                    input);
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& config)
@@ -298,10 +308,12 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& config)
   register_module("post_attention_layernorm", post_attention_layernorm.ptr());
 }
 
-Variable LlamaDecoderLayerImpl::operator()(const Variable& input, const Tensor& cos_rows, const Tensor& sin_rows,
-                                           const Tensor& padding_mask, KvCache* cache, std::int64_t layer) {
+Variable LlamaDecoderLayerImpl::operator()(const Variable& input, const Tensor& cos_rows,
+                                           const Tensor& sin_rows, const Tensor& padding_mask, KvCache* cache,
+                                           std::int64_t layer) {
+  // Captures by value: under activation checkpointing the forward runs again in backward.
   return with_hooks(
-      [&](const Variable& x, const Tensor& cos, const Tensor& sin, const Tensor& padding) {
+      [this, cache, layer](const Variable& x, const Tensor& cos, const Tensor& sin, const Tensor& padding) {
         const Variable h = add(x, self_attn(input_layernorm(x), cos, sin, padding, cache, layer));
         return add(h, mlp(post_attention_layernorm(h)));
       },
@@ -356,11 +368,12 @@ LlamaImpl::LlamaImpl(const LlamaConfig& llama_config, std::uint64_t seed)
 
 Variable LlamaImpl::operator()(const Tensor& input_tokens, const Tensor& padding_mask, KvCache* cache) {
   return with_hooks(
-      [&](const Tensor& tokens, const Tensor& padding) {
+      [this, cache](const Tensor& tokens, const Tensor& padding) {
         SHARDLAB_CHECK(tokens.dim() == 2, "Llama: expected tokens [B, T], got {}", shape_str(tokens.shape()));
-        SHARDLAB_CHECK(!padding.defined() || (padding.shape() == tokens.shape() && padding.dtype() == DType::boolean),
-                       "Llama: padding must be bool {} like the tokens, got {} {}", shape_str(tokens.shape()),
-                       dtype_name(padding.dtype()), shape_str(padding.shape()));
+        SHARDLAB_CHECK(
+            !padding.defined() || (padding.shape() == tokens.shape() && padding.dtype() == DType::boolean),
+            "Llama: padding must be bool {} like the tokens, got {} {}", shape_str(tokens.shape()),
+            dtype_name(padding.dtype()), shape_str(padding.shape()));
         const std::int64_t offset = cache != nullptr ? cache->length : 0;
         Variable h = model->embed_tokens(tokens);
         const auto [cos, sin] = model->rotary_emb->rows(offset, tokens.size(1), h.dtype());
@@ -419,7 +432,8 @@ std::map<std::string, nn::StateDict> read_weight_files(const fs::path& dir) {
                  index.string());
   std::set<std::string> names;
   for (const auto& [tensor, file] : map["weight_map"].items()) {
-    SHARDLAB_CHECK(file.is_string(), "'{}': weight_map entry '{}' is not a file name", index.string(), tensor);
+    SHARDLAB_CHECK(file.is_string(), "'{}': weight_map entry '{}' is not a file name", index.string(),
+                   tensor);
     names.insert(file.get<std::string>());
   }
   for (const std::string& name : names) {
@@ -448,19 +462,20 @@ nn::StateDict load_pretrained_weights(const std::string& dir, const nn::Named<Sh
   for (auto& [file, tensors] : read_weight_files(fs::path(dir))) {
     for (auto& [name, tensor] : tensors) {
       if (derived_buffer(name)) continue;
-      SHARDLAB_CHECK(found.emplace(name, std::pair{tensor, file}).second, "'{}': tensor '{}' appears in two files",
-                     dir, name);
+      SHARDLAB_CHECK(found.emplace(name, std::pair{tensor, file}).second,
+                     "'{}': tensor '{}' appears in two files", dir, name);
     }
   }
   nn::StateDict out;
   for (const auto& [name, shape] : expected) {
     const auto it = found.find(name);
-    SHARDLAB_CHECK(it != found.end(), "'{}': missing tensor '{}' (expected shape {})", dir, name, shape_str(shape));
+    SHARDLAB_CHECK(it != found.end(), "'{}': missing tensor '{}' (expected shape {})", dir, name,
+                   shape_str(shape));
     const auto& [tensor, file] = it->second;
-    SHARDLAB_CHECK(tensor.shape() == shape, "'{}': tensor '{}' has shape {}, the model expects {}", file, name,
-                   shape_str(tensor.shape()), shape_str(shape));
-    SHARDLAB_CHECK(is_floating(tensor.dtype()), "'{}': tensor '{}' is {}, expected a floating dtype", file, name,
-                   dtype_name(tensor.dtype()));
+    SHARDLAB_CHECK(tensor.shape() == shape, "'{}': tensor '{}' has shape {}, the model expects {}", file,
+                   name, shape_str(tensor.shape()), shape_str(shape));
+    SHARDLAB_CHECK(is_floating(tensor.dtype()), "'{}': tensor '{}' is {}, expected a floating dtype", file,
+                   name, dtype_name(tensor.dtype()));
     out.emplace_back(name, tensor.to(DType::f32));
     found.erase(it);
   }

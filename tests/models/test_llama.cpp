@@ -33,7 +33,8 @@ nn::Named<Shape> parameter_shapes(nn::Module& model) {
 models::Llama load_tiny_golden_model() {
   const models::LlamaConfig config = models::load_pretrained_config(kGoldenDir + "/llama_tiny");
   models::Llama model(config);
-  model->load_state_dict(models::load_pretrained_weights(kGoldenDir + "/llama_tiny", parameter_shapes(*model)));
+  model->load_state_dict(
+      models::load_pretrained_weights(kGoldenDir + "/llama_tiny", parameter_shapes(*model)));
   return model;
 }
 
@@ -106,9 +107,10 @@ TEST_CASE("the Llama has Hugging Face's parameter names and shapes; buffers stay
   expected.push_back("model.embed_tokens.weight");
   for (int i = 0; i < 2; ++i) {
     const std::string layer = "model.layers." + std::to_string(i) + ".";
-    for (const char* name : {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-                             "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-                             "mlp.down_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight"}) {
+    for (const char* name :
+         {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+          "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+          "input_layernorm.weight", "post_attention_layernorm.weight"}) {
       expected.push_back(layer + name);
     }
   }
@@ -162,8 +164,11 @@ TEST_CASE("config.json: Hugging Face's fields round trip; other architectures an
   const models::LlamaConfig back = models::LlamaConfig::from_json(tiny.to_json(), "config.json");
   CHECK(back.to_json() == tiny.to_json());
 
-  nlohmann::json minimal = {{"vocab_size", 100},         {"hidden_size", 32},        {"intermediate_size", 64},
-                            {"num_hidden_layers", 1},    {"num_attention_heads", 4}};
+  nlohmann::json minimal = {{"vocab_size", 100},
+                            {"hidden_size", 32},
+                            {"intermediate_size", 64},
+                            {"num_hidden_layers", 1},
+                            {"num_attention_heads", 4}};
   const models::LlamaConfig defaults = models::LlamaConfig::from_json(minimal, "c.json");
   CHECK(defaults.num_key_value_heads == 4);  // HF: MHA when absent
   CHECK(defaults.rms_norm_eps == 1e-6);
@@ -171,13 +176,16 @@ TEST_CASE("config.json: Hugging Face's fields round trip; other architectures an
 
   nlohmann::json j = minimal;
   j.erase("hidden_size");
-  CHECK_THROWS_ERROR(models::LlamaConfig::from_json(j, "c.json"), "c.json: required field 'hidden_size' is missing");
+  CHECK_THROWS_ERROR(models::LlamaConfig::from_json(j, "c.json"),
+                     "c.json: required field 'hidden_size' is missing");
   j = minimal;
   j["hidden_size"] = "32";
-  CHECK_THROWS_ERROR(models::LlamaConfig::from_json(j, "c.json"), "c.json: field 'hidden_size' has the wrong type");
+  CHECK_THROWS_ERROR(models::LlamaConfig::from_json(j, "c.json"),
+                     "c.json: field 'hidden_size' has the wrong type");
   j = minimal;
   j["model_type"] = "mistral";
-  CHECK_THROWS_ERROR(models::LlamaConfig::from_json(j, "c.json"), "model_type is 'mistral', expected 'llama'");
+  CHECK_THROWS_ERROR(models::LlamaConfig::from_json(j, "c.json"),
+                     "model_type is 'mistral', expected 'llama'");
   j = minimal;
   j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
   CHECK_THROWS_ERROR(models::LlamaConfig::from_json(j, "c.json"), "rope_scaling");
@@ -216,13 +224,15 @@ TEST_CASE("rotary embedding: gradients (f64) and a closed form", "[models][llama
   // The rotate-half layout: pair i's angle at columns i and i + 3.
   const Tensor cos_half = from_vector(cos_values, {5, 3}), sin_half = from_vector(sin_values, {5, 3});
   const Tensor cos_table = cat({cos_half, cos_half}, 1), sin_table = cat({sin_half, sin_half}, 1);
-  check_gradients("rotary_embedding",
-                  [&](const std::vector<Variable>& x) { return rotary_embedding(x[0], cos_table, sin_table); },
-                  {leaf({2, 3, 5, 6}, 4)});
+  check_gradients(
+      "rotary_embedding",
+      [&](const std::vector<Variable>& x) { return rotary_embedding(x[0], cos_table, sin_table); },
+      {leaf({2, 3, 5, 6}, 4)});
   // One pair (x0, x1) rotated by a: (x0 cos a - x1 sin a, x1 cos a + x0 sin a).
   const double a = 0.7;
   const Tensor x = from_vector(std::vector<double>{2.0, -1.0}, {1, 2});
-  const Tensor c = full({1, 2}, std::cos(a), dtype(DType::f64)), s = full({1, 2}, std::sin(a), dtype(DType::f64));
+  const Tensor c = full({1, 2}, std::cos(a), dtype(DType::f64)),
+               s = full({1, 2}, std::sin(a), dtype(DType::f64));
   test::check_close(rotary_embedding(constant(x), c, s).data(),
                     {2 * std::cos(a) + std::sin(a), -std::cos(a) + 2 * std::sin(a)});
   CHECK_THROWS_ERROR(rotary_embedding(constant(zeros({2, 5})), zeros({2, 5}), zeros({2, 5})), "must be even");
@@ -241,13 +251,15 @@ TEST_CASE("SwiGLU MLP and a whole decoder layer (GQA, padding) have the gradient
                              .max_position_embeddings = 16};
   models::Llama model(config, 3);
   model->to(DType::f64);
-  for (auto& [name, p] : model->named_parameters()) p.set_data(mul(p.data(), 10.0));  // beyond the linear regime
+  for (auto& [name, p] : model->named_parameters())
+    p.set_data(mul(p.data(), 10.0));  // beyond the linear regime
   models::LlamaDecoderLayerImpl& layer = (*model->model->layers)[0];
   const auto [cos, sin] = model->model->rotary_emb->rows(0, 5, DType::f64);
   // Row 1 ends in two padding tokens.
-  const Tensor padding = from_vector(std::vector<bool>{false, false, false, false, false, false, false, false, true, true},
-                                     {2, 5});
-  check_gradients("mlp", [&](const std::vector<Variable>& x) { return (*layer.mlp)(x[0]); }, {leaf({2, 5, 8}, 5)});
+  const Tensor padding = from_vector(
+      std::vector<bool>{false, false, false, false, false, false, false, false, true, true}, {2, 5});
+  check_gradients("mlp", [&](const std::vector<Variable>& x) { return (*layer.mlp)(x[0]); },
+                  {leaf({2, 5, 8}, 5)});
   check_gradients("decoder layer",
                   [&](const std::vector<Variable>& x) { return layer(x[0], cos, sin, padding); },
                   {leaf({2, 5, 8}, 6)});
@@ -255,8 +267,9 @@ TEST_CASE("SwiGLU MLP and a whole decoder layer (GQA, padding) have the gradient
   std::vector<Variable> weights;
   for (const auto& [name, p] : layer.named_parameters()) weights.push_back(p);
   const Tensor input = test::random_tensor({2, 5, 8}, 7, DType::f64);
-  check_gradients("decoder layer weights",
-                  [&](const std::vector<Variable>&) { return layer(constant(input), cos, sin, padding); }, weights);
+  check_gradients(
+      "decoder layer weights",
+      [&](const std::vector<Variable>&) { return layer(constant(input), cos, sin, padding); }, weights);
 }
 
 TEST_CASE("padding does not change the logits of real tokens; padding queries give finite logits",
@@ -290,8 +303,14 @@ TEST_CASE("the KV cache gives the logits of the full forward, one token at a tim
   CHECK_THROWS_ERROR(model(tokens.narrow(1, 0, 1), Tensor(), &cache), "exceed its capacity 7");
   models::KvCache other(model->config, 1, 7, {});
   model(tokens.narrow(1, 0, 2), Tensor(), &other);
-  CHECK_THROWS_ERROR(model(tokens.narrow(1, 2, 2), Tensor(), &other), "with 2 cached positions, feed one token at a time");
-  CHECK_THROWS_ERROR(models::KvCache(model->config, 1, 513, {}), "capacity 513 must be in [1, max_position_embeddings = 512]");
+  CHECK_THROWS_ERROR(model(tokens.narrow(1, 2, 2), Tensor(), &other),
+                     "with 2 cached positions, feed one token at a time");
+  CHECK_THROWS_ERROR(models::KvCache(model->config, 1, 513, {}),
+                     "capacity 513 must be in [1, max_position_embeddings = 512]");
+  const GradModeGuard grad(true);
+  models::KvCache third(model->config, 1, 7, {});
+  CHECK_THROWS_ERROR(model(tokens.narrow(1, 0, 2), Tensor(), &third),
+                     "a KvCache is for generation; run it under NoGradGuard");
 }
 
 TEST_CASE("bad inputs name what is wrong", "[models][llama]") {
@@ -304,9 +323,10 @@ TEST_CASE("bad inputs name what is wrong", "[models][llama]") {
                      "positions [0, 513) exceed max_position_embeddings = 512");
 }
 
-TEST_CASE("save_pretrained writes a directory load_pretrained reads; missing, unexpected and misshapen "
-          "tensors are refused",
-          "[models][llama]") {
+TEST_CASE(
+    "save_pretrained writes a directory load_pretrained reads; missing, unexpected and misshapen "
+    "tensors are refused",
+    "[models][llama]") {
   test::TempDir dir;
   const std::string path = dir.path() + "/tiny";
   models::Llama model(models::LlamaConfig::preset("tiny"), 5);
@@ -329,7 +349,8 @@ TEST_CASE("save_pretrained writes a directory load_pretrained reads; missing, un
   nlohmann::json map;
   int i = 0;
   for (const auto& [name, t] : model->state_dict()) {
-    const std::string file = i++ % 2 == 0 ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+    const std::string file =
+        i++ % 2 == 0 ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
     (file.starts_with("model-00001") ? first : second).emplace_back(name, t.to(DType::bf16));
     map["weight_map"][name] = file;
   }
@@ -360,7 +381,8 @@ TEST_CASE("save_pretrained writes a directory load_pretrained reads; missing, un
   CHECK_THROWS_ERROR(models::load_pretrained_config(path), "config.json' is not valid JSON");
 }
 
-TEST_CASE("pick_token: argmax at temperature 0 and with top_k 1; draws split by the softmax", "[models][generate]") {
+TEST_CASE("pick_token: argmax at temperature 0 and with top_k 1; draws split by the softmax",
+          "[models][generate]") {
   const std::vector<float> logits{0.0f, static_cast<float>(std::log(3.0)), -5.0f};
   CHECK(models::pick_token(logits, 0.0, 0, 0.99) == 1);
   CHECK(models::pick_token(logits, 1.0, 1, 0.99) == 1);
@@ -376,7 +398,8 @@ TEST_CASE("greedy generation with the cache equals the argmax of full forwards; 
           "[models][generate]") {
   models::Llama model(models::LlamaConfig::preset("tiny"), 9);
   std::vector<std::int64_t> tokens{256, 70, 111};
-  const std::vector<std::int64_t> generated = models::generate(*model, tokens, {.max_new_tokens = 6, .temperature = 0});
+  const std::vector<std::int64_t> generated =
+      models::generate(*model, tokens, {.max_new_tokens = 6, .temperature = 0});
   REQUIRE(generated.size() == 6);
   {
     const NoGradGuard no_grad;
