@@ -78,9 +78,6 @@ models::LlamaConfig resolve_config(const Options& options, const data::Tokenizer
           }
         }(),
         options.config);
-    SHARDLAB_CHECK(config.vocab_size >= tokenizer.vocab_size(),
-                   "{}: vocab_size {} is smaller than the {} tokenizer's {} ids", options.config,
-                   config.vocab_size, tokenizer.name(), tokenizer.vocab_size());
     return config;
   }
   // A preset's shape with the tokenizer's vocabulary.
@@ -179,6 +176,9 @@ Training::Training(const Options& options, dist::Session& session)
   tokenizer_ = data::make_tokenizer(options.tokenizer);
   config_ = options.init_from.empty() ? resolve_config(options, *tokenizer_)
                                       : models::load_pretrained_config(options.init_from);
+  SHARDLAB_CHECK(config_.vocab_size >= tokenizer_->vocab_size(),
+                 "the model's vocab_size {} is smaller than the {} tokenizer's {} ids", config_.vocab_size,
+                 tokenizer_->name(), tokenizer_->vocab_size());
   SHARDLAB_CHECK(options.seq <= config_.max_position_embeddings, "--seq {} exceeds the model's {} positions",
                  options.seq, config_.max_position_embeddings);
   const auto [sharding, group] = dist::parse_sharding(options.sharding);
@@ -391,7 +391,7 @@ int main(int argc, char** argv) {
   Options options;
   CLI::App app{"train_llama: train the Llama on a text corpus, with FSDP over the ranks of mpirun"};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // later flags win
-  app.add_option("--config", options.config, "tiny, seed, 1b, or a Hugging Face config.json file");
+  auto* config = app.add_option("--config", options.config, "tiny, seed, 1b, or a Hugging Face config.json file");
   app.add_option("--tokenizer", options.tokenizer, "bytes (256 byte ids + [BOT], [EOT], [PAD])");
   app.add_option("--data", options.data, "text files or directories of them (default: Debian's fortunes)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
@@ -426,7 +426,8 @@ int main(int argc, char** argv) {
   app.add_option("--metrics", options.metrics, "write JSON lines of every rank's metrics to this file");
   app.add_option("--save-model", options.save_model,
                  "write model.safetensors + config.json here (Hugging Face's LlamaForCausalLM format)");
-  app.add_option("--init-from", options.init_from, "start from a saved or Hugging Face Llama directory");
+  app.add_option("--init-from", options.init_from, "start from a saved or Hugging Face Llama directory (its config)")
+      ->excludes(config);
   app.add_option("--sample", options.samples, "print this many generated texts after training")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--sample-tokens", options.sample_tokens, "at most this many tokens per sample")

@@ -3,19 +3,25 @@
 # train_llama (1 process) and PyTorch (bench/pytorch_train_llama.py, Debian's python3-torch) on
 # the same model (bench/llama_h256_l4.json: H256 L4 heads 8/2 I1024), fortunes as byte tokens,
 # T256 B16, the same optimizer and schedule, 2 threads each, STEPS steps (default 300). Prints
-# both median tokens/s, their ratio, and both loss curves (mean of every 25 steps). Not a test.
+# both median tokens/s, their ratio, and both loss curves (mean of every 25 steps). With OUT=DIR
+# the raw per-step records stay there (shardlab.jsonl, shardlab.log, pytorch.jsonl). Not a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir="${SHARDLAB_BUILD_DIR:-build}"
 steps="${STEPS:-300}"
 threads="${THREADS:-2}"
-out="$(mktemp -d)"
-trap 'rm -rf "$out"' EXIT
+if [ -n "${OUT:-}" ]; then
+  out="$OUT"
+  mkdir -p "$out"
+else
+  out="$(mktemp -d)"
+  trap 'rm -rf "$out"' EXIT
+fi
 
 "$build_dir/apps/train_llama" --config bench/llama_h256_l4.json --seq 256 --global-batch 16 --steps "$steps" \
   --lr 1e-3 --warmup-steps 30 --threads "$threads" --metrics "$out/shardlab.jsonl" >"$out/shardlab.log" 2>&1 ||
   { cat "$out/shardlab.log"; exit 1; }
-python3 bench/pytorch_train_llama.py --steps "$steps" --lr 1e-3 --warmup 30 --threads "$threads" >"$out/pytorch.jsonl"
+/usr/bin/python3 bench/pytorch_train_llama.py --steps "$steps" --lr 1e-3 --warmup 30 --threads "$threads" >"$out/pytorch.jsonl"
 python3 - "$out" <<'PY'
 import json, sys
 out = sys.argv[1]
