@@ -167,10 +167,16 @@ struct ParameterShard {
   // "Shard(flat) elements [12, 40) of 64, rank 1 of 2" (full, grad_op; hybrid adds ", replicated
   // over 2 groups"), or "Replicate" (none).
   std::string placement;
+  // Whether this rank's copy is the one that counts once: always for full and grad_op, on the
+  // first replica for none and hybrid (the others hold the same elements). What a checkpoint writes.
+  bool first_replica = true;
 };
 // Every parameter under `root`, by dotted name in root.named_parameters() order (a tied parameter
 // once, under its first name).
 nn::Named<ParameterShard> parameter_shards(nn::Module& root);
+// The ranks that train the units under `root` (FsdpOptions::communicator, or the world): the
+// ranks of a collective over the whole model, such as a checkpoint's save and load.
+Communicator& root_communicator(nn::Module& root);
 
 // The collectives the units under `root` issued since the last reset, summed over the distinct
 // communicators they use (the base, and for hybrid sharding the shard and replica groups the

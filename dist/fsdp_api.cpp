@@ -291,7 +291,8 @@ nn::Named<ParameterShard> parameter_shards(nn::Module& root) {
                                                                   .first = first,
                                                                   .count = last - first,
                                                                   .local = unit->views()[i],
-                                                                  .placement = std::move(placement)});
+                                                                  .placement = std::move(placement),
+                                                                  .first_replica = groups.first_replica()});
     }
   }
   nn::Named<ParameterShard> shards;
@@ -303,6 +304,8 @@ nn::Named<ParameterShard> parameter_shards(nn::Module& root) {
   }
   return shards;
 }
+
+Communicator& root_communicator(nn::Module& root) { return *ensure_root(root)->units.front()->groups().base; }
 
 nn::Named<Tensor> gather_full_parameters(nn::Module& root) {
   std::map<std::string, Tensor> by_name;

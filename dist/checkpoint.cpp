@@ -1,0 +1,806 @@
+// dist/checkpoint.cpp: sharded checkpoints. The ranks agree on every outcome (the lowest failing
+// rank's error is thrown on all of them, so none waits in a collective the others left), in the
+// order the work runs: save (temporary directory, each rank's pieces, the metadata every rank
+// derives alike, rank 0's commit), then load (metadata checked whole, files checked, this rank's
+// byte ranges read, the optimizer's state and the parameters handed over last).
+#include "dist/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <optional>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "core/error.h"
+#include "dist/fsdp.h"
+#include "dist/init.h"
+
+namespace shardlab::dist {
+
+static_assert(std::endian::native == std::endian::little, "checkpoint files hold little-endian f32");
+
+namespace {
+
+using Json = nlohmann::json;
+using OrderedJson = nlohmann::ordered_json;  // what save writes: tensors in the model's order
+
+constexpr std::string_view kFormat = "shardlab-sharded-checkpoint";
+constexpr std::int64_t kVersion = 1;
+constexpr std::string_view kMetadata = "metadata.json";
+constexpr std::string_view kOptimPrefix = "optim.";
+constexpr std::string_view kGroupPrefix = "param_groups.";  // Optimizer::state_dict's group keys
+constexpr std::string_view kStep = "step";
+constexpr std::int64_t kElementBytes = 4;  // f32
+constexpr std::uint64_t kMaxMetadataBytes = 1ull << 30;
+
+std::string rank_file(int rank, int size) { return fmt::format("rank-{:05}-of-{:05}.bin", rank, size); }
+
+std::string join_path(const std::string& dir, std::string_view name) {
+  return (std::filesystem::path(dir) / name).string();
+}
+
+// --- agreement ------------------------------------------------------------------------------------
+
+// The device of a communicator's tensors: NCCL takes the session's GPU, MPI the host.
+Device control_device(const Communicator& comm) {
+  return comm.backend_name() == "nccl" ? session().device() : Device::cpu();
+}
+
+std::vector<std::string> all_gather_strings(Communicator& comm, const std::string& mine) {
+  if (comm.size() == 1) return {mine};
+  const Device device = control_device(comm);
+  const Tensor length =
+      full({1}, static_cast<std::int64_t>(mine.size()), dtype(DType::i64).with_device(device));
+  const Tensor lengths = empty({comm.size()}, dtype(DType::i64).with_device(device));
+  comm.all_gather_into(lengths, length, "checkpoint").wait();
+  const std::vector<std::int64_t> sizes = lengths.to(Device::cpu()).to_vector<std::int64_t>();
+  const std::int64_t longest = std::max<std::int64_t>(1, *std::max_element(sizes.begin(), sizes.end()));
+  Tensor padded = zeros({longest}, dtype(DType::u8));
+  std::memcpy(padded.raw_data(), mine.data(), mine.size());
+  const Tensor gathered = empty({longest * comm.size()}, dtype(DType::u8).with_device(device));
+  comm.all_gather_into(gathered, padded.to(device), "checkpoint").wait();
+  const Tensor host = gathered.to(Device::cpu());
+  const auto* bytes = static_cast<const char*>(host.raw_data());
+  std::vector<std::string> out;
+  for (int r = 0; r < comm.size(); ++r)
+    out.emplace_back(bytes + r * longest, static_cast<std::size_t>(sizes[r]));
+  return out;
+}
+
+// Every rank's error ("" when it did fine): the lowest failing rank's message, the same on every
+// rank, or nothing when all did fine. One small all-reduce when all did fine.
+std::optional<std::string> first_error(Communicator& comm, const std::string& error) {
+  if (comm.size() == 1) return error.empty() ? std::nullopt : std::optional(error);
+  const Tensor failed = full({1}, error.empty() ? 0 : 1, dtype(DType::i64).with_device(control_device(comm)));
+  comm.all_reduce(failed, ReduceOp::max, "checkpoint").wait();
+  if (failed.to(Device::cpu()).item<std::int64_t>() == 0) return std::nullopt;
+  for (std::string& message : all_gather_strings(comm, error)) {
+    if (!message.empty()) return std::move(message);
+  }
+  return std::nullopt;
+}
+
+// What `work` threw, as the text first_error agrees on; "" when it returned.
+template <typename Work>
+std::string attempt(Work&& work) {
+  try {
+    work();
+  } catch (const std::exception& error) {
+    return error.what();
+  }
+  return {};
+}
+
+// Rank 0's random id, on every rank: names the temporary directory of one save.
+std::uint64_t agreed_id(Communicator& comm) {
+  std::random_device random;
+  const std::uint64_t mine =
+      (static_cast<std::uint64_t>(random()) << 32) ^ random() ^ static_cast<std::uint64_t>(::getpid());
+  if (comm.size() == 1) return mine;
+  const Tensor id =
+      full({1}, static_cast<std::int64_t>(mine), dtype(DType::i64).with_device(control_device(comm)));
+  comm.broadcast(id, 0, "checkpoint").wait();
+  return static_cast<std::uint64_t>(id.to(Device::cpu()).item<std::int64_t>());
+}
+
+// --- files ----------------------------------------------------------------------------------------
+
+class Fd {
+ public:
+  Fd(const std::string& path, int flags, std::string_view what) : path_(path) {
+    fd_ = ::open(path.c_str(), flags | O_CLOEXEC, 0644);
+    SHARDLAB_CHECK(fd_ >= 0, "{}: cannot open '{}': {}", what, path, std::strerror(errno));
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  void pwrite_all(const void* data, std::size_t size, std::uint64_t offset, std::string_view what) const {
+    const auto* bytes = static_cast<const char*>(data);
+    while (size > 0) {
+      const ssize_t written = ::pwrite(fd_, bytes, size, static_cast<off_t>(offset));
+      if (written < 0 && errno == EINTR) continue;
+      SHARDLAB_CHECK(written > 0, "{}: writing '{}' failed: {}", what, path_, std::strerror(errno));
+      bytes += written;
+      offset += static_cast<std::uint64_t>(written);
+      size -= static_cast<std::size_t>(written);
+    }
+  }
+  // Fails on a file shorter than offset + size.
+  void pread_all(void* data, std::size_t size, std::uint64_t offset, std::string_view what) const {
+    auto* bytes = static_cast<char*>(data);
+    while (size > 0) {
+      const ssize_t got = ::pread(fd_, bytes, size, static_cast<off_t>(offset));
+      if (got < 0 && errno == EINTR) continue;
+      SHARDLAB_CHECK(got > 0, "{}: reading '{}' failed: {}", what, path_,
+                     got == 0 ? "unexpected end of file" : std::strerror(errno));
+      bytes += got;
+      offset += static_cast<std::uint64_t>(got);
+      size -= static_cast<std::size_t>(got);
+    }
+  }
+  void sync(std::string_view what) const {
+    SHARDLAB_CHECK(::fsync(fd_) == 0, "{}: flushing '{}' failed: {}", what, path_, std::strerror(errno));
+  }
+  void close(std::string_view what) {
+    const int closed = ::close(fd_);
+    fd_ = -1;
+    SHARDLAB_CHECK(closed == 0, "{}: closing '{}' failed: {}", what, path_, std::strerror(errno));
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+void sync_directory(const std::string& path, std::string_view what) {
+  Fd directory(path, O_RDONLY | O_DIRECTORY, what);
+  directory.sync(what);
+}
+
+std::uint32_t crc_update(std::uint32_t crc, const void* data, std::size_t size) {
+  return static_cast<std::uint32_t>(crc32_z(crc, static_cast<const Bytef*>(data), size));
+}
+
+// =================================================================================================
+// save
+// =================================================================================================
+
+// This rank's per-parameter optimizer state: slot -> tensor, by parameter name.
+using SlotsByParameter = std::map<std::string, std::map<std::string, Tensor>>;
+
+struct OptimizerState {
+  SlotsByParameter slots;
+  Json scalars;  // "param_groups.<g>.<name>" (f64) and "step" (i64)
+};
+
+OptimizerState split_state(const nn::StateDict& state, const std::set<std::string>& parameters,
+                           std::string_view where) {
+  OptimizerState out;
+  out.scalars = Json::object();
+  for (const auto& [key, tensor] : state) {
+    if (key == kStep) {
+      out.scalars[key] = tensor.item<std::int64_t>();
+    } else if (key.starts_with(kGroupPrefix)) {
+      out.scalars[key] = tensor.item<double>();
+    } else {
+      const std::size_t dot = key.rfind('.');
+      const std::string name = dot == std::string::npos ? key : key.substr(0, dot);
+      SHARDLAB_CHECK(dot != std::string::npos && parameters.contains(name),
+                     "{}: the optimizer's state key '{}' names no parameter of the model", where, key);
+      out.slots[name][key.substr(dot + 1)] = tensor;
+    }
+  }
+  return out;
+}
+
+// Writes this rank's pieces into `path` and describes them: the file's size and CRC32, its chunks,
+// and per parameter the elements held, the step count and the slots (for the ranks to compare).
+Json write_pieces(const std::string& path, const std::string& file, const nn::Named<ParameterShard>& shards,
+                  const OptimizerState& state, std::string_view where) {
+  Fd out(path, O_WRONLY | O_CREAT | O_TRUNC, where);
+  std::uint64_t offset = 0;
+  std::uint32_t crc = crc_update(0, nullptr, 0);
+  Json chunks = Json::array();
+  const auto write = [&](const std::string& tensor, const Tensor& local, const ParameterShard& shard) {
+    const Tensor host = local.to(Device::cpu()).contiguous();
+    const auto bytes = static_cast<std::size_t>(shard.count * kElementBytes);
+    out.pwrite_all(host.raw_data(), bytes, offset, where);
+    crc = crc_update(crc, host.raw_data(), bytes);
+    chunks.push_back({{"tensor", tensor},
+                      {"offset", offset},
+                      {"bytes", bytes},
+                      {"first", shard.first},
+                      {"count", shard.count}});
+    offset += bytes;
+  };
+  Json parameters = Json::object();
+  for (const auto& [name, shard] : shards) {
+    Json described = {{"count", shard.count}, {"step", nullptr}, {"slots", Json::array()}};
+    const bool writes = shard.first_replica && shard.count > 0;
+    if (writes) write(name, shard.local.data(), shard);
+    if (const auto it = state.slots.find(name); it != state.slots.end()) {
+      for (const auto& [slot, tensor] : it->second) {
+        if (slot == kStep) {
+          SHARDLAB_CHECK(tensor.numel() == 1, "{}: the optimizer's '{}.{}' has shape {}, expected a scalar",
+                         where, name, slot, shape_str(tensor.shape()));
+          described["step"] = tensor.item<std::int64_t>();
+          continue;
+        }
+        SHARDLAB_CHECK(tensor.shape() == Shape{shard.count} && tensor.dtype() == DType::f32,
+                       "{}: the optimizer's '{}.{}' is {} {}, expected f32 {} (this rank's piece of the "
+                       "parameter): only per-element slots and the step count can be sharded",
+                       where, name, slot, dtype_name(tensor.dtype()), shape_str(tensor.shape()),
+                       shape_str(Shape{shard.count}));
+        described["slots"].push_back(slot);
+        if (writes) write(fmt::format("{}{}.{}", kOptimPrefix, name, slot), tensor, shard);
+      }
+    }
+    parameters[name] = std::move(described);
+  }
+  out.sync(where);
+  out.close(where);
+  return {{"file", file},
+          {"bytes", offset},
+          {"crc32", crc},
+          {"chunks", std::move(chunks)},
+          {"parameters", std::move(parameters)},
+          {"scalars", state.scalars}};
+}
+
+// The metadata, from every rank's description; the same on every rank, so that each finds any
+// disagreement among the ranks itself.
+OrderedJson build_metadata(const std::vector<Json>& ranks, const nn::Named<ParameterShard>& shards,
+                           const std::string& sharding, const Json& extra, std::string_view where) {
+  OrderedJson files = OrderedJson::object();
+  std::map<std::string, std::vector<Json>> chunks_of;  // tensor -> chunks, from all ranks
+  for (const Json& rank : ranks) {
+    files[rank["file"].get<std::string>()] = {{"bytes", rank["bytes"].get<std::int64_t>()},
+                                              {"crc32", rank["crc32"].get<std::uint32_t>()}};
+    for (const Json& chunk : rank["chunks"]) chunks_of[chunk["tensor"].get<std::string>()].push_back(chunk);
+  }
+  for (std::size_t r = 1; r < ranks.size(); ++r) {
+    SHARDLAB_CHECK(ranks[r]["scalars"] == ranks[0]["scalars"],
+                   "{}: the optimizer's hyper-parameters or step count differ across ranks: rank 0 has {}, "
+                   "rank {} has {}",
+                   where, ranks[0]["scalars"].dump(), r, ranks[r]["scalars"].dump());
+  }
+  OrderedJson tensors = OrderedJson::object(), optim_tensors = OrderedJson::object();
+  OrderedJson parameter_steps = OrderedJson::object();
+  const auto entry = [&](const std::string& tensor, const Shape& shape) {
+    std::vector<Json> chunks = chunks_of[tensor];
+    std::sort(chunks.begin(), chunks.end(),
+              [](const Json& a, const Json& b) { return a["first"] < b["first"]; });
+    OrderedJson list = OrderedJson::array();
+    for (const Json& chunk : chunks) {
+      list.push_back({{"file", chunk["file"].get<std::string>()},
+                      {"offset", chunk["offset"].get<std::int64_t>()},
+                      {"bytes", chunk["bytes"].get<std::int64_t>()},
+                      {"first", chunk["first"].get<std::int64_t>()},
+                      {"count", chunk["count"].get<std::int64_t>()}});
+    }
+    return OrderedJson{{"shape", shape}, {"dtype", "F32"}, {"chunks", std::move(list)}};
+  };
+  for (const auto& [name, shard] : shards) {
+    tensors[name] = entry(name, shard.full_shape);
+    // The ranks that hold elements of the parameter (all ranks for an empty one) must agree on
+    // its state; the others update a piece of no elements and may have any.
+    const std::int64_t numel = shape_numel(shard.full_shape);
+    std::optional<std::size_t> reference;
+    for (std::size_t r = 0; r < ranks.size(); ++r) {
+      const Json& described = ranks[r]["parameters"][name];
+      if (numel > 0 && described["count"].get<std::int64_t>() == 0) continue;
+      if (!reference) {
+        reference = r;
+        continue;
+      }
+      const Json& first = ranks[*reference]["parameters"][name];
+      SHARDLAB_CHECK(
+          described["step"] == first["step"] && described["slots"] == first["slots"],
+          "{}: the optimizer state of parameter '{}' differs across the ranks that hold it: rank {} "
+          "has step {} and slots {}, rank {} has step {} and slots {}",
+          where, name, *reference, first["step"].dump(), first["slots"].dump(), r, described["step"].dump(),
+          described["slots"].dump());
+    }
+    const Json& state = ranks[reference.value_or(0)]["parameters"][name];
+    if (state["step"].is_null()) continue;
+    parameter_steps[name] = state["step"].get<std::int64_t>();
+    for (const Json& slot : state["slots"]) {
+      const std::string tensor = fmt::format("{}{}.{}", kOptimPrefix, name, slot.get<std::string>());
+      optim_tensors[tensor] = entry(tensor, shard.full_shape);
+    }
+  }
+  for (auto& [name, value] : optim_tensors.items()) tensors[name] = std::move(value);
+  OrderedJson hyper = OrderedJson::object();
+  for (const auto& [key, value] : ranks[0]["scalars"].items()) {
+    if (key != kStep) hyper[key] = value.get<double>();
+  }
+  return {{"format", kFormat},
+          {"version", kVersion},
+          {"world_size", ranks.size()},
+          {"sharding", sharding},
+          {"files", std::move(files)},
+          {"tensors", std::move(tensors)},
+          {"optimizer",
+           {{"step", ranks[0]["scalars"][std::string(kStep)].get<std::int64_t>()},
+            {"hyper_parameters", std::move(hyper)},
+            {"parameter_steps", std::move(parameter_steps)}}},
+          {"extra", OrderedJson::parse(extra.dump())}};
+}
+
+// Rank 0: metadata.json into the temporary directory, then the directory in place of `dir`.
+void commit(const std::string& temp, const std::string& dir, const OrderedJson& metadata, std::uint64_t id,
+            std::string_view where) {
+  const std::string path = join_path(temp, kMetadata);
+  const std::string text = metadata.dump(1) + "\n";
+  Fd out(path, O_WRONLY | O_CREAT | O_TRUNC, where);
+  out.pwrite_all(text.data(), text.size(), 0, where);
+  out.sync(where);
+  out.close(where);
+  sync_directory(temp, where);
+  std::error_code error;
+  const bool exists = std::filesystem::exists(dir, error);
+  if (!exists) {
+    SHARDLAB_CHECK(std::rename(temp.c_str(), dir.c_str()) == 0, "{}: cannot rename '{}' to '{}': {}", where,
+                   temp, dir, std::strerror(errno));
+  } else {
+    SHARDLAB_CHECK(std::filesystem::is_directory(dir, error),
+                   "{}: '{}' exists and is not a directory; refusing to replace it", where, dir);
+    // One atomic exchange where the file system has it; else the old directory goes aside first.
+    if (::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
+      std::filesystem::remove_all(temp, error);  // now the old checkpoint
+    } else {
+      const std::string aside = fmt::format("{}.old-{:016x}", dir, id);
+      SHARDLAB_CHECK(std::rename(dir.c_str(), aside.c_str()) == 0, "{}: cannot rename '{}' to '{}': {}",
+                     where, dir, aside, std::strerror(errno));
+      SHARDLAB_CHECK(std::rename(temp.c_str(), dir.c_str()) == 0, "{}: cannot rename '{}' to '{}': {}", where,
+                     temp, dir, std::strerror(errno));
+      std::filesystem::remove_all(aside, error);
+    }
+  }
+  const std::filesystem::path parent = std::filesystem::absolute(dir).parent_path();
+  sync_directory(parent.string(), where);
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& dir, nn::Module& root, const optim::Optimizer& optimizer,
+                     const nlohmann::json& extra) {
+  const std::string where = fmt::format("save_checkpoint: '{}'", dir);
+  Communicator& comm = root_communicator(root);
+  const nn::Named<ParameterShard> shards = parameter_shards(root);
+  const std::string sharding = explain(root).sharding;
+  const int rank = comm.rank();
+  std::string trimmed = dir;
+  while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+  const std::uint64_t id = agreed_id(comm);
+  const std::string temp = fmt::format("{}.tmp-{:016x}", trimmed, id);
+  const auto fail_all = [&](const std::string& message) {
+    std::error_code ignored;
+    if (rank == 0) std::filesystem::remove_all(temp, ignored);
+    throw Error(message);
+  };
+
+  std::string error;
+  if (rank == 0) {
+    error = attempt([&] {
+      const std::filesystem::path parent = std::filesystem::absolute(trimmed).parent_path();
+      std::filesystem::create_directories(parent);
+      SHARDLAB_CHECK(::mkdir(temp.c_str(), 0755) == 0, "{}: cannot create '{}': {}", where, temp,
+                     std::strerror(errno));
+    });
+  }
+  if (auto failed = first_error(comm, error)) fail_all(*failed);
+
+  const std::string file = rank_file(rank, comm.size());
+  Json mine;
+  error = attempt([&] {
+    std::set<std::string> names;
+    for (const auto& [name, shard] : shards) names.insert(name);
+    mine = write_pieces(join_path(temp, file), file, shards,
+                        split_state(optimizer.state_dict(), names, where), where);
+  });
+  if (auto failed = first_error(comm, error)) fail_all(*failed);
+
+  // Every rank's description reaches every rank after all have flushed their files: the barrier
+  // before the metadata.
+  std::vector<Json> ranks;
+  for (const std::string& text : all_gather_strings(comm, mine.dump())) ranks.push_back(Json::parse(text));
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    for (Json& chunk : ranks[r]["chunks"]) chunk["file"] = ranks[r]["file"];
+  }
+  OrderedJson metadata;
+  error = attempt([&] { metadata = build_metadata(ranks, shards, sharding, extra, where); });
+  if (auto failed = first_error(comm, error)) fail_all(*failed);
+
+  if (rank == 0) error = attempt([&] { commit(temp, trimmed, metadata, id, where); });
+  if (auto failed = first_error(comm, error)) fail_all(*failed);
+}
+
+// =================================================================================================
+// load
+// =================================================================================================
+
+namespace {
+
+struct Chunk {
+  std::string file;
+  std::int64_t offset = 0, bytes = 0, first = 0, count = 0;
+};
+
+struct TensorEntry {
+  Shape shape;
+  std::vector<Chunk> chunks;  // sorted by first, covering the tensor once
+};
+
+struct FileEntry {
+  std::int64_t bytes = 0;
+  std::uint32_t crc32 = 0;
+  std::string first_tensor;  // the tensor at its lowest offset, for error messages
+  std::int64_t first_offset = std::numeric_limits<std::int64_t>::max();
+};
+
+struct Metadata {
+  std::map<std::string, FileEntry> files;
+  std::map<std::string, TensorEntry> tensors;
+  std::int64_t step = 0;
+  std::vector<std::pair<std::string, double>> hyper;
+  std::map<std::string, std::int64_t> parameter_steps;
+  Json extra;
+};
+
+// Field access that names what is wrong: "metadata.json: tensor 'x' chunk 2 has no 'offset'".
+class Reader {
+ public:
+  explicit Reader(std::string where) : where_(std::move(where)) {}
+
+  const Json& field(const Json& object, const char* key, const std::string& context) const {
+    SHARDLAB_CHECK(object.is_object(), "{}: {}: {} is a JSON {}, expected an object", where_, kMetadata,
+                   context, object.type_name());
+    SHARDLAB_CHECK(object.contains(key), "{}: {}: {} has no '{}'", where_, kMetadata, context, key);
+    return object[key];
+  }
+  std::int64_t size(const Json& object, const char* key, const std::string& context) const {
+    const Json& value = field(object, key, context);
+    SHARDLAB_CHECK(value.is_number_unsigned() &&
+                       value.get<std::uint64_t>() <=
+                           static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max() / 8),
+                   "{}: {}: {} has '{}' = {}, expected a non-negative integer", where_, kMetadata, context,
+                   key, value.dump());
+    return static_cast<std::int64_t>(value.get<std::uint64_t>());
+  }
+  std::string string(const Json& object, const char* key, const std::string& context) const {
+    const Json& value = field(object, key, context);
+    SHARDLAB_CHECK(value.is_string(), "{}: {}: {} has '{}' = {}, expected a string", where_, kMetadata,
+                   context, key, value.dump());
+    return value.get<std::string>();
+  }
+  const Json& object(const Json& parent, const char* key, const std::string& context) const {
+    const Json& value = field(parent, key, context);
+    SHARDLAB_CHECK(value.is_object(), "{}: {}: {} has '{}' = a JSON {}, expected an object", where_,
+                   kMetadata, context, key, value.type_name());
+    return value;
+  }
+  const Json& array(const Json& parent, const char* key, const std::string& context) const {
+    const Json& value = field(parent, key, context);
+    SHARDLAB_CHECK(value.is_array(), "{}: {}: {} has '{}' = a JSON {}, expected an array", where_, kMetadata,
+                   context, key, value.type_name());
+    return value;
+  }
+  template <typename... Args>
+  [[noreturn]] void fail(fmt::format_string<Args...> format, Args&&... args) const {
+    throw Error(
+        fmt::format("{}: {}: {}", where_, kMetadata, fmt::format(format, std::forward<Args>(args)...)));
+  }
+
+ private:
+  std::string where_;
+};
+
+std::string read_text(const std::string& path, std::string_view where) {
+  struct stat info {};
+  SHARDLAB_CHECK(::stat(path.c_str(), &info) == 0, "{}: {} is missing ({}): not a complete checkpoint", where,
+                 kMetadata, std::strerror(errno));
+  SHARDLAB_CHECK(static_cast<std::uint64_t>(info.st_size) <= kMaxMetadataBytes,
+                 "{}: {} has {} bytes, more than the {} a checkpoint's metadata may have", where, kMetadata,
+                 info.st_size, kMaxMetadataBytes);
+  std::string text(static_cast<std::size_t>(info.st_size), '\0');
+  Fd in(path, O_RDONLY, where);
+  in.pread_all(text.data(), text.size(), 0, where);
+  return text;
+}
+
+Metadata parse_metadata(const std::string& dir, std::string_view where) {
+  const std::string text = read_text(join_path(dir, kMetadata), where);
+  const Reader read{std::string(where)};
+  Json root;
+  try {
+    root = Json::parse(text);
+  } catch (const Json::exception& error) {
+    read.fail("not valid JSON: {}", error.what());
+  }
+  const std::string top = "the top level";
+  const std::string format = read.string(root, "format", top);
+  if (format != kFormat) read.fail("format is '{}', expected '{}'", format, kFormat);
+  const std::int64_t version = read.size(root, "version", top);
+  if (version != kVersion) read.fail("format version {}, this shardlab reads version {}", version, kVersion);
+  read.size(root, "world_size", top);
+  read.string(root, "sharding", top);
+
+  Metadata out;
+  for (const auto& [name, info] : read.object(root, "files", top).items()) {
+    const std::string context = fmt::format("file '{}'", name);
+    if (name.empty() || name.find('/') != std::string::npos || name == kMetadata || name == "." ||
+        name == "..")
+      read.fail("file name '{}' is not a plain file name in the checkpoint directory", name);
+    const std::int64_t crc = read.size(info, "crc32", context);
+    if (crc > 0xffffffff) read.fail("{} has 'crc32' = {}, more than 32 bits", context, crc);
+    out.files[name] = {.bytes = read.size(info, "bytes", context), .crc32 = static_cast<std::uint32_t>(crc)};
+  }
+
+  for (const auto& [name, info] : read.object(root, "tensors", top).items()) {
+    const std::string context = fmt::format("tensor '{}'", name);
+    TensorEntry entry;
+    std::int64_t numel = 1;
+    for (const Json& size : read.array(info, "shape", context)) {
+      if (!size.is_number_unsigned() || size.get<std::uint64_t>() > (1ull << 48))
+        read.fail("{} has shape {}: {} is not a size", context, info["shape"].dump(), size.dump());
+      entry.shape.push_back(size.get<std::int64_t>());
+      if (__builtin_mul_overflow(numel, entry.shape.back(), &numel) || numel > (1ll << 48))
+        read.fail("{} has shape {} with too many elements", context, info["shape"].dump());
+    }
+    const std::string dtype = read.string(info, "dtype", context);
+    if (dtype != "F32") read.fail("{} has dtype '{}', expected 'F32'", context, dtype);
+    const Json& chunks = read.array(info, "chunks", context);
+    for (std::size_t i = 0; i < chunks.size(); ++i) {
+      const std::string at = fmt::format("{} chunk {}", context, i);
+      Chunk chunk{.file = read.string(chunks[i], "file", at),
+                  .offset = read.size(chunks[i], "offset", at),
+                  .bytes = read.size(chunks[i], "bytes", at),
+                  .first = read.size(chunks[i], "first", at),
+                  .count = read.size(chunks[i], "count", at)};
+      const auto file = out.files.find(chunk.file);
+      if (file == out.files.end())
+        read.fail("{} names file '{}', which 'files' does not list", at, chunk.file);
+      if (chunk.bytes != chunk.count * kElementBytes)
+        read.fail("{} has {} bytes for {} F32 elements, expected {}", at, chunk.bytes, chunk.count,
+                  chunk.count * kElementBytes);
+      if (chunk.offset + chunk.bytes > file->second.bytes)
+        read.fail("{} holds bytes [{}, {}) of file '{}', beyond its {} bytes", at, chunk.offset,
+                  chunk.offset + chunk.bytes, chunk.file, file->second.bytes);
+      if (chunk.first + chunk.count > numel)
+        read.fail("{} holds elements [{}, {}), beyond the tensor's {}", at, chunk.first,
+                  chunk.first + chunk.count, numel);
+      if (chunk.offset < file->second.first_offset) {
+        file->second.first_offset = chunk.offset;
+        file->second.first_tensor = name;
+      }
+      entry.chunks.push_back(std::move(chunk));
+    }
+    std::sort(entry.chunks.begin(), entry.chunks.end(),
+              [](const Chunk& a, const Chunk& b) { return a.first < b.first; });
+    std::int64_t covered = 0;
+    for (const Chunk& chunk : entry.chunks) {
+      if (chunk.first < covered)
+        read.fail("{} has chunks overlapping at element {} (in file '{}')", context, chunk.first, chunk.file);
+      if (chunk.first > covered)
+        read.fail("{} has elements [{}, {}) in no chunk", context, covered, chunk.first);
+      covered = chunk.first + chunk.count;
+    }
+    if (covered != numel) read.fail("{} has elements [{}, {}) in no chunk", context, covered, numel);
+    out.tensors[name] = std::move(entry);
+  }
+
+  const std::string optim_context = "'optimizer'";
+  const Json& optimizer = read.object(root, "optimizer", top);
+  out.step = read.size(optimizer, "step", optim_context);
+  for (const auto& [key, value] : read.object(optimizer, "hyper_parameters", optim_context).items()) {
+    if (!value.is_number())
+      read.fail("optimizer hyper-parameter '{}' is {}, expected a number", key, value.dump());
+    out.hyper.emplace_back(key, value.get<double>());
+  }
+  const Json& steps = read.object(optimizer, "parameter_steps", optim_context);
+  for (const auto& [key, value] : steps.items())
+    out.parameter_steps[key] = read.size(steps, key.c_str(), "'parameter_steps'");
+  out.extra = read.field(root, "extra", top);
+  return out;
+}
+
+// Metadata against the model: exactly its parameters, with its shapes, and optimizer slots of
+// parameters with a step count.
+void check_against_model(const Metadata& metadata, const nn::Named<ParameterShard>& shards,
+                         std::string_view where) {
+  std::map<std::string, const ParameterShard*> parameters;
+  for (const auto& [name, shard] : shards) {
+    parameters[name] = &shard;
+    const auto it = metadata.tensors.find(name);
+    SHARDLAB_CHECK(it != metadata.tensors.end(),
+                   "{}: {}: the model's parameter '{}' is not in the checkpoint", where, kMetadata, name);
+    SHARDLAB_CHECK(it->second.shape == shard.full_shape,
+                   "{}: {}: tensor '{}' has shape {} in the checkpoint but {} in the model", where, kMetadata,
+                   name, shape_str(it->second.shape), shape_str(shard.full_shape));
+  }
+  for (const auto& [name, entry] : metadata.tensors) {
+    if (parameters.contains(name)) continue;
+    SHARDLAB_CHECK(name.starts_with(kOptimPrefix),
+                   "{}: {}: tensor '{}' is not a parameter of the model (file '{}')", where, kMetadata, name,
+                   entry.chunks.empty() ? std::string(kMetadata) : entry.chunks.front().file);
+    const std::string key = name.substr(kOptimPrefix.size());
+    const std::size_t dot = key.rfind('.');
+    const std::string parameter = key.substr(0, dot == std::string::npos ? 0 : dot);
+    const auto it = parameters.find(parameter);
+    SHARDLAB_CHECK(dot != std::string::npos && it != parameters.end(),
+                   "{}: {}: tensor '{}' is optimizer state of no parameter of the model", where, kMetadata,
+                   name);
+    SHARDLAB_CHECK(metadata.parameter_steps.contains(parameter),
+                   "{}: {}: tensor '{}' is optimizer state of parameter '{}', which has no step count in "
+                   "'parameter_steps'",
+                   where, kMetadata, name, parameter);
+    SHARDLAB_CHECK(entry.shape == it->second->full_shape,
+                   "{}: {}: tensor '{}' has shape {} in the checkpoint but its parameter has shape {}", where,
+                   kMetadata, name, shape_str(entry.shape), shape_str(it->second->full_shape));
+  }
+  for (const auto& [name, step] : metadata.parameter_steps) {
+    SHARDLAB_CHECK(parameters.contains(name),
+                   "{}: {}: 'parameter_steps' names '{}', no parameter of the model", where, kMetadata, name);
+  }
+}
+
+// Every listed file present with its size (on every rank: a stat each).
+void check_files(const std::string& dir, const Metadata& metadata, std::string_view where) {
+  for (const auto& [name, file] : metadata.files) {
+    const std::string holds =
+        file.first_tensor.empty() ? "no tensor" : fmt::format("tensor '{}'", file.first_tensor);
+    struct stat info {};
+    SHARDLAB_CHECK(::stat(join_path(dir, name).c_str(), &info) == 0, "{}: file '{}' ({}) is missing: {}",
+                   where, name, holds, std::strerror(errno));
+    SHARDLAB_CHECK(info.st_size == file.bytes,
+                   "{}: file '{}' ({}) has {} bytes but {} says {}: truncated or overwritten", where, name,
+                   holds, info.st_size, kMetadata, file.bytes);
+  }
+}
+
+void check_crc(const std::string& dir, const std::string& name, const FileEntry& file,
+               std::string_view where) {
+  Fd in(join_path(dir, name), O_RDONLY, where);
+  constexpr std::int64_t kBlock = 4 << 20;
+  std::vector<char> block(static_cast<std::size_t>(std::min(kBlock, std::max<std::int64_t>(file.bytes, 1))));
+  std::uint32_t crc = crc_update(0, nullptr, 0);
+  for (std::int64_t at = 0; at < file.bytes; at += kBlock) {
+    const auto size = static_cast<std::size_t>(std::min(kBlock, file.bytes - at));
+    in.pread_all(block.data(), size, static_cast<std::uint64_t>(at), where);
+    crc = crc_update(crc, block.data(), size);
+  }
+  SHARDLAB_CHECK(
+      crc == file.crc32,
+      "{}: file '{}' (tensor '{}') fails its CRC32 check: {:#010x} computed, {:#010x} in {}: corrupt", where,
+      name, file.first_tensor, crc, file.crc32, kMetadata);
+}
+
+// This rank's elements [first, first + count) of a tensor, from the chunks overlapping them.
+struct Read {
+  const Chunk* chunk;
+  std::int64_t from, count, at;  // elements of the tensor; `at` in the destination
+  Tensor* into;
+};
+
+struct Prepared {
+  std::vector<Tensor> parameters;  // in shards order
+  nn::StateDict optimizer;
+  Json extra;
+};
+
+Prepared prepare_load(const std::string& dir, const nn::Named<ParameterShard>& shards,
+                      std::string_view where) {
+  const Metadata metadata = parse_metadata(dir, where);
+  check_against_model(metadata, shards, where);
+  check_files(dir, metadata, where);
+
+  Prepared out;
+  out.parameters.resize(shards.size());
+  std::vector<std::pair<std::string, Tensor>> slots;  // "<parameter>.<slot>" -> this rank's piece
+  std::vector<Read> reads;
+  const auto plan = [&](const TensorEntry& entry, const ParameterShard& shard, Tensor* into) {
+    *into = empty({shard.count}, dtype(DType::f32));
+    for (const Chunk& chunk : entry.chunks) {
+      const std::int64_t from = std::max(chunk.first, shard.first),
+                         to = std::min(chunk.first + chunk.count, shard.first + shard.count);
+      if (from < to) reads.push_back({&chunk, from, to - from, from - shard.first, into});
+    }
+  };
+  std::map<std::string, std::vector<std::string>> slots_of;
+  for (const auto& [name, entry] : metadata.tensors) {
+    if (!name.starts_with(kOptimPrefix)) continue;
+    const std::string key = name.substr(kOptimPrefix.size());
+    const std::size_t dot = key.rfind('.');
+    slots_of[key.substr(0, dot)].push_back(name);
+  }
+  std::size_t slot_count = 0;
+  for (const auto& [name, names] : slots_of) slot_count += names.size();
+  slots.reserve(slot_count);  // `reads` points into it
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    const auto& [name, shard] = shards[i];
+    plan(metadata.tensors.at(name), shard, &out.parameters[i]);
+    const auto step = metadata.parameter_steps.find(name);
+    if (step == metadata.parameter_steps.end()) continue;
+    out.optimizer.emplace_back(name + ".step", scalar_tensor(step->second, dtype(DType::i64)));
+    for (const std::string& tensor : slots_of[name]) {
+      slots.emplace_back(tensor.substr(kOptimPrefix.size()), Tensor());
+      plan(metadata.tensors.at(tensor), shard, &slots.back().second);
+    }
+  }
+
+  std::set<std::string> files;
+  for (const Read& read : reads) files.insert(read.chunk->file);
+  for (const std::string& name : files) check_crc(dir, name, metadata.files.at(name), where);
+  std::map<std::string, std::unique_ptr<Fd>> open;
+  for (const std::string& name : files)
+    open[name] = std::make_unique<Fd>(join_path(dir, name), O_RDONLY, where);
+  for (const Read& read : reads) {
+    const Chunk& chunk = *read.chunk;
+    auto* into = static_cast<char*>(read.into->raw_data()) + read.at * kElementBytes;
+    open.at(chunk.file)
+        ->pread_all(into, static_cast<std::size_t>(read.count * kElementBytes),
+                    static_cast<std::uint64_t>(chunk.offset + (read.from - chunk.first) * kElementBytes),
+                    where);
+  }
+
+  for (auto& slot : slots) out.optimizer.push_back(std::move(slot));
+  for (const auto& [key, value] : metadata.hyper)
+    out.optimizer.emplace_back(key, scalar_tensor(value, dtype(DType::f64)));
+  out.optimizer.emplace_back(std::string(kStep), scalar_tensor(metadata.step, dtype(DType::i64)));
+  out.extra = metadata.extra;
+  return out;
+}
+
+nn::StateDict copy_of(const nn::StateDict& state) {
+  nn::StateDict out;
+  for (const auto& [key, tensor] : state) out.emplace_back(key, tensor.clone());
+  return out;
+}
+
+}  // namespace
+
+nlohmann::json load_checkpoint(const std::string& dir, nn::Module& root, optim::Optimizer& optimizer) {
+  const std::string where = fmt::format("load_checkpoint: '{}'", dir);
+  Communicator& comm = root_communicator(root);
+  const nn::Named<ParameterShard> shards = parameter_shards(root);
+  Prepared prepared;
+  std::string error = attempt([&] { prepared = prepare_load(dir, shards, where); });
+  if (auto failed = first_error(comm, error)) throw Error(*failed);
+
+  // The optimizer checks the state itself; a rank whose load went through while another's was
+  // refused takes its old state back.
+  const nn::StateDict before = copy_of(optimizer.state_dict());
+  error = attempt([&] {
+    try {
+      optimizer.load_state_dict(prepared.optimizer);
+    } catch (const Error& refused) {
+      fail("{}: {}", where, refused.what());
+    }
+  });
+  if (auto failed = first_error(comm, error)) {
+    if (error.empty()) optimizer.load_state_dict(before);
+    throw Error(*failed);
+  }
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    if (shards[i].second.count > 0) shards[i].second.local.data().copy_(prepared.parameters[i]);
+  }
+  return prepared.extra;
+}
+
+}  // namespace shardlab::dist
