@@ -92,13 +92,16 @@ std::optional<std::string> first_error(Communicator& comm, const std::string& er
   return std::nullopt;
 }
 
-// What `work` threw, as the text first_error agrees on; "" when it returned.
+// What `work` threw, as the text first_error agrees on ("" when it returned); an exception from
+// the standard library (a file system error) is prefixed with `where`.
 template <typename Work>
-std::string attempt(Work&& work) {
+std::string attempt(std::string_view where, Work&& work) {
   try {
     work();
-  } catch (const std::exception& error) {
+  } catch (const Error& error) {
     return error.what();
+  } catch (const std::exception& error) {
+    return fmt::format("{}: {}", where, error.what());
   }
   return {};
 }
@@ -397,7 +400,7 @@ void save_checkpoint(const std::string& dir, nn::Module& root, const optim::Opti
 
   std::string error;
   if (rank == 0) {
-    error = attempt([&] {
+    error = attempt(where, [&] {
       const std::filesystem::path parent = std::filesystem::absolute(trimmed).parent_path();
       std::filesystem::create_directories(parent);
       SHARDLAB_CHECK(::mkdir(temp.c_str(), 0755) == 0, "{}: cannot create '{}': {}", where, temp,
@@ -408,7 +411,7 @@ void save_checkpoint(const std::string& dir, nn::Module& root, const optim::Opti
 
   const std::string file = rank_file(rank, comm.size());
   Json mine;
-  error = attempt([&] {
+  error = attempt(where, [&] {
     std::set<std::string> names;
     for (const auto& [name, shard] : shards) names.insert(name);
     mine = write_pieces(join_path(temp, file), file, shards,
@@ -424,10 +427,10 @@ void save_checkpoint(const std::string& dir, nn::Module& root, const optim::Opti
     for (Json& chunk : ranks[r]["chunks"]) chunk["file"] = ranks[r]["file"];
   }
   OrderedJson metadata;
-  error = attempt([&] { metadata = build_metadata(ranks, shards, sharding, extra, where); });
+  error = attempt(where, [&] { metadata = build_metadata(ranks, shards, sharding, extra, where); });
   if (auto failed = first_error(comm, error)) fail_all(*failed);
 
-  if (rank == 0) error = attempt([&] { commit(temp, trimmed, metadata, id, where); });
+  if (rank == 0) error = attempt(where, [&] { commit(temp, trimmed, metadata, id, where); });
   if (auto failed = first_error(comm, error)) fail_all(*failed);
 }
 
@@ -780,13 +783,13 @@ nlohmann::json load_checkpoint(const std::string& dir, nn::Module& root, optim::
   Communicator& comm = root_communicator(root);
   const nn::Named<ParameterShard> shards = parameter_shards(root);
   Prepared prepared;
-  std::string error = attempt([&] { prepared = prepare_load(dir, shards, where); });
+  std::string error = attempt(where, [&] { prepared = prepare_load(dir, shards, where); });
   if (auto failed = first_error(comm, error)) throw Error(*failed);
 
   // The optimizer checks the state itself; a rank whose load went through while another's was
   // refused takes its old state back.
   const nn::StateDict before = copy_of(optimizer.state_dict());
-  error = attempt([&] {
+  error = attempt(where, [&] {
     try {
       optimizer.load_state_dict(prepared.optimizer);
     } catch (const Error& refused) {

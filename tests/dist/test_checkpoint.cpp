@@ -282,6 +282,47 @@ TEST_CASE("checkpoints saved over all ranks load over groups of every size and s
   }
 }
 
+TEST_CASE("a checkpoint saved over N ranks loads over M ranks for every N and M the job allows",
+          "[dist][checkpoint]") {
+  const int w = world().size(), r = world().rank();
+  SharedDir dir;
+  // The truth, the same on every rank: a model trained alone, which rank 0 saves as the origin.
+  auto alone = world().split(r, 0, "alone");
+  Nested model = make_model(*alone, {dist::Sharding::full});
+  auto optimizer = make_optimizer(model);
+  train(model, *optimizer, *alone, 0, 2);
+  const Snapshot truth = snapshot(model, *optimizer, *alone);
+  if (r == 0) dist::save_checkpoint(dir.file("origin"), *model, *optimizer, {{"from", 1}});
+  MPI_Barrier(MPI_COMM_WORLD);
+
+  std::int64_t wrong = 0;
+  for (int n = 1; n <= w; ++n) {
+    auto savers = world().split(r < n ? 0 : 1, r, "save");
+    for (std::size_t s = 0; s < strategies(n).size(); ++s) {
+      // Ranks 0..n-1 load the origin and save it again over n ranks with strategy s.
+      const std::string saved = dir.file(fmt::format("n{}-s{}", n, s));
+      if (r < n) {
+        Nested source = make_model(*savers, strategies(n)[s], kSeed + 2);
+        auto source_optimizer = make_optimizer(source);
+        dist::load_checkpoint(dir.file("origin"), *source, *source_optimizer);
+        dist::save_checkpoint(saved, *source, *source_optimizer, {{"from", n}});
+      }
+      MPI_Barrier(MPI_COMM_WORLD);
+      for (int m = 1; m <= w; ++m) {
+        auto group = world().split(r / m, r, "load");
+        const Strategy loaded_as = strategies(group->size())[(s + static_cast<std::size_t>(m)) % 4];
+        INFO("saved over " << n << " ranks " << describe(strategies(n)[s]) << ", loaded over "
+                           << group->size() << " ranks " << describe(loaded_as));
+        Nested fresh = make_model(*group, loaded_as, kSeed + 1);
+        auto fresh_optimizer = make_optimizer(fresh, 5e-3);
+        CHECK(dist::load_checkpoint(saved, *fresh, *fresh_optimizer) == nlohmann::json{{"from", n}});
+        wrong += differences(truth, snapshot(fresh, *fresh_optimizer, *group));
+      }
+    }
+  }
+  CHECK(sum_over_ranks(wrong) == 0);
+}
+
 TEST_CASE("save_checkpoint replaces an older checkpoint whole and leaves no temporary directory",
           "[dist][checkpoint]") {
   SharedDir dir;
@@ -302,6 +343,13 @@ TEST_CASE("save_checkpoint replaces an older checkpoint whole and leaves no temp
   auto fresh_optimizer = make_optimizer(fresh);
   CHECK(dist::load_checkpoint(path, *fresh, *fresh_optimizer) == nlohmann::json{{"step", 2}});
   CHECK(sum_over_ranks(differences(saved, snapshot(fresh, *fresh_optimizer, world()))) == 0);
+  // A save that cannot write is refused on every rank alike, and the checkpoint stays.
+  if (world().rank() == 0) std::ofstream(dir.file("a-file")) << "x";
+  MPI_Barrier(MPI_COMM_WORLD);
+  const std::string refused =
+      error_of([&] { dist::save_checkpoint(dir.file("a-file/ckpt"), *model, *optimizer); });
+  CHECK(refused.starts_with(fmt::format("save_checkpoint: '{}': ", dir.file("a-file/ckpt"))));
+  CHECK(same_on_every_rank(refused));
   // A save that died before its rename leaves a temporary directory, never a changed checkpoint.
   if (world().rank() == 0) fs::create_directory(path + ".tmp-00000000deadbeef");
   MPI_Barrier(MPI_COMM_WORLD);
