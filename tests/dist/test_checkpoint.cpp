@@ -248,7 +248,11 @@ TEST_CASE("checkpoints saved over all ranks load over groups of every size and s
     const nn::Named<Tensor> next = dist::gather_full_parameters(*model);
 
     const nlohmann::json metadata = read_json(path + "/metadata.json");
+    CHECK(metadata["format"] == "shardlab-sharded-checkpoint");
+    CHECK(metadata["version"] == 1);
     CHECK(metadata["world_size"] == w);
+    CHECK(metadata["sharding"] == describe(saved_as));
+    CHECK(metadata["extra"] == extra);
     CHECK(metadata["files"].size() == static_cast<std::size_t>(w));
     CHECK(metadata["optimizer"]["step"] == 2);
     CHECK(!metadata["tensors"].contains("optim.head.bias.exp_avg"));
