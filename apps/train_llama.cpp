@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -20,6 +21,7 @@
 #include "data/loader.h"
 #include "data/text_corpus.h"
 #include "data/tokenizer.h"
+#include "dist/checkpoint.h"
 #include "dist/fsdp.h"
 #include "dist/init.h"
 #include "dist/log.h"
@@ -57,6 +59,10 @@ struct Options {
   std::string metrics;
   std::string save_model;
   std::string init_from;
+  std::string checkpoint_dir;
+  std::int64_t checkpoint_every = 0;  // 0: only at the end, when --checkpoint-dir is given
+  std::int64_t keep = 2;
+  bool resume = false;
   std::int64_t samples = 0;
   std::int64_t sample_tokens = 200;
   int threads = 0;
@@ -106,6 +112,28 @@ std::unique_ptr<optim::LRScheduler> make_schedule(optim::Optimizer& optimizer, s
 
 bool is_norm(const std::string& name) { return name.ends_with("norm.weight"); }
 
+// Checkpoints live in DIR/step-00001000; a directory counts once its metadata.json exists (the
+// save renames it into place complete).
+std::string checkpoint_path(const std::string& dir, std::int64_t step) {
+  return fmt::format("{}/step-{:08d}", dir, step);
+}
+
+// The steps of the complete checkpoints in `dir`, oldest first.
+std::vector<std::int64_t> saved_steps(const std::string& dir) {
+  std::vector<std::int64_t> steps;
+  if (!std::filesystem::is_directory(dir)) return steps;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() != 13 || !name.starts_with("step-") ||
+        !std::filesystem::exists(entry.path() / "metadata.json"))
+      continue;
+    if (name.find_first_not_of("0123456789", 5) != std::string::npos) continue;
+    steps.push_back(std::stoll(name.substr(5)));
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
 // Everything a run needs, built (and checked) on every rank before the first step: errors
 // thrown here are the same on all ranks.
 class Training {
@@ -120,6 +148,9 @@ class Training {
   StepResult train_step(const data::Batch& batch);
   void write_step_metrics(const StepResult& result);
   void save_and_sample();
+  void save_checkpoint();
+  void resume();
+  nlohmann::json training_state() const;
   void report();
 
   const Options options_;
@@ -220,6 +251,8 @@ Training::Training(const Options& options, dist::Session& session)
           .lr = options.lr, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = options.weight_decay});
   scheduler_ = make_schedule(*optimizer_, total_steps_, std::max<std::int64_t>(1, warmup));
   plan_ = dist::explain(**model_, kOptimizerStateBytesPerElement);
+  SHARDLAB_CHECK(!options.resume || !options.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
+  if (options.resume) resume();
   if (!options.metrics.empty()) metrics_.emplace(options.metrics, session.cpu_world());
 
   dist::log(
@@ -246,11 +279,16 @@ void Training::run() {
   }
   apps::Progress progress("train", total_steps_, "tok/s", rank_ == 0);
   std::vector<double> recent_losses;  // the bar shows the mean of the last 10 steps
-  for (std::int64_t epoch = 0; step_ < total_steps_; ++epoch) {
-    for (const auto& indices : loader_->batch_indices(epoch)) {
+  // A resumed run continues in the epoch and at the batch where its checkpoint stopped: the
+  // global batches depend only on (seed, epoch), never on the world size.
+  const std::int64_t per_epoch = loader_->batches_per_epoch();
+  for (std::int64_t epoch = step_ / per_epoch; step_ < total_steps_; ++epoch) {
+    const auto batches = loader_->batch_indices(epoch);
+    for (auto it = batches.begin() + (step_ - epoch * per_epoch); it != batches.end(); ++it) {
       if (step_ >= total_steps_) break;
-      const StepResult result = train_step(loader_->batch(indices));
+      const StepResult result = train_step(loader_->batch(*it));
       ++step_;
+      if (options_.checkpoint_every > 0 && step_ % options_.checkpoint_every == 0) save_checkpoint();
       if (step_ > 1) step_seconds_.push_back(result.seconds);
       write_step_metrics(result);
       recent_losses.push_back(result.loss);
@@ -261,8 +299,66 @@ void Training::run() {
                       static_cast<double>(options_.global_batch * options_.seq) / result.seconds);
     }
   }
+  if (!options_.checkpoint_dir.empty()) {
+    const std::vector<std::int64_t> steps = saved_steps(options_.checkpoint_dir);
+    if (steps.empty() || steps.back() != step_) save_checkpoint();  // the last step, unless just saved
+  }
   save_and_sample();
   report();
+}
+
+// What continuing exactly needs besides the shards and the optimizer: the step (which fixes the
+// data cursor and the schedule), and what must not change between the runs.
+nlohmann::json Training::training_state() const {
+  return {{"app", "train_llama"},
+          {"step", step_},
+          {"scheduler_epoch", scheduler_->epoch()},
+          {"seed", options_.seed},
+          {"global_batch", options_.global_batch},
+          {"seq", options_.seq},
+          {"sequences", corpus_->size()},
+          {"total_steps", total_steps_},
+          {"config", config_.to_json()}};
+}
+
+void Training::save_checkpoint() {
+  const std::string path = checkpoint_path(options_.checkpoint_dir, step_);
+  if (rank_ == 0) std::filesystem::create_directories(options_.checkpoint_dir);
+  const auto start = std::chrono::steady_clock::now();
+  dist::save_checkpoint(path, **model_, *optimizer_, training_state());
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (rank_ == 0) {
+    // Only complete checkpoints are counted, so a crash mid-save never costs an older one.
+    const std::vector<std::int64_t> steps = saved_steps(options_.checkpoint_dir);
+    for (std::size_t i = 0; i + static_cast<std::size_t>(options_.keep) < steps.size(); ++i) {
+      std::filesystem::remove_all(checkpoint_path(options_.checkpoint_dir, steps[i]));
+    }
+  }
+  dist::log("train_llama: saved checkpoint {} in {:.2f} s", path, seconds);
+}
+
+void Training::resume() {
+  const std::vector<std::int64_t> steps = saved_steps(options_.checkpoint_dir);
+  // Every rank must pick the same checkpoint (they may see the directory at different moments).
+  const double newest = steps.empty() ? -1.0 : static_cast<double>(steps.back());
+  const std::vector<double> seen = apps::sum_over_ranks(session_.cpu_world(), {newest, newest * newest});
+  const double mean = seen[0] / world_size_;
+  SHARDLAB_CHECK(seen[1] / world_size_ - mean * mean == 0,
+                 "--resume: the ranks see different checkpoints in '{}'", options_.checkpoint_dir);
+  SHARDLAB_CHECK(!steps.empty(), "--resume: no complete checkpoint in '{}'", options_.checkpoint_dir);
+  const std::string path = checkpoint_path(options_.checkpoint_dir, steps.back());
+  const nlohmann::json saved = dist::load_checkpoint(path, **model_, *optimizer_);
+  const nlohmann::json now = training_state();
+  for (const char* field : {"app", "seed", "global_batch", "seq", "sequences", "config"}) {
+    SHARDLAB_CHECK(saved.contains(field) && saved[field] == now[field],
+                   "--resume: {} was {} when '{}' was saved, now {}", field,
+                   saved.contains(field) ? saved[field].dump() : "missing", path, now[field].dump());
+  }
+  step_ = saved.at("step").get<std::int64_t>();
+  SHARDLAB_CHECK(step_ < total_steps_, "--resume: '{}' is at step {}, and --steps asks for {}", path, step_,
+                 total_steps_);
+  scheduler_->set_epoch(saved.at("scheduler_epoch").get<std::int64_t>());
+  dist::log("train_llama: resumed from {} (step {}), continuing to step {}", path, step_, total_steps_);
 }
 
 Training::StepResult Training::train_step(const data::Batch& batch) {
@@ -391,7 +487,8 @@ int main(int argc, char** argv) {
   Options options;
   CLI::App app{"train_llama: train the Llama on a text corpus, with FSDP over the ranks of mpirun"};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // later flags win
-  auto* config = app.add_option("--config", options.config, "tiny, seed, 1b, or a Hugging Face config.json file");
+  auto* config =
+      app.add_option("--config", options.config, "tiny, seed, 1b, or a Hugging Face config.json file");
   app.add_option("--tokenizer", options.tokenizer, "bytes (256 byte ids + [BOT], [EOT], [PAD])");
   app.add_option("--data", options.data, "text files or directories of them (default: Debian's fortunes)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
@@ -426,8 +523,18 @@ int main(int argc, char** argv) {
   app.add_option("--metrics", options.metrics, "write JSON lines of every rank's metrics to this file");
   app.add_option("--save-model", options.save_model,
                  "write model.safetensors + config.json here (Hugging Face's LlamaForCausalLM format)");
-  app.add_option("--init-from", options.init_from, "start from a saved or Hugging Face Llama directory (its config)")
+  app.add_option("--init-from", options.init_from,
+                 "start from a saved or Hugging Face Llama directory (its config)")
       ->excludes(config);
+  app.add_option("--checkpoint-dir", options.checkpoint_dir,
+                 "save sharded checkpoints here (DIR/step-N), at the end and every --checkpoint-every steps");
+  app.add_option("--checkpoint-every", options.checkpoint_every,
+                 "steps between checkpoints (0: only at the end)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--keep", options.keep, "keep the newest K checkpoints")->check(CLI::PositiveNumber);
+  app.add_flag(
+      "--resume", options.resume,
+      "continue from the newest complete checkpoint in --checkpoint-dir (any world size or sharding)");
   app.add_option("--sample", options.samples, "print this many generated texts after training")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--sample-tokens", options.sample_tokens, "at most this many tokens per sample")

@@ -15,6 +15,12 @@ void LRScheduler::step() {
   apply();
 }
 
+void LRScheduler::set_epoch(std::int64_t epoch) {
+  SHARDLAB_CHECK(epoch >= 0, "LRScheduler: set_epoch needs an epoch >= 0, got {}", epoch);
+  epoch_ = epoch;
+  apply();
+}
+
 void LRScheduler::apply() {
   for (std::size_t g = 0; g < base_lrs_.size(); ++g) optimizer_.set_lr(g, lr_at(epoch_, base_lrs_[g]));
 }

@@ -28,6 +28,8 @@ class LRScheduler {
   // Advances one epoch and sets every group's lr for it.
   void step();
   std::int64_t epoch() const { return epoch_; }
+  // Jumps to `epoch` (>= 0) and sets every group's lr for it: a run resumed from a checkpoint.
+  void set_epoch(std::int64_t epoch);
   double last_lr(std::size_t group = 0) const { return optimizer_.lr(group); }
   const std::vector<double>& base_lrs() const { return base_lrs_; }
   // The lr after `epoch` steps of a group whose base lr is base_lr, in closed form.

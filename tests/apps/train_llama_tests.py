@@ -9,6 +9,8 @@ checks what its users rely on:
 - memory: the persistent model state measured on every rank equals the plan, the gathered
   parameters never exceed the planned peak, and the last step received the planned bytes;
 - --save-model writes a directory that apps/generate samples from and --init-from loads;
+- sharded checkpoints every N steps (--keep K) and --resume: bit-exact at the same world size,
+  within 1e-5 at another one;
 - bad options, a missing corpus and a config that does not fit exit 1 with one clear message.
 
 Usage: train_llama_tests.py <mpirun> <train_llama> <generate>. Without /usr/share/games/fortunes
@@ -17,6 +19,7 @@ Usage: train_llama_tests.py <mpirun> <train_llama> <generate>. Without /usr/shar
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -78,13 +81,14 @@ def main(mpirun, train_llama, generate):
     check_errors(mpirun, train_llama, check)
     skipped = 0
     if not os.path.isdir(DATA_DIR):
-        skipped = len(PARITY_RUNS) + 7
+        skipped = len(PARITY_RUNS) + 12
         print(f"skipped: {skipped} cases that train, {DATA_DIR} is missing (scripts/setup installs fortunes)")
     else:
         with tempfile.TemporaryDirectory(prefix="train_llama_tests.") as scratch:
             check_parity_and_memory(mpirun, train_llama, scratch, check)
             check_mixed_precision(mpirun, train_llama, scratch, check)
             check_checkpointing(mpirun, train_llama, scratch, check)
+            check_resume(mpirun, train_llama, scratch, check)
             check_save_and_generate(mpirun, train_llama, generate, scratch, check)
 
     passed = sum(results)
@@ -104,6 +108,7 @@ def check_errors(mpirun, program, check):
         (1, ["--config", "/nonexistent/llama.json"], "train_llama: cannot read the config file '/nonexistent/llama.json'"),
         (2, ["--init-from", "/nonexistent/model"], "train_llama: '/nonexistent/model' has no config.json"),
         (1, ["--init-from", "/nonexistent/model", "--config", "seed"], "--config excludes --init-from"),
+        (2, ["--resume"], "train_llama: --resume needs --checkpoint-dir"),
     ]
     for ranks, args, message in cases:
         code, output = run_job(mpirun, program, ranks, args + ["--steps", "1"])
@@ -161,6 +166,46 @@ def check_mixed_precision(mpirun, program, scratch, check):
     ok = code == 0 and len(losses) == STEPS and all(abs(losses[s] - reference[s]) < 0.05 for s in reference)
     check("np 2 --mixed-precision bf16: every step's loss within 0.05 of the f32 run's", ok,
           f"exit {code}\n{losses}\n{reference}\n{output}")
+
+
+def check_resume(mpirun, program, scratch, check):
+    # Save every 5 steps, drop the last checkpoint, resume from step 5: the same losses as the
+    # uninterrupted run, bit for bit at the same world size; at another one the gradient averages
+    # sum in another order, so within float tolerance.
+    reference = per_step(read_metrics(os.path.join(scratch, "np1_full.jsonl")), 0, "loss")
+    for save_ranks, resume_ranks in ((2, 2), (4, 4), (4, 2)):
+        directory = os.path.join(scratch, f"checkpoints_{save_ranks}_{resume_ranks}")
+        code1, _ = run_job(mpirun, program, save_ranks,
+                           BASE_ARGS + ["--checkpoint-dir", directory, "--checkpoint-every", "5"])
+        kept = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+        shutil.rmtree(os.path.join(directory, "step-00000010"), ignore_errors=True)
+        metrics = os.path.join(scratch, f"resumed_{save_ranks}_{resume_ranks}.jsonl")
+        code2, output = run_job(mpirun, program, resume_ranks,
+                                BASE_ARGS + ["--checkpoint-dir", directory, "--resume", "--metrics", metrics])
+        resumed = per_step(read_metrics(metrics), 0, "loss")
+        same = per_step(read_metrics(os.path.join(scratch, f"np{resume_ranks}_full.jsonl")), 0, "loss")
+        if save_ranks == resume_ranks:
+            equal, how = all(resumed[s] == same.get(s) for s in resumed), "bit for bit"
+        else:
+            equal, how = all(close(resumed[s], reference[s]) for s in resumed), f"within {RTOL:g}"
+        ok = (code1 == 0 and code2 == 0 and kept == ["step-00000005", "step-00000010"] and equal
+              and sorted(resumed) == list(range(6, STEPS + 1)) and "resumed from" in output)
+        check(f"save at np {save_ranks} every 5 steps, resume at np {resume_ranks} from step 5: steps 6-10 equal "
+              f"the uninterrupted run {how}", ok, f"exit {code1}/{code2}, kept {kept}\n{resumed}\n{same}\n{output}")
+
+    directory = os.path.join(scratch, "keep")
+    code, output = run_job(mpirun, program, 1, BASE_ARGS + ["--checkpoint-dir", directory, "--checkpoint-every", "2",
+                                                            "--keep", "2"])
+    kept = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+    check("--checkpoint-every 2 --keep 2 keeps the newest two", code == 0 and kept == ["step-00000008",
+                                                                                       "step-00000010"],
+          f"exit {code}, kept {kept}\n{output}")
+
+    empty = os.path.join(scratch, "empty")
+    code, output = run_job(mpirun, program, 2, BASE_ARGS + ["--checkpoint-dir", empty, "--resume"])
+    message = f"train_llama: --resume: no complete checkpoint in '{empty}'"
+    check("--resume without a checkpoint fails, explained once", code == 1 and output.count(message) == 1,
+          f"exit {code}\n{output}")
 
 
 def check_checkpointing(mpirun, program, scratch, check):

@@ -128,6 +128,25 @@ TEST_CASE("SequentialLR: linear warm-up then cosine, each from its own start", "
   check_schedule(scheduler, opt, expected);
 }
 
+TEST_CASE("set_epoch resumes a schedule where stepping would be", "[optim][scheduler]") {
+  optim::SGD stepped({{"w", parameter()}}, {.lr = 0.1}), jumped({{"w", parameter()}}, {.lr = 0.1});
+  auto schedule = [](optim::Optimizer& opt) {
+    std::vector<std::unique_ptr<optim::LRScheduler>> parts;
+    parts.push_back(std::make_unique<optim::LinearLR>(opt, 0.1, 1.0, 3));
+    parts.push_back(std::make_unique<optim::CosineAnnealingLR>(opt, 7, 0.001));
+    return optim::SequentialLR(opt, std::move(parts), {3});
+  };
+  optim::SequentialLR a = schedule(stepped), b = schedule(jumped);
+  for (int i = 0; i < 5; ++i) a.step();
+  b.set_epoch(5);
+  CHECK(b.epoch() == 5);
+  CHECK(jumped.lr() == stepped.lr());
+  a.step();
+  b.step();
+  CHECK(jumped.lr() == stepped.lr());
+  CHECK_THROWS_ERROR(b.set_epoch(-1), "LRScheduler: set_epoch needs an epoch >= 0, got -1");
+}
+
 TEST_CASE("SequentialLR: three parts and two milestones", "[optim][scheduler]") {
   optim::SGD opt({{"w", parameter()}}, {.lr = 1.0});
   std::vector<std::unique_ptr<optim::LRScheduler>> parts;
