@@ -329,14 +329,8 @@ void Training::report() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::unique_ptr<dist::Session> session;
-  try {
-    // The CPU even where a GPU answers: the tutorial's CPU run.
-    session = dist::init(argc, argv, {.device = dist::DeviceChoice::cpu});
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "train_cnn: %s\n", e.what());
-    return 1;
-  }
+  const std::unique_ptr<dist::Session> session = apps::start_cpu_session(argc, argv, "train_cnn");
+  if (!session) return 1;
   const int rank = session->rank();
 
   Options options;
@@ -376,21 +370,5 @@ int main(int argc, char** argv) {
   }
   if (lr_option->count() > 0) options.lr = lr;
 
-  // Errors while setting up are the same on every rank: rank 0 reports them.
-  std::optional<Training> training;
-  try {
-    training.emplace(options, *session);
-  } catch (const std::exception& e) {
-    if (rank == 0) std::fprintf(stderr, "train_cnn: %s\n", e.what());
-    return 1;
-  }
-  // Errors while training may be one rank's own: each reports its own.
-  try {
-    training->run();
-  } catch (const std::exception& e) {
-    const std::string prefix = session->world_size() > 1 ? fmt::format("[rank {}] ", rank) : "";
-    std::fputs(fmt::format("{}train_cnn: {}\n", prefix, e.what()).c_str(), stderr);  // one write per line
-    return 1;
-  }
-  return 0;
+  return apps::build_and_run<Training>("train_cnn", *session, options);
 }

@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
 
@@ -72,20 +71,7 @@ struct Options {
 constexpr std::int64_t kOptimizerStateBytesPerElement = 8;
 
 models::LlamaConfig resolve_config(const Options& options, const data::Tokenizer& tokenizer) {
-  if (options.config.ends_with(".json")) {
-    const models::LlamaConfig config = models::LlamaConfig::from_json(
-        [&] {
-          std::ifstream in(options.config);
-          SHARDLAB_CHECK(in.good(), "cannot read the config file '{}'", options.config);
-          try {
-            return nlohmann::json::parse(in);
-          } catch (const nlohmann::json::exception& e) {
-            fail("'{}' is not valid JSON: {}", options.config, e.what());
-          }
-        }(),
-        options.config);
-    return config;
-  }
+  if (options.config.ends_with(".json")) return models::LlamaConfig::from_file(options.config);
   // A preset's shape with the tokenizer's vocabulary.
   models::LlamaConfig config = models::LlamaConfig::preset(options.config);
   config.vocab_size = tokenizer.vocab_size();
@@ -475,13 +461,8 @@ void Training::report() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::unique_ptr<dist::Session> session;
-  try {
-    session = dist::init(argc, argv, {.device = dist::DeviceChoice::cpu});
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "train_llama: %s\n", e.what());
-    return 1;
-  }
+  const std::unique_ptr<dist::Session> session = apps::start_cpu_session(argc, argv, "train_llama");
+  if (!session) return 1;
   const int rank = session->rank();
 
   Options options;
@@ -547,19 +528,5 @@ int main(int argc, char** argv) {
     return rank == 0 ? app.exit(e) : e.get_exit_code();  // --help and usage errors, printed once
   }
 
-  std::optional<Training> training;
-  try {
-    training.emplace(options, *session);
-  } catch (const std::exception& e) {
-    if (rank == 0) std::fprintf(stderr, "train_llama: %s\n", e.what());
-    return 1;
-  }
-  try {
-    training->run();
-  } catch (const std::exception& e) {
-    const std::string prefix = session->world_size() > 1 ? fmt::format("[rank {}] ", rank) : "";
-    std::fputs(fmt::format("{}train_llama: {}\n", prefix, e.what()).c_str(), stderr);
-    return 1;
-  }
-  return 0;
+  return apps::build_and_run<Training>("train_llama", *session, options);
 }

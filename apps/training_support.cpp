@@ -42,6 +42,15 @@ void MetricsFile::write(const nlohmann::json& record) const {
                  line.size(), std::strerror(errno));
 }
 
+std::unique_ptr<dist::Session> start_cpu_session(int& argc, char**& argv, const char* program) {
+  try {
+    return dist::init(argc, argv, {.device = dist::DeviceChoice::cpu});
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", program, e.what());
+    return nullptr;
+  }
+}
+
 Progress::Progress(std::string label, std::int64_t total, std::string rate_unit, bool shown)
     : label_(std::move(label)),
       rate_unit_(std::move(rate_unit)),

@@ -3,11 +3,16 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "dist/communicator.h"
+#include "dist/init.h"
 
 namespace shardlab::apps {
 
@@ -28,6 +33,32 @@ class MetricsFile {
  private:
   int fd_ = -1;
 };
+
+// dist::init on the CPU (even where a GPU answers), for `program`; null, after printing why on
+// stderr, when the processes cannot start.
+std::unique_ptr<dist::Session> start_cpu_session(int& argc, char**& argv, const char* program);
+
+// Builds Training(options, session) on every rank, then runs it; returns the exit status. Errors
+// while building are the same on every rank, so rank 0 reports them; errors while training may be
+// one rank's own, so each reports its own, prefixed with its rank.
+template <typename Training, typename Options>
+int build_and_run(const char* program, dist::Session& session, const Options& options) {
+  std::optional<Training> training;
+  try {
+    training.emplace(options, session);
+  } catch (const std::exception& e) {
+    if (session.rank() == 0) std::fprintf(stderr, "%s: %s\n", program, e.what());
+    return 1;
+  }
+  try {
+    training->run();
+  } catch (const std::exception& e) {
+    const std::string prefix = session.world_size() > 1 ? fmt::format("[rank {}] ", session.rank()) : "";
+    std::fputs(fmt::format("{}{}: {}\n", prefix, program, e.what()).c_str(), stderr);  // one write per line
+    return 1;
+  }
+  return 0;
+}
 
 // A progress bar redrawn in place on a terminal; a plain line every tenth of the run otherwise.
 // Only the rank that shows it draws. Open MPI hands its ranks a pseudo-terminal whatever

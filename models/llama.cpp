@@ -404,9 +404,9 @@ void write_text_atomically(const fs::path& path, const std::string& text) {
   fs::rename(temporary, path);
 }
 
-nlohmann::json read_json(const fs::path& path) {
+nlohmann::json read_json(const fs::path& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
-  SHARDLAB_CHECK(in.good(), "cannot read '{}'", path.string());
+  SHARDLAB_CHECK(in.good(), "cannot read the {} '{}'", what, path.string());
   try {
     return nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
@@ -427,7 +427,7 @@ std::map<std::string, nn::StateDict> read_weight_files(const fs::path& dir) {
   }
   SHARDLAB_CHECK(fs::exists(index), "'{}' holds neither model.safetensors nor model.safetensors.index.json",
                  dir.string());
-  const nlohmann::json map = read_json(index);
+  const nlohmann::json map = read_json(index, "weight index");
   SHARDLAB_CHECK(map.contains("weight_map") && map["weight_map"].is_object(), "'{}': no weight_map object",
                  index.string());
   std::set<std::string> names;
@@ -451,10 +451,14 @@ void save_pretrained(const std::string& dir, const LlamaConfig& config, const nn
   write_text_atomically(fs::path(dir) / "config.json", config.to_json().dump(2) + "\n");
 }
 
+LlamaConfig LlamaConfig::from_file(const std::string& path) {
+  return from_json(read_json(path, "config file"), path);
+}
+
 LlamaConfig load_pretrained_config(const std::string& dir) {
   const fs::path path = fs::path(dir) / "config.json";
   SHARDLAB_CHECK(fs::exists(path), "'{}' has no config.json", dir);
-  return LlamaConfig::from_json(read_json(path), path.string());
+  return LlamaConfig::from_file(path.string());
 }
 
 nn::StateDict load_pretrained_weights(const std::string& dir, const nn::Named<Shape>& expected) {

@@ -47,6 +47,7 @@ struct LlamaConfig {
   // naming `source` (the file).
   nlohmann::json to_json() const;
   static LlamaConfig from_json(const nlohmann::json& json, const std::string& source);
+  static LlamaConfig from_file(const std::string& path);  // a config.json anywhere
 };
 
 // Keys and values of the positions seen so far, per decoder layer, for generation: a prompt

@@ -15,11 +15,11 @@ Usage: train_cnn_tests.py <mpirun> <train_cnn>. Needs the dataset from scripts/s
 (/usr/share/datasets/fashion-mnist); without it every case is skipped. Prints one line per
 check, then "train_cnn_app: N passed, N failed, N skipped".
 """
-import json
 import os
-import subprocess
 import sys
 import tempfile
+
+from jobs import read_metrics, run_job
 
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
 STEPS = 6
@@ -29,29 +29,6 @@ PARITY_ARGS = ["--steps", str(STEPS), "--limit-train", "768", "--global-batch", 
 PARITY_RUNS = [(1, "full"), (2, "full"), (4, "full"), (2, "none"), (2, "grad_op"), (2, "hybrid:1"),
                (4, "hybrid:2")]
 RTOL = 1e-5
-LIMIT_S = 300
-
-
-def run_job(mpirun, program, ranks, args):
-    # A collective that hangs fails the job in 2 minutes instead of the default 10.
-    env = dict(os.environ, SHARDLAB_COLLECTIVE_TIMEOUT="120")
-    command = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(ranks), program] + args
-    try:
-        done = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              timeout=LIMIT_S, text=True)
-        return done.returncode, done.stdout
-    except subprocess.TimeoutExpired as expired:
-        output = expired.stdout
-        if isinstance(output, bytes):
-            output = output.decode(errors="replace")
-        return None, (output or "") + f"\n(killed after {LIMIT_S} s)\n"
-
-
-def read_metrics(path):
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8") as lines:
-        return [json.loads(line) for line in lines if line.strip()]
 
 
 def step_losses(records, rank):

@@ -17,12 +17,12 @@ Usage: train_llama_tests.py <mpirun> <train_llama> <generate>. Without /usr/shar
 (scripts/setup installs it) the cases that train are skipped. Prints one line per check, then
 "train_llama_app: N passed, N failed, N skipped".
 """
-import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
+
+from jobs import read_metrics, run_command, run_job
 
 DATA_DIR = "/usr/share/games/fortunes"
 STEPS = 10
@@ -35,32 +35,6 @@ PARITY_RUNS = [(1, "full", ()), (1, "grad_op", ()), (2, "full", ()), (2, "grad_o
                (3, "grad_op", ()), (3, "none", ()), (4, "full", ()), (4, "grad_op", ()), (4, "none", ()),
                (4, "hybrid:2", ())]
 RTOL = 1e-5
-LIMIT_S = 300
-
-
-def run_job(mpirun, program, ranks, args):
-    env = dict(os.environ, SHARDLAB_COLLECTIVE_TIMEOUT="120")
-    command = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(ranks), program] + args
-    return run_command(command, env)
-
-
-def run_command(command, env=None):
-    try:
-        done = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              timeout=LIMIT_S, text=True, errors="replace")
-        return done.returncode, done.stdout
-    except subprocess.TimeoutExpired as expired:
-        output = expired.stdout
-        if isinstance(output, bytes):
-            output = output.decode(errors="replace")
-        return None, (output or "") + f"\n(killed after {LIMIT_S} s)\n"
-
-
-def read_metrics(path):
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8") as lines:
-        return [json.loads(line) for line in lines if line.strip()]
 
 
 def per_step(records, rank, field):
