@@ -1,7 +1,8 @@
 // apps/train_cnn: trains the seed CNN (models/cnn.h) on MNIST-format data with FSDP over the
 // ranks mpirun starts (one process is a world of 1), following the PyTorch FSDP tutorial:
 // Adadelta(lr) + StepLR(gamma), nll_loss summed over the batch, "Train Epoch" and "Test set"
-// lines, plus a progress bar, per-rank JSON-lines metrics, step timing and a safetensors file.
+// lines, plus a progress bar, per-rank JSON-lines metrics, step timing, sharded checkpoints to
+// resume from (at any world size) and a safetensors file.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -18,6 +19,7 @@
 #include "core/parallel.h"
 #include "data/idx.h"
 #include "data/loader.h"
+#include "dist/checkpoint.h"
 #include "dist/fsdp.h"
 #include "dist/init.h"
 #include "dist/log.h"
@@ -55,6 +57,10 @@ struct Options {
   std::string save_model;
   std::string metrics;
   int threads = 0;
+  std::string checkpoint_dir;
+  std::int64_t checkpoint_every = 0;  // 0: only at the end, when --checkpoint-dir is given
+  std::int64_t keep = 2;
+  bool resume = false;
 };
 
 // Both optimizers keep two f32 slots per element (Adadelta: square_avg and acc_delta; Adam:
@@ -102,14 +108,19 @@ class Training {
   void run();
 
  private:
-  struct EpochResult {
-    double loss_sum = 0;  // over the global batches
+  // The epoch in progress: its loss and images so far (over all ranks), saved with a checkpoint
+  // so that a resumed run prints the same "Train Epoch" line as an uninterrupted one.
+  struct EpochProgress {
+    std::int64_t epoch = 1;
+    double loss_sum = 0;
     std::int64_t images = 0;
-    double seconds = 0;
-    bool complete = true;  // false when --steps ended it early
   };
-  EpochResult train_epoch(std::int64_t epoch);
+  // Trains the rest of epoch_.epoch; false when --steps ended it early.
+  bool train_epoch();
   TestResult evaluate();
+  void save_checkpoint();
+  void resume();
+  nlohmann::json training_state() const;
   void report();
 
   const Options options_;
@@ -119,6 +130,7 @@ class Training {
   data::ImageSet train_, test_;
   std::optional<data::DataLoader> loader_;
   Tensor test_images_, test_labels_;  // this rank's rows r, r + W, ... of the test set
+  std::int64_t training_images_ = 0;
   std::int64_t test_total_ = 0;
   std::int64_t data_bytes_ = 0;  // CPU bytes in use once the data sets are loaded
   models::Cnn model_;
@@ -126,6 +138,9 @@ class Training {
   std::optional<optim::StepLR> scheduler_;
   dist::Plan plan_;
   std::optional<apps::MetricsFile> metrics_;
+  apps::CheckpointDir checkpoints_;
+  nlohmann::json last_saved_;  // the state saved or resumed from: the end need not save it again
+  EpochProgress epoch_;
   std::int64_t step_ = 0;
   std::vector<double> step_ms_;  // every optimizer step after the first
   std::int64_t peak_bytes_ = 0;
@@ -138,7 +153,8 @@ Training::Training(const Options& options, dist::Session& session)
       session_(session),
       rank_(session.rank()),
       world_size_(session.world_size()),
-      model_(shapes_only_cnn(options.seed)) {
+      model_(shapes_only_cnn(options.seed)),
+      checkpoints_(options.checkpoint_dir, options.keep) {
   if (options.threads > 0) set_num_threads(options.threads);
   // Options first: a typo fails before the data sets load.
   const OptimizerKind optimizer = parse_optimizer(options.optimizer);
@@ -153,6 +169,7 @@ Training::Training(const Options& options, dist::Session& session)
   data_bytes_ = memory_stats(Device::cpu()).bytes_in_use;
   data::TensorDataset train_set(train_.images, train_.labels);
   if (options.limit_train > 0) train_set = train_set.head(std::min(options.limit_train, train_set.size()));
+  training_images_ = train_set.size();
   loader_.emplace(data::rank_loader(train_set, {.size = options.global_batch,
                                                 .world_size = world_size_,
                                                 .rank = rank_,
@@ -172,6 +189,8 @@ Training::Training(const Options& options, dist::Session& session)
   optimizer_ = make_optimizer(optimizer, options.lr, dist::sharded_parameters(*model_));
   scheduler_.emplace(*optimizer_, 1, options.gamma);
   plan_ = dist::explain(*model_, kOptimizerStateBytesPerElement);
+  SHARDLAB_CHECK(!options.resume || !options.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
+  if (options.resume) resume();
   if (!options.metrics.empty()) metrics_.emplace(options.metrics, session.cpu_world());
 
   dist::log(
@@ -184,34 +203,41 @@ Training::Training(const Options& options, dist::Session& session)
 
 void Training::run() {
   if (options_.explain) dist::log("{}", plan_.str());
-  for (std::int64_t epoch = 1; epoch <= options_.epochs; ++epoch) {
+  for (; epoch_.epoch <= options_.epochs; epoch_ = {.epoch = epoch_.epoch + 1}) {
     reset_peak_memory(Device::cpu());
-    const EpochResult trained = train_epoch(epoch);
+    const auto start = std::chrono::steady_clock::now();
+    const std::int64_t images_before = epoch_.images;
+    const bool complete = train_epoch();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     peak_bytes_ = std::max(peak_bytes_, memory_stats(Device::cpu()).peak_bytes);
-    if (!trained.complete) {
-      dist::log("train_cnn: stopped after {} steps, in epoch {}", step_, epoch);
+    if (!complete) {
+      dist::log("train_cnn: stopped after {} steps, in epoch {}", step_, epoch_.epoch);
       break;
     }
-    const double train_loss = trained.loss_sum / static_cast<double>(trained.images);
-    dist::log("Train Epoch: {} \tLoss: {:.6f}", epoch, train_loss);
+    const double train_loss = epoch_.loss_sum / static_cast<double>(epoch_.images);
+    dist::log("Train Epoch: {} \tLoss: {:.6f}", epoch_.epoch, train_loss);
     const TestResult tested = evaluate();
     const double accuracy = static_cast<double>(tested.correct) / static_cast<double>(tested.total);
     dist::log("Test set: Average loss: {:.4f}, Accuracy: {}/{} ({:.2f}%)\n", tested.average_loss,
               tested.correct, tested.total, 100.0 * accuracy);
     if (metrics_) {
       metrics_->write({{"rank", rank_},
-                       {"epoch", epoch},
+                       {"epoch", epoch_.epoch},
                        {"step", step_},
                        {"lr", optimizer_->lr()},
                        {"train_loss", train_loss},
                        {"test_loss", tested.average_loss},
                        {"accuracy", accuracy},
-                       {"images_per_second", static_cast<double>(trained.images) / trained.seconds},
+                       {"images_per_second", static_cast<double>(epoch_.images - images_before) / seconds},
                        {"peak_memory_bytes", memory_stats(Device::cpu()).peak_bytes}});
     }
     scheduler_->step();
-    if (options_.steps > 0 && step_ >= options_.steps) break;
+    if (options_.steps > 0 && step_ >= options_.steps) {
+      epoch_ = {.epoch = epoch_.epoch + 1};
+      break;
+    }
   }
+  if (!options_.checkpoint_dir.empty() && last_saved_ != training_state()) save_checkpoint();
   if (!options_.save_model.empty()) {
     const nn::Named<Tensor> parameters = dist::gather_full_parameters(*model_);  // a collective: every rank
     if (rank_ == 0) {
@@ -222,21 +248,20 @@ void Training::run() {
   report();
 }
 
-Training::EpochResult Training::train_epoch(std::int64_t epoch) {
+bool Training::train_epoch() {
   model_->train();
-  EpochResult result;
-  const auto batches = loader_->batch_indices(epoch);
+  const auto batches = loader_->batch_indices(epoch_.epoch);
   std::int64_t total = 0;  // every rank's batches have the same sizes
   for (const auto& b : batches) total += static_cast<std::int64_t>(b.size()) * world_size_;
-  apps::Progress progress(fmt::format("epoch {}", epoch), total, "img/s", rank_ == 0);
+  apps::Progress progress(fmt::format("epoch {}", epoch_.epoch), total, "img/s", rank_ == 0);
   const auto start = std::chrono::steady_clock::now();
-  for (const auto& indices : batches) {
-    if (options_.steps > 0 && step_ >= options_.steps) {
-      result.complete = false;
-      break;
-    }
+  const std::int64_t images_before = epoch_.images;
+  // A resumed run goes on at the batch where its checkpoint stopped.
+  const std::int64_t done = step_ - (epoch_.epoch - 1) * loader_->batches_per_epoch();
+  for (auto it = batches.begin() + done; it != batches.end(); ++it) {
+    if (options_.steps > 0 && step_ >= options_.steps) return false;
     const auto step_start = std::chrono::steady_clock::now();
-    const data::Batch batch = loader_->batch(indices);
+    const data::Batch batch = loader_->batch(*it);
     // Dropout masks are keyed by (seed, step, global sample index): the same on any number of ranks.
     const RandomContextGuard context({options_.seed, step_, batch.sample_indices});
     optimizer_->zero_grad();
@@ -254,16 +279,61 @@ Training::EpochResult Training::train_epoch(std::int64_t epoch) {
     if (step_ > 1) step_ms_.push_back(step_ms);
 
     const std::vector<double> global = apps::sum_over_ranks(
-        session_.cpu_world(), {loss.data().item<double>(), static_cast<double>(indices.size())});
-    result.loss_sum += global[0];
-    result.images += static_cast<std::int64_t>(global[1]);
-    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        session_.cpu_world(), {loss.data().item<double>(), static_cast<double>(it->size())});
+    epoch_.loss_sum += global[0];
+    epoch_.images += static_cast<std::int64_t>(global[1]);
     if (metrics_ && options_.steps > 0)
       metrics_->write({{"rank", rank_}, {"step", step_}, {"loss", global[0] / global[1]}});
-    progress.update(result.images, result.loss_sum / static_cast<double>(result.images),
-                    static_cast<double>(result.images) / result.seconds);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    progress.update(epoch_.images, epoch_.loss_sum / static_cast<double>(epoch_.images),
+                    static_cast<double>(epoch_.images - images_before) / seconds);
+    if (options_.checkpoint_every > 0 && step_ % options_.checkpoint_every == 0) save_checkpoint();
   }
-  return result;
+  return true;
+}
+
+// What continuing exactly needs besides the shards and the optimizer: the step (which fixes the
+// data cursor and the dropout keys), the epoch in progress, the schedule, and what must not change
+// between the runs.
+nlohmann::json Training::training_state() const {
+  return {{"app", "train_cnn"},
+          {"step", step_},
+          {"epoch", epoch_.epoch},
+          {"epoch_loss_sum", epoch_.loss_sum},
+          {"epoch_images", epoch_.images},
+          {"scheduler_epoch", scheduler_->epoch()},
+          {"seed", options_.seed},
+          {"global_batch", options_.global_batch},
+          {"training_images", training_images_},
+          {"optimizer", options_.optimizer}};
+}
+
+void Training::save_checkpoint() {
+  last_saved_ = training_state();
+  checkpoints_.save(step_, *model_, *optimizer_, last_saved_, "train_cnn");
+}
+
+void Training::resume() {
+  const apps::CheckpointDir::Resumed resumed =
+      checkpoints_.resume(session_.cpu_world(), *model_, *optimizer_, training_state(),
+                          {"app", "seed", "global_batch", "training_images", "optimizer"}, "train_cnn");
+  const nlohmann::json& state = resumed.state;
+  step_ = state["step"].get<std::int64_t>();
+  epoch_ = {.epoch = state.at("epoch").get<std::int64_t>(),
+            .loss_sum = state.at("epoch_loss_sum").get<double>(),
+            .images = state.at("epoch_images").get<std::int64_t>()};
+  scheduler_->set_epoch(state.at("scheduler_epoch").get<std::int64_t>());
+  last_saved_ = state;
+  const std::int64_t per_epoch = loader_->batches_per_epoch();
+  SHARDLAB_CHECK(step_ >= (epoch_.epoch - 1) * per_epoch && step_ <= epoch_.epoch * per_epoch,
+                 "--resume: '{}' is at step {}, outside its epoch {} of {} steps", resumed.path, step_,
+                 epoch_.epoch, per_epoch);
+  SHARDLAB_CHECK(options_.steps == 0 || step_ < options_.steps,
+                 "--resume: '{}' is at step {}, and --steps asks for {}", resumed.path, step_, options_.steps);
+  SHARDLAB_CHECK(epoch_.epoch <= options_.epochs, "--resume: '{}' has finished {} epochs, and --epochs asks for {}",
+                 resumed.path, epoch_.epoch - 1, options_.epochs);
+  dist::log("train_cnn: resumed from {} (step {}: epoch {} at batch {} of {})", resumed.path, step_,
+            epoch_.epoch, step_ - (epoch_.epoch - 1) * per_epoch, per_epoch);
 }
 
 TestResult Training::evaluate() {
@@ -363,6 +433,13 @@ int main(int argc, char** argv) {
   app.add_option("--metrics", options.metrics, "write JSON lines of every rank's metrics to this file");
   app.add_option("--threads", options.threads,
                  "CPU threads per rank (default: the cores this process may use)");
+  app.add_option("--checkpoint-dir", options.checkpoint_dir,
+                 "save sharded checkpoints here (DIR/step-N), at the end and every --checkpoint-every steps");
+  app.add_option("--checkpoint-every", options.checkpoint_every, "steps between checkpoints (0: only at the end)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--keep", options.keep, "keep the newest K checkpoints")->check(CLI::PositiveNumber);
+  app.add_flag("--resume", options.resume,
+               "continue from the newest complete checkpoint in --checkpoint-dir (any world size or sharding)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

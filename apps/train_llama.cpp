@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <optional>
 
@@ -98,28 +97,6 @@ std::unique_ptr<optim::LRScheduler> make_schedule(optim::Optimizer& optimizer, s
 
 bool is_norm(const std::string& name) { return name.ends_with("norm.weight"); }
 
-// Checkpoints live in DIR/step-00001000; a directory counts once its metadata.json exists (the
-// save renames it into place complete).
-std::string checkpoint_path(const std::string& dir, std::int64_t step) {
-  return fmt::format("{}/step-{:08d}", dir, step);
-}
-
-// The steps of the complete checkpoints in `dir`, oldest first.
-std::vector<std::int64_t> saved_steps(const std::string& dir) {
-  std::vector<std::int64_t> steps;
-  if (!std::filesystem::is_directory(dir)) return steps;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
-    if (name.size() != 13 || !name.starts_with("step-") ||
-        !std::filesystem::exists(entry.path() / "metadata.json"))
-      continue;
-    if (name.find_first_not_of("0123456789", 5) != std::string::npos) continue;
-    steps.push_back(std::stoll(name.substr(5)));
-  }
-  std::sort(steps.begin(), steps.end());
-  return steps;
-}
-
 // Everything a run needs, built (and checked) on every rank before the first step: errors
 // thrown here are the same on all ranks.
 class Training {
@@ -153,7 +130,9 @@ class Training {
   std::unique_ptr<optim::LRScheduler> scheduler_;
   dist::Plan plan_;
   std::optional<apps::MetricsFile> metrics_;
+  apps::CheckpointDir checkpoints_;
   std::int64_t total_steps_ = 0, step_ = 0;
+  std::int64_t last_saved_step_ = -1;  // saved or resumed from: the end need not save it again
   std::vector<double> step_seconds_;  // every step after the first
   std::int64_t step_bytes_received_ = 0;
 };
@@ -187,7 +166,11 @@ models::Llama sharded_llama(const Options& options, const models::LlamaConfig& c
 }
 
 Training::Training(const Options& options, dist::Session& session)
-    : options_(options), session_(session), rank_(session.rank()), world_size_(session.world_size()) {
+    : options_(options),
+      session_(session),
+      rank_(session.rank()),
+      world_size_(session.world_size()),
+      checkpoints_(options.checkpoint_dir, options.keep) {
   if (options.threads > 0) set_num_threads(options.threads);
   // Options first: a typo fails before the corpus loads.
   tokenizer_ = data::make_tokenizer(options.tokenizer);
@@ -285,10 +268,7 @@ void Training::run() {
                       static_cast<double>(options_.global_batch * options_.seq) / result.seconds);
     }
   }
-  if (!options_.checkpoint_dir.empty()) {
-    const std::vector<std::int64_t> steps = saved_steps(options_.checkpoint_dir);
-    if (steps.empty() || steps.back() != step_) save_checkpoint();  // the last step, unless just saved
-  }
+  if (!options_.checkpoint_dir.empty() && last_saved_step_ != step_) save_checkpoint();
   save_and_sample();
   report();
 }
@@ -308,43 +288,20 @@ nlohmann::json Training::training_state() const {
 }
 
 void Training::save_checkpoint() {
-  const std::string path = checkpoint_path(options_.checkpoint_dir, step_);
-  if (rank_ == 0) std::filesystem::create_directories(options_.checkpoint_dir);
-  const auto start = std::chrono::steady_clock::now();
-  dist::save_checkpoint(path, **model_, *optimizer_, training_state());
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (rank_ == 0) {
-    // Only complete checkpoints are counted, so a crash mid-save never costs an older one.
-    const std::vector<std::int64_t> steps = saved_steps(options_.checkpoint_dir);
-    for (std::size_t i = 0; i + static_cast<std::size_t>(options_.keep) < steps.size(); ++i) {
-      std::filesystem::remove_all(checkpoint_path(options_.checkpoint_dir, steps[i]));
-    }
-  }
-  dist::log("train_llama: saved checkpoint {} in {:.2f} s", path, seconds);
+  checkpoints_.save(step_, **model_, *optimizer_, training_state(), "train_llama");
+  last_saved_step_ = step_;
 }
 
 void Training::resume() {
-  const std::vector<std::int64_t> steps = saved_steps(options_.checkpoint_dir);
-  // Every rank must pick the same checkpoint (they may see the directory at different moments).
-  const double newest = steps.empty() ? -1.0 : static_cast<double>(steps.back());
-  const std::vector<double> seen = apps::sum_over_ranks(session_.cpu_world(), {newest, newest * newest});
-  const double mean = seen[0] / world_size_;
-  SHARDLAB_CHECK(seen[1] / world_size_ - mean * mean == 0,
-                 "--resume: the ranks see different checkpoints in '{}'", options_.checkpoint_dir);
-  SHARDLAB_CHECK(!steps.empty(), "--resume: no complete checkpoint in '{}'", options_.checkpoint_dir);
-  const std::string path = checkpoint_path(options_.checkpoint_dir, steps.back());
-  const nlohmann::json saved = dist::load_checkpoint(path, **model_, *optimizer_);
-  const nlohmann::json now = training_state();
-  for (const char* field : {"app", "seed", "global_batch", "seq", "sequences", "config"}) {
-    SHARDLAB_CHECK(saved.contains(field) && saved[field] == now[field],
-                   "--resume: {} was {} when '{}' was saved, now {}", field,
-                   saved.contains(field) ? saved[field].dump() : "missing", path, now[field].dump());
-  }
-  step_ = saved.at("step").get<std::int64_t>();
-  SHARDLAB_CHECK(step_ < total_steps_, "--resume: '{}' is at step {}, and --steps asks for {}", path, step_,
-                 total_steps_);
-  scheduler_->set_epoch(saved.at("scheduler_epoch").get<std::int64_t>());
-  dist::log("train_llama: resumed from {} (step {}), continuing to step {}", path, step_, total_steps_);
+  const apps::CheckpointDir::Resumed resumed =
+      checkpoints_.resume(session_.cpu_world(), **model_, *optimizer_, training_state(),
+                          {"app", "seed", "global_batch", "seq", "sequences", "config"}, "train_llama");
+  step_ = resumed.state["step"].get<std::int64_t>();
+  SHARDLAB_CHECK(step_ < total_steps_, "--resume: '{}' is at step {}, and --steps asks for {}", resumed.path,
+                 step_, total_steps_);
+  scheduler_->set_epoch(resumed.state.at("scheduler_epoch").get<std::int64_t>());
+  last_saved_step_ = step_;
+  dist::log("train_llama: resumed from {} (step {}), continuing to step {}", resumed.path, step_, total_steps_);
 }
 
 Training::StepResult Training::train_step(const data::Batch& batch) {

@@ -1,4 +1,5 @@
-// apps/training_support.cpp: sums over ranks, the metrics file, the progress bar, medians.
+// apps/training_support.cpp: sums over ranks, the metrics file, checkpoint directories, the
+// progress bar, medians.
 #include "apps/training_support.h"
 
 #include <fcntl.h>
@@ -6,12 +7,17 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "dist/checkpoint.h"
+#include "dist/fsdp.h"
+#include "dist/log.h"
 
 namespace shardlab::apps {
 
@@ -40,6 +46,80 @@ void MetricsFile::write(const nlohmann::json& record) const {
   const ssize_t written = ::write(fd_, line.data(), line.size());
   SHARDLAB_CHECK(written == static_cast<ssize_t>(line.size()), "metrics: wrote {} of {} bytes: {}", written,
                  line.size(), std::strerror(errno));
+}
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+std::string CheckpointDir::path(std::int64_t step) const { return fmt::format("{}/step-{:08d}", dir_, step); }
+
+std::vector<std::int64_t> CheckpointDir::steps() const {
+  std::vector<std::int64_t> steps;
+  if (!std::filesystem::is_directory(dir_)) return steps;
+  for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() != 13 || !name.starts_with("step-") ||
+        name.find_first_not_of("0123456789", 5) != std::string::npos ||
+        !std::filesystem::exists(entry.path() / "metadata.json"))
+      continue;
+    steps.push_back(std::stoll(name.substr(5)));
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+void CheckpointDir::save(std::int64_t step, nn::Module& root, const optim::Optimizer& optimizer,
+                         const nlohmann::json& state, const char* program) const {
+  const std::string target = path(step);
+  if (dist::root_communicator(root).rank() == 0) std::filesystem::create_directories(dir_);
+  const auto start = std::chrono::steady_clock::now();
+  dist::save_checkpoint(target, root, optimizer, state);
+  const double seconds = seconds_since(start);
+  if (dist::root_communicator(root).rank() == 0) {
+    const std::vector<std::int64_t> saved = steps();
+    for (std::size_t i = 0; i + static_cast<std::size_t>(keep_) < saved.size(); ++i) {
+      std::filesystem::remove_all(path(saved[i]));
+    }
+  }
+  dist::log("{}: saved checkpoint {} in {:.2f} s", program, target, seconds);
+}
+
+CheckpointDir::Resumed CheckpointDir::resume(dist::Communicator& comm, nn::Module& root,
+                                             optim::Optimizer& optimizer, const nlohmann::json& now,
+                                             const std::vector<std::string>& unchanged, const char* program) const {
+  const std::vector<std::int64_t> saved = steps();
+  // Every rank must pick the same checkpoint (they may see the directory at different moments).
+  const double newest = saved.empty() ? -1.0 : static_cast<double>(saved.back());
+  const std::vector<double> seen = sum_over_ranks(comm, {newest, newest * newest});
+  const double mean = seen[0] / comm.size();
+  SHARDLAB_CHECK(seen[1] / comm.size() - mean * mean == 0, "--resume: the ranks see different checkpoints in '{}'",
+                 dir_);
+  SHARDLAB_CHECK(!saved.empty(), "--resume: no complete checkpoint in '{}'", dir_);
+  if (comm.rank() == 0) {
+    // A save killed before its rename leaves step-N.tmp-<id>: never a checkpoint, only litter.
+    for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
+      const std::string name = entry.path().filename().string();
+      if (name.starts_with("step-") && name.find(".tmp-") != std::string::npos) std::filesystem::remove_all(entry);
+    }
+  }
+  Resumed resumed{.path = path(saved.back())};
+  const auto start = std::chrono::steady_clock::now();
+  resumed.state = dist::load_checkpoint(resumed.path, root, optimizer);
+  const double seconds = seconds_since(start);
+  for (const std::string& field : unchanged) {
+    const nlohmann::json& before = resumed.state.contains(field) ? resumed.state[field] : nlohmann::json();
+    SHARDLAB_CHECK(before == now.at(field), "--resume: {} was {} when '{}' was saved, now {}", field,
+                   before.is_null() ? "missing" : before.dump(), resumed.path, now.at(field).dump());
+  }
+  SHARDLAB_CHECK(resumed.state.contains("step") && resumed.state["step"].is_number_integer(),
+                 "--resume: '{}' has no integer step in its training state", resumed.path);
+  dist::log("{}: loaded checkpoint {} in {:.2f} s", program, resumed.path, seconds);
+  return resumed;
 }
 
 std::unique_ptr<dist::Session> start_cpu_session(int& argc, char**& argv, const char* program) {

@@ -1,5 +1,6 @@
 // apps/training_support.h: what the training binaries share: sums over ranks, the per-rank
-// JSON-lines metrics file, the progress bar and step-time statistics.
+// JSON-lines metrics file, the directory of sharded checkpoints, the progress bar and step-time
+// statistics.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,8 @@
 
 #include "dist/communicator.h"
 #include "dist/init.h"
+#include "nn/module.h"
+#include "optim/optimizer.h"
 
 namespace shardlab::apps {
 
@@ -32,6 +35,39 @@ class MetricsFile {
 
  private:
   int fd_ = -1;
+};
+
+// The sharded checkpoints of a run (dist/checkpoint.h): DIR/step-00001000, ... A checkpoint counts
+// once its metadata.json exists (a save renames it into place complete), so a crash mid-save never
+// costs an older one, and --keep counts complete ones only.
+class CheckpointDir {
+ public:
+  CheckpointDir(std::string dir, std::int64_t keep) : dir_(std::move(dir)), keep_(keep) {}
+
+  // Saves the run's state at `step` (replacing a checkpoint of that step), then removes all but
+  // the newest `keep`; a collective. `state` is what continuing exactly needs besides the shards
+  // and the optimizer. Logs the path and the time.
+  void save(std::int64_t step, nn::Module& root, const optim::Optimizer& optimizer, const nlohmann::json& state,
+            const char* program) const;
+
+  struct Resumed {
+    std::string path;
+    nlohmann::json state;  // the `state` saved with it
+  };
+  // Loads the newest complete checkpoint into the model's shards and the optimizer, at any world
+  // size and sharding; a collective. Refused when the ranks see different newest checkpoints or
+  // none, or when one of `unchanged`'s fields of the saved state differs from `now`'s. Removes
+  // what crashed saves left (step-N.tmp-*) first. Logs the path and the time.
+  Resumed resume(dist::Communicator& comm, nn::Module& root, optim::Optimizer& optimizer,
+                 const nlohmann::json& now, const std::vector<std::string>& unchanged, const char* program) const;
+
+  // The steps of the complete checkpoints, oldest first.
+  std::vector<std::int64_t> steps() const;
+  std::string path(std::int64_t step) const;
+
+ private:
+  std::string dir_;
+  std::int64_t keep_;
 };
 
 // dist::init on the CPU (even where a GPU answers), for `program`; null, after printing why on

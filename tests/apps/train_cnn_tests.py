@@ -9,17 +9,29 @@ what its users rely on:
   accuracy;
 - a global batch that does not split over the ranks, and an unknown sharding, exit 1 with a
   message printed once;
-- every rank writes its metrics records, each carrying its "rank".
+- every rank writes its metrics records, each carrying its "rank";
+- sharded checkpoints and --resume: 14 steps over epochs of 5 (dropout, evaluations and the
+  learning-rate schedule between them) stopped at step 7, or at step 5 (an epoch's end), and
+  resumed give the uninterrupted run's step losses, epoch lines and saved model bit for bit at
+  np 2 and 4, and within float tolerance when saved at np 4 and resumed at np 2; a resume that
+  changes the batch is refused;
+- kill -9 of every rank during a save (at several points of it) leaves the previous checkpoint
+  complete, and resuming from it gives the uninterrupted run's losses bit for bit.
 
 Usage: train_cnn_tests.py <mpirun> <train_cnn>. Needs the dataset from scripts/setup
 (/usr/share/datasets/fashion-mnist); without it every case is skipped. Prints one line per
 check, then "train_cnn_app: N passed, N failed, N skipped".
 """
+import filecmp
 import os
+import shutil
+import signal
+import subprocess
 import sys
 import tempfile
+import time
 
-from jobs import read_metrics, run_job
+from jobs import LIMIT_S, read_metrics, run_job
 
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
 STEPS = 6
@@ -29,6 +41,10 @@ PARITY_ARGS = ["--steps", str(STEPS), "--limit-train", "768", "--global-batch", 
 PARITY_RUNS = [(1, "full"), (2, "full"), (4, "full"), (2, "none"), (2, "grad_op"), (2, "hybrid:1"),
                (4, "hybrid:2")]
 RTOL = 1e-5
+# Resume runs: epochs of 320 / 64 = 5 steps, 14 steps in all.
+RESUME_ARGS = ["--limit-train", "320", "--limit-test", "200", "--global-batch", "64", "--epochs", "3",
+               "--threads", "1"]
+RESUME_STEPS = 14
 
 
 def step_losses(records, rank):
@@ -60,12 +76,14 @@ def main(mpirun, program):
 
     skipped = 0
     if not os.path.isdir(DATA_DIR):
-        skipped = len(PARITY_RUNS) - 1 + 2
+        skipped = len(PARITY_RUNS) - 1 + 2 + 7 + len(KILL_STEPS)
         print(f"skipped: {skipped} cases that train, {DATA_DIR} is missing "
               "(scripts/setup installs dataset-fashion-mnist)")
     else:
         with tempfile.TemporaryDirectory(prefix="train_cnn_tests.") as scratch:
             train_and_check(mpirun, program, scratch, check)
+            check_resume(mpirun, program, scratch, check)
+            check_kill_during_save(mpirun, program, scratch, check)
 
     passed = sum(results)
     failed = len(results) - passed
@@ -122,6 +140,139 @@ def train_and_check(mpirun, program, scratch, check):
           and close(four["test_loss"], one["test_loss"]))
     check("np 4 evaluates 1001 test images (padded batches) as 1 process does", ok,
           f"exit {code1}/{code4}: {one} vs {four}\n{output4}")
+
+
+def epoch_lines(output):
+    return [line for line in output.splitlines() if line.startswith(("Train Epoch", "Test set"))]
+
+
+def check_resume(mpirun, program, scratch, check):
+    reference = {}
+    for ranks in (2, 4):
+        metrics, model = os.path.join(scratch, f"whole_np{ranks}.jsonl"), os.path.join(scratch, f"whole_np{ranks}.st")
+        code, output = run_job(mpirun, program, ranks, RESUME_ARGS + ["--steps", str(RESUME_STEPS), "--metrics",
+                                                                      metrics, "--save-model", model])
+        reference[ranks] = (code, output, step_losses(read_metrics(metrics), 0), model)
+
+    for save_ranks, resume_ranks in ((2, 2), (4, 4), (4, 2)):
+        directory = os.path.join(scratch, f"checkpoints_{save_ranks}_{resume_ranks}")
+        # Saves step 5 (the end of epoch 1, before its evaluation) and step 7 (where it stops).
+        code1, _ = run_job(mpirun, program, save_ranks, RESUME_ARGS + ["--steps", "7", "--checkpoint-dir", directory,
+                                                                        "--checkpoint-every", "5"])
+        kept = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+        ref_code, ref_output, expected, ref_model = reference[resume_ranks]
+        for resumed_step in (7, 5):
+            # Each resume saves its last step: it goes on from a copy of what the first run left.
+            copy = f"{directory}_from_{resumed_step}"
+            shutil.copytree(directory, copy, dirs_exist_ok=True)
+            if resumed_step == 5:
+                shutil.rmtree(os.path.join(copy, "step-00000007"), ignore_errors=True)
+            metrics = os.path.join(scratch, f"resumed_{save_ranks}_{resume_ranks}_{resumed_step}.jsonl")
+            model = metrics.replace(".jsonl", ".st")
+            code2, output = run_job(mpirun, program, resume_ranks,
+                                    RESUME_ARGS + ["--steps", str(RESUME_STEPS), "--checkpoint-dir", copy,
+                                                   "--resume", "--metrics", metrics, "--save-model", model])
+            losses = step_losses(read_metrics(metrics), 0)
+            # The epochs the resumed run finishes print what the uninterrupted run printed.
+            lines = epoch_lines(output)
+            same_lines = lines == epoch_lines(ref_output)[-len(lines):] and len(lines) == (4 if resumed_step == 5
+                                                                                            else 2)
+            if save_ranks == resume_ranks:
+                how = "steps, epoch lines and model equal the uninterrupted run's bit for bit"
+                equal = (all(losses[s] == expected.get(s) for s in losses) and same_lines
+                         and filecmp.cmp(model, ref_model, shallow=False))
+            else:
+                # Another world size sums the gradient average in another order.
+                how = f"step losses equal the uninterrupted run's within {RTOL:g}"
+                equal = all(close(losses[s], expected[s]) for s in losses if s in expected)
+            ok = (code1 == 0 and ref_code == 0 and code2 == 0 and kept == ["step-00000005", "step-00000007"]
+                  and equal and sorted(losses) == list(range(resumed_step + 1, RESUME_STEPS + 1))
+                  and f"resumed from {copy}/step-{resumed_step:08d}" in output)
+            check(f"save at np {save_ranks}, resume at np {resume_ranks} from step {resumed_step}: {how}", ok,
+                  f"exit {code1}/{ref_code}/{code2}, kept {kept}\n{losses}\n{expected}\n{output}")
+
+    directory = os.path.join(scratch, "checkpoints_2_2")  # steps 5 and 7, as the first run left it
+    code, output = run_job(mpirun, program, 2, RESUME_ARGS + ["--steps", str(RESUME_STEPS), "--global-batch", "32",
+                                                               "--checkpoint-dir", directory, "--resume"])
+    message = f"train_cnn: --resume: global_batch was 64 when '{directory}/step-00000007' was saved, now 32"
+    check("--resume with another --global-batch fails, explained once", code == 1 and output.count(message) == 1,
+          f"exit {code}\n{output}")
+
+
+# Each kill lands in a save of at least this step, at a different point of it (seconds after its
+# temporary directory appears).
+KILL_STEPS = ((2, 0.0), (4, 0.004), (6, 0.008))
+KILL_ATTEMPTS = 4  # a save may finish before the kill lands: then try again
+
+
+def child_processes(pid):
+    children = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as stat:
+                if entry.isdigit() and int(stat.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    children.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    return children
+
+
+def kill_during_save(mpirun, program, directory, step, delay):
+    """Starts a job saving every step, kills every rank with SIGKILL once a save of `step` or later
+    is under way; returns the temporary directory that was being written, or None when the save
+    completed first (or the job ended)."""
+    command = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2", program] + RESUME_ARGS + [
+        "--steps", "30", "--checkpoint-dir", directory, "--checkpoint-every", "1", "--keep", "3"]
+    job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    temp = None
+    try:
+        deadline = time.monotonic() + LIMIT_S
+        while job.poll() is None and time.monotonic() < deadline:
+            names = os.listdir(directory) if os.path.isdir(directory) else []
+            saving = [n for n in names if ".tmp-" in n and int(n[5:13]) >= step]
+            if saving:
+                time.sleep(delay)
+                # mpirun's ranks are its children, outside its process group: kill each, as a
+                # machine that loses power would.
+                for rank in child_processes(job.pid):
+                    os.kill(rank, signal.SIGKILL)
+                temp = saving[0]
+                break
+            time.sleep(0.0005)
+    finally:
+        if job.poll() is None:
+            for rank in child_processes(job.pid):
+                os.kill(rank, signal.SIGKILL)
+        job.wait()
+    return temp if temp and os.path.isdir(os.path.join(directory, temp)) else None
+
+
+def check_kill_during_save(mpirun, program, scratch, check):
+    metrics = os.path.join(scratch, "unkilled.jsonl")
+    code, output = run_job(mpirun, program, 2, RESUME_ARGS + ["--steps", "30", "--epochs", "6", "--metrics", metrics])
+    expected = step_losses(read_metrics(metrics), 0)
+    for step, delay in KILL_STEPS:
+        directory = os.path.join(scratch, f"killed_{step}")
+        temp = None
+        for _ in range(KILL_ATTEMPTS):
+            shutil.rmtree(directory, ignore_errors=True)
+            temp = kill_during_save(mpirun, program, directory, step, delay)
+            if temp:
+                break
+        complete = sorted(n for n in os.listdir(directory) if ".tmp-" not in n) if os.path.isdir(directory) else []
+        newest = int(complete[-1][5:]) if complete else 0
+        resumed_metrics = os.path.join(scratch, f"resumed_after_kill_{step}.jsonl")
+        code2, output2 = run_job(mpirun, program, 2, RESUME_ARGS + [
+            "--steps", str(newest + 2), "--epochs", "6", "--checkpoint-dir", directory, "--resume", "--metrics",
+            resumed_metrics])
+        losses = step_losses(read_metrics(resumed_metrics), 0)
+        ok = (code == 0 and temp is not None and newest >= step - 1 and code2 == 0
+              and f"resumed from {directory}/step-{newest:08d}" in output2
+              and sorted(losses) == [newest + 1, newest + 2] and all(losses[s] == expected.get(s) for s in losses)
+              and not os.path.exists(os.path.join(directory, temp)))
+        check(f"kill -9 of every rank {delay * 1000:g} ms into the save of step {step} or later: the previous "
+              f"checkpoint resumes bit for bit", ok,
+              f"exit {code}/{code2}, mid-save {temp}, complete {complete}\n{losses}\n{expected}\n{output2}")
 
 
 if __name__ == "__main__":

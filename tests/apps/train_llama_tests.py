@@ -9,14 +9,15 @@ checks what its users rely on:
 - memory: the persistent model state measured on every rank equals the plan, the gathered
   parameters never exceed the planned peak, and the last step received the planned bytes;
 - --save-model writes a directory that apps/generate samples from and --init-from loads;
-- sharded checkpoints every N steps (--keep K) and --resume: bit-exact at the same world size,
-  within 1e-5 at another one;
+- sharded checkpoints every N steps (--keep K) and --resume: bit-exact (losses, parameters, Adam
+  state) at the same world size, within 1e-5 at another one;
 - bad options, a missing corpus and a config that does not fit exit 1 with one clear message.
 
 Usage: train_llama_tests.py <mpirun> <train_llama> <generate>. Without /usr/share/games/fortunes
 (scripts/setup installs it) the cases that train are skipped. Prints one line per check, then
 "train_llama_app: N passed, N failed, N skipped".
 """
+import filecmp
 import os
 import shutil
 import sys
@@ -152,14 +153,24 @@ def check_resume(mpirun, program, scratch, check):
         code1, _ = run_job(mpirun, program, save_ranks,
                            BASE_ARGS + ["--checkpoint-dir", directory, "--checkpoint-every", "5"])
         kept = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
-        shutil.rmtree(os.path.join(directory, "step-00000010"), ignore_errors=True)
+        # The uninterrupted run's last checkpoint moves aside (its parameters and Adam state, for
+        # comparing), so that --resume takes step 5.
+        uninterrupted = os.path.join(scratch, f"uninterrupted_{save_ranks}_{resume_ranks}")
+        if os.path.isdir(os.path.join(directory, "step-00000010")):
+            os.rename(os.path.join(directory, "step-00000010"), uninterrupted)
         metrics = os.path.join(scratch, f"resumed_{save_ranks}_{resume_ranks}.jsonl")
         code2, output = run_job(mpirun, program, resume_ranks,
                                 BASE_ARGS + ["--checkpoint-dir", directory, "--resume", "--metrics", metrics])
         resumed = per_step(read_metrics(metrics), 0, "loss")
         same = per_step(read_metrics(os.path.join(scratch, f"np{resume_ranks}_full.jsonl")), 0, "loss")
         if save_ranks == resume_ranks:
-            equal, how = all(resumed[s] == same.get(s) for s in resumed), "bit for bit"
+            # Same world size, same layout: the rank files of step 10 are the same bytes.
+            ends = [os.path.join(d, f"rank-{r:05d}-of-{save_ranks:05d}.bin")
+                    for r in range(save_ranks) for d in (uninterrupted, os.path.join(directory, "step-00000010"))]
+            same_end = all(os.path.exists(f) for f in ends) and all(
+                filecmp.cmp(ends[i], ends[i + 1], shallow=False) for i in range(0, len(ends), 2))
+            equal = all(resumed[s] == same.get(s) for s in resumed) and same_end
+            how = "bit for bit, and so are the parameters and Adam state saved at step 10"
         else:
             equal, how = all(close(resumed[s], reference[s]) for s in resumed), f"within {RTOL:g}"
         ok = (code1 == 0 and code2 == 0 and kept == ["step-00000005", "step-00000010"] and equal
