@@ -7,8 +7,6 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <bit>
@@ -19,13 +17,13 @@
 #include <limits>
 #include <map>
 #include <optional>
-#include <random>
 #include <set>
 #include <vector>
 
 #include "core/error.h"
+#include "dist/agreement.h"
+#include "dist/file_io.h"
 #include "dist/fsdp.h"
-#include "dist/init.h"
 
 namespace shardlab::dist {
 
@@ -35,6 +33,14 @@ namespace {
 
 using Json = nlohmann::json;
 using OrderedJson = nlohmann::ordered_json;  // what save writes: tensors in the model's order
+using detail::agreed_id;
+using detail::all_gather_strings;
+using detail::attempt;
+using detail::crc_update;
+using detail::Fd;
+using detail::first_error;
+using detail::join_path;
+using detail::sync_directory;
 
 constexpr std::string_view kFormat = "shardlab-sharded-checkpoint";
 constexpr std::int64_t kVersion = 1;
@@ -46,138 +52,6 @@ constexpr std::int64_t kElementBytes = 4;  // f32
 constexpr std::uint64_t kMaxMetadataBytes = 1ull << 30;
 
 std::string rank_file(int rank, int size) { return fmt::format("rank-{:05}-of-{:05}.bin", rank, size); }
-
-std::string join_path(const std::string& dir, std::string_view name) {
-  return (std::filesystem::path(dir) / name).string();
-}
-
-// --- agreement ------------------------------------------------------------------------------------
-
-// The device of a communicator's tensors: NCCL takes the session's GPU, MPI the host.
-Device control_device(const Communicator& comm) {
-  return comm.backend_name() == "nccl" ? session().device() : Device::cpu();
-}
-
-std::vector<std::string> all_gather_strings(Communicator& comm, const std::string& mine) {
-  if (comm.size() == 1) return {mine};
-  const Device device = control_device(comm);
-  const Tensor length =
-      full({1}, static_cast<std::int64_t>(mine.size()), dtype(DType::i64).with_device(device));
-  const Tensor lengths = empty({comm.size()}, dtype(DType::i64).with_device(device));
-  comm.all_gather_into(lengths, length, "checkpoint").wait();
-  const std::vector<std::int64_t> sizes = lengths.to(Device::cpu()).to_vector<std::int64_t>();
-  const std::int64_t longest = std::max<std::int64_t>(1, *std::max_element(sizes.begin(), sizes.end()));
-  Tensor padded = zeros({longest}, dtype(DType::u8));
-  std::memcpy(padded.raw_data(), mine.data(), mine.size());
-  const Tensor gathered = empty({longest * comm.size()}, dtype(DType::u8).with_device(device));
-  comm.all_gather_into(gathered, padded.to(device), "checkpoint").wait();
-  const Tensor host = gathered.to(Device::cpu());
-  const auto* bytes = static_cast<const char*>(host.raw_data());
-  std::vector<std::string> out;
-  for (int r = 0; r < comm.size(); ++r)
-    out.emplace_back(bytes + r * longest, static_cast<std::size_t>(sizes[r]));
-  return out;
-}
-
-// Every rank's error ("" when it did fine): the lowest failing rank's message, the same on every
-// rank, or nothing when all did fine. One small all-reduce when all did fine.
-std::optional<std::string> first_error(Communicator& comm, const std::string& error) {
-  if (comm.size() == 1) return error.empty() ? std::nullopt : std::optional(error);
-  const Tensor failed = full({1}, error.empty() ? 0 : 1, dtype(DType::i64).with_device(control_device(comm)));
-  comm.all_reduce(failed, ReduceOp::max, "checkpoint").wait();
-  if (failed.to(Device::cpu()).item<std::int64_t>() == 0) return std::nullopt;
-  for (std::string& message : all_gather_strings(comm, error)) {
-    if (!message.empty()) return std::move(message);
-  }
-  return std::nullopt;
-}
-
-// What `work` threw, as the text first_error agrees on ("" when it returned); an exception from
-// the standard library (a file system error) is prefixed with `where`.
-template <typename Work>
-std::string attempt(std::string_view where, Work&& work) {
-  try {
-    work();
-  } catch (const Error& error) {
-    return error.what();
-  } catch (const std::exception& error) {
-    return fmt::format("{}: {}", where, error.what());
-  }
-  return {};
-}
-
-// Rank 0's random id, on every rank: names the temporary directory of one save.
-std::uint64_t agreed_id(Communicator& comm) {
-  std::random_device random;
-  const std::uint64_t mine =
-      (static_cast<std::uint64_t>(random()) << 32) ^ random() ^ static_cast<std::uint64_t>(::getpid());
-  if (comm.size() == 1) return mine;
-  const Tensor id =
-      full({1}, static_cast<std::int64_t>(mine), dtype(DType::i64).with_device(control_device(comm)));
-  comm.broadcast(id, 0, "checkpoint").wait();
-  return static_cast<std::uint64_t>(id.to(Device::cpu()).item<std::int64_t>());
-}
-
-// --- files ----------------------------------------------------------------------------------------
-
-class Fd {
- public:
-  Fd(const std::string& path, int flags, std::string_view what) : path_(path) {
-    fd_ = ::open(path.c_str(), flags | O_CLOEXEC, 0644);
-    SHARDLAB_CHECK(fd_ >= 0, "{}: cannot open '{}': {}", what, path, std::strerror(errno));
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-
-  void pwrite_all(const void* data, std::size_t size, std::uint64_t offset, std::string_view what) const {
-    const auto* bytes = static_cast<const char*>(data);
-    while (size > 0) {
-      const ssize_t written = ::pwrite(fd_, bytes, size, static_cast<off_t>(offset));
-      if (written < 0 && errno == EINTR) continue;
-      SHARDLAB_CHECK(written > 0, "{}: writing '{}' failed: {}", what, path_, std::strerror(errno));
-      bytes += written;
-      offset += static_cast<std::uint64_t>(written);
-      size -= static_cast<std::size_t>(written);
-    }
-  }
-  // Fails on a file shorter than offset + size.
-  void pread_all(void* data, std::size_t size, std::uint64_t offset, std::string_view what) const {
-    auto* bytes = static_cast<char*>(data);
-    while (size > 0) {
-      const ssize_t got = ::pread(fd_, bytes, size, static_cast<off_t>(offset));
-      if (got < 0 && errno == EINTR) continue;
-      SHARDLAB_CHECK(got > 0, "{}: reading '{}' failed: {}", what, path_,
-                     got == 0 ? "unexpected end of file" : std::strerror(errno));
-      bytes += got;
-      offset += static_cast<std::uint64_t>(got);
-      size -= static_cast<std::size_t>(got);
-    }
-  }
-  void sync(std::string_view what) const {
-    SHARDLAB_CHECK(::fsync(fd_) == 0, "{}: flushing '{}' failed: {}", what, path_, std::strerror(errno));
-  }
-  void close(std::string_view what) {
-    const int closed = ::close(fd_);
-    fd_ = -1;
-    SHARDLAB_CHECK(closed == 0, "{}: closing '{}' failed: {}", what, path_, std::strerror(errno));
-  }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-};
-
-void sync_directory(const std::string& path, std::string_view what) {
-  Fd directory(path, O_RDONLY | O_DIRECTORY, what);
-  directory.sync(what);
-}
-
-std::uint32_t crc_update(std::uint32_t crc, const void* data, std::size_t size) {
-  return static_cast<std::uint32_t>(crc32_z(crc, static_cast<const Bytef*>(data), size));
-}
 
 // =================================================================================================
 // save
