@@ -19,10 +19,10 @@
 #include "data/idx.h"
 #include "data/loader.h"
 #include "dist/fsdp.h"
+#include "dist/full_safetensors.h"
 #include "dist/init.h"
 #include "dist/log.h"
 #include "models/cnn.h"
-#include "nn/safetensors.h"
 #include "optim/optimizer.h"
 #include "optim/scheduler.h"
 
@@ -213,11 +213,9 @@ void Training::run() {
     if (options_.steps > 0 && step_ >= options_.steps) break;
   }
   if (!options_.save_model.empty()) {
-    const nn::Named<Tensor> parameters = dist::gather_full_parameters(*model_);  // a collective: every rank
-    if (rank_ == 0) {
-      nn::save_safetensors(options_.save_model, parameters, {{"format", "pt"}, {"model", "shardlab Cnn"}});
-      dist::log("train_cnn: saved the model to {}", options_.save_model);
-    }
+    // A collective: every rank writes its own shards into the one file.
+    dist::save_full_safetensors(options_.save_model, *model_, {{"format", "pt"}, {"model", "shardlab Cnn"}});
+    dist::log("train_cnn: saved the model to {}", options_.save_model);
   }
   report();
 }
