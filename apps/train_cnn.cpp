@@ -21,10 +21,10 @@
 #include "data/loader.h"
 #include "dist/checkpoint.h"
 #include "dist/fsdp.h"
+#include "dist/full_safetensors.h"
 #include "dist/init.h"
 #include "dist/log.h"
 #include "models/cnn.h"
-#include "nn/safetensors.h"
 #include "optim/optimizer.h"
 #include "optim/scheduler.h"
 
@@ -239,11 +239,9 @@ void Training::run() {
   }
   if (!options_.checkpoint_dir.empty() && last_saved_ != training_state()) save_checkpoint();
   if (!options_.save_model.empty()) {
-    const nn::Named<Tensor> parameters = dist::gather_full_parameters(*model_);  // a collective: every rank
-    if (rank_ == 0) {
-      nn::save_safetensors(options_.save_model, parameters, {{"format", "pt"}, {"model", "shardlab Cnn"}});
-      dist::log("train_cnn: saved the model to {}", options_.save_model);
-    }
+    // A collective: every rank writes its own shards into the one file.
+    dist::save_full_safetensors(options_.save_model, *model_, {{"format", "pt"}, {"model", "shardlab Cnn"}});
+    dist::log("train_cnn: saved the model to {}", options_.save_model);
   }
   report();
 }

@@ -21,6 +21,7 @@
 #include "data/tokenizer.h"
 #include "dist/checkpoint.h"
 #include "dist/fsdp.h"
+#include "dist/full_safetensors.h"
 #include "dist/init.h"
 #include "dist/log.h"
 #include "models/generate.h"
@@ -348,17 +349,18 @@ void Training::write_step_metrics(const StepResult& result) {
        {"peak_memory_bytes", memory.peak_bytes}});
 }
 
-// --save-model and --sample need the full parameters: gathered on every rank (a collective),
-// then rank 0 writes them and samples from an unsharded copy.
+// --save-model: every rank writes its own shards into model.safetensors (a collective; no rank
+// holds the whole model) and rank 0 writes config.json. --sample needs the full parameters:
+// gathered on every rank (a collective), then rank 0 samples from an unsharded copy.
 void Training::save_and_sample() {
-  if (options_.save_model.empty() && options_.samples == 0) return;
-  const nn::Named<Tensor> parameters = dist::gather_full_parameters(**model_);
-  if (rank_ != 0) return;
   if (!options_.save_model.empty()) {
-    models::save_pretrained(options_.save_model, config_, parameters);
+    if (rank_ == 0) models::save_pretrained_config(options_.save_model, config_);  // creates the directory
+    dist::save_full_safetensors(models::pretrained_weights_path(options_.save_model), **model_);
     dist::log("train_llama: saved the model to {}", options_.save_model);
   }
   if (options_.samples == 0) return;
+  const nn::Named<Tensor> parameters = dist::gather_full_parameters(**model_);
+  if (rank_ != 0) return;
   models::Llama copy = [&] {
     const nn::DeferredInitGuard deferred;  // shapes only: the weights come from the shards
     return models::Llama(config_, options_.seed);

@@ -7,8 +7,6 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <bit>
@@ -16,16 +14,16 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <limits>
 #include <map>
 #include <optional>
-#include <random>
 #include <set>
 #include <vector>
 
 #include "core/error.h"
+#include "dist/agreement.h"
+#include "dist/checkpoint_format.h"
+#include "dist/file_io.h"
 #include "dist/fsdp.h"
-#include "dist/init.h"
 
 namespace shardlab::dist {
 
@@ -35,149 +33,22 @@ namespace {
 
 using Json = nlohmann::json;
 using OrderedJson = nlohmann::ordered_json;  // what save writes: tensors in the model's order
+using detail::agreed_id;
+using detail::all_gather_strings;
+using detail::attempt;
+using detail::crc_update;
+using detail::Fd;
+using detail::first_error;
+using detail::join_path;
+using detail::kElementBytes;
+using detail::kMetadata;
+using detail::kOptimPrefix;
+using detail::sync_directory;
 
-constexpr std::string_view kFormat = "shardlab-sharded-checkpoint";
-constexpr std::int64_t kVersion = 1;
-constexpr std::string_view kMetadata = "metadata.json";
-constexpr std::string_view kOptimPrefix = "optim.";
 constexpr std::string_view kGroupPrefix = "param_groups.";  // Optimizer::state_dict's group keys
 constexpr std::string_view kStep = "step";
-constexpr std::int64_t kElementBytes = 4;  // f32
-constexpr std::uint64_t kMaxMetadataBytes = 1ull << 30;
 
 std::string rank_file(int rank, int size) { return fmt::format("rank-{:05}-of-{:05}.bin", rank, size); }
-
-std::string join_path(const std::string& dir, std::string_view name) {
-  return (std::filesystem::path(dir) / name).string();
-}
-
-// --- agreement ------------------------------------------------------------------------------------
-
-// The device of a communicator's tensors: NCCL takes the session's GPU, MPI the host.
-Device control_device(const Communicator& comm) {
-  return comm.backend_name() == "nccl" ? session().device() : Device::cpu();
-}
-
-std::vector<std::string> all_gather_strings(Communicator& comm, const std::string& mine) {
-  if (comm.size() == 1) return {mine};
-  const Device device = control_device(comm);
-  const Tensor length =
-      full({1}, static_cast<std::int64_t>(mine.size()), dtype(DType::i64).with_device(device));
-  const Tensor lengths = empty({comm.size()}, dtype(DType::i64).with_device(device));
-  comm.all_gather_into(lengths, length, "checkpoint").wait();
-  const std::vector<std::int64_t> sizes = lengths.to(Device::cpu()).to_vector<std::int64_t>();
-  const std::int64_t longest = std::max<std::int64_t>(1, *std::max_element(sizes.begin(), sizes.end()));
-  Tensor padded = zeros({longest}, dtype(DType::u8));
-  std::memcpy(padded.raw_data(), mine.data(), mine.size());
-  const Tensor gathered = empty({longest * comm.size()}, dtype(DType::u8).with_device(device));
-  comm.all_gather_into(gathered, padded.to(device), "checkpoint").wait();
-  const Tensor host = gathered.to(Device::cpu());
-  const auto* bytes = static_cast<const char*>(host.raw_data());
-  std::vector<std::string> out;
-  for (int r = 0; r < comm.size(); ++r)
-    out.emplace_back(bytes + r * longest, static_cast<std::size_t>(sizes[r]));
-  return out;
-}
-
-// Every rank's error ("" when it did fine): the lowest failing rank's message, the same on every
-// rank, or nothing when all did fine. One small all-reduce when all did fine.
-std::optional<std::string> first_error(Communicator& comm, const std::string& error) {
-  if (comm.size() == 1) return error.empty() ? std::nullopt : std::optional(error);
-  const Tensor failed = full({1}, error.empty() ? 0 : 1, dtype(DType::i64).with_device(control_device(comm)));
-  comm.all_reduce(failed, ReduceOp::max, "checkpoint").wait();
-  if (failed.to(Device::cpu()).item<std::int64_t>() == 0) return std::nullopt;
-  for (std::string& message : all_gather_strings(comm, error)) {
-    if (!message.empty()) return std::move(message);
-  }
-  return std::nullopt;
-}
-
-// What `work` threw, as the text first_error agrees on ("" when it returned); an exception from
-// the standard library (a file system error) is prefixed with `where`.
-template <typename Work>
-std::string attempt(std::string_view where, Work&& work) {
-  try {
-    work();
-  } catch (const Error& error) {
-    return error.what();
-  } catch (const std::exception& error) {
-    return fmt::format("{}: {}", where, error.what());
-  }
-  return {};
-}
-
-// Rank 0's random id, on every rank: names the temporary directory of one save.
-std::uint64_t agreed_id(Communicator& comm) {
-  std::random_device random;
-  const std::uint64_t mine =
-      (static_cast<std::uint64_t>(random()) << 32) ^ random() ^ static_cast<std::uint64_t>(::getpid());
-  if (comm.size() == 1) return mine;
-  const Tensor id =
-      full({1}, static_cast<std::int64_t>(mine), dtype(DType::i64).with_device(control_device(comm)));
-  comm.broadcast(id, 0, "checkpoint").wait();
-  return static_cast<std::uint64_t>(id.to(Device::cpu()).item<std::int64_t>());
-}
-
-// --- files ----------------------------------------------------------------------------------------
-
-class Fd {
- public:
-  Fd(const std::string& path, int flags, std::string_view what) : path_(path) {
-    fd_ = ::open(path.c_str(), flags | O_CLOEXEC, 0644);
-    SHARDLAB_CHECK(fd_ >= 0, "{}: cannot open '{}': {}", what, path, std::strerror(errno));
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-
-  void pwrite_all(const void* data, std::size_t size, std::uint64_t offset, std::string_view what) const {
-    const auto* bytes = static_cast<const char*>(data);
-    while (size > 0) {
-      const ssize_t written = ::pwrite(fd_, bytes, size, static_cast<off_t>(offset));
-      if (written < 0 && errno == EINTR) continue;
-      SHARDLAB_CHECK(written > 0, "{}: writing '{}' failed: {}", what, path_, std::strerror(errno));
-      bytes += written;
-      offset += static_cast<std::uint64_t>(written);
-      size -= static_cast<std::size_t>(written);
-    }
-  }
-  // Fails on a file shorter than offset + size.
-  void pread_all(void* data, std::size_t size, std::uint64_t offset, std::string_view what) const {
-    auto* bytes = static_cast<char*>(data);
-    while (size > 0) {
-      const ssize_t got = ::pread(fd_, bytes, size, static_cast<off_t>(offset));
-      if (got < 0 && errno == EINTR) continue;
-      SHARDLAB_CHECK(got > 0, "{}: reading '{}' failed: {}", what, path_,
-                     got == 0 ? "unexpected end of file" : std::strerror(errno));
-      bytes += got;
-      offset += static_cast<std::uint64_t>(got);
-      size -= static_cast<std::size_t>(got);
-    }
-  }
-  void sync(std::string_view what) const {
-    SHARDLAB_CHECK(::fsync(fd_) == 0, "{}: flushing '{}' failed: {}", what, path_, std::strerror(errno));
-  }
-  void close(std::string_view what) {
-    const int closed = ::close(fd_);
-    fd_ = -1;
-    SHARDLAB_CHECK(closed == 0, "{}: closing '{}' failed: {}", what, path_, std::strerror(errno));
-  }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-};
-
-void sync_directory(const std::string& path, std::string_view what) {
-  Fd directory(path, O_RDONLY | O_DIRECTORY, what);
-  directory.sync(what);
-}
-
-std::uint32_t crc_update(std::uint32_t crc, const void* data, std::size_t size) {
-  return static_cast<std::uint32_t>(crc32_z(crc, static_cast<const Bytef*>(data), size));
-}
 
 // =================================================================================================
 // save
@@ -332,8 +203,8 @@ OrderedJson build_metadata(const std::vector<Json>& ranks, const nn::Named<Param
   for (const auto& [key, value] : ranks[0]["scalars"].items()) {
     if (key != kStep) hyper[key] = value.get<double>();
   }
-  return {{"format", kFormat},
-          {"version", kVersion},
+  return {{"format", detail::kCheckpointFormat},
+          {"version", detail::kCheckpointVersion},
           {"world_size", ranks.size()},
           {"sharding", sharding},
           {"files", std::move(files)},
@@ -440,207 +311,25 @@ void save_checkpoint(const std::string& dir, nn::Module& root, const optim::Opti
 
 namespace {
 
-struct Chunk {
-  std::string file;
-  std::int64_t offset = 0, bytes = 0, first = 0, count = 0;
-};
-
-struct TensorEntry {
-  Shape shape;
-  std::vector<Chunk> chunks;  // sorted by first, covering the tensor once
-};
-
-struct FileEntry {
-  std::int64_t bytes = 0;
-  std::uint32_t crc32 = 0;
-  std::string first_tensor;  // the tensor at its lowest offset, for error messages
-  std::int64_t first_offset = std::numeric_limits<std::int64_t>::max();
-};
-
-struct Metadata {
-  std::map<std::string, FileEntry> files;
-  std::map<std::string, TensorEntry> tensors;
-  std::int64_t step = 0;
-  std::vector<std::pair<std::string, double>> hyper;
-  std::map<std::string, std::int64_t> parameter_steps;
-  Json extra;
-};
-
-// Field access that names what is wrong: "metadata.json: tensor 'x' chunk 2 has no 'offset'".
-class Reader {
- public:
-  explicit Reader(std::string where) : where_(std::move(where)) {}
-
-  const Json& field(const Json& object, const char* key, const std::string& context) const {
-    SHARDLAB_CHECK(object.is_object(), "{}: {}: {} is a JSON {}, expected an object", where_, kMetadata,
-                   context, object.type_name());
-    SHARDLAB_CHECK(object.contains(key), "{}: {}: {} has no '{}'", where_, kMetadata, context, key);
-    return object[key];
-  }
-  std::int64_t size(const Json& object, const char* key, const std::string& context) const {
-    const Json& value = field(object, key, context);
-    SHARDLAB_CHECK(value.is_number_unsigned() &&
-                       value.get<std::uint64_t>() <=
-                           static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max() / 8),
-                   "{}: {}: {} has '{}' = {}, expected a non-negative integer", where_, kMetadata, context,
-                   key, value.dump());
-    return static_cast<std::int64_t>(value.get<std::uint64_t>());
-  }
-  std::string string(const Json& object, const char* key, const std::string& context) const {
-    const Json& value = field(object, key, context);
-    SHARDLAB_CHECK(value.is_string(), "{}: {}: {} has '{}' = {}, expected a string", where_, kMetadata,
-                   context, key, value.dump());
-    return value.get<std::string>();
-  }
-  const Json& object(const Json& parent, const char* key, const std::string& context) const {
-    const Json& value = field(parent, key, context);
-    SHARDLAB_CHECK(value.is_object(), "{}: {}: {} has '{}' = a JSON {}, expected an object", where_,
-                   kMetadata, context, key, value.type_name());
-    return value;
-  }
-  const Json& array(const Json& parent, const char* key, const std::string& context) const {
-    const Json& value = field(parent, key, context);
-    SHARDLAB_CHECK(value.is_array(), "{}: {}: {} has '{}' = a JSON {}, expected an array", where_, kMetadata,
-                   context, key, value.type_name());
-    return value;
-  }
-  template <typename... Args>
-  [[noreturn]] void fail(fmt::format_string<Args...> format, Args&&... args) const {
-    throw Error(
-        fmt::format("{}: {}: {}", where_, kMetadata, fmt::format(format, std::forward<Args>(args)...)));
-  }
-
- private:
-  std::string where_;
-};
-
-std::string read_text(const std::string& path, std::string_view where) {
-  struct stat info {};
-  SHARDLAB_CHECK(::stat(path.c_str(), &info) == 0, "{}: {} is missing ({}): not a complete checkpoint", where,
-                 kMetadata, std::strerror(errno));
-  SHARDLAB_CHECK(static_cast<std::uint64_t>(info.st_size) <= kMaxMetadataBytes,
-                 "{}: {} has {} bytes, more than the {} a checkpoint's metadata may have", where, kMetadata,
-                 info.st_size, kMaxMetadataBytes);
-  std::string text(static_cast<std::size_t>(info.st_size), '\0');
-  Fd in(path, O_RDONLY, where);
-  in.pread_all(text.data(), text.size(), 0, where);
-  return text;
-}
-
-Metadata parse_metadata(const std::string& dir, std::string_view where) {
-  const std::string text = read_text(join_path(dir, kMetadata), where);
-  const Reader read{std::string(where)};
-  Json root;
-  try {
-    root = Json::parse(text);
-  } catch (const Json::exception& error) {
-    read.fail("not valid JSON: {}", error.what());
-  }
-  const std::string top = "the top level";
-  const std::string format = read.string(root, "format", top);
-  if (format != kFormat) read.fail("format is '{}', expected '{}'", format, kFormat);
-  const std::int64_t version = read.size(root, "version", top);
-  if (version != kVersion) read.fail("format version {}, this shardlab reads version {}", version, kVersion);
-  read.size(root, "world_size", top);
-  read.string(root, "sharding", top);
-
-  Metadata out;
-  for (const auto& [name, info] : read.object(root, "files", top).items()) {
-    const std::string context = fmt::format("file '{}'", name);
-    if (name.empty() || name.find('/') != std::string::npos || name == kMetadata || name == "." ||
-        name == "..")
-      read.fail("file name '{}' is not a plain file name in the checkpoint directory", name);
-    const std::int64_t crc = read.size(info, "crc32", context);
-    if (crc > 0xffffffff) read.fail("{} has 'crc32' = {}, more than 32 bits", context, crc);
-    out.files[name] = {.bytes = read.size(info, "bytes", context), .crc32 = static_cast<std::uint32_t>(crc)};
-  }
-
-  for (const auto& [name, info] : read.object(root, "tensors", top).items()) {
-    const std::string context = fmt::format("tensor '{}'", name);
-    TensorEntry entry;
-    std::int64_t numel = 1;
-    for (const Json& size : read.array(info, "shape", context)) {
-      if (!size.is_number_unsigned() || size.get<std::uint64_t>() > (1ull << 48))
-        read.fail("{} has shape {}: {} is not a size", context, info["shape"].dump(), size.dump());
-      entry.shape.push_back(size.get<std::int64_t>());
-      if (__builtin_mul_overflow(numel, entry.shape.back(), &numel) || numel > (1ll << 48))
-        read.fail("{} has shape {} with too many elements", context, info["shape"].dump());
-    }
-    const std::string dtype = read.string(info, "dtype", context);
-    if (dtype != "F32") read.fail("{} has dtype '{}', expected 'F32'", context, dtype);
-    const Json& chunks = read.array(info, "chunks", context);
-    for (std::size_t i = 0; i < chunks.size(); ++i) {
-      const std::string at = fmt::format("{} chunk {}", context, i);
-      Chunk chunk{.file = read.string(chunks[i], "file", at),
-                  .offset = read.size(chunks[i], "offset", at),
-                  .bytes = read.size(chunks[i], "bytes", at),
-                  .first = read.size(chunks[i], "first", at),
-                  .count = read.size(chunks[i], "count", at)};
-      const auto file = out.files.find(chunk.file);
-      if (file == out.files.end())
-        read.fail("{} names file '{}', which 'files' does not list", at, chunk.file);
-      if (chunk.bytes != chunk.count * kElementBytes)
-        read.fail("{} has {} bytes for {} F32 elements, expected {}", at, chunk.bytes, chunk.count,
-                  chunk.count * kElementBytes);
-      if (chunk.offset + chunk.bytes > file->second.bytes)
-        read.fail("{} holds bytes [{}, {}) of file '{}', beyond its {} bytes", at, chunk.offset,
-                  chunk.offset + chunk.bytes, chunk.file, file->second.bytes);
-      if (chunk.first + chunk.count > numel)
-        read.fail("{} holds elements [{}, {}), beyond the tensor's {}", at, chunk.first,
-                  chunk.first + chunk.count, numel);
-      if (chunk.offset < file->second.first_offset) {
-        file->second.first_offset = chunk.offset;
-        file->second.first_tensor = name;
-      }
-      entry.chunks.push_back(std::move(chunk));
-    }
-    std::sort(entry.chunks.begin(), entry.chunks.end(),
-              [](const Chunk& a, const Chunk& b) { return a.first < b.first; });
-    std::int64_t covered = 0;
-    for (const Chunk& chunk : entry.chunks) {
-      if (chunk.first < covered)
-        read.fail("{} has chunks overlapping at element {} (in file '{}')", context, chunk.first, chunk.file);
-      if (chunk.first > covered)
-        read.fail("{} has elements [{}, {}) in no chunk", context, covered, chunk.first);
-      covered = chunk.first + chunk.count;
-    }
-    if (covered != numel) read.fail("{} has elements [{}, {}) in no chunk", context, covered, numel);
-    out.tensors[name] = std::move(entry);
-  }
-
-  const std::string optim_context = "'optimizer'";
-  const Json& optimizer = read.object(root, "optimizer", top);
-  out.step = read.size(optimizer, "step", optim_context);
-  for (const auto& [key, value] : read.object(optimizer, "hyper_parameters", optim_context).items()) {
-    if (!value.is_number())
-      read.fail("optimizer hyper-parameter '{}' is {}, expected a number", key, value.dump());
-    out.hyper.emplace_back(key, value.get<double>());
-  }
-  const Json& steps = read.object(optimizer, "parameter_steps", optim_context);
-  for (const auto& [key, value] : steps.items())
-    out.parameter_steps[key] = read.size(steps, key.c_str(), "'parameter_steps'");
-  out.extra = read.field(root, "extra", top);
-  return out;
-}
-
 // Metadata against the model: exactly its parameters, with its shapes, and optimizer slots of
 // parameters with a step count.
-void check_against_model(const Metadata& metadata, const nn::Named<ParameterShard>& shards,
+void check_against_model(const CheckpointInfo& metadata, const nn::Named<ParameterShard>& shards,
                          std::string_view where) {
   std::map<std::string, const ParameterShard*> parameters;
   for (const auto& [name, shard] : shards) {
     parameters[name] = &shard;
-    const auto it = metadata.tensors.find(name);
-    SHARDLAB_CHECK(it != metadata.tensors.end(),
-                   "{}: {}: the model's parameter '{}' is not in the checkpoint", where, kMetadata, name);
-    SHARDLAB_CHECK(it->second.shape == shard.full_shape,
+    const CheckpointTensor* tensor = metadata.tensor(name);
+    SHARDLAB_CHECK(tensor != nullptr, "{}: {}: the model's parameter '{}' is not in the checkpoint", where,
+                   kMetadata, name);
+    SHARDLAB_CHECK(tensor->shape == shard.full_shape,
                    "{}: {}: tensor '{}' has shape {} in the checkpoint but {} in the model", where, kMetadata,
-                   name, shape_str(it->second.shape), shape_str(shard.full_shape));
+                   name, shape_str(tensor->shape), shape_str(shard.full_shape));
   }
-  for (const auto& [name, entry] : metadata.tensors) {
+  for (const CheckpointTensor& entry : metadata.tensors) {
+    const std::string& name = entry.name;
     if (parameters.contains(name)) continue;
-    SHARDLAB_CHECK(name.starts_with(kOptimPrefix),
-                   "{}: {}: tensor '{}' is not a parameter of the model (file '{}')", where, kMetadata, name,
+    SHARDLAB_CHECK(entry.optimizer_slot(), "{}: {}: tensor '{}' is not a parameter of the model (file '{}')",
+                   where, kMetadata, name,
                    entry.chunks.empty() ? std::string(kMetadata) : entry.chunks.front().file);
     const std::string key = name.substr(kOptimPrefix.size());
     const std::size_t dot = key.rfind('.');
@@ -663,40 +352,9 @@ void check_against_model(const Metadata& metadata, const nn::Named<ParameterShar
   }
 }
 
-// Every listed file present with its size (on every rank: a stat each).
-void check_files(const std::string& dir, const Metadata& metadata, std::string_view where) {
-  for (const auto& [name, file] : metadata.files) {
-    const std::string holds =
-        file.first_tensor.empty() ? "no tensor" : fmt::format("tensor '{}'", file.first_tensor);
-    struct stat info {};
-    SHARDLAB_CHECK(::stat(join_path(dir, name).c_str(), &info) == 0, "{}: file '{}' ({}) is missing: {}",
-                   where, name, holds, std::strerror(errno));
-    SHARDLAB_CHECK(info.st_size == file.bytes,
-                   "{}: file '{}' ({}) has {} bytes but {} says {}: truncated or overwritten", where, name,
-                   holds, info.st_size, kMetadata, file.bytes);
-  }
-}
-
-void check_crc(const std::string& dir, const std::string& name, const FileEntry& file,
-               std::string_view where) {
-  Fd in(join_path(dir, name), O_RDONLY, where);
-  constexpr std::int64_t kBlock = 4 << 20;
-  std::vector<char> block(static_cast<std::size_t>(std::min(kBlock, std::max<std::int64_t>(file.bytes, 1))));
-  std::uint32_t crc = crc_update(0, nullptr, 0);
-  for (std::int64_t at = 0; at < file.bytes; at += kBlock) {
-    const auto size = static_cast<std::size_t>(std::min(kBlock, file.bytes - at));
-    in.pread_all(block.data(), size, static_cast<std::uint64_t>(at), where);
-    crc = crc_update(crc, block.data(), size);
-  }
-  SHARDLAB_CHECK(
-      crc == file.crc32,
-      "{}: file '{}' (tensor '{}') fails its CRC32 check: {:#010x} computed, {:#010x} in {}: corrupt", where,
-      name, file.first_tensor, crc, file.crc32, kMetadata);
-}
-
 // This rank's elements [first, first + count) of a tensor, from the chunks overlapping them.
 struct Read {
-  const Chunk* chunk;
+  const CheckpointChunk* chunk;
   std::int64_t from, count, at;  // elements of the tensor; `at` in the destination
   Tensor* into;
 };
@@ -709,52 +367,52 @@ struct Prepared {
 
 Prepared prepare_load(const std::string& dir, const nn::Named<ParameterShard>& shards,
                       std::string_view where) {
-  const Metadata metadata = parse_metadata(dir, where);
+  const CheckpointInfo metadata = detail::read_metadata(dir, where);
   check_against_model(metadata, shards, where);
-  check_files(dir, metadata, where);
+  detail::check_files(dir, metadata, where);
 
   Prepared out;
   out.parameters.resize(shards.size());
   std::vector<std::pair<std::string, Tensor>> slots;  // "<parameter>.<slot>" -> this rank's piece
   std::vector<Read> reads;
-  const auto plan = [&](const TensorEntry& entry, const ParameterShard& shard, Tensor* into) {
+  const auto plan = [&](const CheckpointTensor& entry, const ParameterShard& shard, Tensor* into) {
     *into = empty({shard.count}, dtype(DType::f32));
-    for (const Chunk& chunk : entry.chunks) {
+    for (const CheckpointChunk& chunk : entry.chunks) {
       const std::int64_t from = std::max(chunk.first, shard.first),
                          to = std::min(chunk.first + chunk.count, shard.first + shard.count);
       if (from < to) reads.push_back({&chunk, from, to - from, from - shard.first, into});
     }
   };
   std::map<std::string, std::vector<std::string>> slots_of;
-  for (const auto& [name, entry] : metadata.tensors) {
-    if (!name.starts_with(kOptimPrefix)) continue;
-    const std::string key = name.substr(kOptimPrefix.size());
+  for (const CheckpointTensor& entry : metadata.tensors) {
+    if (!entry.optimizer_slot()) continue;
+    const std::string key = entry.name.substr(kOptimPrefix.size());
     const std::size_t dot = key.rfind('.');
-    slots_of[key.substr(0, dot)].push_back(name);
+    slots_of[key.substr(0, dot)].push_back(entry.name);
   }
   std::size_t slot_count = 0;
   for (const auto& [name, names] : slots_of) slot_count += names.size();
   slots.reserve(slot_count);  // `reads` points into it
   for (std::size_t i = 0; i < shards.size(); ++i) {
     const auto& [name, shard] = shards[i];
-    plan(metadata.tensors.at(name), shard, &out.parameters[i]);
+    plan(*metadata.tensor(name), shard, &out.parameters[i]);
     const auto step = metadata.parameter_steps.find(name);
     if (step == metadata.parameter_steps.end()) continue;
     out.optimizer.emplace_back(name + ".step", scalar_tensor(step->second, dtype(DType::i64)));
     for (const std::string& tensor : slots_of[name]) {
       slots.emplace_back(tensor.substr(kOptimPrefix.size()), Tensor());
-      plan(metadata.tensors.at(tensor), shard, &slots.back().second);
+      plan(*metadata.tensor(tensor), shard, &slots.back().second);
     }
   }
 
   std::set<std::string> files;
   for (const Read& read : reads) files.insert(read.chunk->file);
-  for (const std::string& name : files) check_crc(dir, name, metadata.files.at(name), where);
+  for (const std::string& name : files) detail::check_crc(dir, *metadata.file(name), where);
   std::map<std::string, std::unique_ptr<Fd>> open;
   for (const std::string& name : files)
     open[name] = std::make_unique<Fd>(join_path(dir, name), O_RDONLY, where);
   for (const Read& read : reads) {
-    const Chunk& chunk = *read.chunk;
+    const CheckpointChunk& chunk = *read.chunk;
     auto* into = static_cast<char*>(read.into->raw_data()) + read.at * kElementBytes;
     open.at(chunk.file)
         ->pread_all(into, static_cast<std::size_t>(read.count * kElementBytes),
@@ -763,7 +421,7 @@ Prepared prepare_load(const std::string& dir, const nn::Named<ParameterShard>& s
   }
 
   for (auto& slot : slots) out.optimizer.push_back(std::move(slot));
-  for (const auto& [key, value] : metadata.hyper)
+  for (const auto& [key, value] : metadata.hyper_parameters)
     out.optimizer.emplace_back(key, scalar_tensor(value, dtype(DType::f64)));
   out.optimizer.emplace_back(std::string(kStep), scalar_tensor(metadata.step, dtype(DType::i64)));
   out.extra = metadata.extra;

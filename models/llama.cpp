@@ -445,10 +445,18 @@ std::map<std::string, nn::StateDict> read_weight_files(const fs::path& dir) {
 
 }  // namespace
 
-void save_pretrained(const std::string& dir, const LlamaConfig& config, const nn::StateDict& state) {
+std::string pretrained_weights_path(const std::string& dir) {
+  return (fs::path(dir) / "model.safetensors").string();
+}
+
+void save_pretrained_config(const std::string& dir, const LlamaConfig& config) {
   fs::create_directories(dir);
-  nn::save_safetensors((fs::path(dir) / "model.safetensors").string(), state, {{"format", "pt"}});
   write_text_atomically(fs::path(dir) / "config.json", config.to_json().dump(2) + "\n");
+}
+
+void save_pretrained(const std::string& dir, const LlamaConfig& config, const nn::StateDict& state) {
+  save_pretrained_config(dir, config);
+  nn::save_safetensors(pretrained_weights_path(dir), state, {{"format", "pt"}});
 }
 
 LlamaConfig LlamaConfig::from_file(const std::string& path) {

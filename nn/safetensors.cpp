@@ -1,5 +1,6 @@
-// nn/safetensors.cpp: safetensors writer (temporary file renamed into place) and a reader that
-// validates every field of an untrusted file before it allocates a tensor.
+// nn/safetensors.cpp: the layout of a file (the header every writer shares), the writer (temporary
+// file renamed into place) and a reader that validates every field of an untrusted file before it
+// allocates a tensor.
 #include "nn/safetensors.h"
 
 #include <fcntl.h>
@@ -246,36 +247,54 @@ Json parse_header(const std::string& path, const std::string& text) {
 
 }  // namespace
 
-void save_safetensors(const std::string& path, const StateDict& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+SafetensorsLayout safetensors_layout(const std::vector<SafetensorsEntry>& entries,
+                                     const std::map<std::string, std::string>& metadata,
+                                     std::string_view where) {
   Json header = Json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::vector<Tensor> host;  // contiguous CPU copies (or the tensors themselves when they already are)
   std::set<std::string> names;
+  std::vector<std::uint64_t> data_offsets;
   std::uint64_t offset = 0;
-  for (const auto& [name, tensor] : tensors) {
-    SHARDLAB_CHECK(name != "__metadata__", "save_safetensors: '{}': the name '__metadata__' is reserved",
-                   path);
-    SHARDLAB_CHECK(names.insert(name).second, "save_safetensors: '{}': the name '{}' appears twice", path,
-                   name);
-    SHARDLAB_CHECK(tensor.defined(), "save_safetensors: '{}': tensor '{}' is undefined", path, name);
-    host.push_back(tensor.to(Device::cpu()).contiguous());
-    const auto bytes = static_cast<std::uint64_t>(tensor.numel()) * tensor.element_size();
+  for (const SafetensorsEntry& entry : entries) {
+    SHARDLAB_CHECK(entry.name != "__metadata__", "{}: the name '__metadata__' is reserved", where);
+    SHARDLAB_CHECK(names.insert(entry.name).second, "{}: the name '{}' appears twice", where, entry.name);
+    const auto bytes = static_cast<std::uint64_t>(shape_numel(entry.shape)) * dtype_size(entry.dtype);
     Json info = Json::object();
-    info["dtype"] = std::string(format_name(tensor.dtype()));
-    info["shape"] = tensor.shape();
+    info["dtype"] = std::string(format_name(entry.dtype));
+    info["shape"] = entry.shape;
     info["data_offsets"] = Json::array({offset, offset + bytes});
-    header[name] = std::move(info);
+    header[entry.name] = std::move(info);
+    data_offsets.push_back(offset);
     offset += bytes;
   }
   std::string text = header.dump();
   // Spaces up to a multiple of 8, as the reference implementation pads, so the data is aligned.
   text.append((8 - text.size() % 8) % 8, ' ');
 
-  TempFile file(path);
+  SafetensorsLayout out;
   const auto length = static_cast<std::uint64_t>(text.size());
-  file.write(&length, sizeof length);
-  file.write(text.data(), text.size());
+  out.header.assign(reinterpret_cast<const char*>(&length), sizeof length);
+  out.header += text;
+  for (const std::uint64_t data_offset : data_offsets) out.offsets.push_back(out.header.size() + data_offset);
+  out.file_bytes = out.header.size() + offset;
+  return out;
+}
+
+void save_safetensors(const std::string& path, const StateDict& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  const std::string where = fmt::format("save_safetensors: '{}'", path);
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& [name, tensor] : tensors) {
+    SHARDLAB_CHECK(tensor.defined(), "{}: tensor '{}' is undefined", where, name);
+    entries.push_back({.name = name, .dtype = tensor.dtype(), .shape = tensor.shape()});
+  }
+  const SafetensorsLayout layout = safetensors_layout(entries, metadata, where);
+  std::vector<Tensor> host;  // contiguous CPU copies (or the tensors themselves when they already are)
+  for (const auto& [name, tensor] : tensors) host.push_back(tensor.to(Device::cpu()).contiguous());
+
+  // The layout lays the tensors end to end in order: written one after the other, each lands at its offset.
+  TempFile file(path);
+  file.write(layout.header.data(), layout.header.size());
   for (const Tensor& tensor : host) {
     if (tensor.numel() > 0)
       file.write(tensor.raw_data(), static_cast<std::size_t>(tensor.numel()) * tensor.element_size());

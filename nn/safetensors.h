@@ -4,8 +4,11 @@
 // little-endian bytes, contiguous and in offset order.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "nn/module.h"
 
@@ -18,6 +21,30 @@ namespace shardlab::nn {
 // temporary file is removed. Names must be unique and not "__metadata__".
 void save_safetensors(const std::string& path, const StateDict& tensors,
                       const std::map<std::string, std::string>& metadata = {});
+
+// One tensor of a file to be written: what the header says about it.
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;
+};
+
+// Where everything of a file goes: the bytes before the data (the 8-byte header length and the
+// header) and each tensor's first byte in the file. The one place the header is built, so that
+// every writer (save_safetensors, dist::save_full_safetensors, dist::consolidate_checkpoint)
+// writes the same bytes for the same tensors.
+struct SafetensorsLayout {
+  std::string header;                  // the file's first bytes, a multiple of 8 long
+  std::vector<std::uint64_t> offsets;  // per entry, in the file (header.size() + its data offset)
+  std::uint64_t file_bytes = 0;        // the whole file
+};
+
+// The layout of `entries` in this order, "__metadata__" first when `metadata` is not empty, the
+// header padded with spaces to a multiple of 8 bytes. Names must be unique and not
+// "__metadata__"; errors begin with `where` (e.g. "save_safetensors: 'model.safetensors'").
+SafetensorsLayout safetensors_layout(const std::vector<SafetensorsEntry>& entries,
+                                     const std::map<std::string, std::string>& metadata,
+                                     std::string_view where);
 
 struct SafetensorsFile {
   StateDict tensors;  // in file order (by data offset)

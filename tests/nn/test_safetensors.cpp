@@ -1,5 +1,5 @@
 // tests/nn/test_safetensors.cpp: safetensors round trips of every dtype, the exact bytes of a
-// tiny file, a golden file written from PyTorch, each malformed-file class, and the
+// tiny file and its layout, a golden file written from PyTorch, each malformed-file class, and the
 // temporary-file-then-rename writer.
 #include <unistd.h>
 
@@ -160,6 +160,14 @@ TEST_CASE("safetensors writes exactly the bytes of the format", "[nn][safetensor
   REQUIRE(expected.size() == 8 + 136 + 11);
   CHECK(read_file(path) == expected);
   CHECK(read_file(path)[0] == 0x88);
+  // The layout the writers share: those header bytes, each tensor's data at its file offset.
+  const nn::SafetensorsLayout layout = nn::safetensors_layout(
+      {{.name = "b", .dtype = DType::u8, .shape = {3}}, {.name = "a", .dtype = DType::f32, .shape = {2}}},
+      {{"k", "v"}}, "test");
+  CHECK(Bytes(layout.header.begin(), layout.header.end()) ==
+        Bytes(expected.begin(), expected.begin() + 8 + 136));
+  CHECK(layout.offsets == std::vector<std::uint64_t>{8 + 136, 8 + 136 + 3});
+  CHECK(layout.file_bytes == expected.size());
 
   // BOOL is one byte per element, 0 or 1; a header of exactly 8k bytes gets no padding.
   save_safetensors(path, {{"mm", from_vector<bool>({true, false, true})}});
