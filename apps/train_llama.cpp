@@ -354,9 +354,13 @@ void Training::write_step_metrics(const StepResult& result) {
 // gathered on every rank (a collective), then rank 0 samples from an unsharded copy.
 void Training::save_and_sample() {
   if (!options_.save_model.empty()) {
-    if (rank_ == 0) models::save_pretrained_config(options_.save_model, config_);  // creates the directory
+    const auto start = std::chrono::steady_clock::now();
+    apps::on_rank_zero(session_.cpu_world(), fmt::format("writing '{}'", options_.save_model), [&] {
+      models::save_pretrained_config(options_.save_model, config_);  // creates the directory
+    });
     dist::save_full_safetensors(models::pretrained_weights_path(options_.save_model), **model_);
-    dist::log("train_llama: saved the model to {}", options_.save_model);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    dist::log("train_llama: saved the model to {} in {:.2f} s", options_.save_model, seconds);
   }
   if (options_.samples == 0) return;
   const nn::Named<Tensor> parameters = dist::gather_full_parameters(**model_);

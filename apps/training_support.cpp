@@ -48,6 +48,21 @@ void MetricsFile::write(const nlohmann::json& record) const {
                  line.size(), std::strerror(errno));
 }
 
+void on_rank_zero(dist::Communicator& comm, std::string_view what, const std::function<void()>& work) {
+  std::string error;
+  if (comm.rank() == 0) {
+    try {
+      work();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  const bool failed = sum_over_ranks(comm, {error.empty() ? 0.0 : 1.0})[0] > 0;
+  if (!failed) return;
+  if (comm.rank() == 0) throw Error(error);
+  fail("{} failed on rank 0", what);
+}
+
 namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
@@ -76,7 +91,9 @@ std::vector<std::int64_t> CheckpointDir::steps() const {
 void CheckpointDir::save(std::int64_t step, nn::Module& root, const optim::Optimizer& optimizer,
                          const nlohmann::json& state, const char* program) const {
   const std::string target = path(step);
-  if (dist::root_communicator(root).rank() == 0) std::filesystem::create_directories(dir_);
+  on_rank_zero(dist::root_communicator(root), fmt::format("creating '{}'", dir_), [&] {
+    std::filesystem::create_directories(dir_);
+  });
   const auto start = std::chrono::steady_clock::now();
   dist::save_checkpoint(target, root, optimizer, state);
   const double seconds = seconds_since(start);

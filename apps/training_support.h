@@ -6,10 +6,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dist/communicator.h"
@@ -36,6 +38,10 @@ class MetricsFile {
  private:
   int fd_ = -1;
 };
+
+// Runs `work` on rank 0 only. Its failure is thrown on every rank (rank 0's with its message, the
+// others' naming `what`), so that no rank waits in a collective that rank 0 never reaches.
+void on_rank_zero(dist::Communicator& comm, std::string_view what, const std::function<void()>& work);
 
 // The sharded checkpoints of a run (dist/checkpoint.h): DIR/step-00001000, ... A checkpoint counts
 // once its metadata.json exists (a save renames it into place complete), so a crash mid-save never

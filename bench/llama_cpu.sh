@@ -10,13 +10,7 @@ cd "$(dirname "$0")/.."
 build_dir="${SHARDLAB_BUILD_DIR:-build}"
 steps="${STEPS:-300}"
 threads="${THREADS:-2}"
-if [ -n "${OUT:-}" ]; then
-  out="$OUT"
-  mkdir -p "$out"
-else
-  out="$(mktemp -d)"
-  trap 'rm -rf "$out"' EXIT
-fi
+source bench/output_dir.sh
 
 "$build_dir/apps/train_llama" --config bench/llama_h256_l4.json --seq 256 --global-batch 16 --steps "$steps" \
   --lr 1e-3 --warmup-steps 30 --threads "$threads" --metrics "$out/shardlab.jsonl" >"$out/shardlab.log" 2>&1 ||

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 
-from jobs import LIMIT_S, run_command, run_job
+from jobs import Checks, LIMIT_S, run_command, run_job
 
 DATA_DIR = "/usr/share/games/fortunes"
 STEPS = 4
@@ -60,11 +60,7 @@ def safetensors_names(path):
 
 
 def main(mpirun, train_llama, tool, generate):
-    results = []
-
-    def check(name, ok, detail=""):
-        print(f"{'ok' if ok else 'FAILED'}: {name}{'' if ok or not detail else chr(10) + detail}")
-        results.append(ok)
+    check = Checks()
 
     skipped = 0
     with tempfile.TemporaryDirectory(prefix="checkpoint_tool_tests.") as scratch:
@@ -80,10 +76,7 @@ def main(mpirun, train_llama, tool, generate):
             check_convert(tool, generate, checkpoint, saved, scratch, check)
             check_refusals(tool, checkpoint, scratch, check)
 
-    passed = sum(results)
-    failed = len(results) - passed
-    print(f"checkpoint_tool: {passed} passed, {failed} failed, {skipped} skipped")
-    return 1 if failed else 0
+    return check.summary("checkpoint_tool", skipped)
 
 
 def refused(check, name, outcome, message):

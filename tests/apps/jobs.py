@@ -1,5 +1,5 @@
 """tests/apps/jobs.py: what the app tests share: starting a job under mpirun (or a plain command)
-with a time limit, and reading the JSON-lines metrics files the apps write."""
+with a time limit, reading the JSON-lines metrics files the apps write, and reporting checks."""
 import json
 import os
 import subprocess
@@ -33,3 +33,21 @@ def read_metrics(path):
         return []
     with open(path, encoding="utf-8") as lines:
         return [json.loads(line) for line in lines if line.strip()]
+
+
+class Checks:
+    """check(name, ok, detail): one line per check ("ok: ..." or "FAILED: ..." and the detail);
+    summary(suite, skipped) prints "suite: N passed, N failed, N skipped" and returns the exit status."""
+
+    def __init__(self):
+        self.results = []
+
+    def __call__(self, name, ok, detail=""):
+        print(f"{'ok' if ok else 'FAILED'}: {name}{'' if ok or not detail else chr(10) + detail}")
+        self.results.append(bool(ok))
+
+    def summary(self, suite, skipped):
+        passed = sum(self.results)
+        failed = len(self.results) - passed
+        print(f"{suite}: {passed} passed, {failed} failed, {skipped} skipped")
+        return 1 if failed else 0

@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 
-from jobs import LIMIT_S, read_metrics, run_job
+from jobs import Checks, LIMIT_S, read_metrics, run_job
 
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
 STEPS = 6
@@ -57,11 +57,7 @@ def close(actual, expected):
 
 
 def main(mpirun, program):
-    results = []
-
-    def check(name, ok, detail=""):
-        print(f"{'ok' if ok else 'FAILED'}: {name}{'' if ok or not detail else chr(10) + detail}")
-        results.append(ok)
+    check = Checks()
 
     # Options are checked before the data loads: these run with or without the data set.
     code, output = run_job(mpirun, program, 4, ["--global-batch", "10", "--steps", "1"])
@@ -85,10 +81,7 @@ def main(mpirun, program):
             check_resume(mpirun, program, scratch, check)
             check_kill_during_save(mpirun, program, scratch, check)
 
-    passed = sum(results)
-    failed = len(results) - passed
-    print(f"train_cnn_app: {passed} passed, {failed} failed, {skipped} skipped")
-    return 1 if failed else 0
+    return check.summary("train_cnn_app", skipped)
 
 
 def train_and_check(mpirun, program, scratch, check):

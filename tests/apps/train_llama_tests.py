@@ -23,7 +23,7 @@ import shutil
 import sys
 import tempfile
 
-from jobs import read_metrics, run_command, run_job
+from jobs import Checks, read_metrics, run_command, run_job
 
 DATA_DIR = "/usr/share/games/fortunes"
 STEPS = 10
@@ -47,16 +47,12 @@ def close(actual, expected):
 
 
 def main(mpirun, train_llama, generate):
-    results = []
-
-    def check(name, ok, detail=""):
-        print(f"{'ok' if ok else 'FAILED'}: {name}{'' if ok or not detail else chr(10) + detail}")
-        results.append(ok)
+    check = Checks()
 
     check_errors(mpirun, train_llama, check)
     skipped = 0
     if not os.path.isdir(DATA_DIR):
-        skipped = len(PARITY_RUNS) + 12
+        skipped = len(PARITY_RUNS) + 14
         print(f"skipped: {skipped} cases that train, {DATA_DIR} is missing (scripts/setup installs fortunes)")
     else:
         with tempfile.TemporaryDirectory(prefix="train_llama_tests.") as scratch:
@@ -66,10 +62,7 @@ def main(mpirun, train_llama, generate):
             check_resume(mpirun, train_llama, scratch, check)
             check_save_and_generate(mpirun, train_llama, generate, scratch, check)
 
-    passed = sum(results)
-    failed = len(results) - passed
-    print(f"train_llama_app: {passed} passed, {failed} failed, {skipped} skipped")
-    return 1 if failed else 0
+    return check.summary("train_llama_app", skipped)
 
 
 def check_errors(mpirun, program, check):
@@ -185,6 +178,13 @@ def check_resume(mpirun, program, scratch, check):
     check("--checkpoint-every 2 --keep 2 keeps the newest two", code == 0 and kept == ["step-00000008",
                                                                                        "step-00000010"],
           f"exit {code}, kept {kept}\n{output}")
+
+    # A directory rank 0 cannot create fails every rank at once (no rank waits in the save).
+    for flag, what in (("--checkpoint-dir", "creating"), ("--save-model", "writing")):
+        code, output = run_job(mpirun, program, 2, BASE_ARGS + ["--steps", "1", flag, "/dev/null/out"])
+        message = f"[rank 1] train_llama: {what} '/dev/null/out' failed on rank 0"
+        ok = code not in (0, None) and output.count(message) == 1 and "[rank 0] train_llama: " in output
+        check(f"np 2 {flag} under a file fails on every rank, rank 0 saying why", ok, f"exit {code}\n{output}")
 
     empty = os.path.join(scratch, "empty")
     code, output = run_job(mpirun, program, 2, BASE_ARGS + ["--checkpoint-dir", empty, "--resume"])
