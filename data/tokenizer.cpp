@@ -1,7 +1,11 @@
-// data/tokenizer.cpp: the id check every decode shares, ByteTokenizer and the tokenizer factory.
+// data/tokenizer.cpp: the id check every decode shares, ByteTokenizer and the tokenizer factory
+// (bytes or a tokenizer.json).
 #include "data/tokenizer.h"
 
+#include <filesystem>
+
 #include "core/error.h"
+#include "data/bpe.h"
 
 namespace shardlab::data {
 
@@ -38,7 +42,11 @@ std::string ByteTokenizer::decode_valid(std::span<const std::int64_t> ids) const
 
 std::unique_ptr<Tokenizer> make_tokenizer(std::string_view name) {
   if (name == "bytes") return std::make_unique<ByteTokenizer>();
-  fail("make_tokenizer: unknown tokenizer '{}' (known: bytes)", name);
+  const std::string path(name);
+  if (path.ends_with(".json") || std::filesystem::is_regular_file(path)) {
+    return std::make_unique<BpeTokenizer>(BpeTokenizer::load(path));
+  }
+  fail("make_tokenizer: unknown tokenizer '{}' (known: bytes, or the path of a tokenizer.json)", name);
 }
 
 }  // namespace shardlab::data

@@ -58,8 +58,8 @@ class ByteTokenizer final : public Tokenizer {
   std::string decode_valid(std::span<const std::int64_t> ids) const override;
 };
 
-// The tokenizer called `name`: "bytes" (ByteTokenizer). Another name is an Error listing the
-// known ones.
+// The tokenizer called `name`: "bytes" (ByteTokenizer), or a path ending in ".json" or naming a
+// file (BpeTokenizer::load, data/bpe.h). Another name is an Error listing the accepted forms.
 std::unique_ptr<Tokenizer> make_tokenizer(std::string_view name);
 
 }  // namespace shardlab::data

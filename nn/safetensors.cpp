@@ -3,12 +3,9 @@
 // allocates a tensor.
 #include "nn/safetensors.h"
 
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cstdint>
@@ -23,6 +20,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/temp_file.h"
 
 namespace shardlab::nn {
 
@@ -65,54 +63,6 @@ std::optional<DType> parse_dtype(std::string_view name) {
   }
   return std::nullopt;
 }
-
-// --- writing ---------------------------------------------------------------------------------------
-
-// A file opened under a temporary name next to its final path; removed unless commit() renamed it.
-class TempFile {
- public:
-  explicit TempFile(const std::string& path) : path_(path) {
-    static std::atomic<unsigned> counter{0};
-    temp_ = fmt::format("{}.tmp.{}.{}", path, ::getpid(), counter++);
-    fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    SHARDLAB_CHECK(fd_ >= 0, "save_safetensors: cannot create '{}' (temporary file for '{}'): {}", temp_,
-                   path_, std::strerror(errno));
-  }
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-  ~TempFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(temp_.c_str());
-  }
-
-  void write(const void* data, std::size_t size) {
-    const auto* bytes = static_cast<const char*>(data);
-    while (size > 0) {
-      const ssize_t written = ::write(fd_, bytes, size);
-      if (written < 0 && errno == EINTR) continue;
-      SHARDLAB_CHECK(written > 0, "save_safetensors: writing '{}' failed: {}", temp_, std::strerror(errno));
-      bytes += written;
-      size -= static_cast<std::size_t>(written);
-    }
-  }
-
-  // Flushes to disk before the rename, so the final name never points at unwritten blocks.
-  void commit() {
-    SHARDLAB_CHECK(::fsync(fd_) == 0, "save_safetensors: flushing '{}' failed: {}", temp_,
-                   std::strerror(errno));
-    const int closed = ::close(fd_);
-    fd_ = -1;
-    SHARDLAB_CHECK(closed == 0, "save_safetensors: closing '{}' failed: {}", temp_, std::strerror(errno));
-    SHARDLAB_CHECK(std::rename(temp_.c_str(), path_.c_str()) == 0,
-                   "save_safetensors: cannot rename '{}' to '{}': {}", temp_, path_, std::strerror(errno));
-    committed_ = true;
-  }
-
- private:
-  std::string path_, temp_;
-  int fd_ = -1;
-  bool committed_ = false;
-};
 
 // --- reading ---------------------------------------------------------------------------------------
 
@@ -293,7 +243,7 @@ void save_safetensors(const std::string& path, const StateDict& tensors,
   for (const auto& [name, tensor] : tensors) host.push_back(tensor.to(Device::cpu()).contiguous());
 
   // The layout lays the tensors end to end in order: written one after the other, each lands at its offset.
-  TempFile file(path);
+  TempFile file(path, "save_safetensors");
   file.write(layout.header.data(), layout.header.size());
   for (const Tensor& tensor : host) {
     if (tensor.numel() > 0)

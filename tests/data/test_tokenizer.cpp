@@ -20,7 +20,9 @@ TEST_CASE("make_tokenizer builds the byte tokenizer and names the known ones", "
   CHECK(tokenizer->bot_id() == 256);
   CHECK(tokenizer->eot_id() == 257);
   CHECK(tokenizer->pad_id() == 258);
-  CHECK_THROWS_EXACT(make_tokenizer("gpt2"), "make_tokenizer: unknown tokenizer 'gpt2' (known: bytes)");
+  CHECK_THROWS_EXACT(
+      make_tokenizer("gpt2"),
+      "make_tokenizer: unknown tokenizer 'gpt2' (known: bytes, or the path of a tokenizer.json)");
 }
 
 TEST_CASE("ByteTokenizer encodes bytes as their unsigned values and adds no special ids",
