@@ -1,11 +1,13 @@
 // tests/main.cpp: Catch2 runner for every shardlab test binary. Tests tagged [cuda] need a
-// GPU: without one they are not run and are reported as skipped, never as passed. The last
-// line is "<binary>: N passed, N failed, N skipped" (test cases), which scripts/test adds up;
-// under mpirun (tests/runner.h) rank 0 prints it for all ranks.
+// GPU, tests tagged [fortunes-corpus] Debian's fortunes (/usr/share/games/fortunes, which
+// scripts/setup installs): without what they need they are not run and are reported as skipped,
+// never as passed. The last line is "<binary>: N passed, N failed, N skipped" (test cases), which
+// scripts/test adds up; under mpirun (tests/runner.h) rank 0 prints it for all ranks.
 #define CATCH_CONFIG_RUNNER
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,6 +56,13 @@ std::string with_term_in_every_alternative(const std::vector<std::string>& args,
   return out + " " + term;
 }
 
+// A tag whose test cases need something this machine may lack.
+struct Requirement {
+  const char* tag;
+  bool available;
+  std::string reason;  // why not, when not
+};
+
 }  // namespace
 
 CATCH_REGISTER_LISTENER(SummaryListener)
@@ -62,19 +71,26 @@ int main(int argc, char* argv[]) {
   test_process = shardlab::test::start_test_process(argc, argv);
   Catch::Session session;
   if (const int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
-  if (!shardlab::cuda::available()) {
+  const bool fortunes = std::filesystem::is_directory("/usr/share/games/fortunes");
+  const Requirement requirements[] = {
+      {"[cuda]", shardlab::cuda::available(),
+       shardlab::cuda::available() ? "" : shardlab::cuda::unavailable_reason()},
+      {"[fortunes-corpus]", fortunes, "/usr/share/games/fortunes is missing (scripts/setup installs it)"},
+  };
+  for (const Requirement& requirement : requirements) {
+    if (requirement.available) continue;
     auto& config = session.configData();
     Catch::ConfigData probe = config;
-    probe.testsOrTags = {with_term_in_every_alternative(config.testsOrTags, "[cuda]")};
+    probe.testsOrTags = {with_term_in_every_alternative(config.testsOrTags, requirement.tag)};
     const Catch::Config probe_config(probe);
-    skipped_cases = static_cast<int>(
+    const auto skipped = static_cast<int>(
         Catch::filterTests(Catch::getAllTestCasesSorted(probe_config), probe_config.testSpec(), probe_config)
             .size());
-    if (skipped_cases > 0) {
-      std::printf("skipping %d [cuda] test case(s): %s\n", skipped_cases,
-                  shardlab::cuda::unavailable_reason().c_str());
-    }
-    config.testsOrTags = {with_term_in_every_alternative(config.testsOrTags, "~[cuda]")};
+    if (skipped > 0)
+      std::printf("skipping %d %s test case(s): %s\n", skipped, requirement.tag, requirement.reason.c_str());
+    skipped_cases += skipped;
+    config.testsOrTags = {
+        with_term_in_every_alternative(config.testsOrTags, std::string("~") + requirement.tag)};
   }
   const int failed_assertions = session.run();
   test_process.reset();

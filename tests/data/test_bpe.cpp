@@ -185,7 +185,7 @@ TEST_CASE("encode from several threads at once gives the single-threaded ids", "
   for (const Ids& result : results) CHECK(result == expected);
 }
 
-TEST_CASE("every fortune round-trips through a 4096 tokenizer", "[data][bpe][fortunes]") {
+TEST_CASE("every fortune round-trips through a 4096 tokenizer", "[data][bpe][fortunes-corpus]") {
   const std::vector<std::string> documents = data::read_documents({"/usr/share/games/fortunes"});
   const BpeTokenizer tokenizer = BpeTokenizer::train(documents, {.vocab_size = 4096});
   CHECK(tokenizer.vocab_size() == 4096);
