@@ -34,7 +34,8 @@ namespace shardlab::data {
 
 struct BpeTrainOptions {
   std::int64_t vocab_size = 4096;  // specials + 256 byte symbols + merges; training stops there
-  // Ids 0.. in this order; their text in a document is never split nor learned from.
+  // Ids 0.. in this order. Training reads their text in a document as plain text, as HF's trainer
+  // does on a tokenizer with no added tokens yet; encode never splits them.
   std::vector<std::string> special_tokens = {"[BOT]", "[EOT]", "[PAD]"};
   std::int64_t min_frequency = 2;  // training stops when the most frequent pair is rarer
 };
