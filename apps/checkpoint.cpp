@@ -2,12 +2,15 @@
 //   checkpoint info DIR                               what it holds
 //   checkpoint consolidate DIR OUT.safetensors [--optimizer]   one safetensors file of it
 //   checkpoint convert DIR OUT_DIR                    a train_llama checkpoint as a Hugging Face directory
+//                                                     (config.json, model.safetensors, a BPE run's tokenizer.json)
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <string>
 
+#include "data/bpe.h"
 #include "dist/checkpoint_reader.h"
 #include "models/llama.h"
 
@@ -73,11 +76,24 @@ models::LlamaConfig llama_config(const std::string& dir, const dist::CheckpointI
   return config;
 }
 
+// The tokenizer.json a train_llama run with a BPE tokenizer records in its state; none for bytes.
+std::optional<data::BpeTokenizer> recorded_tokenizer(const std::string& dir, const nlohmann::json& extra) {
+  if (!extra.contains("tokenizer_json") || extra["tokenizer_json"].is_null()) return std::nullopt;
+  const std::string where = dir + ": metadata.json: extra.tokenizer_json";
+  SHARDLAB_CHECK(extra["tokenizer_json"].is_string(), "{} is a JSON {}, expected the text of a tokenizer.json", where,
+                 extra["tokenizer_json"].type_name());
+  return data::BpeTokenizer::from_json(extra["tokenizer_json"].get<std::string>(), where);
+}
+
+// Everything is checked before the first byte is written.
 void convert(const std::string& dir, const std::string& out_dir) {
-  const models::LlamaConfig config = llama_config(dir, dist::checkpoint_info(dir));
+  const dist::CheckpointInfo info = dist::checkpoint_info(dir);
+  const models::LlamaConfig config = llama_config(dir, info);
+  const std::optional<data::BpeTokenizer> tokenizer = recorded_tokenizer(dir, info.extra);
   std::filesystem::create_directories(out_dir);
   dist::consolidate_checkpoint(dir, models::pretrained_weights_path(out_dir));
   models::save_pretrained_config(out_dir, config);
+  if (tokenizer) tokenizer->save(out_dir + "/tokenizer.json");  // the directory cannot be read without it
 }
 
 }  // namespace

@@ -16,7 +16,7 @@ namespace {
 
 struct Options {
   std::string model_dir;
-  std::string tokenizer = "bytes";
+  std::string tokenizer;  // default: the model directory's tokenizer.json, else bytes
   std::string prompt;
   std::int64_t samples = 3;
   models::SamplingOptions sampling;
@@ -25,7 +25,8 @@ struct Options {
 
 void run(const Options& options) {
   if (options.threads > 0) set_num_threads(options.threads);
-  const std::unique_ptr<data::Tokenizer> tokenizer = data::make_tokenizer(options.tokenizer);
+  const std::unique_ptr<data::Tokenizer> tokenizer = data::make_tokenizer(
+      options.tokenizer.empty() ? data::directory_tokenizer(options.model_dir) : options.tokenizer);
   const models::LlamaConfig config = models::load_pretrained_config(options.model_dir);
   SHARDLAB_CHECK(config.vocab_size >= tokenizer->vocab_size(),
                  "'{}' has a vocabulary of {}, fewer than the {} tokenizer's {} ids", options.model_dir,
@@ -58,8 +59,11 @@ void run(const Options& options) {
 int main(int argc, char** argv) {
   Options options;
   CLI::App app{"generate: sample text from a saved Llama directory"};
-  app.add_option("model", options.model_dir, "directory with config.json and model.safetensors")->required();
-  app.add_option("--tokenizer", options.tokenizer, "bytes");
+  app.add_option("model", options.model_dir,
+                 "directory with config.json, model.safetensors and, for a BPE model, tokenizer.json")
+      ->required();
+  app.add_option("--tokenizer", options.tokenizer,
+                 "bytes or a tokenizer.json (default: the model directory's tokenizer.json, else bytes)");
   app.add_option("--prompt", options.prompt, "text the samples continue (default: none, from [BOT])");
   app.add_option("--samples", options.samples, "how many texts")->check(CLI::PositiveNumber);
   app.add_option("--tokens", options.sampling.max_new_tokens, "at most this many new tokens each")

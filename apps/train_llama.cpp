@@ -18,6 +18,7 @@
 #include "core/parallel.h"
 #include "data/loader.h"
 #include "data/text_corpus.h"
+#include "data/bpe.h"
 #include "data/tokenizer.h"
 #include "dist/checkpoint.h"
 #include "dist/fsdp.h"
@@ -35,7 +36,7 @@ namespace {
 
 struct Options {
   std::string config = "tiny";
-  std::string tokenizer = "bytes";
+  std::string tokenizer;  // default: --init-from's tokenizer.json, else bytes
   std::vector<std::string> data{"/usr/share/games/fortunes"};
   std::string separator = "%";
   std::int64_t limit_documents = 0;
@@ -70,12 +71,45 @@ struct Options {
 // AdamW keeps exp_avg and exp_avg_sq in f32: what the plan counts as optimizer state.
 constexpr std::int64_t kOptimizerStateBytesPerElement = 8;
 
-models::LlamaConfig resolve_config(const Options& options, const data::Tokenizer& tokenizer) {
+// A preset's shape takes the tokenizer's vocabulary; a config file or a directory keeps its own.
+bool takes_tokenizer_vocab(const Options& options) {
+  return options.init_from.empty() && !options.config.ends_with(".json");
+}
+
+models::LlamaConfig resolve_config(const Options& options) {
+  if (!options.init_from.empty()) return models::load_pretrained_config(options.init_from);
   if (options.config.ends_with(".json")) return models::LlamaConfig::from_file(options.config);
-  // A preset's shape with the tokenizer's vocabulary.
-  models::LlamaConfig config = models::LlamaConfig::preset(options.config);
-  config.vocab_size = tokenizer.vocab_size();
-  return config;
+  return models::LlamaConfig::preset(options.config);
+}
+
+// VOCAB of --tokenizer bpe:VOCAB; nothing for the other forms.
+std::optional<std::int64_t> bpe_vocab(const std::string& spec) {
+  if (!spec.starts_with("bpe:")) return std::nullopt;
+  const std::string digits = spec.substr(4);
+  SHARDLAB_CHECK(!digits.empty() && digits.size() <= 9 && digits.find_first_not_of("0123456789") == std::string::npos,
+                 "--tokenizer '{}': expected bpe:VOCAB with VOCAB a positive integer", spec);
+  return std::stoll(digits);
+}
+
+// --tokenizer: "bytes", a tokenizer.json, or "bpe:VOCAB" learned from the corpus. Rank 0 learns
+// the merges and sends its tokenizer.json to every rank: all hold the very same tokenizer (and
+// the others spend no time on it), which the checkpoints record and a resumed run must match.
+std::unique_ptr<data::Tokenizer> corpus_tokenizer(const std::string& spec, const std::vector<std::string>& documents,
+                                                  dist::Communicator& comm) {
+  const std::optional<std::int64_t> vocab = bpe_vocab(spec);
+  if (!vocab) return data::make_tokenizer(spec);
+  std::string json;
+  apps::on_rank_zero(comm, fmt::format("learning the {} tokenizer", spec), [&] {
+    json = data::BpeTokenizer::train(documents, {.vocab_size = *vocab}).to_json();
+  });
+  return std::make_unique<data::BpeTokenizer>(data::BpeTokenizer::from_json(apps::broadcast_text(comm, json), spec));
+}
+
+// The tokenizer.json of a BPE tokenizer (null for bytes): what checkpoints record, as text, so that
+// its key order survives the checkpoint's metadata.
+nlohmann::json tokenizer_document(const data::Tokenizer& tokenizer) {
+  const auto* bpe = dynamic_cast<const data::BpeTokenizer*>(&tokenizer);
+  return bpe ? nlohmann::json(bpe->to_json()) : nlohmann::json();
 }
 
 dist::MixedPrecision parse_mixed_precision(const std::string& text) {
@@ -121,6 +155,7 @@ class Training {
   dist::Session& session_;
   const int rank_, world_size_;
   std::unique_ptr<data::Tokenizer> tokenizer_;
+  nlohmann::json tokenizer_document_;  // its tokenizer.json text, null for bytes
   models::LlamaConfig config_;
   std::optional<data::PretrainingDataset> corpus_;
   std::optional<data::DataLoader> loader_;
@@ -174,12 +209,8 @@ Training::Training(const Options& options, dist::Session& session)
       checkpoints_(options.checkpoint_dir, options.keep) {
   if (options.threads > 0) set_num_threads(options.threads);
   // Options first: a typo fails before the corpus loads.
-  tokenizer_ = data::make_tokenizer(options.tokenizer);
-  config_ = options.init_from.empty() ? resolve_config(options, *tokenizer_)
-                                      : models::load_pretrained_config(options.init_from);
-  SHARDLAB_CHECK(config_.vocab_size >= tokenizer_->vocab_size(),
-                 "the model's vocab_size {} is smaller than the {} tokenizer's {} ids", config_.vocab_size,
-                 tokenizer_->name(), tokenizer_->vocab_size());
+  bpe_vocab(options.tokenizer);
+  config_ = resolve_config(options);
   SHARDLAB_CHECK(options.seq <= config_.max_position_embeddings, "--seq {} exceeds the model's {} positions",
                  options.seq, config_.max_position_embeddings);
   const auto [sharding, group] = dist::parse_sharding(options.sharding);
@@ -194,6 +225,15 @@ Training::Training(const Options& options, dist::Session& session)
   if (options.limit_documents > 0 && options.limit_documents < static_cast<std::int64_t>(documents.size())) {
     documents.resize(static_cast<std::size_t>(options.limit_documents));
   }
+  const std::string tokenizer =
+      !options.tokenizer.empty() ? options.tokenizer
+      : options.init_from.empty() ? "bytes" : data::directory_tokenizer(options.init_from);
+  tokenizer_ = corpus_tokenizer(tokenizer, documents, session.cpu_world());
+  tokenizer_document_ = tokenizer_document(*tokenizer_);
+  if (takes_tokenizer_vocab(options)) config_.vocab_size = tokenizer_->vocab_size();
+  SHARDLAB_CHECK(config_.vocab_size >= tokenizer_->vocab_size(),
+                 "the model's vocab_size {} is smaller than the {} tokenizer's {} ids", config_.vocab_size,
+                 tokenizer_->name(), tokenizer_->vocab_size());
   corpus_.emplace(documents, *tokenizer_, options.seq);
   loader_.emplace(data::rank_loader(corpus_->dataset(), {.size = options.global_batch,
                                                          .world_size = world_size_,
@@ -285,7 +325,9 @@ nlohmann::json Training::training_state() const {
           {"seq", options_.seq},
           {"sequences", corpus_->size()},
           {"total_steps", total_steps_},
-          {"config", config_.to_json()}};
+          {"config", config_.to_json()},
+          {"tokenizer", tokenizer_->name()},
+          {"tokenizer_json", tokenizer_document_}};
 }
 
 void Training::save_checkpoint() {
@@ -296,7 +338,7 @@ void Training::save_checkpoint() {
 void Training::resume() {
   const apps::CheckpointDir::Resumed resumed =
       checkpoints_.resume(session_.cpu_world(), **model_, *optimizer_, training_state(),
-                          {"app", "seed", "global_batch", "seq", "sequences", "config"}, "train_llama");
+                          {"app", "seed", "global_batch", "seq", "sequences", "tokenizer_json", "config"}, "train_llama");
   step_ = resumed.state["step"].get<std::int64_t>();
   SHARDLAB_CHECK(step_ < total_steps_, "--resume: '{}' is at step {}, and --steps asks for {}", resumed.path,
                  step_, total_steps_);
@@ -357,6 +399,9 @@ void Training::save_and_sample() {
     const auto start = std::chrono::steady_clock::now();
     apps::on_rank_zero(session_.cpu_world(), fmt::format("writing '{}'", options_.save_model), [&] {
       models::save_pretrained_config(options_.save_model, config_);  // creates the directory
+      if (!tokenizer_document_.is_null()) {
+        dynamic_cast<const data::BpeTokenizer&>(*tokenizer_).save(options_.save_model + "/tokenizer.json");
+      }
     });
     dist::save_full_safetensors(models::pretrained_weights_path(options_.save_model), **model_);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -433,7 +478,9 @@ int main(int argc, char** argv) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // later flags win
   auto* config =
       app.add_option("--config", options.config, "tiny, seed, 1b, or a Hugging Face config.json file");
-  app.add_option("--tokenizer", options.tokenizer, "bytes (256 byte ids + [BOT], [EOT], [PAD])");
+  app.add_option("--tokenizer", options.tokenizer,
+                 "bytes (256 byte ids + [BOT], [EOT], [PAD]), bpe:VOCAB (byte-level BPE learned from the "
+                 "corpus), or a Hugging Face tokenizer.json (default: --init-from's tokenizer.json, else bytes)");
   app.add_option("--data", options.data, "text files or directories of them (default: Debian's fortunes)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--separator", options.separator, "the line that separates documents in a file");

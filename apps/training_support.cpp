@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/tensor.h"
 #include "dist/checkpoint.h"
+#include "dist/checkpoint_reader.h"
 #include "dist/fsdp.h"
 #include "dist/log.h"
 
@@ -63,10 +64,28 @@ void on_rank_zero(dist::Communicator& comm, std::string_view what, const std::fu
   fail("{} failed on rank 0", what);
 }
 
+std::string broadcast_text(dist::Communicator& comm, const std::string& text) {
+  const Tensor size = from_vector(std::vector<std::int64_t>{static_cast<std::int64_t>(text.size())});
+  comm.broadcast(size, 0, "training").wait();
+  const Tensor bytes = empty({size.to_vector<std::int64_t>()[0]}, TensorOptions{.dtype = DType::u8});
+  if (comm.rank() == 0) std::memcpy(bytes.data<std::uint8_t>(), text.data(), text.size());
+  comm.broadcast(bytes, 0, "training").wait();
+  return {reinterpret_cast<const char*>(bytes.data<std::uint8_t>()), static_cast<std::size_t>(bytes.numel())};
+}
+
 namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// A saved field for an error message: whole when short, its start and length when long (a
+// recorded tokenizer.json).
+std::string brief(const nlohmann::json& value) {
+  if (value.is_null()) return "none";
+  constexpr std::size_t kShown = 80;
+  const std::string text = value.dump();
+  return text.size() <= kShown ? text : fmt::format("{}... ({} bytes)", text.substr(0, kShown), text.size());
 }
 
 }  // namespace
@@ -125,14 +144,17 @@ CheckpointDir::Resumed CheckpointDir::resume(dist::Communicator& comm, nn::Modul
     }
   }
   Resumed resumed{.path = path(saved.back())};
+  // The run's state first (every rank reads the metadata): a changed run is refused by what changed,
+  // before the model's shapes are compared with the checkpoint's.
+  const nlohmann::json recorded = dist::checkpoint_info(resumed.path).extra;
+  for (const std::string& field : unchanged) {
+    const nlohmann::json& before = recorded.contains(field) ? recorded[field] : nlohmann::json();
+    SHARDLAB_CHECK(before == now.at(field), "--resume: {} was {} when '{}' was saved, now {}", field, brief(before),
+                   resumed.path, brief(now.at(field)));
+  }
   const auto start = std::chrono::steady_clock::now();
   resumed.state = dist::load_checkpoint(resumed.path, root, optimizer);
   const double seconds = seconds_since(start);
-  for (const std::string& field : unchanged) {
-    const nlohmann::json& before = resumed.state.contains(field) ? resumed.state[field] : nlohmann::json();
-    SHARDLAB_CHECK(before == now.at(field), "--resume: {} was {} when '{}' was saved, now {}", field,
-                   before.is_null() ? "missing" : before.dump(), resumed.path, now.at(field).dump());
-  }
   SHARDLAB_CHECK(resumed.state.contains("step") && resumed.state["step"].is_number_integer(),
                  "--resume: '{}' has no integer step in its training state", resumed.path);
   dist::log("{}: loaded checkpoint {} in {:.2f} s", program, resumed.path, seconds);

@@ -43,6 +43,9 @@ class MetricsFile {
 // others' naming `what`), so that no rank waits in a collective that rank 0 never reaches.
 void on_rank_zero(dist::Communicator& comm, std::string_view what, const std::function<void()>& work);
 
+// Rank 0's `text` on every rank (the others' `text` is ignored); a collective.
+std::string broadcast_text(dist::Communicator& comm, const std::string& text);
+
 // The sharded checkpoints of a run (dist/checkpoint.h): DIR/step-00001000, ... A checkpoint counts
 // once its metadata.json exists (a save renames it into place complete), so a crash mid-save never
 // costs an older one, and --keep counts complete ones only.
@@ -62,8 +65,8 @@ class CheckpointDir {
   };
   // Loads the newest complete checkpoint into the model's shards and the optimizer, at any world
   // size and sharding; a collective. Refused when the ranks see different newest checkpoints or
-  // none, or when one of `unchanged`'s fields of the saved state differs from `now`'s. Removes
-  // what crashed saves left (step-N.tmp-*) first. Logs the path and the time.
+  // none, or when one of `unchanged`'s fields of the saved state differs from `now`'s (checked before
+  // anything loads). Removes what crashed saves left (step-N.tmp-*) first. Logs the path and the time.
   Resumed resume(dist::Communicator& comm, nn::Module& root, optim::Optimizer& optimizer,
                  const nlohmann::json& now, const std::vector<std::string>& unchanged, const char* program) const;
 

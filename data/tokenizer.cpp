@@ -49,4 +49,9 @@ std::unique_ptr<Tokenizer> make_tokenizer(std::string_view name) {
   fail("make_tokenizer: unknown tokenizer '{}' (known: bytes, or the path of a tokenizer.json)", name);
 }
 
+std::string directory_tokenizer(const std::string& dir) {
+  const std::filesystem::path path = std::filesystem::path(dir) / "tokenizer.json";
+  return std::filesystem::exists(path) ? path.string() : "bytes";
+}
+
 }  // namespace shardlab::data

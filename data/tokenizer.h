@@ -62,4 +62,8 @@ class ByteTokenizer final : public Tokenizer {
 // file (BpeTokenizer::load, data/bpe.h). Another name is an Error listing the accepted forms.
 std::unique_ptr<Tokenizer> make_tokenizer(std::string_view name);
 
+// The tokenizer a model directory implies: its tokenizer.json (Hugging Face's layout) when it has
+// one, else "bytes"; a name for make_tokenizer.
+std::string directory_tokenizer(const std::string& dir);
+
 }  // namespace shardlab::data

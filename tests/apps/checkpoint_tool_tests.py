@@ -6,7 +6,8 @@ train_llama run at 4 ranks (Debian's fortunes) and checks what its users rely on
   counts, the optimizer step and hyper-parameters, the run's extra JSON and the total bytes;
 - consolidate writes, in one process, the very bytes of the run's --save-model model.safetensors
   (which every rank wrote its own shards into); --optimizer adds the slots after the parameters;
-- convert writes a Hugging Face directory equal to --save-model's, which apps/generate samples from;
+- convert writes a Hugging Face directory equal to --save-model's, which apps/generate samples from,
+  with the run's tokenizer.json when it trained with --tokenizer bpe:VOCAB;
 - a missing directory, a directory that is no checkpoint, a truncated rank file, a flipped byte
   (a CRC error naming the file), a checkpoint train_llama did not write and a bad command line
   each exit 1 with one clear message on stderr, and nothing is written.
@@ -30,7 +31,7 @@ STEPS = 4
 RANKS = 4
 TRAIN_ARGS = ["--config", "tiny", "--seq", "48", "--global-batch", "12", "--limit-documents", "240",
               "--steps", str(STEPS), "--lr", "3e-3", "--threads", "1"]
-NEEDS_CHECKPOINT = 12  # the checks skipped without the corpus
+NEEDS_CHECKPOINT = 16  # the checks skipped without the corpus
 
 
 def run_tool(tool, args):
@@ -74,6 +75,7 @@ def main(mpirun, train_llama, tool, generate):
             check_info(tool, checkpoint, check)
             check_consolidate(tool, checkpoint, saved, scratch, check)
             check_convert(tool, generate, checkpoint, saved, scratch, check)
+            check_convert(tool, generate, *train(mpirun, train_llama, scratch, check, 2, "bpe:512"), scratch, check)
             check_refusals(tool, checkpoint, scratch, check)
 
     return check.summary("checkpoint_tool", skipped)
@@ -102,13 +104,13 @@ def check_usage_errors(tool, scratch, check):
           f"exit {code}\n{out}")
 
 
-def train(mpirun, train_llama, scratch, check):
-    directory = os.path.join(scratch, "checkpoints")
-    saved = os.path.join(scratch, "saved")
-    code, output = run_job(mpirun, train_llama, RANKS,
-                           TRAIN_ARGS + ["--checkpoint-dir", directory, "--save-model", saved])
+def train(mpirun, train_llama, scratch, check, ranks=RANKS, tokenizer="bytes"):
+    directory = os.path.join(scratch, f"checkpoints_{tokenizer}")
+    saved = os.path.join(scratch, f"saved_{tokenizer}")
+    code, output = run_job(mpirun, train_llama, ranks, TRAIN_ARGS + ["--tokenizer", tokenizer, "--checkpoint-dir",
+                                                                     directory, "--save-model", saved])
     checkpoint = os.path.join(directory, f"step-{STEPS:08d}")
-    check(f"train_llama at np {RANKS} writes a checkpoint and --save-model",
+    check(f"train_llama --tokenizer {tokenizer} at np {ranks} writes a checkpoint and --save-model",
           code == 0 and os.path.isfile(os.path.join(checkpoint, "metadata.json"))
           and os.path.isfile(os.path.join(saved, "model.safetensors")), f"exit {code}\n{output}")
     return checkpoint, saved
@@ -151,15 +153,16 @@ def check_consolidate(tool, checkpoint, saved, scratch, check):
 
 
 def check_convert(tool, generate, checkpoint, saved, scratch, check):
-    converted = os.path.join(scratch, "converted")
+    converted = os.path.join(scratch, "converted_" + os.path.basename(saved))
     code, out, err = run_tool(tool, ["convert", checkpoint, converted])
-    same = all(read_bytes(os.path.join(converted, name)) == read_bytes(os.path.join(saved, name))
-               for name in ("model.safetensors", "config.json"))
+    # A BPE run's directory holds its tokenizer.json; a bytes run's needs none.
+    expected = sorted(os.listdir(saved)) if os.path.isdir(saved) else []
+    same = all(read_bytes(os.path.join(converted, name)) == read_bytes(os.path.join(saved, name)) for name in expected)
     files = sorted(os.listdir(converted)) if os.path.isdir(converted) else []
-    check("convert writes model.safetensors and config.json equal to --save-model's",
-          code == 0 and files == ["config.json", "model.safetensors"] and same, f"exit {code}, files {files}\n{out}{err}")
+    check(f"convert writes {', '.join(expected)} equal to --save-model's",
+          code == 0 and files == expected and "config.json" in files and same, f"exit {code}, files {files}\n{out}{err}")
     code, output = run_command([generate, converted, "--prompt", "Q:", "--samples", "2", "--tokens", "16"])
-    check("generate samples twice from the converted directory", code == 0 and output.count("--- sample") == 2,
+    check(f"generate samples twice from {os.path.basename(converted)}", code == 0 and output.count("--- sample") == 2,
           f"exit {code}\n{output}")
 
 
@@ -193,6 +196,14 @@ def check_refusals(tool, checkpoint, scratch, check):
         with open(path, "w", encoding="utf-8") as f:
             json.dump(metadata, f)
 
+    def tokenizer_not_text(copy):
+        path = os.path.join(copy, "metadata.json")
+        with open(path, encoding="utf-8") as f:
+            metadata = json.load(f)
+        metadata["extra"]["tokenizer_json"] = {"model": {}}
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(metadata, f)
+
     out_path = os.path.join(scratch, "refused.safetensors")
     truncated = corrupted(checkpoint, scratch, "truncated", truncate)
     refused(check, "consolidate of a truncated rank file", run_tool(tool, ["consolidate", truncated, out_path]),
@@ -205,7 +216,12 @@ def check_refusals(tool, checkpoint, scratch, check):
     refused(check, "convert of a checkpoint train_llama did not write",
             run_tool(tool, ["convert", foreign, os.path.join(scratch, "refused_dir")]),
             f"checkpoint: '{foreign}' is not a train_llama checkpoint: its metadata.json's extra has app missing")
-    saved_dir = os.path.join(scratch, "saved")
+    broken = corrupted(checkpoint, scratch, "tokenizer_not_text", tokenizer_not_text)
+    refused(check, "convert of a checkpoint whose tokenizer.json is not text",
+            run_tool(tool, ["convert", broken, os.path.join(scratch, "refused_tokenizer")]),
+            f"checkpoint: {broken}: metadata.json: extra.tokenizer_json is a JSON object, expected the text of a "
+            "tokenizer.json")
+    saved_dir = os.path.join(scratch, "saved_bytes")
     refused(check, "info of a directory that is no checkpoint", run_tool(tool, ["info", saved_dir]),
             f"checkpoint_info: '{saved_dir}': metadata.json is missing")
     left = [name for name in os.listdir(scratch) if name.startswith("refused")]

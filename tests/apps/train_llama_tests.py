@@ -11,6 +11,9 @@ checks what its users rely on:
 - --save-model writes a directory that apps/generate samples from and --init-from loads;
 - sharded checkpoints every N steps (--keep K) and --resume: bit-exact (losses, parameters, Adam
   state) at the same world size, within 1e-5 at another one;
+- --tokenizer bpe:VOCAB: rank 0 learns the tokenizer and every rank uses it (np 2 saves the
+  tokenizer.json np 1 saves, with the same losses), --save-model holds it and generate and
+  --init-from use it, and --resume refuses another tokenizer;
 - bad options, a missing corpus and a config that does not fit exit 1 with one clear message.
 
 Usage: train_llama_tests.py <mpirun> <train_llama> <generate>. Without /usr/share/games/fortunes
@@ -52,7 +55,7 @@ def main(mpirun, train_llama, generate):
     check_errors(mpirun, train_llama, check)
     skipped = 0
     if not os.path.isdir(DATA_DIR):
-        skipped = len(PARITY_RUNS) + 14
+        skipped = len(PARITY_RUNS) + 14 + 5
         print(f"skipped: {skipped} cases that train, {DATA_DIR} is missing (scripts/setup installs fortunes)")
     else:
         with tempfile.TemporaryDirectory(prefix="train_llama_tests.") as scratch:
@@ -61,6 +64,7 @@ def main(mpirun, train_llama, generate):
             check_checkpointing(mpirun, train_llama, scratch, check)
             check_resume(mpirun, train_llama, scratch, check)
             check_save_and_generate(mpirun, train_llama, generate, scratch, check)
+            check_bpe(mpirun, train_llama, generate, scratch, check)
 
     return check.summary("train_llama_app", skipped)
 
@@ -77,6 +81,8 @@ def check_errors(mpirun, program, check):
         (2, ["--init-from", "/nonexistent/model"], "train_llama: '/nonexistent/model' has no config.json"),
         (1, ["--init-from", "/nonexistent/model", "--config", "seed"], "--config excludes --init-from"),
         (2, ["--resume"], "train_llama: --resume needs --checkpoint-dir"),
+        (2, ["--tokenizer", "bpe:x"], "train_llama: --tokenizer 'bpe:x': expected bpe:VOCAB with VOCAB a positive integer"),
+        (2, ["--tokenizer", "words"], "train_llama: make_tokenizer: unknown tokenizer 'words'"),
     ]
     for ranks, args, message in cases:
         code, output = run_job(mpirun, program, ranks, args + ["--steps", "1"])
@@ -230,6 +236,41 @@ def check_save_and_generate(mpirun, program, generate, scratch, check):
     check("np 2 --init-from the saved directory starts where training ended",
           code == 0 and first is not None and fresh is not None and first < fresh - 0.5,
           f"exit {code}, first loss {first} vs a fresh model's {fresh}\n{output}")
+
+
+def check_bpe(mpirun, program, generate, scratch, check):
+    runs = {}
+    for ranks in (1, 2):
+        metrics = os.path.join(scratch, f"bpe_np{ranks}.jsonl")
+        saved = os.path.join(scratch, f"bpe_np{ranks}")
+        code, output = run_job(mpirun, program, ranks, BASE_ARGS + [
+            "--tokenizer", "bpe:512", "--metrics", metrics, "--save-model", saved, "--checkpoint-dir",
+            os.path.join(scratch, f"bpe_checkpoints_np{ranks}")])
+        tokenizer = os.path.join(saved, "tokenizer.json")
+        with open(tokenizer, "rb") if os.path.isfile(tokenizer) else open(os.devnull, "rb") as f:
+            runs[ranks] = (code, output, per_step(read_metrics(metrics), 0, "loss"), f.read())
+    (code1, _, losses1, tokenizer1), (code2, output2, losses2, tokenizer2) = runs[1], runs[2]
+    ok = (code1 == 0 and code2 == 0 and b'"[EOT]"' in tokenizer1 and tokenizer1 == tokenizer2
+          and "(bpe:512 tokenizer, vocab 512)" in output2 and len(losses2) == STEPS
+          and all(close(losses2[s], losses1[s]) for s in losses1))
+    check("np 2 --tokenizer bpe:512: the tokenizer.json one process learns, the same step losses", ok,
+          f"exit {code1}/{code2}\n{losses1}\n{losses2}\n{output2}")
+
+    saved = os.path.join(scratch, "bpe_np2")
+    code, output = run_command([generate, saved, "--prompt", "Q:", "--samples", "2", "--tokens", "16"])
+    check("generate reads the saved directory's tokenizer.json", code == 0 and output.count("--- sample") == 2,
+          f"exit {code}\n{output}")
+
+    code, output = run_job(mpirun, program, 2, BASE_ARGS[2:8] + ["--steps", "1", "--threads", "1", "--init-from", saved])
+    check("--init-from a BPE directory takes its tokenizer.json",
+          code == 0 and f"({saved}/tokenizer.json tokenizer, vocab 512)" in output, f"exit {code}\n{output}")
+
+    directory = os.path.join(scratch, "bpe_checkpoints_np2")
+    code, output = run_job(mpirun, program, 2, BASE_ARGS + ["--steps", str(STEPS + 2), "--tokenizer", "bpe:600",
+                                                            "--checkpoint-dir", directory, "--resume"])
+    message = "train_llama: --resume: tokenizer_json was \"{"
+    check("--resume with another tokenizer fails, explained once (the tokenizer.json shortened)",
+          code == 1 and output.count(message) == 1 and "bytes) when '" in output, f"exit {code}\n{output}")
 
 
 if __name__ == "__main__":
