@@ -61,6 +61,7 @@ struct Options {
   std::int64_t checkpoint_every = 0;  // 0: only at the end, when --checkpoint-dir is given
   std::int64_t keep = 2;
   bool resume = false;
+  std::string memory_limit;  // none by default: the CPU's memory is the host's, shared with everything else
 };
 
 // Both optimizers keep two f32 slots per element (Adadelta: square_avg and acc_delta; Adam:
@@ -117,6 +118,7 @@ class Training {
   };
   // Trains the rest of epoch_.epoch; false when --steps ended it early.
   bool train_epoch();
+  Variable forward_backward(const data::Batch& batch);
   TestResult evaluate();
   void save_checkpoint();
   void resume();
@@ -137,6 +139,7 @@ class Training {
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::optional<optim::StepLR> scheduler_;
   dist::Plan plan_;
+  std::optional<apps::PeakPrediction> predicted_;  // with --explain or --memory-limit
   std::optional<apps::MetricsFile> metrics_;
   apps::CheckpointDir checkpoints_;
   nlohmann::json last_saved_;  // the state saved or resumed from: the end need not save it again
@@ -189,6 +192,17 @@ Training::Training(const Options& options, dist::Session& session)
   optimizer_ = make_optimizer(optimizer, options.lr, dist::sharded_parameters(*model_));
   scheduler_.emplace(*optimizer_, 1, options.gamma);
   plan_ = dist::explain(*model_, kOptimizerStateBytesPerElement);
+  if (options.explain || !options.memory_limit.empty()) {
+    const std::optional<std::int64_t> limit =
+        options.memory_limit.empty() ? std::nullopt : std::optional(apps::parse_bytes(options.memory_limit));
+    predicted_ = apps::will_it_fit(
+        session.cpu_world(), plan_, model_bytes_baseline_, per_rank_batch, limit,
+        {.global_batch = options.global_batch, .world_size = world_size_, .sharding = plan_.sharding},
+        *optimizer_, [&](std::int64_t samples) {
+          const std::vector<std::int64_t> first = loader_->batch_indices(epoch_.epoch).front();
+          forward_backward(loader_->batch({first.begin(), first.begin() + samples}));
+        });
+  }
   SHARDLAB_CHECK(!options.resume || !options.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
   if (options.resume) resume();
   if (!options.metrics.empty()) metrics_.emplace(options.metrics, session.cpu_world());
@@ -202,7 +216,7 @@ Training::Training(const Options& options, dist::Session& session)
 }
 
 void Training::run() {
-  if (options_.explain) dist::log("{}", plan_.str());
+  if (options_.explain) dist::log("{}{}", plan_.str(), predicted_->str());
   for (; epoch_.epoch <= options_.epochs; epoch_ = {.epoch = epoch_.epoch + 1}) {
     reset_peak_memory(Device::cpu());
     const auto start = std::chrono::steady_clock::now();
@@ -259,16 +273,9 @@ bool Training::train_epoch() {
   for (auto it = batches.begin() + done; it != batches.end(); ++it) {
     if (options_.steps > 0 && step_ >= options_.steps) return false;
     const auto step_start = std::chrono::steady_clock::now();
-    const data::Batch batch = loader_->batch(*it);
-    // Dropout masks are keyed by (seed, step, global sample index): the same on any number of ranks.
-    const RandomContextGuard context({options_.seed, step_, batch.sample_indices});
     optimizer_->zero_grad();
     session_.world().reset_counters();
-    const Variable output = model_(constant(batch.inputs));  // f32: a bf16 root casts its inputs
-    const Variable loss = nll_loss(output, batch.targets, -100, Reduction::sum);
-    // FSDP averages gradients over the ranks; scaled by W, the average is the gradient of the
-    // global batch's summed loss, as one process computes it.
-    (loss * static_cast<double>(world_size_)).backward();
+    const Variable loss = forward_backward(loader_->batch(*it));
     optimizer_->step();
     step_bytes_received_ = session_.world().counters().total().bytes_received;
     ++step_;
@@ -288,6 +295,18 @@ bool Training::train_epoch() {
     if (options_.checkpoint_every > 0 && step_ % options_.checkpoint_every == 0) save_checkpoint();
   }
   return true;
+}
+
+// The loss summed over the batch, and its gradients.
+Variable Training::forward_backward(const data::Batch& batch) {
+  // Dropout masks are keyed by (seed, step, global sample index): the same on any number of ranks.
+  const RandomContextGuard context({options_.seed, step_, batch.sample_indices});
+  const Variable output = model_(constant(batch.inputs));  // f32: a bf16 root casts its inputs
+  const Variable loss = nll_loss(output, batch.targets, -100, Reduction::sum);
+  // FSDP averages gradients over the ranks; scaled by W, the average is the gradient of the
+  // global batch's summed loss, as one process computes it.
+  (loss * static_cast<double>(world_size_)).backward();
+  return loss;
 }
 
 // What continuing exactly needs besides the shards and the optimizer: the step (which fixes the
@@ -379,6 +398,9 @@ void Training::report() {
             persistent, plan_.total_persistent_bytes(), dist::sharded_parameters(*model_).size());
   dist::log("train_cnn: rank 0 peak of gathered parameters: measured {} B, planned {} B",
             dist::unsharded_memory().peak_bytes, plan_.peak_unsharded_bytes());
+  if (predicted_) {
+    dist::log("train_cnn: rank 0 {}", apps::peak_report(*predicted_, peak_bytes_));
+  }
   dist::log("train_cnn: rank 0 collectives of the last step: received {} B, planned {} B",
             step_bytes_received_, plan_.bytes_per_step());
   if (metrics_) {
@@ -390,7 +412,8 @@ void Training::report() {
                      {"persistent_bytes", plan_.total_persistent_bytes()},
                      {"measured_persistent_bytes", persistent},
                      {"step_bytes_received", step_bytes_received_},
-                     {"planned_step_bytes", plan_.bytes_per_step()}});
+                     {"planned_step_bytes", plan_.bytes_per_step()},
+                     {"predicted_peak", predicted_ ? apps::prediction_json(*predicted_) : nlohmann::json()}});
   }
 }
 
@@ -436,6 +459,8 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-every", options.checkpoint_every, "steps between checkpoints (0: only at the end)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--keep", options.keep, "keep the newest K checkpoints")->check(CLI::PositiveNumber);
+  app.add_option("--memory-limit", options.memory_limit,
+                 "refuse before step 1 a run whose predicted peak per rank exceeds BYTES (512M, 2G)");
   app.add_flag("--resume", options.resume,
                "continue from the newest complete checkpoint in --checkpoint-dir (any world size or sharding)");
   try {

@@ -66,6 +66,7 @@ struct Options {
   std::int64_t samples = 0;
   std::int64_t sample_tokens = 200;
   int threads = 0;
+  std::string memory_limit;  // none by default: the CPU's memory is the host's, shared with everything else
 };
 
 // AdamW keeps exp_avg and exp_avg_sq in f32: what the plan counts as optimizer state.
@@ -144,6 +145,7 @@ class Training {
     double loss = 0, grad_norm = 0, seconds = 0;
   };
   StepResult train_step(const data::Batch& batch);
+  Variable forward_backward(const data::Batch& batch, double scale);
   void write_step_metrics(const StepResult& result);
   void save_and_sample();
   void save_checkpoint();
@@ -165,6 +167,8 @@ class Training {
   std::unique_ptr<optim::AdamW> optimizer_;
   std::unique_ptr<optim::LRScheduler> scheduler_;
   dist::Plan plan_;
+  std::optional<apps::PeakPrediction> predicted_;  // with --explain or --memory-limit
+  std::int64_t peak_bytes_ = 0;                    // while training
   std::optional<apps::MetricsFile> metrics_;
   apps::CheckpointDir checkpoints_;
   std::int64_t total_steps_ = 0, step_ = 0;
@@ -261,6 +265,20 @@ Training::Training(const Options& options, dist::Session& session)
           .lr = options.lr, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = options.weight_decay});
   scheduler_ = make_schedule(*optimizer_, total_steps_, std::max<std::int64_t>(1, warmup));
   plan_ = dist::explain(**model_, kOptimizerStateBytesPerElement);
+  if (options.explain || !options.memory_limit.empty()) {
+    const std::optional<std::int64_t> limit =
+        options.memory_limit.empty() ? std::nullopt : std::optional(apps::parse_bytes(options.memory_limit));
+    predicted_ = apps::will_it_fit(session.cpu_world(), plan_, model_bytes_baseline_, per_rank_batch, limit,
+                                   {.global_batch = options.global_batch,
+                                    .world_size = world_size_,
+                                    .sharding = plan_.sharding,
+                                    .checkpointing_available = true,
+                                    .checkpointing = options.activation_checkpointing},
+                                   *optimizer_, [&](std::int64_t samples) {
+                                     const std::vector<std::int64_t> first = loader_->batch_indices(0).front();
+                                     forward_backward(loader_->batch({first.begin(), first.begin() + samples}), 1.0);
+                                   });
+  }
   SHARDLAB_CHECK(!options.resume || !options.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
   if (options.resume) resume();
   if (!options.metrics.empty()) metrics_.emplace(options.metrics, session.cpu_world());
@@ -279,7 +297,7 @@ Training::Training(const Options& options, dist::Session& session)
 
 void Training::run() {
   if (options_.explain) {
-    dist::log("{}", plan_.str());
+    dist::log("{}{}", plan_.str(), predicted_->str());
     // What the seed prints as param.placements: where rank 0's piece of each parameter lies.
     std::string shards = "rank 0's shards (parameter, shape: placement):\n";
     for (const auto& [name, shard] : dist::parameter_shards(**model_)) {
@@ -292,6 +310,7 @@ void Training::run() {
   // A resumed run continues in the epoch and at the batch where its checkpoint stopped: the
   // global batches depend only on (seed, epoch), never on the world size.
   const std::int64_t per_epoch = loader_->batches_per_epoch();
+  reset_peak_memory(Device::cpu());
   for (std::int64_t epoch = step_ / per_epoch; step_ < total_steps_; ++epoch) {
     const auto batches = loader_->batch_indices(epoch);
     for (auto it = batches.begin() + (step_ - epoch * per_epoch); it != batches.end(); ++it) {
@@ -309,6 +328,7 @@ void Training::run() {
                       static_cast<double>(options_.global_batch * options_.seq) / result.seconds);
     }
   }
+  peak_bytes_ = memory_stats(Device::cpu()).peak_bytes;
   if (!options_.checkpoint_dir.empty() && last_saved_step_ != step_) save_checkpoint();
   save_and_sample();
   report();
@@ -354,16 +374,8 @@ Training::StepResult Training::train_step(const data::Batch& batch) {
   const double local_targets = sum(ne(batch.targets, tokenizer_->pad_id()).to(DType::i64)).item<double>();
   const double targets = apps::sum_over_ranks(session_.cpu_world(), {local_targets})[0];
   dist::reset_collective_counters(**model_);
-  // The root's all-gather first, as the seed's model.unshard(): it overlaps preparing the step.
-  dist::UnshardHandle gathering = dist::unshard(**model_);
-  const Tensor padding = eq(batch.inputs, tokenizer_->pad_id());
-  optimizer_->zero_grad();
-  gathering.wait();
-  const Variable logits = (*model_)(batch.inputs, padding);
-  const Variable loss_sum = cross_entropy(reshape(logits, {-1, config_.vocab_size}),
-                                          batch.targets.reshape({-1}), tokenizer_->pad_id(), Reduction::sum);
   // FSDP averages gradients over the ranks: scaled by W, the average is the global mean's gradient.
-  (loss_sum * (static_cast<double>(world_size_) / std::max(targets, 1.0))).backward();
+  const Variable loss_sum = forward_backward(batch, static_cast<double>(world_size_) / std::max(targets, 1.0));
   // FSDP's collectives of the step, what the plan predicts (clipping's all-reduce comes after).
   step_bytes_received_ = dist::collective_counters(**model_).total().bytes_received;
   StepResult result;
@@ -374,6 +386,20 @@ Training::StepResult Training::train_step(const data::Batch& batch) {
                 std::max(targets, 1.0);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
+}
+
+// The loss summed over the batch's targets, and the gradients of `scale` times it.
+Variable Training::forward_backward(const data::Batch& batch, double scale) {
+  // The root's all-gather first, as the seed's model.unshard(): it overlaps preparing the step.
+  dist::UnshardHandle gathering = dist::unshard(**model_);
+  const Tensor padding = eq(batch.inputs, tokenizer_->pad_id());
+  optimizer_->zero_grad();
+  gathering.wait();
+  const Variable logits = (*model_)(batch.inputs, padding);
+  const Variable loss_sum = cross_entropy(reshape(logits, {-1, config_.vocab_size}),
+                                          batch.targets.reshape({-1}), tokenizer_->pad_id(), Reduction::sum);
+  (loss_sum * scale).backward();
+  return loss_sum;
 }
 
 void Training::write_step_metrics(const StepResult& result) {
@@ -447,6 +473,9 @@ void Training::report() {
       persistent, buffer_bytes, plan_.total_persistent_bytes(), dist::sharded_parameters(**model_).size());
   dist::log("train_llama: rank 0 peak of gathered parameters: measured {} B, planned {} B",
             dist::unsharded_memory().peak_bytes, plan_.peak_unsharded_bytes());
+  if (predicted_) {
+    dist::log("train_llama: rank 0 {}", apps::peak_report(*predicted_, peak_bytes_));
+  }
   dist::log("train_llama: rank 0 collectives of the last step: received {} B, planned {} B",
             step_bytes_received_, plan_.bytes_per_step());
   if (metrics_) {
@@ -462,7 +491,9 @@ void Training::report() {
                      {"unsharded_peak_bytes", dist::unsharded_memory().peak_bytes},
                      {"planned_unsharded_peak_bytes", plan_.peak_unsharded_bytes()},
                      {"step_bytes_received", step_bytes_received_},
-                     {"planned_step_bytes", plan_.bytes_per_step()}});
+                     {"planned_step_bytes", plan_.bytes_per_step()},
+                     {"train_peak_memory_bytes", peak_bytes_},
+                     {"predicted_peak", predicted_ ? apps::prediction_json(*predicted_) : nlohmann::json()}});
   }
 }
 
@@ -526,6 +557,8 @@ int main(int argc, char** argv) {
   app.add_flag(
       "--resume", options.resume,
       "continue from the newest complete checkpoint in --checkpoint-dir (any world size or sharding)");
+  app.add_option("--memory-limit", options.memory_limit,
+                 "refuse before step 1 a run whose predicted peak per rank exceeds BYTES (512M, 2G)");
   app.add_option("--sample", options.samples, "print this many generated texts after training")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--sample-tokens", options.sample_tokens, "at most this many tokens per sample")

@@ -1,5 +1,5 @@
 // apps/training_support.cpp: sums over ranks, the metrics file, checkpoint directories, the
-// progress bar, medians.
+// predicted training peak and --memory-limit, the progress bar, medians.
 #include "apps/training_support.h"
 
 #include <fcntl.h>
@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "core/allocator.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "dist/checkpoint.h"
@@ -168,6 +169,184 @@ std::unique_ptr<dist::Session> start_cpu_session(int& argc, char**& argv, const 
     std::fprintf(stderr, "%s: %s\n", program, e.what());
     return nullptr;
   }
+}
+
+namespace {
+
+std::string bytes_text(std::int64_t bytes) {
+  return fmt::format("{} B ({:.1f} MiB)", bytes, static_cast<double>(bytes) / (1024.0 * 1024.0));
+}
+
+}  // namespace
+
+std::string PeakPrediction::str() const {
+  std::string text = fmt::format("training peak per rank, predicted: {}{}\n", bytes_text(total()),
+                                 measured ? "" : ", activations not measured");
+  const auto line = [&](std::string_view what, std::int64_t bytes) {
+    text += fmt::format("  {:<58} {:>14} B\n", what, bytes);
+  };
+  line("loaded data (in use before the model)", data);
+  line("persistent: shards, gradient shards, optimizer state", persistent);
+  line("gathered parameters in flight (1 + prefetch units)", gathered);
+  line("unsharded gradients until the end of backward", gradients);
+  if (measured) {
+    line(fmt::format("activations and temporaries ({} samples, {} B each)", micro_batch, per_sample), activations);
+  }
+  return text;
+}
+
+std::string peak_report(const PeakPrediction& prediction, std::int64_t measured) {
+  const std::int64_t predicted = prediction.total();
+  return fmt::format(
+      "training peak: measured {} B, predicted {} B ({:+.1f}%); above the {} B of loaded data: measured {} B, "
+      "predicted {} B",
+      measured, predicted, 100.0 * static_cast<double>(predicted - measured) / static_cast<double>(measured),
+      prediction.data, measured - prediction.data, predicted - prediction.data);
+}
+
+nlohmann::json prediction_json(const PeakPrediction& prediction) {
+  return {{"total", prediction.total()},           {"data", prediction.data},
+          {"persistent", prediction.persistent},   {"gathered", prediction.gathered},
+          {"gradients", prediction.gradients},     {"activations", prediction.activations},
+          {"per_sample", prediction.per_sample},   {"micro_batch", prediction.micro_batch}};
+}
+
+PeakPrediction planned_peak(const dist::Plan& plan, std::int64_t data_bytes, std::int64_t micro_batch) {
+  return {.data = data_bytes,
+          .persistent = plan.total_persistent_bytes(),
+          .gathered = plan.peak_unsharded_bytes(),
+          .gradients = plan.gradient_buffer_bytes(),
+          .micro_batch = micro_batch};
+}
+
+PeakPrediction predict_peak(const dist::Plan& plan, std::int64_t data_bytes, std::int64_t micro_batch,
+                            Device device, optim::Optimizer& optimizer,
+                            const std::function<void(std::int64_t samples)>& forward_backward) {
+  // What one forward/backward adds at its peak to the bytes in use before it.
+  const auto added = [&](std::int64_t samples) {
+    const std::int64_t before = memory_stats(device).bytes_in_use;
+    reset_peak_memory(device);
+    forward_backward(samples);
+    optimizer.zero_grad();
+    return memory_stats(device).peak_bytes - before;
+  };
+  added(1);
+  // The bytes in use at the start of every step but the first: these and the optimizer state, which
+  // its first step allocates.
+  const std::int64_t between_steps = memory_stats(device).bytes_in_use + plan.optimizer_state_bytes();
+  const std::int64_t one = added(1);
+  const std::int64_t two = micro_batch > 1 ? added(2) : one;
+  reset_peak_memory(device);
+  dist::reset_unsharded_peak();
+  PeakPrediction prediction = planned_peak(plan, data_bytes, micro_batch);
+  prediction.per_sample = two - one;
+  prediction.measured = true;
+  prediction.activations = between_steps + one + (micro_batch - 1) * prediction.per_sample - prediction.total();
+  return prediction;
+}
+
+std::int64_t parse_bytes(std::string_view text) {
+  std::size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+  const std::string_view suffix = text.substr(digits);
+  int shift = -1;
+  if (suffix.empty()) shift = 0;
+  if (suffix == "K") shift = 10;
+  if (suffix == "M") shift = 20;
+  if (suffix == "G") shift = 30;
+  if (suffix == "T") shift = 40;
+  SHARDLAB_CHECK(digits > 0 && digits <= 15 && shift >= 0,
+                 "'{}' is not a number of bytes (digits with an optional K, M, G or T: 512M, 2G)", text);
+  return std::stoll(std::string(text.substr(0, digits))) << shift;
+}
+
+void check_memory_limit(dist::Communicator& comm, const PeakPrediction& prediction, const dist::Plan& plan,
+                        std::int64_t limit, const FitLevers& levers) {
+  // Every rank's terms, so that every rank words the same message about the same rank.
+  constexpr std::size_t kTerms = 6;
+  std::vector<double> mine(kTerms * static_cast<std::size_t>(comm.size()), 0.0);
+  const std::vector<std::int64_t> terms{prediction.data,      prediction.persistent,  prediction.gathered,
+                                        prediction.gradients, prediction.activations, prediction.per_sample};
+  for (std::size_t i = 0; i < kTerms; ++i) mine[kTerms * static_cast<std::size_t>(comm.rank()) + i] = static_cast<double>(terms[i]);
+  const std::vector<double> all = sum_over_ranks(comm, mine);
+  int worst = 0;
+  std::int64_t worst_total = -1;
+  PeakPrediction peak = prediction;
+  for (int rank = 0; rank < comm.size(); ++rank) {
+    const auto term = [&](std::size_t i) { return static_cast<std::int64_t>(all[kTerms * static_cast<std::size_t>(rank) + i]); };
+    const PeakPrediction theirs{.data = term(0),
+                                .persistent = term(1),
+                                .gathered = term(2),
+                                .gradients = term(3),
+                                .activations = term(4),
+                                .per_sample = term(5),
+                                .micro_batch = prediction.micro_batch,
+                                .measured = prediction.measured};
+    if (theirs.total() > worst_total) {
+      worst = rank;
+      worst_total = theirs.total();
+      peak = theirs;
+    }
+  }
+  if (worst_total <= limit) return;
+
+  std::vector<std::pair<std::int64_t, std::string>> largest{
+      {peak.data, "loaded data"},
+      {peak.persistent, "persistent model state (shards, gradient shards, optimizer state)"},
+      {peak.gathered, "gathered parameters"},
+      {peak.gradients, "unsharded gradients"},
+      {peak.activations, fmt::format("activations and temporaries ({} samples)", peak.micro_batch)}};
+  std::sort(largest.rbegin(), largest.rend());
+  std::string message = fmt::format(
+      "will not fit: the predicted training peak of rank {} is {}, over --memory-limit {} by {}\nlargest terms:",
+      worst, bytes_text(worst_total), bytes_text(limit), bytes_text(worst_total - limit));
+  for (std::size_t i = 0; i < 3; ++i) message += fmt::format(" {} {} B;", largest[i].second, largest[i].first);
+  message.back() = '\n';
+  message += "what would lower it:";
+  const auto suggest = [&](const std::string& change, std::optional<std::int64_t> total) {
+    message += fmt::format("\n  {}{}", change,
+                           total ? fmt::format(": predicted peak {}, {}", bytes_text(*total),
+                                               *total <= limit ? "fits" : "still over")
+                                 : "");
+  };
+  const bool shards_everything = levers.sharding == "full" || levers.sharding == "grad_op";
+  // Twice the ranks with the same global batch: half the samples per rank and, where the world is
+  // the shard group, half the persistent state.
+  const std::int64_t half = (peak.micro_batch + 1) / 2;
+  suggest(fmt::format("more ranks (mpirun -np {})", 2 * levers.world_size),
+          peak.total_with(half) - (shards_everything ? peak.persistent / 2 : 0));
+  if (levers.sharding != "full") {
+    // Full sharding over the whole world: the persistent state of one shard group spread over all
+    // ranks, and only 1 + prefetch units gathered at once.
+    dist::Plan resharded = plan;
+    for (std::size_t i = 1; i < resharded.units.size(); ++i) resharded.units[i].gathered_through_backward = false;
+    const std::int64_t group = levers.sharding == "none" ? 1 : plan.shard_group_size;
+    suggest("--sharding full", worst_total - peak.persistent + peak.persistent * group / levers.world_size -
+                                   plan.peak_unsharded_bytes() + resharded.peak_unsharded_bytes());
+  }
+  if (levers.checkpointing_available && !levers.checkpointing)
+    suggest("--activation-checkpointing (keeps each layer's input only and recomputes the rest in backward)",
+            std::nullopt);
+  if (!levers.device.is_cpu()) suggest("--cpu-offload", worst_total - peak.persistent);
+  if (peak.per_sample > 0) {
+    const std::int64_t fitting = peak.micro_batch - (worst_total - limit + peak.per_sample - 1) / peak.per_sample;
+    if (fitting >= 1) {
+      suggest(fmt::format("--global-batch {} (per-rank batch {})", fitting * levers.world_size, fitting),
+              peak.total_with(fitting));
+    }
+  }
+  fail("{}", message);
+}
+
+PeakPrediction will_it_fit(dist::Communicator& comm, const dist::Plan& plan, std::int64_t data_bytes,
+                           std::int64_t micro_batch, std::optional<std::int64_t> limit, const FitLevers& levers,
+                           optim::Optimizer& optimizer,
+                           const std::function<void(std::int64_t samples)>& forward_backward) {
+  if (limit) check_memory_limit(comm, planned_peak(plan, data_bytes, micro_batch), plan, *limit, levers);
+  PeakPrediction prediction =
+      predict_peak(plan, data_bytes, micro_batch, levers.device, optimizer, forward_backward);
+  if (limit) check_memory_limit(comm, prediction, plan, *limit, levers);
+  return prediction;
 }
 
 Progress::Progress(std::string label, std::int64_t total, std::string rate_unit, bool shown)

@@ -1,6 +1,6 @@
 // apps/training_support.h: what the training binaries share: sums over ranks, the per-rank
-// JSON-lines metrics file, the directory of sharded checkpoints, the progress bar and step-time
-// statistics.
+// JSON-lines metrics file, the directory of sharded checkpoints, the predicted training peak and
+// --memory-limit, the progress bar and step-time statistics.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +14,9 @@
 #include <string_view>
 #include <vector>
 
+#include "core/device.h"
 #include "dist/communicator.h"
+#include "dist/fsdp.h"
 #include "dist/init.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
@@ -104,6 +106,72 @@ int build_and_run(const char* program, dist::Session& session, const Options& op
   }
   return 0;
 }
+
+// --- will it fit? -------------------------------------------------------------------------------
+
+// One rank's predicted peak of allocator bytes while training, as terms that add up to it. The
+// plan gives the model state and what FSDP gathers and reduces; a dry forward/backward measures
+// the rest (activations and temporaries) for micro-batches of 1 and 2 samples, extrapolated
+// linearly to the run's micro-batch, so that a run that will not fit is refused before its
+// activations and optimizer state are allocated. Activations grow linearly with the samples;
+// FSDP's buffers do not, and the two measurements cancel them out of the per-sample slope.
+struct PeakPrediction {
+  std::int64_t data = 0;         // in use before the model existed: the loaded data (measured)
+  std::int64_t persistent = 0;   // shards, gradient shards and optimizer state (plan)
+  std::int64_t gathered = 0;     // gathered parameters in flight: 1 + prefetch units (plan)
+  std::int64_t gradients = 0;    // unsharded gradients until the end of backward (plan)
+  std::int64_t activations = 0;  // the rest of the forward/backward peak (dry run); 0 before it
+  std::int64_t per_sample = 0;   // of which, per sample of the micro-batch
+  std::int64_t micro_batch = 0;  // samples per rank and step
+  bool measured = false;         // whether a dry run measured the activations
+
+  std::int64_t total() const { return data + persistent + gathered + gradients + activations; }
+  // The same run with `samples` per rank instead of micro_batch.
+  std::int64_t total_with(std::int64_t samples) const { return total() + (samples - micro_batch) * per_sample; }
+  std::string str() const;  // the terms, one a line, as --explain prints them
+};
+// "training peak: measured M B, predicted P B (+1.2%); above the D B of loaded data: ...".
+std::string peak_report(const PeakPrediction& prediction, std::int64_t measured);
+// {"total": ..., "data": ..., ...}: what the metrics files record.
+nlohmann::json prediction_json(const PeakPrediction& prediction);
+
+// The peak the plan alone predicts: activations not yet measured (a lower bound).
+PeakPrediction planned_peak(const dist::Plan& plan, std::int64_t data_bytes, std::int64_t micro_batch);
+
+// planned_peak plus the activations: `forward_backward(n)` runs the step's forward and backward on
+// n samples of a batch (on every rank: a collective). Three runs, the first unmeasured (it records
+// FSDP's unit order and builds caches); each ends with optimizer.zero_grad(), no step, so the
+// parameters and the optimizer are untouched. Resets the allocator's and FSDP's peaks after.
+PeakPrediction predict_peak(const dist::Plan& plan, std::int64_t data_bytes, std::int64_t micro_batch,
+                            Device device, optim::Optimizer& optimizer,
+                            const std::function<void(std::int64_t samples)>& forward_backward);
+
+// "512M", "2G", "1048576": bytes, with an optional K, M, G or T suffix (powers of 1024).
+std::int64_t parse_bytes(std::string_view text);
+
+// What a run can change to use less memory, for the refusal's suggestions.
+struct FitLevers {
+  std::int64_t global_batch = 0;
+  int world_size = 1;
+  std::string sharding;  // dist::Plan::sharding
+  bool checkpointing_available = false, checkpointing = false;  // --activation-checkpointing
+  Device device = Device::cpu();                                // --cpu-offload frees a GPU only
+};
+
+// Throws on every rank when some rank's predicted peak exceeds `limit`, with one message (the
+// same on every rank, of the rank with the highest peak) naming the peak, the limit, the largest
+// terms and what would bring it under, with each change's predicted peak where the terms give
+// it. A collective.
+void check_memory_limit(dist::Communicator& comm, const PeakPrediction& prediction, const dist::Plan& plan,
+                        std::int64_t limit, const FitLevers& levers);
+
+// What --explain and --memory-limit run before step 1: with a limit, planned_peak is checked
+// first (a run whose model state alone does not fit allocates nothing more), then predict_peak's
+// prediction, which this returns.
+PeakPrediction will_it_fit(dist::Communicator& comm, const dist::Plan& plan, std::int64_t data_bytes,
+                           std::int64_t micro_batch, std::optional<std::int64_t> limit, const FitLevers& levers,
+                           optim::Optimizer& optimizer,
+                           const std::function<void(std::int64_t samples)>& forward_backward);
 
 // A progress bar redrawn in place on a terminal; a plain line every tenth of the run otherwise.
 // Only the rank that shows it draws. Open MPI hands its ranks a pseudo-terminal whatever

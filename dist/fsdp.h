@@ -206,6 +206,12 @@ struct UnitPlan {
   // state for this rank's elements of trainable parameters (none for padding).
   std::int64_t persistent_bytes = 0;
   std::int64_t unsharded_bytes = 0;  // the gathered parameters while they exist
+  std::int64_t optimizer_bytes = 0;  // of persistent_bytes, the optimizer state
+  // The unsharded gradient in reduce_dtype, kept from the unit's reduce-scatter to the end of the
+  // backward (0 where the reduction's output is the gradient shard itself: a group of 1 rank).
+  std::int64_t reduce_buffer_bytes = 0;
+  // With reduce_dtype other than param_dtype: the param_dtype gradient while the unit's backward runs.
+  std::int64_t cast_buffer_bytes = 0;
   // Gathered from forward to the end of backward: the root, grad_op and none units, and units
   // kept gathered by reshard_after_forward=false.
   bool gathered_through_backward = false;
@@ -226,9 +232,12 @@ struct Plan {
   std::string note;  // e.g. what cpu offload does here
 
   std::int64_t total_persistent_bytes() const;
+  std::int64_t optimizer_state_bytes() const;  // of which the optimizer state (allocated by its first step)
   // Gathered parameters at once: every unit gathered through backward, and the largest
   // (1 + prefetch) of the units gathered for forward and again for backward.
   std::int64_t peak_unsharded_bytes() const;
+  // Unsharded gradients at the end of backward: every unit's reduce buffer, plus the largest cast buffer.
+  std::int64_t gradient_buffer_bytes() const;
   std::int64_t bytes_per_step() const;  // all collectives, received per rank
   // What gradient accumulation without sync holds between micro-steps: every unit's unsharded
   // gradient buffer.

@@ -38,9 +38,12 @@ UnitPlan plan_unit(const Unit& unit, std::int64_t optimizer_state_bytes_per_elem
     }
   }
   const bool trains = row.frozen < row.parameters;
-  row.persistent_bytes =
-      row.shard_elements * (trains ? 4 + 4 : 4) + trained_here * optimizer_state_bytes_per_element;
+  row.optimizer_bytes = trained_here * optimizer_state_bytes_per_element;
+  row.persistent_bytes = row.shard_elements * (trains ? 4 + 4 : 4) + row.optimizer_bytes;
   row.unsharded_bytes = unit.padded() * static_cast<std::int64_t>(dtype_size(precision.param_dtype));
+  if (trains && shard_size > 1)  // Unit::start_reduction's input, dropped by finish_backward
+    row.reduce_buffer_bytes = unit.padded() * static_cast<std::int64_t>(dtype_size(precision.reduce_dtype));
+  if (trains && precision.reduce_dtype != precision.param_dtype) row.cast_buffer_bytes = row.unsharded_bytes;
   row.gathered_through_backward = !unit.reshards_after_forward();
   const Fingerprint gather{
       .op = Collective::all_gather, .dtype = precision.param_dtype, .count = unit.padded()};
@@ -116,6 +119,21 @@ std::int64_t Plan::total_persistent_bytes() const {
   std::int64_t total = 0;
   for (const UnitPlan& unit : units) total += unit.persistent_bytes;
   return total;
+}
+
+std::int64_t Plan::optimizer_state_bytes() const {
+  std::int64_t total = 0;
+  for (const UnitPlan& unit : units) total += unit.optimizer_bytes;
+  return total;
+}
+
+std::int64_t Plan::gradient_buffer_bytes() const {
+  std::int64_t total = 0, largest_cast = 0;
+  for (const UnitPlan& unit : units) {
+    total += unit.reduce_buffer_bytes;
+    largest_cast = std::max(largest_cast, unit.cast_buffer_bytes);
+  }
+  return total + largest_cast;
 }
 
 std::int64_t Plan::peak_unsharded_bytes() const {
