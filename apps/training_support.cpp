@@ -230,18 +230,19 @@ PeakPrediction predict_peak(const dist::Plan& plan, std::int64_t data_bytes, std
     optimizer.zero_grad();
     return memory_stats(device).peak_bytes - before;
   };
-  added(1);
+  const std::int64_t half = (micro_batch + 1) / 2;
+  added(half);
   // The bytes in use at the start of every step but the first: these and the optimizer state, which
   // its first step allocates.
   const std::int64_t between_steps = memory_stats(device).bytes_in_use + plan.optimizer_state_bytes();
-  const std::int64_t one = added(1);
-  const std::int64_t two = micro_batch > 1 ? added(2) : one;
+  const std::int64_t at_half = added(half);
+  const std::int64_t full = micro_batch > half ? added(micro_batch) : at_half;
   reset_peak_memory(device);
   dist::reset_unsharded_peak();
   PeakPrediction prediction = planned_peak(plan, data_bytes, micro_batch);
-  prediction.per_sample = two - one;
+  prediction.per_sample = micro_batch > half ? (full - at_half) / (micro_batch - half) : 0;
   prediction.measured = true;
-  prediction.activations = between_steps + one + (micro_batch - 1) * prediction.per_sample - prediction.total();
+  prediction.activations = between_steps + full - prediction.total();
   return prediction;
 }
 

@@ -110,18 +110,19 @@ int build_and_run(const char* program, dist::Session& session, const Options& op
 // --- will it fit? -------------------------------------------------------------------------------
 
 // One rank's predicted peak of allocator bytes while training, as terms that add up to it. The
-// plan gives the model state and what FSDP gathers and reduces; a dry forward/backward measures
-// the rest (activations and temporaries) for micro-batches of 1 and 2 samples, extrapolated
-// linearly to the run's micro-batch, so that a run that will not fit is refused before its
-// activations and optimizer state are allocated. Activations grow linearly with the samples;
-// FSDP's buffers do not, and the two measurements cancel them out of the per-sample slope.
+// plan gives the model state and what FSDP gathers and reduces; a dry forward/backward of the
+// run's micro-batch measures the rest (activations and temporaries). Measured, not extrapolated
+// from a smaller batch: with resharding, a small batch peaks while parameters are gathered and a
+// large one while activations are live, so the peak is not linear in the samples (1 and 2 samples
+// extrapolated to 12 missed the tiny Llama's peak by 11%). A second run of half the samples gives
+// the per-sample slope that the refusal's batch suggestions use.
 struct PeakPrediction {
   std::int64_t data = 0;         // in use before the model existed: the loaded data (measured)
   std::int64_t persistent = 0;   // shards, gradient shards and optimizer state (plan)
   std::int64_t gathered = 0;     // gathered parameters in flight: 1 + prefetch units (plan)
   std::int64_t gradients = 0;    // unsharded gradients until the end of backward (plan)
   std::int64_t activations = 0;  // the rest of the forward/backward peak (dry run); 0 before it
-  std::int64_t per_sample = 0;   // of which, per sample of the micro-batch
+  std::int64_t per_sample = 0;   // activations' growth per sample, from micro-batches of half and all
   std::int64_t micro_batch = 0;  // samples per rank and step
   bool measured = false;         // whether a dry run measured the activations
 
@@ -139,8 +140,8 @@ nlohmann::json prediction_json(const PeakPrediction& prediction);
 PeakPrediction planned_peak(const dist::Plan& plan, std::int64_t data_bytes, std::int64_t micro_batch);
 
 // planned_peak plus the activations: `forward_backward(n)` runs the step's forward and backward on
-// n samples of a batch (on every rank: a collective). Three runs, the first unmeasured (it records
-// FSDP's unit order and builds caches); each ends with optimizer.zero_grad(), no step, so the
+// n samples of a batch (on every rank: a collective). Three runs, of half the micro-batch (not
+// measured: it records FSDP's unit order and builds caches), half and all of it; each ends with optimizer.zero_grad(), no step, so the
 // parameters and the optimizer are untouched. Resets the allocator's and FSDP's peaks after.
 PeakPrediction predict_peak(const dist::Plan& plan, std::int64_t data_bytes, std::int64_t micro_batch,
                             Device device, optim::Optimizer& optimizer,

@@ -1,5 +1,6 @@
 """tests/apps/jobs.py: what the app tests share: starting a job under mpirun (or a plain command)
-with a time limit, reading the JSON-lines metrics files the apps write, and reporting checks."""
+with a time limit, reading the JSON-lines metrics files the apps write, reporting checks, and the
+checks of the predicted training peak and --memory-limit."""
 import json
 import os
 import subprocess
@@ -51,3 +52,62 @@ class Checks:
         failed = len(self.results) - passed
         print(f"{suite}: {passed} passed, {failed} failed, {skipped} skipped")
         return 1 if failed else 0
+
+
+PEAK_TOLERANCE = 0.10  # predicted training peak above the loaded data, relative to the measured one
+
+
+def peak_errors(records):
+    """Every rank's (rank, predicted, measured) training peak above its loaded data, from the end
+    records of a run with --explain, and whether each is within PEAK_TOLERANCE."""
+    out = []
+    for r in records:
+        if r.get("predicted_peak") is None or "train_peak_memory_bytes" not in r:
+            continue
+        data = r["predicted_peak"]["data"]
+        predicted = r["predicted_peak"]["total"] - data
+        measured = r["train_peak_memory_bytes"] - data
+        out.append((r["rank"], predicted, measured, abs(predicted - measured) <= PEAK_TOLERANCE * measured))
+    return out
+
+
+def check_peak(check, name, records, ranks):
+    errors = peak_errors(records)
+    check(f"{name}: predicted training peak within {PEAK_TOLERANCE:.0%} of the measured one on every rank",
+          len(errors) == ranks and all(ok for *_, ok in errors),
+          "\n".join(f"rank {rank}: predicted {p} B, measured {m} B above the data" for rank, p, m, _ in errors)
+          or "no end records with a prediction")
+
+
+def mib(n):
+    return f"{n} B ({n / 1048576:.1f} MiB)"
+
+
+def check_memory_limit(check, mpirun, program, ranks, args, scratch):
+    """--memory-limit at the predicted peak runs; one byte below it is refused before step 1 with one
+    message naming the peak and the limit; a suffixed limit is read in powers of 1024."""
+    name = os.path.basename(program)
+    metrics = os.path.join(scratch, f"{name}-fit.jsonl")
+    code, output = run_job(mpirun, program, ranks, args + ["--explain", "--metrics", metrics])
+    records = [r for r in read_metrics(metrics) if r.get("predicted_peak")]
+    if code != 0 or len(records) != ranks:
+        check(f"{name} np {ranks} --explain records a predicted peak per rank", False, f"exit {code}\n{output}")
+        return
+    worst = max(records, key=lambda r: (r["predicted_peak"]["total"], -r["rank"]))
+    peak = worst["predicted_peak"]["total"]
+    code, output = run_job(mpirun, program, ranks, args + ["--memory-limit", str(peak)])
+    check(f"{name} np {ranks} --memory-limit at the predicted peak ({peak} B) trains", code == 0,
+          f"exit {code}\n{output}")
+    code, output = run_job(mpirun, program, ranks, args + ["--memory-limit", str(peak - 1)])
+    message = (f"{name}: will not fit: the predicted training peak of rank {worst['rank']} is {mib(peak)}, "
+               f"over --memory-limit {mib(peak - 1)} by {mib(1)}\nlargest terms: ")
+    check(f"{name} np {ranks} --memory-limit one byte under the peak is refused, explained once",
+          code == 1 and output.count(message) == 1 and output.count("what would lower it:") == 1,
+          f"exit {code}, expected once: {message}\n{output}")
+    code, output = run_job(mpirun, program, ranks, args + ["--memory-limit", "1K"])
+    check(f"{name} np {ranks} --memory-limit 1K is 1024 bytes, refused",
+          code == 1 and output.count("over --memory-limit 1024 B (0.0 MiB)") == 1, f"exit {code}\n{output}")
+    code, output = run_job(mpirun, program, ranks, args + ["--memory-limit", "2X"])
+    message = f"{name}: '2X' is not a number of bytes (digits with an optional K, M, G or T: 512M, 2G)"
+    check(f"{name} np {ranks} --memory-limit 2X is refused, explained once",
+          code == 1 and output.count(message) == 1, f"exit {code}\n{output}")

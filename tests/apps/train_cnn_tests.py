@@ -16,7 +16,11 @@ what its users rely on:
   np 2 and 4, and within float tolerance when saved at np 4 and resumed at np 2; a resume that
   changes the batch is refused;
 - kill -9 of every rank during a save (at several points of it) leaves the previous checkpoint
-  complete, and resuming from it gives the uninterrupted run's losses bit for bit.
+  complete, and resuming from it gives the uninterrupted run's losses bit for bit;
+- will it fit: the training peak --explain predicts (above the loaded data) is within 10% of the
+  measured one on every rank at np 1-4 for every strategy; its dry forward/backwards change
+  nothing (losses and saved model bit for bit as without --explain); --memory-limit at the peak
+  trains, one byte under is refused before step 1 with one message.
 
 Usage: train_cnn_tests.py <mpirun> <train_cnn>. Needs the dataset from scripts/setup
 (/usr/share/datasets/fashion-mnist); without it every case is skipped. Prints one line per
@@ -31,7 +35,7 @@ import sys
 import tempfile
 import time
 
-from jobs import Checks, LIMIT_S, read_metrics, run_job
+from jobs import Checks, LIMIT_S, check_memory_limit, check_peak, read_metrics, run_job
 
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
 STEPS = 6
@@ -72,7 +76,7 @@ def main(mpirun, program):
 
     skipped = 0
     if not os.path.isdir(DATA_DIR):
-        skipped = len(PARITY_RUNS) - 1 + 2 + 7 + len(KILL_STEPS)
+        skipped = len(PARITY_RUNS) - 1 + 2 + 7 + len(KILL_STEPS) + len(FIT_RUNS) + 1 + 4
         print(f"skipped: {skipped} cases that train, {DATA_DIR} is missing "
               "(scripts/setup installs dataset-fashion-mnist)")
     else:
@@ -80,6 +84,7 @@ def main(mpirun, program):
             train_and_check(mpirun, program, scratch, check)
             check_resume(mpirun, program, scratch, check)
             check_kill_during_save(mpirun, program, scratch, check)
+            check_will_it_fit(mpirun, program, scratch, check)
 
     return check.summary("train_cnn_app", skipped)
 
@@ -272,3 +277,36 @@ if __name__ == "__main__":
     if len(sys.argv) != 3:
         sys.exit("usage: train_cnn_tests.py <mpirun> <train_cnn>")
     sys.exit(main(sys.argv[1], sys.argv[2]))
+
+
+# (ranks, sharding) of the predicted-peak runs: every strategy at np 1-4.
+FIT_RUNS = [(ranks, sharding) for ranks in (1, 2, 3, 4)
+            for sharding in ("full", "grad_op", "none", "hybrid:2" if ranks % 2 == 0 else "hybrid:1")]
+FIT_ARGS = ["--steps", "2", "--limit-train", "96", "--limit-test", "100", "--global-batch", "24", "--threads", "1"]
+
+
+def check_will_it_fit(mpirun, program, scratch, check):
+    for ranks, sharding in FIT_RUNS:
+        metrics = os.path.join(scratch, f"fit-{ranks}-{sharding}.jsonl")
+        code, output = run_job(mpirun, program, ranks, FIT_ARGS + ["--sharding", sharding, "--explain",
+                                                                   "--metrics", metrics])
+        if code != 0:
+            check(f"np {ranks} {sharding} --explain trains", False, f"exit {code}\n{output}")
+            continue
+        check_peak(check, f"np {ranks} {sharding}", read_metrics(metrics), ranks)
+
+    # The dry runs leave no trace: the same step losses and model, bit for bit, as without them.
+    runs = {}
+    for explain in (False, True):
+        metrics = os.path.join(scratch, f"fit-state-{explain}.jsonl")
+        model = os.path.join(scratch, f"fit-state-{explain}.safetensors")
+        args = FIT_ARGS + ["--steps", "3", "--metrics", metrics, "--save-model", model] + (["--explain"] if explain else [])
+        code, output = run_job(mpirun, program, 2, args)
+        runs[explain] = (code, step_losses(read_metrics(metrics), 0), model, output)
+    (code0, losses0, model0, out0), (code1, losses1, model1, out1) = runs[False], runs[True]
+    check("np 2: the dry forward/backwards of --explain change nothing (step losses and saved model bit for bit)",
+          code0 == 0 and code1 == 0 and len(losses0) == 3 and losses0 == losses1
+          and filecmp.cmp(model0, model1, shallow=False),
+          f"exit {code0}, {code1}; losses {losses0} vs {losses1}\n{out1}")
+
+    check_memory_limit(check, mpirun, program, 2, FIT_ARGS, scratch)

@@ -14,7 +14,11 @@ checks what its users rely on:
 - --tokenizer bpe:VOCAB: rank 0 learns the tokenizer and every rank uses it (np 2 saves the
   tokenizer.json np 1 saves, with the same losses), --save-model holds it and generate and
   --init-from use it, and --resume refuses another tokenizer;
-- bad options, a missing corpus and a config that does not fit exit 1 with one clear message.
+- bad options, a missing corpus and a config that does not fit exit 1 with one clear message;
+- will it fit: the training peak --explain predicts (above the loaded data) is within 10% of the
+  measured one on every rank at np 1-4 for every strategy, with and without activation
+  checkpointing; its dry forward/backwards change nothing (losses and saved model bit for bit);
+  --memory-limit at the peak trains, one byte under is refused before step 1 with one message.
 
 Usage: train_llama_tests.py <mpirun> <train_llama> <generate>. Without /usr/share/games/fortunes
 (scripts/setup installs it) the cases that train are skipped. Prints one line per check, then
@@ -26,7 +30,7 @@ import shutil
 import sys
 import tempfile
 
-from jobs import Checks, read_metrics, run_command, run_job
+from jobs import Checks, check_memory_limit, check_peak, read_metrics, run_command, run_job
 
 DATA_DIR = "/usr/share/games/fortunes"
 STEPS = 10
@@ -55,7 +59,7 @@ def main(mpirun, train_llama, generate):
     check_errors(mpirun, train_llama, check)
     skipped = 0
     if not os.path.isdir(DATA_DIR):
-        skipped = len(PARITY_RUNS) + 14 + 5
+        skipped = len(PARITY_RUNS) + 14 + 5 + len(FIT_RUNS) + 1 + 4
         print(f"skipped: {skipped} cases that train, {DATA_DIR} is missing (scripts/setup installs fortunes)")
     else:
         with tempfile.TemporaryDirectory(prefix="train_llama_tests.") as scratch:
@@ -65,6 +69,7 @@ def main(mpirun, train_llama, generate):
             check_resume(mpirun, train_llama, scratch, check)
             check_save_and_generate(mpirun, train_llama, generate, scratch, check)
             check_bpe(mpirun, train_llama, generate, scratch, check)
+            check_will_it_fit(mpirun, train_llama, scratch, check)
 
     return check.summary("train_llama_app", skipped)
 
@@ -277,3 +282,41 @@ if __name__ == "__main__":
     if len(sys.argv) != 4:
         sys.exit("usage: train_llama_tests.py <mpirun> <train_llama> <generate>")
     sys.exit(main(*sys.argv[1:]))
+
+
+# (ranks, sharding, extra flags) of the predicted-peak runs: every strategy at np 1-4, with and
+# without activation checkpointing.
+FIT_RUNS = [(ranks, sharding, extra) for ranks in (1, 2, 3, 4)
+            for sharding in ("full", "grad_op", "none", "hybrid:2" if ranks % 2 == 0 else "hybrid:1")
+            for extra in ((), ("--activation-checkpointing",))]
+FIT_ARGS = ["--config", "tiny", "--seq", "48", "--global-batch", "12", "--limit-documents", "240",
+            "--steps", "2", "--threads", "1"]
+
+
+def check_will_it_fit(mpirun, program, scratch, check):
+    for ranks, sharding, extra in FIT_RUNS:
+        name = " ".join([f"np {ranks}", sharding, *extra])
+        metrics = os.path.join(scratch, f"fit-{ranks}-{sharding}-{len(extra)}.jsonl")
+        code, output = run_job(mpirun, program, ranks,
+                               FIT_ARGS + ["--sharding", sharding, *extra, "--explain", "--metrics", metrics])
+        if code != 0:
+            check(f"{name} --explain trains", False, f"exit {code}\n{output}")
+            continue
+        check_peak(check, name, read_metrics(metrics), ranks)
+
+    # The dry runs leave no trace: the same step losses and model, bit for bit, as without them.
+    runs = {}
+    for explain in (False, True):
+        metrics = os.path.join(scratch, f"fit-state-{explain}.jsonl")
+        model = os.path.join(scratch, f"fit-state-{explain}")
+        args = FIT_ARGS + ["--steps", "3", "--metrics", metrics, "--save-model", model] + (["--explain"] if explain else [])
+        code, output = run_job(mpirun, program, 2, args)
+        losses = [r["loss"] for r in read_metrics(metrics) if r.get("rank") == 0 and "loss" in r]
+        runs[explain] = (code, losses, os.path.join(model, "model.safetensors"), output)
+    (code0, losses0, model0, out0), (code1, losses1, model1, out1) = runs[False], runs[True]
+    check("np 2: the dry forward/backwards of --explain change nothing (step losses and saved model bit for bit)",
+          code0 == 0 and code1 == 0 and len(losses0) == 3 and losses0 == losses1
+          and filecmp.cmp(model0, model1, shallow=False),
+          f"exit {code0}, {code1}; losses {losses0} vs {losses1}\n{out1}")
+
+    check_memory_limit(check, mpirun, program, 2, FIT_ARGS, scratch)
