@@ -1,6 +1,7 @@
 """tests/apps/jobs.py: what the app tests share: starting a job under mpirun (or a plain command)
 with a time limit, reading the JSON-lines metrics files the apps write, reporting checks, and the
 checks of the predicted training peak and --memory-limit."""
+import filecmp
 import json
 import os
 import subprocess
@@ -81,6 +82,25 @@ def check_peak(check, name, records, ranks):
 
 def mib(n):
     return f"{n} B ({n / 1048576:.1f} MiB)"
+
+
+def check_dry_runs_change_nothing(check, mpirun, program, ranks, args, scratch, saved_weights):
+    """--explain's dry forward/backwards leave no trace: the same step losses and saved model, bit for
+    bit, as without them. saved_weights(path) is the weights file --save-model path writes."""
+    runs = []
+    for explain in (False, True):
+        metrics = os.path.join(scratch, f"dry-{explain}.jsonl")
+        model = os.path.join(scratch, f"dry-{explain}")
+        code, output = run_job(mpirun, program, ranks, args + ["--metrics", metrics, "--save-model", model]
+                               + (["--explain"] if explain else []))
+        losses = [r["loss"] for r in read_metrics(metrics) if r.get("rank") == 0 and "loss" in r]
+        runs.append((code, losses, saved_weights(model), output))
+    (code0, losses0, model0, _), (code1, losses1, model1, output) = runs
+    check(f"{os.path.basename(program)} np {ranks}: the dry forward/backwards of --explain change nothing "
+          "(step losses and saved model bit for bit)",
+          code0 == 0 and code1 == 0 and len(losses0) > 1 and losses0 == losses1
+          and filecmp.cmp(model0, model1, shallow=False),
+          f"exit {code0}, {code1}; losses {losses0} vs {losses1}\n{output}")
 
 
 def check_memory_limit(check, mpirun, program, ranks, args, scratch):

@@ -30,7 +30,7 @@ import shutil
 import sys
 import tempfile
 
-from jobs import Checks, check_memory_limit, check_peak, read_metrics, run_command, run_job
+from jobs import Checks, check_dry_runs_change_nothing, check_memory_limit, check_peak, read_metrics, run_command, run_job
 
 DATA_DIR = "/usr/share/games/fortunes"
 STEPS = 10
@@ -304,19 +304,6 @@ def check_will_it_fit(mpirun, program, scratch, check):
             continue
         check_peak(check, name, read_metrics(metrics), ranks)
 
-    # The dry runs leave no trace: the same step losses and model, bit for bit, as without them.
-    runs = {}
-    for explain in (False, True):
-        metrics = os.path.join(scratch, f"fit-state-{explain}.jsonl")
-        model = os.path.join(scratch, f"fit-state-{explain}")
-        args = FIT_ARGS + ["--steps", "3", "--metrics", metrics, "--save-model", model] + (["--explain"] if explain else [])
-        code, output = run_job(mpirun, program, 2, args)
-        losses = [r["loss"] for r in read_metrics(metrics) if r.get("rank") == 0 and "loss" in r]
-        runs[explain] = (code, losses, os.path.join(model, "model.safetensors"), output)
-    (code0, losses0, model0, out0), (code1, losses1, model1, out1) = runs[False], runs[True]
-    check("np 2: the dry forward/backwards of --explain change nothing (step losses and saved model bit for bit)",
-          code0 == 0 and code1 == 0 and len(losses0) == 3 and losses0 == losses1
-          and filecmp.cmp(model0, model1, shallow=False),
-          f"exit {code0}, {code1}; losses {losses0} vs {losses1}\n{out1}")
-
+    check_dry_runs_change_nothing(check, mpirun, program, 2, FIT_ARGS + ["--steps", "3"], scratch,
+                                  lambda path: os.path.join(path, "model.safetensors"))
     check_memory_limit(check, mpirun, program, 2, FIT_ARGS, scratch)
