@@ -273,12 +273,6 @@ def check_kill_during_save(mpirun, program, scratch, check):
               f"exit {code}/{code2}, mid-save {temp}, complete {complete}\n{losses}\n{expected}\n{output2}")
 
 
-if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit("usage: train_cnn_tests.py <mpirun> <train_cnn>")
-    sys.exit(main(sys.argv[1], sys.argv[2]))
-
-
 # (ranks, sharding) of the predicted-peak runs: every strategy at np 1-4.
 FIT_RUNS = [(ranks, sharding) for ranks in (1, 2, 3, 4)
             for sharding in ("full", "grad_op", "none", "hybrid:2" if ranks % 2 == 0 else "hybrid:1")]
@@ -298,3 +292,9 @@ def check_will_it_fit(mpirun, program, scratch, check):
     check_dry_runs_change_nothing(check, mpirun, program, 2, FIT_ARGS + ["--steps", "3"], scratch,
                                   lambda path: path)
     check_memory_limit(check, mpirun, program, 2, FIT_ARGS, scratch)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: train_cnn_tests.py <mpirun> <train_cnn>")
+    sys.exit(main(sys.argv[1], sys.argv[2]))

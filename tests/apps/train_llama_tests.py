@@ -278,12 +278,6 @@ def check_bpe(mpirun, program, generate, scratch, check):
           code == 1 and output.count(message) == 1 and "bytes) when '" in output, f"exit {code}\n{output}")
 
 
-if __name__ == "__main__":
-    if len(sys.argv) != 4:
-        sys.exit("usage: train_llama_tests.py <mpirun> <train_llama> <generate>")
-    sys.exit(main(*sys.argv[1:]))
-
-
 # (ranks, sharding, extra flags) of the predicted-peak runs: every strategy at np 1-4, with and
 # without activation checkpointing.
 FIT_RUNS = [(ranks, sharding, extra) for ranks in (1, 2, 3, 4)
@@ -307,3 +301,9 @@ def check_will_it_fit(mpirun, program, scratch, check):
     check_dry_runs_change_nothing(check, mpirun, program, 2, FIT_ARGS + ["--steps", "3"], scratch,
                                   lambda path: os.path.join(path, "model.safetensors"))
     check_memory_limit(check, mpirun, program, 2, FIT_ARGS, scratch)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4:
+        sys.exit("usage: train_llama_tests.py <mpirun> <train_llama> <generate>")
+    sys.exit(main(*sys.argv[1:]))
