@@ -17,6 +17,7 @@
 #include "core/allocator.h"
 #include "core/ops.h"
 #include "core/parallel.h"
+#include "core/trace.h"
 #include "data/idx.h"
 #include "data/loader.h"
 #include "dist/checkpoint.h"
@@ -56,6 +57,8 @@ struct Options {
   bool explain = false;
   std::string save_model;
   std::string metrics;
+  std::string trace, trace_steps = "2:3";
+  int prefetch = 1;
   int threads = 0;
   std::string checkpoint_dir;
   std::int64_t checkpoint_every = 0;  // 0: only at the end, when --checkpoint-dir is given
@@ -138,6 +141,7 @@ class Training {
   std::optional<optim::StepLR> scheduler_;
   dist::Plan plan_;
   std::optional<apps::MetricsFile> metrics_;
+  std::optional<apps::StepTrace> trace_;
   apps::CheckpointDir checkpoints_;
   nlohmann::json last_saved_;  // the state saved or resumed from: the end need not save it again
   EpochProgress epoch_;
@@ -161,6 +165,7 @@ Training::Training(const Options& options, dist::Session& session)
   const auto [sharding, group] = dist::parse_sharding(options.sharding);
   fsdp_ = {.sharding = sharding,
            .hybrid_group_size = group,
+           .prefetch = options.prefetch,
            .mixed_precision = parse_mixed_precision(options.mixed_precision)};
   const std::int64_t per_rank_batch = data::per_rank_batch_size(options.global_batch, world_size_);
 
@@ -192,6 +197,12 @@ Training::Training(const Options& options, dist::Session& session)
   SHARDLAB_CHECK(!options.resume || !options.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
   if (options.resume) resume();
   if (!options.metrics.empty()) metrics_.emplace(options.metrics, session.cpu_world());
+  trace_.emplace(options.trace,
+                 options.trace.empty() ? apps::TraceSteps{}
+                                       : apps::parse_trace_steps(options.trace_steps,
+                                                                 options.steps > 0 ? options.steps
+                                                                                   : options.epochs * loader_->batches_per_epoch()),
+                 session.cpu_world());
 
   dist::log(
       "train_cnn: {} training images, {} test images, {} rank{} x {} threads, sharding {}, "
@@ -259,7 +270,11 @@ bool Training::train_epoch() {
   for (auto it = batches.begin() + done; it != batches.end(); ++it) {
     if (options_.steps > 0 && step_ >= options_.steps) return false;
     const auto step_start = std::chrono::steady_clock::now();
-    const data::Batch batch = loader_->batch(*it);
+    trace_->begin_step(step_ + 1);
+    const data::Batch batch = [&] {
+      const trace::Span span("load batch", "data");
+      return loader_->batch(*it);
+    }();
     // Dropout masks are keyed by (seed, step, global sample index): the same on any number of ranks.
     const RandomContextGuard context({options_.seed, step_, batch.sample_indices});
     optimizer_->zero_grad();
@@ -269,7 +284,11 @@ bool Training::train_epoch() {
     // FSDP averages gradients over the ranks; scaled by W, the average is the gradient of the
     // global batch's summed loss, as one process computes it.
     (loss * static_cast<double>(world_size_)).backward();
-    optimizer_->step();
+    {
+      const trace::Span span("optimizer step", "compute");
+      optimizer_->step();
+    }
+    trace_->end_step();
     step_bytes_received_ = session_.world().counters().total().bytes_received;
     ++step_;
     const double step_ms =
@@ -379,6 +398,7 @@ void Training::report() {
             persistent, plan_.total_persistent_bytes(), dist::sharded_parameters(*model_).size());
   dist::log("train_cnn: rank 0 peak of gathered parameters: measured {} B, planned {} B",
             dist::unsharded_memory().peak_bytes, plan_.peak_unsharded_bytes());
+  trace_->report("train_cnn", metrics_ ? &*metrics_ : nullptr);
   dist::log("train_cnn: rank 0 collectives of the last step: received {} B, planned {} B",
             step_bytes_received_, plan_.bytes_per_step());
   if (metrics_) {
@@ -429,6 +449,12 @@ int main(int argc, char** argv) {
   app.add_flag("--explain", options.explain, "print the FSDP plan (units, bytes, traffic) before step 1");
   app.add_option("--save-model", options.save_model, "write the trained weights to this safetensors file");
   app.add_option("--metrics", options.metrics, "write JSON lines of every rank's metrics to this file");
+  auto* trace = app.add_option("--trace", options.trace,
+                               "write a Chrome/Perfetto trace per rank and the merged trace.json into this directory");
+  app.add_option("--trace-steps", options.trace_steps, "the steps --trace records, FIRST:LAST (from 1, both included)")
+      ->needs(trace);
+  app.add_option("--prefetch", options.prefetch, "units whose all-gather is issued ahead")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--threads", options.threads,
                  "CPU threads per rank (default: the cores this process may use)");
   app.add_option("--checkpoint-dir", options.checkpoint_dir,

@@ -144,10 +144,6 @@ Span::~Span() {
   if (active_) complete(std::move(name_), category_, this_thread_track(), begin_, Clock::now(), std::move(args_));
 }
 
-void Span::arg(std::string key, std::variant<std::int64_t, double, std::string> value) {
-  if (active_) args_.push_back({std::move(key), std::move(value)});
-}
-
 // --- overlap figures ---------------------------------------------------------------------------
 
 std::vector<Interval> merged(std::vector<Interval> intervals) {

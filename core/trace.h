@@ -86,7 +86,11 @@ class Span {
   Span(const Span&) = delete;
   Span& operator=(const Span&) = delete;
 
-  void arg(std::string key, std::variant<std::int64_t, double, std::string> value);
+  // Nothing, not even a copy of `value`, when the span is not recorded.
+  template <typename T>
+  void arg(const char* key, const T& value) {
+    if (active_) args_.push_back({key, value});
+  }
 
  private:
   bool active_ = false;

@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 
+from trace_checks import check_trace_run
 from jobs import Checks, LIMIT_S, read_metrics, run_job
 
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
@@ -72,7 +73,7 @@ def main(mpirun, program):
 
     skipped = 0
     if not os.path.isdir(DATA_DIR):
-        skipped = len(PARITY_RUNS) - 1 + 2 + 7 + len(KILL_STEPS)
+        skipped = len(PARITY_RUNS) - 1 + 2 + 7 + len(KILL_STEPS) + TRACE_CHECKS
         print(f"skipped: {skipped} cases that train, {DATA_DIR} is missing "
               "(scripts/setup installs dataset-fashion-mnist)")
     else:
@@ -80,6 +81,7 @@ def main(mpirun, program):
             train_and_check(mpirun, program, scratch, check)
             check_resume(mpirun, program, scratch, check)
             check_kill_during_save(mpirun, program, scratch, check)
+            check_traces(mpirun, program, scratch, check)
 
     return check.summary("train_cnn_app", skipped)
 
@@ -266,6 +268,16 @@ def check_kill_during_save(mpirun, program, scratch, check):
         check(f"kill -9 of every rank {delay * 1000:g} ms into the save of step {step} or later: the previous "
               f"checkpoint resumes bit for bit", ok,
               f"exit {code}/{code2}, mid-save {temp}, complete {complete}\n{losses}\n{expected}\n{output2}")
+
+
+
+# The checks check_traces makes (skipped without the data set): the run, trace_checks.check_trace's
+# for 2 ranks, and the two refusals.
+TRACE_CHECKS = 23
+
+
+def check_traces(mpirun, program, scratch, check):
+    check_trace_run(mpirun, program, "train_cnn", PARITY_ARGS, scratch, check)
 
 
 if __name__ == "__main__":

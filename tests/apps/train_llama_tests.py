@@ -26,6 +26,7 @@ import shutil
 import sys
 import tempfile
 
+from trace_checks import check_trace_run
 from jobs import Checks, read_metrics, run_command, run_job
 
 DATA_DIR = "/usr/share/games/fortunes"
@@ -55,7 +56,7 @@ def main(mpirun, train_llama, generate):
     check_errors(mpirun, train_llama, check)
     skipped = 0
     if not os.path.isdir(DATA_DIR):
-        skipped = len(PARITY_RUNS) + 14 + 5
+        skipped = len(PARITY_RUNS) + 14 + 5 + TRACE_CHECKS
         print(f"skipped: {skipped} cases that train, {DATA_DIR} is missing (scripts/setup installs fortunes)")
     else:
         with tempfile.TemporaryDirectory(prefix="train_llama_tests.") as scratch:
@@ -65,6 +66,7 @@ def main(mpirun, train_llama, generate):
             check_resume(mpirun, train_llama, scratch, check)
             check_save_and_generate(mpirun, train_llama, generate, scratch, check)
             check_bpe(mpirun, train_llama, generate, scratch, check)
+            check_traces(mpirun, train_llama, scratch, check)
 
     return check.summary("train_llama_app", skipped)
 
@@ -271,6 +273,16 @@ def check_bpe(mpirun, program, generate, scratch, check):
     message = "train_llama: --resume: tokenizer_json was \"{"
     check("--resume with another tokenizer fails, explained once (the tokenizer.json shortened)",
           code == 1 and output.count(message) == 1 and "bytes) when '" in output, f"exit {code}\n{output}")
+
+
+
+# The checks check_traces makes (skipped without the data set): the run, trace_checks.check_trace's
+# for 2 ranks, and the two refusals.
+TRACE_CHECKS = 25
+
+
+def check_traces(mpirun, program, scratch, check):
+    check_trace_run(mpirun, program, "train_llama", BASE_ARGS, scratch, check)
 
 
 if __name__ == "__main__":
