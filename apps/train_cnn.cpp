@@ -17,6 +17,7 @@
 #include "core/allocator.h"
 #include "core/ops.h"
 #include "core/parallel.h"
+#include "core/trace.h"
 #include "data/idx.h"
 #include "data/loader.h"
 #include "dist/checkpoint.h"
@@ -56,6 +57,8 @@ struct Options {
   bool explain = false;
   std::string save_model;
   std::string metrics;
+  std::string trace, trace_steps = "2:3";
+  int prefetch = 1;
   int threads = 0;
   std::string checkpoint_dir;
   std::int64_t checkpoint_every = 0;  // 0: only at the end, when --checkpoint-dir is given
@@ -141,6 +144,7 @@ class Training {
   dist::Plan plan_;
   std::optional<apps::PeakPrediction> predicted_;  // with --explain or --memory-limit
   std::optional<apps::MetricsFile> metrics_;
+  std::optional<apps::StepTrace> trace_;
   apps::CheckpointDir checkpoints_;
   nlohmann::json last_saved_;  // the state saved or resumed from: the end need not save it again
   EpochProgress epoch_;
@@ -164,6 +168,7 @@ Training::Training(const Options& options, dist::Session& session)
   const auto [sharding, group] = dist::parse_sharding(options.sharding);
   fsdp_ = {.sharding = sharding,
            .hybrid_group_size = group,
+           .prefetch = options.prefetch,
            .mixed_precision = parse_mixed_precision(options.mixed_precision)};
   const std::int64_t per_rank_batch = data::per_rank_batch_size(options.global_batch, world_size_);
 
@@ -206,6 +211,12 @@ Training::Training(const Options& options, dist::Session& session)
   SHARDLAB_CHECK(!options.resume || !options.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
   if (options.resume) resume();
   if (!options.metrics.empty()) metrics_.emplace(options.metrics, session.cpu_world());
+  trace_.emplace(options.trace,
+                 options.trace.empty() ? apps::TraceSteps{}
+                                       : apps::parse_trace_steps(options.trace_steps,
+                                                                 options.steps > 0 ? options.steps
+                                                                                   : options.epochs * loader_->batches_per_epoch()),
+                 session.cpu_world());
 
   dist::log(
       "train_cnn: {} training images, {} test images, {} rank{} x {} threads, sharding {}, "
@@ -273,10 +284,19 @@ bool Training::train_epoch() {
   for (auto it = batches.begin() + done; it != batches.end(); ++it) {
     if (options_.steps > 0 && step_ >= options_.steps) return false;
     const auto step_start = std::chrono::steady_clock::now();
+    trace_->begin_step(step_ + 1);
+    const data::Batch batch = [&] {
+      const trace::Span span("load batch", "data");
+      return loader_->batch(*it);
+    }();
     optimizer_->zero_grad();
     session_.world().reset_counters();
-    const Variable loss = forward_backward(loader_->batch(*it));
-    optimizer_->step();
+    const Variable loss = forward_backward(batch);
+    {
+      const trace::Span span("optimizer step", "compute");
+      optimizer_->step();
+    }
+    trace_->end_step();
     step_bytes_received_ = session_.world().counters().total().bytes_received;
     ++step_;
     const double step_ms =
@@ -401,6 +421,7 @@ void Training::report() {
   if (predicted_) {
     dist::log("train_cnn: rank 0 {}", apps::peak_report(*predicted_, peak_bytes_));
   }
+  trace_->report("train_cnn", metrics_ ? &*metrics_ : nullptr);
   dist::log("train_cnn: rank 0 collectives of the last step: received {} B, planned {} B",
             step_bytes_received_, plan_.bytes_per_step());
   if (metrics_) {
@@ -452,6 +473,12 @@ int main(int argc, char** argv) {
   app.add_flag("--explain", options.explain, "print the FSDP plan (units, bytes, traffic) before step 1");
   app.add_option("--save-model", options.save_model, "write the trained weights to this safetensors file");
   app.add_option("--metrics", options.metrics, "write JSON lines of every rank's metrics to this file");
+  auto* trace = app.add_option("--trace", options.trace,
+                               "write a Chrome/Perfetto trace per rank and the merged trace.json into this directory");
+  app.add_option("--trace-steps", options.trace_steps, "the steps --trace records, FIRST:LAST (from 1, both included)")
+      ->needs(trace);
+  app.add_option("--prefetch", options.prefetch, "units whose all-gather is issued ahead")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--threads", options.threads,
                  "CPU threads per rank (default: the cores this process may use)");
   app.add_option("--checkpoint-dir", options.checkpoint_dir,

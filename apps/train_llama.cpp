@@ -16,6 +16,7 @@
 #include "core/allocator.h"
 #include "core/ops.h"
 #include "core/parallel.h"
+#include "core/trace.h"
 #include "data/loader.h"
 #include "data/text_corpus.h"
 #include "data/bpe.h"
@@ -57,6 +58,7 @@ struct Options {
   bool cpu_offload = false;
   bool explain = false;
   std::string metrics;
+  std::string trace, trace_steps = "2:3";
   std::string save_model;
   std::string init_from;
   std::string checkpoint_dir;
@@ -170,6 +172,7 @@ class Training {
   std::optional<apps::PeakPrediction> predicted_;  // with --explain or --memory-limit
   std::int64_t peak_bytes_ = 0;                    // while training
   std::optional<apps::MetricsFile> metrics_;
+  std::optional<apps::StepTrace> trace_;
   apps::CheckpointDir checkpoints_;
   std::int64_t total_steps_ = 0, step_ = 0;
   std::int64_t last_saved_step_ = -1;  // saved or resumed from: the end need not save it again
@@ -282,6 +285,9 @@ Training::Training(const Options& options, dist::Session& session)
   SHARDLAB_CHECK(!options.resume || !options.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
   if (options.resume) resume();
   if (!options.metrics.empty()) metrics_.emplace(options.metrics, session.cpu_world());
+  trace_.emplace(options.trace,
+                 options.trace.empty() ? apps::TraceSteps{} : apps::parse_trace_steps(options.trace_steps, total_steps_),
+                 session.cpu_world());
 
   dist::log(
       "train_llama: {} documents, {} sequences of {} tokens ({} tokenizer, vocab {}), model {} with {} "
@@ -315,7 +321,13 @@ void Training::run() {
     const auto batches = loader_->batch_indices(epoch);
     for (auto it = batches.begin() + (step_ - epoch * per_epoch); it != batches.end(); ++it) {
       if (step_ >= total_steps_) break;
-      const StepResult result = train_step(loader_->batch(*it));
+      trace_->begin_step(step_ + 1);
+      const data::Batch batch = [&] {
+        const trace::Span span("load batch", "data");
+        return loader_->batch(*it);
+      }();
+      const StepResult result = train_step(batch);
+      trace_->end_step();
       ++step_;
       if (options_.checkpoint_every > 0 && step_ % options_.checkpoint_every == 0) save_checkpoint();
       if (step_ > 1) step_seconds_.push_back(result.seconds);
@@ -380,7 +392,10 @@ Training::StepResult Training::train_step(const data::Batch& batch) {
   step_bytes_received_ = dist::collective_counters(**model_).total().bytes_received;
   StepResult result;
   result.grad_norm = dist::clip_grad_norm_(**model_, options_.clip);
-  optimizer_->step();
+  {
+    const trace::Span span("optimizer step", "compute");
+    optimizer_->step();
+  }
   scheduler_->step();
   result.loss = apps::sum_over_ranks(session_.cpu_world(), {loss_sum.data().item<double>()})[0] /
                 std::max(targets, 1.0);
@@ -476,6 +491,7 @@ void Training::report() {
   if (predicted_) {
     dist::log("train_llama: rank 0 {}", apps::peak_report(*predicted_, peak_bytes_));
   }
+  trace_->report("train_llama", metrics_ ? &*metrics_ : nullptr);
   dist::log("train_llama: rank 0 collectives of the last step: received {} B, planned {} B",
             step_bytes_received_, plan_.bytes_per_step());
   if (metrics_) {
@@ -543,6 +559,10 @@ int main(int argc, char** argv) {
   app.add_flag("--cpu-offload", options.cpu_offload, "keep shards and optimizer state in host memory");
   app.add_flag("--explain", options.explain, "print the FSDP plan (units, bytes, traffic) before step 1");
   app.add_option("--metrics", options.metrics, "write JSON lines of every rank's metrics to this file");
+  auto* trace = app.add_option("--trace", options.trace,
+                               "write a Chrome/Perfetto trace per rank and the merged trace.json into this directory");
+  app.add_option("--trace-steps", options.trace_steps, "the steps --trace records, FIRST:LAST (from 1, both included)")
+      ->needs(trace);
   app.add_option("--save-model", options.save_model,
                  "write model.safetensors + config.json here (Hugging Face's LlamaForCausalLM format)");
   app.add_option("--init-from", options.init_from,

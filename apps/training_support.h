@@ -18,6 +18,7 @@
 #include "dist/communicator.h"
 #include "dist/fsdp.h"
 #include "dist/init.h"
+#include "dist/trace.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
 
@@ -192,6 +193,35 @@ class Progress {
   std::string label_, rate_unit_;
   std::int64_t total_, last_ = -1;
   bool shown_, tty_;
+};
+
+// --trace-steps FIRST:LAST: the steps (counted from 1, both included) that --trace records; refused
+// unless 1 <= FIRST <= LAST <= total_steps.
+struct TraceSteps {
+  std::int64_t first = 2, last = 3;
+};
+TraceSteps parse_trace_steps(const std::string& text, std::int64_t total_steps);
+
+// --trace DIR: records the steps `steps` selects on every rank (dist/trace.h), then writes the
+// trace files and keeps the figures per step for report(). Off (empty DIR), each call is a branch.
+//   trace.begin_step(step + 1);  ... the step ...  trace.end_step();
+class StepTrace {
+ public:
+  StepTrace(std::string dir, TraceSteps steps, dist::Communicator& comm)
+      : dir_(std::move(dir)), steps_(steps), comm_(&comm) {}
+
+  void begin_step(std::int64_t step);
+  void end_step();
+  // Prints rank 0's figures and writes every rank's to `metrics` (when given), one line per step.
+  void report(const char* program, const MetricsFile* metrics) const;
+
+ private:
+  std::string dir_;
+  TraceSteps steps_;
+  dist::Communicator* comm_;
+  std::int64_t step_ = 0;  // the step being recorded, 0 when none
+  trace::Clock::time_point step_began_;
+  std::vector<dist::StepFigures> figures_;
 };
 
 // The median of `values` (0 when empty).

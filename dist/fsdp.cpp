@@ -76,6 +76,17 @@ void count_unsharded(std::int64_t delta) {
   std::lock_guard lock(unsharded_mutex);
   unsharded.bytes += delta;
   unsharded.peak_bytes = std::max(unsharded.peak_bytes, unsharded.bytes);
+  trace::counter("gathered parameters", {{"bytes", unsharded.bytes}});
+}
+
+// A unit's span that began at `began` (if the trace recorded then) and ends now.
+void trace_unit_span(std::optional<trace::Clock::time_point>& began, const char* phase, const std::string& unit) {
+  if (began && trace::on()) {
+    trace::complete(fmt::format("{} {}", phase, unit.empty() ? "(root)" : unit), "compute",
+                    trace::this_thread_track(), *began, trace::Clock::now(), {{"unit", unit}});
+    trace::memory_counter();
+  }
+  began.reset();
 }
 
 }  // namespace
@@ -289,12 +300,19 @@ void Unit::unshard() {
   }
   gather_source_ = source;
   gather_work_ = groups_->shard->all_gather_into(gathered(), source, name_);
+  if (trace::on()) {
+    gather_flow_ = trace::next_flow_id();
+    trace::flow_start(gather_flow_, "all_gather " + name_, "communication");
+  }
   state_ = Gathered::in_flight;
 }
 
 void Unit::wait_unshard() {
   if (state_ != Gathered::in_flight) return;
+  trace::Span span(trace::on() ? "wait all_gather " + name_ : std::string(), "wait");
+  span.arg("unit", name_);
   gather_work_.wait();
+  if (trace::on()) trace::flow_end(gather_flow_, "all_gather " + name_, "communication");
   gather_work_ = Work();
   gather_source_ = Tensor();
   state_ = Gathered::yes;
@@ -325,6 +343,7 @@ void Unit::prefetch(const std::optional<std::vector<std::weak_ptr<Unit>>>& liste
 }
 
 void Unit::pre_forward(nn::ForwardInputs& inputs) {
+  if (trace::on()) forward_began_ = trace::Clock::now();
   if (!root_) ensure_root(*module_);  // a forward without sharded_parameters()/explain() first
   RootState& root = *root_;
   if (!root.forward_recorded &&
@@ -387,6 +406,7 @@ void Unit::post_forward(Variable& output) {
     reshard();
   }
   cast_output(output);
+  trace_unit_span(forward_began_, "forward", name_);
 }
 
 void Unit::pre_backward() {
@@ -412,6 +432,7 @@ void Unit::pre_backward() {
   }
   if (backward_started_) return;  // the unit's forward ran more than once this step
   backward_started_ = true;
+  if (trace::on()) backward_began_ = trace::Clock::now();
   if (!root.backward_recorded) root.backward_order.push_back(this);
   unshard();
   wait_unshard();
@@ -466,7 +487,10 @@ void Unit::post_backward() {
   reduced_ = true;
   if (root_->sync && expected_ > 0) start_reduction();
   if (reshards_after_forward()) reshard();
+  if (!is_root()) trace_backward_end();
 }
+
+void Unit::trace_backward_end() { trace_unit_span(backward_began_, "backward", name_); }
 
 // Reduce-scatter (averaged) the full gradient into this rank's slot; the replica all-reduce of
 // hybrid and none waits for it, in finish_backward.
@@ -500,9 +524,13 @@ void Unit::flush_backward() {
 
 void Unit::finish_backward(const std::uint8_t* agreed_flags) {
   if (reducing_) {
-    reduce_work_.wait();
-    if (groups_->replica != nullptr)
-      groups_->replica->all_reduce(reduce_output_, ReduceOp::avg, name_).wait();
+    {
+      trace::Span span(trace::on() ? "wait reduce_scatter " + name_ : std::string(), "wait");
+      span.arg("unit", name_);
+      reduce_work_.wait();
+      if (groups_->replica != nullptr)
+        groups_->replica->all_reduce(reduce_output_, ReduceOp::avg, name_).wait();
+    }
     // Unless it is a cast, the reduced gradient is a buffer of its own (a 1-rank shard group's
     // is the full-gradient buffer, whose parameter views were dropped): the gradient shard. A
     // parameter that got a gradient on some rank gets its slice; the others stay without one.
@@ -566,6 +594,7 @@ void RootState::finish_backward() {
   }
   callback_queued = false;
   if (!backward_order.empty()) backward_recorded = true;
+  units.front()->trace_backward_end();
 }
 
 std::vector<std::uint8_t> RootState::agree_on_gradients(const std::vector<Unit*>& reducing) const {

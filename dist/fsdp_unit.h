@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/trace.h"
 #include "dist/fsdp.h"
 #include "dist/work.h"
 
@@ -129,6 +130,9 @@ class Unit : public std::enable_shared_from_this<Unit> {
   void unshard();
   void wait_unshard();
   void reshard();
+  // The unit's backward span on the trace, from its pre-backward to now: at post-backward, or for
+  // the root (whose span holds the others') once the whole backward finished.
+  void trace_backward_end();
   Tensor full_shard_values() const;  // the flat f32 parameters [padded], gathered from the shards
 
  private:
@@ -165,6 +169,9 @@ class Unit : public std::enable_shared_from_this<Unit> {
   // Explicit prefetch lists; unset: the next options_.prefetch units of the recorded order.
   std::optional<std::vector<std::weak_ptr<Unit>>> forward_prefetch_, backward_prefetch_;
   Work gather_work_;
+  std::uint64_t gather_flow_ = 0;  // the trace's arrow from the all-gather's issue to its wait
+  // When the trace records: the start of this unit's forward and backward spans.
+  std::optional<trace::Clock::time_point> forward_began_, backward_began_;
   Tensor gather_source_;      // the shard cast to param_dtype, alive until its all-gather completed
   std::vector<bool> hooked_;  // per slot: its post-accumulate hook is registered
   // Until the next reduction (several backwards without gradient sync): per slot, whether its

@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "core/error.h"
+#include "core/trace.h"
 
 namespace shardlab::dist {
 
@@ -35,6 +36,24 @@ double seconds_between(Clock::time_point from, Clock::time_point to) {
 }
 
 bool in_flight(CallState state) { return state == CallState::checking || state == CallState::running; }
+
+// A finished call as a span on its communicator's track, from the ledger's own times: from when it
+// started running (or comparing fingerprints) to its completion; the queued time is an argument.
+void trace_call(const LedgerEntry& entry) {
+  const Fingerprint& f = entry.fingerprint;
+  trace::complete(
+      f.tag.empty() ? std::string(collective_name(f.op)) : fmt::format("{} {}", collective_name(f.op), f.tag),
+      "communication", trace::named_track("communication: " + entry.communicator), entry.started, entry.finished,
+      {{"communicator", entry.communicator},
+       {"sequence", static_cast<std::int64_t>(entry.sequence)},
+       {"ledger_id", static_cast<std::int64_t>(entry.id)},
+       {"op", std::string(collective_name(f.op))},
+       {"dtype", std::string(dtype_name(f.dtype))},
+       {"count", f.count},
+       {"tag", f.tag},
+       {"state", std::string(call_state_name(entry.state))},
+       {"queued_us", std::chrono::duration<double, std::micro>(entry.started - entry.issued).count()}});
+}
 
 // Prints the report and ends the whole MPI job. MPI_Abort makes mpirun kill every rank; should
 // it not return promptly (MPI itself wedged), a timer ends this process anyway.
@@ -124,6 +143,7 @@ void Monitor::set_state_locked(std::uint64_t id, CallState state, Clock::time_po
     entry->finished = now;
   }
   entry->state = state;
+  if (trace::on() && (state == CallState::completed || state == CallState::failed)) trace_call(*entry);
   if (in_flight(state)) {
     in_flight_[id].entry = *entry;
   } else if (flying != in_flight_.end()) {

@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 
+from trace_checks import check_trace_run
 from jobs import Checks, check_dry_runs_change_nothing, LIMIT_S, check_memory_limit, check_peak, read_metrics, run_job
 
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
@@ -76,7 +77,7 @@ def main(mpirun, program):
 
     skipped = 0
     if not os.path.isdir(DATA_DIR):
-        skipped = len(PARITY_RUNS) - 1 + 2 + 7 + len(KILL_STEPS) + len(FIT_RUNS) + 1 + 4
+        skipped = len(PARITY_RUNS) - 1 + 2 + 7 + len(KILL_STEPS) + len(FIT_RUNS) + 1 + 4 + TRACE_CHECKS
         print(f"skipped: {skipped} cases that train, {DATA_DIR} is missing "
               "(scripts/setup installs dataset-fashion-mnist)")
     else:
@@ -85,6 +86,7 @@ def main(mpirun, program):
             check_resume(mpirun, program, scratch, check)
             check_kill_during_save(mpirun, program, scratch, check)
             check_will_it_fit(mpirun, program, scratch, check)
+            check_traces(mpirun, program, scratch, check)
 
     return check.summary("train_cnn_app", skipped)
 
@@ -292,6 +294,15 @@ def check_will_it_fit(mpirun, program, scratch, check):
     check_dry_runs_change_nothing(check, mpirun, program, 2, FIT_ARGS + ["--steps", "3"], scratch,
                                   lambda path: path)
     check_memory_limit(check, mpirun, program, 2, FIT_ARGS, scratch)
+
+
+# The checks check_traces makes (skipped without the data set): the run, trace_checks.check_trace's
+# for 2 ranks, and the two refusals.
+TRACE_CHECKS = 23
+
+
+def check_traces(mpirun, program, scratch, check):
+    check_trace_run(mpirun, program, "train_cnn", PARITY_ARGS, scratch, check)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import shutil
 import sys
 import tempfile
 
+from trace_checks import check_trace_run
 from jobs import Checks, check_dry_runs_change_nothing, check_memory_limit, check_peak, read_metrics, run_command, run_job
 
 DATA_DIR = "/usr/share/games/fortunes"
@@ -59,7 +60,7 @@ def main(mpirun, train_llama, generate):
     check_errors(mpirun, train_llama, check)
     skipped = 0
     if not os.path.isdir(DATA_DIR):
-        skipped = len(PARITY_RUNS) + 14 + 5 + len(FIT_RUNS) + 1 + 4
+        skipped = len(PARITY_RUNS) + 14 + 5 + len(FIT_RUNS) + 1 + 4 + TRACE_CHECKS
         print(f"skipped: {skipped} cases that train, {DATA_DIR} is missing (scripts/setup installs fortunes)")
     else:
         with tempfile.TemporaryDirectory(prefix="train_llama_tests.") as scratch:
@@ -70,6 +71,7 @@ def main(mpirun, train_llama, generate):
             check_save_and_generate(mpirun, train_llama, generate, scratch, check)
             check_bpe(mpirun, train_llama, generate, scratch, check)
             check_will_it_fit(mpirun, train_llama, scratch, check)
+            check_traces(mpirun, train_llama, scratch, check)
 
     return check.summary("train_llama_app", skipped)
 
@@ -301,6 +303,15 @@ def check_will_it_fit(mpirun, program, scratch, check):
     check_dry_runs_change_nothing(check, mpirun, program, 2, FIT_ARGS + ["--steps", "3"], scratch,
                                   lambda path: os.path.join(path, "model.safetensors"))
     check_memory_limit(check, mpirun, program, 2, FIT_ARGS, scratch)
+
+
+# The checks check_traces makes (skipped without the data set): the run, trace_checks.check_trace's
+# for 2 ranks, and the two refusals.
+TRACE_CHECKS = 25
+
+
+def check_traces(mpirun, program, scratch, check):
+    check_trace_run(mpirun, program, "train_llama", BASE_ARGS, scratch, check)
 
 
 if __name__ == "__main__":

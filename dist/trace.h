@@ -1,0 +1,44 @@
+// dist/trace.h: tracing a distributed run: the recorder started on all ranks with aligned clocks,
+// each rank's events as Chrome trace-event JSON (ui.perfetto.dev, chrome://tracing) and the merged
+// trace.json with one process per rank, and the figures derived from the spans per traced step.
+//
+// What the recorder holds during a step (categories): "step" (the app's whole step), "data"
+// (loading the batch), "compute" (each FSDP unit's forward and backward, the optimizer step),
+// "wait" (the compute thread blocked on an all-gather or a reduce-scatter), "communication" (each
+// collective, from the ledger, on its communicator's track), flows from an all-gather's issue to
+// its wait, and the counters "gathered parameters" and "cpu memory".
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/trace.h"
+#include "dist/communicator.h"
+
+namespace shardlab::dist {
+
+// A barrier, then trace::start(): every rank's time 0 is the barrier's end.
+void start_trace(Communicator& comm);
+
+// `events` (this rank's, from trace::take()) as a trace-event document: {"traceEvents": [...]},
+// timestamps in microseconds since trace::origin(), pid `rank`, with process and track names.
+nlohmann::json trace_document(const std::vector<trace::Event>& events, int rank);
+
+// Writes DIR/trace-rank<R>.json on every rank, then rank 0 merges them into DIR/trace.json; a
+// collective. Creates DIR.
+void write_trace(Communicator& comm, const std::string& dir, const std::vector<trace::Event>& events);
+
+// Per "step" span: the overlap of communication (the union of "communication" spans) with
+// compute ("compute" spans less "wait" spans), in seconds, and the time each unit waited for its
+// all-gathers. The span's argument "step" numbers it.
+struct StepFigures {
+  std::int64_t step = 0;
+  trace::Overlap overlap;
+  std::map<std::string, double> all_gather_wait;  // unit -> seconds
+};
+std::vector<StepFigures> step_figures(const std::vector<trace::Event>& events);
+
+}  // namespace shardlab::dist
