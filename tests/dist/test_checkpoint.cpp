@@ -4,10 +4,8 @@
 // every corruption (truncated, flipped, missing file, malformed metadata, another model) is
 // refused with the same named error on every rank, leaving model and optimizer as they were.
 #include <mpi.h>
-#include <zlib.h>
 
 #include <bit>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
