@@ -79,14 +79,30 @@ void count_unsharded(std::int64_t delta) {
   trace::counter("gathered parameters", {{"bytes", unsharded.bytes}});
 }
 
+// How traces and tags name a unit: the root's own name is empty.
+std::string display_name(const std::string& unit) { return unit.empty() ? "(root)" : unit; }
+
 // A unit's span that began at `began` (if the trace recorded then) and ends now.
-void trace_unit_span(std::optional<trace::Clock::time_point>& began, const char* phase, const std::string& unit) {
+void trace_unit_span(std::optional<trace::Clock::time_point>& began, const char* phase,
+                     const std::string& unit) {
   if (began && trace::on()) {
-    trace::complete(fmt::format("{} {}", phase, unit.empty() ? "(root)" : unit), "compute",
-                    trace::this_thread_track(), *began, trace::Clock::now(), {{"unit", unit}});
+    trace::complete(fmt::format("{} {}", phase, display_name(unit)), "compute", trace::this_thread_track(),
+                    *began, trace::Clock::now(), {{"unit", unit}});
     trace::memory_counter();
   }
   began.reset();
+}
+
+// A copy or cast kernel of the unit's (`what`: "cast parameters to bf16") as a "copy" span on the
+// trace: the bytes FSDP moves on the compute thread besides the collectives.
+template <typename Kernel>
+decltype(auto) copy_kernel(const char* what, const std::string& unit, Kernel&& kernel) {
+  trace::Span span(trace::on() ? fmt::format("{} {}", what, display_name(unit)) : std::string(), "copy");
+  return kernel();
+}
+
+std::string cast_name(const char* what, DType to) {
+  return fmt::format("cast {} to {}", what, dtype_name(to));
 }
 
 }  // namespace
@@ -285,34 +301,40 @@ void Unit::install_hooks() {
   }
 }
 
-void Unit::unshard() {
+void Unit::unshard(GatherFor purpose) {
   if (state_ != Gathered::no) return;
-  storage_->reallocate(static_cast<std::size_t>(padded_) * dtype_size(options_.mixed_precision.param_dtype));
+  const DType param_dtype = options_.mixed_precision.param_dtype;
+  storage_->reallocate(static_cast<std::size_t>(padded_) * dtype_size(param_dtype));
   count_unsharded(static_cast<std::int64_t>(storage_->nbytes()));
-  const Tensor on_device = shard_.to(device_);  // itself unless offloaded
-  const Tensor source = options_.mixed_precision.param_dtype == DType::f32
+  const Tensor on_device = shard_device_ == device_ ? shard_
+                                                    : copy_kernel("copy shard to device", name_,
+                                                                  [&] { return shard_.to(device_); });
+  const Tensor source = param_dtype == DType::f32
                             ? on_device
-                            : cast(on_device, options_.mixed_precision.param_dtype);
+                            : copy_kernel(cast_name("parameters", param_dtype).c_str(), name_,
+                                          [&] { return cast(on_device, param_dtype); });
   if (groups_->shard == nullptr) {
-    gathered().copy_(source);
+    copy_kernel("copy shard to gathered", name_, [&] { return gathered().copy_(source); });
     state_ = Gathered::yes;
     return;
   }
+  static constexpr const char* purposes[] = {"pre-forward", "pre-backward", "unshard"};
+  gather_tag_ = fmt::format("{} {}", purposes[static_cast<int>(purpose)], display_name(name_));
   gather_source_ = source;
-  gather_work_ = groups_->shard->all_gather_into(gathered(), source, name_);
+  gather_work_ = groups_->shard->all_gather_into(gathered(), source, gather_tag_);
   if (trace::on()) {
     gather_flow_ = trace::next_flow_id();
-    trace::flow_start(gather_flow_, "all_gather " + name_, "communication");
+    trace::flow_start(gather_flow_, "all_gather " + gather_tag_, "communication");
   }
   state_ = Gathered::in_flight;
 }
 
 void Unit::wait_unshard() {
   if (state_ != Gathered::in_flight) return;
-  trace::Span span(trace::on() ? "wait all_gather " + name_ : std::string(), "wait");
+  trace::Span span(trace::on() ? "wait all_gather " + gather_tag_ : std::string(), "wait");
   span.arg("unit", name_);
   gather_work_.wait();
-  if (trace::on()) trace::flow_end(gather_flow_, "all_gather " + name_, "communication");
+  if (trace::on()) trace::flow_end(gather_flow_, "all_gather " + gather_tag_, "communication");
   gather_work_ = Work();
   gather_source_ = Tensor();
   state_ = Gathered::yes;
@@ -329,17 +351,18 @@ void Unit::reshard() {
 // The units `listed` by set_modules_to_*_prefetch, from the first step on; otherwise, once the
 // order is recorded, the next options_.prefetch units after this one in it.
 void Unit::prefetch(const std::optional<std::vector<std::weak_ptr<Unit>>>& listed,
-                    const std::vector<Unit*>& order, bool recorded) {
+                    const std::vector<Unit*>& order, bool recorded, GatherFor purpose) {
   if (listed) {
     for (const auto& weak : *listed) {
-      if (auto unit = weak.lock()) unit->unshard();
+      if (auto unit = weak.lock()) unit->unshard(purpose);
     }
     return;
   }
   if (!recorded) return;
   const auto me = std::find(order.begin(), order.end(), this);
   if (me == order.end()) return;
-  for (auto next = me + 1; next != order.end() && next - me <= options_.prefetch; ++next) (*next)->unshard();
+  for (auto next = me + 1; next != order.end() && next - me <= options_.prefetch; ++next)
+    (*next)->unshard(purpose);
 }
 
 void Unit::pre_forward(nn::ForwardInputs& inputs) {
@@ -350,9 +373,9 @@ void Unit::pre_forward(nn::ForwardInputs& inputs) {
       std::find(root.forward_order.begin(), root.forward_order.end(), this) == root.forward_order.end()) {
     root.forward_order.push_back(this);
   }
-  unshard();
+  unshard(GatherFor::forward);
   wait_unshard();
-  prefetch(forward_prefetch_, root.forward_order, root.forward_recorded);
+  prefetch(forward_prefetch_, root.forward_order, root.forward_recorded, GatherFor::forward);
   cast_inputs(inputs);
   mark_inputs(inputs);
 }
@@ -378,14 +401,15 @@ void Unit::cast_inputs(nn::ForwardInputs& inputs) const {
   if (!precision.cast_forward_inputs || precision.param_dtype == DType::f32) return;
   for (Variable& input : inputs) {
     if (input.defined() && is_floating(input.dtype()) && input.dtype() != precision.param_dtype)
-      input = cast(input, precision.param_dtype);
+      input = copy_kernel(cast_name("input", precision.param_dtype).c_str(), name_,
+                          [&] { return cast(input, precision.param_dtype); });
   }
 }
 
 void Unit::cast_output(Variable& output) const {
   const auto& to = options_.mixed_precision.output_dtype;
   if (to && output.defined() && is_floating(output.dtype()) && output.dtype() != *to)
-    output = cast(output, *to);
+    output = copy_kernel(cast_name("output", *to).c_str(), name_, [&] { return cast(output, *to); });
 }
 
 void Unit::post_forward(Variable& output) {
@@ -434,9 +458,9 @@ void Unit::pre_backward() {
   backward_started_ = true;
   if (trace::on()) backward_began_ = trace::Clock::now();
   if (!root.backward_recorded) root.backward_order.push_back(this);
-  unshard();
+  unshard(GatherFor::backward);
   wait_unshard();
-  prefetch(backward_prefetch_, root.backward_order, root.backward_recorded);
+  prefetch(backward_prefetch_, root.backward_order, root.backward_recorded, GatherFor::backward);
   prepare_gradients();
 }
 
@@ -500,9 +524,11 @@ void Unit::start_reduction() {
   if (!full_grad_.defined())
     full_grad_ = zeros({padded_}, dtype(options_.mixed_precision.param_dtype).with_device(device_));
   reducing_ = true;
-  reduce_input_ = options_.mixed_precision.reduce_dtype == options_.mixed_precision.param_dtype
+  const DType reduce_dtype = options_.mixed_precision.reduce_dtype;
+  reduce_input_ = reduce_dtype == options_.mixed_precision.param_dtype
                       ? full_grad_
-                      : cast(full_grad_, options_.mixed_precision.reduce_dtype);
+                      : copy_kernel(cast_name("gradient", reduce_dtype).c_str(), name_,
+                                    [&] { return cast(full_grad_, reduce_dtype); });
   for (const Slot& slot : slots_) slot.variable.set_grad(Tensor());
   full_grad_ = Tensor();
   if (groups_->shard == nullptr) {
@@ -534,9 +560,14 @@ void Unit::finish_backward(const std::uint8_t* agreed_flags) {
     // Unless it is a cast, the reduced gradient is a buffer of its own (a 1-rank shard group's
     // is the full-gradient buffer, whose parameter views were dropped): the gradient shard. A
     // parameter that got a gradient on some rank gets its slice; the others stay without one.
+    const Tensor reduced = reduce_output_.dtype() == DType::f32
+                               ? reduce_output_
+                               : copy_kernel(cast_name("gradient", DType::f32).c_str(), name_,
+                                             [&] { return cast(reduce_output_, DType::f32); });
     const Tensor gradient =
-        (reduce_output_.dtype() == DType::f32 ? reduce_output_ : cast(reduce_output_, DType::f32))
-            .to(shard_device_);
+        reduced.device() == shard_device_
+            ? reduced
+            : copy_kernel("copy gradient to host", name_, [&] { return reduced.to(shard_device_); });
     for (std::size_t i = 0; i < slots_.size(); ++i) {
       if (agreed_flags[i] == 0 || !slots_[i].variable.requires_grad()) continue;
       const Piece part = piece(slots_[i]);

@@ -245,7 +245,7 @@ void UnshardHandle::wait() {
 UnshardHandle unshard(nn::Module& module) {
   auto unit = unit_for("unshard", module);
   if (!unit->root_state()) ensure_root(*locate(module).top);  // names the units, as the first forward does
-  unit->unshard();
+  unit->unshard(Unit::GatherFor::caller);
   return UnshardHandle(unit);
 }
 

@@ -127,7 +127,10 @@ class Unit : public std::enable_shared_from_this<Unit> {
   void flush_backward();  // from the root's end-of-backward callback, before finish_backward
   void finish_backward(const std::uint8_t* agreed_flags);
   void abandon_backward();
-  void unshard();
+  // Why an all-gather runs: it names the collective (ledger tag, trace span) "pre-forward fc1",
+  // "pre-backward fc1" or "unshard fc1" (dist::unshard), so the two gathers of a step differ.
+  enum class GatherFor { forward, backward, caller };
+  void unshard(GatherFor purpose);
   void wait_unshard();
   void reshard();
   // The unit's backward span on the trace, from its pre-backward to now: at post-backward, or for
@@ -140,7 +143,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
     return Tensor(storage_, {padded_}, {1}, 0, options_.mixed_precision.param_dtype);
   }
   void prefetch(const std::optional<std::vector<std::weak_ptr<Unit>>>& listed,
-                const std::vector<Unit*>& order, bool recorded);
+                const std::vector<Unit*>& order, bool recorded, GatherFor purpose);
   void prepare_gradients();
   void start_reduction();
   void cast_inputs(nn::ForwardInputs& inputs) const;
@@ -170,6 +173,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
   std::optional<std::vector<std::weak_ptr<Unit>>> forward_prefetch_, backward_prefetch_;
   Work gather_work_;
   std::uint64_t gather_flow_ = 0;  // the trace's arrow from the all-gather's issue to its wait
+  std::string gather_tag_;         // the in-flight all-gather's tag
   // When the trace records: the start of this unit's forward and backward spans.
   std::optional<trace::Clock::time_point> forward_began_, backward_began_;
   Tensor gather_source_;      // the shard cast to param_dtype, alive until its all-gather completed

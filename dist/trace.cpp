@@ -128,7 +128,7 @@ std::vector<StepFigures> step_figures(const std::vector<trace::Event>& events) {
   for (const trace::Event& e : events) {
     if (e.phase != trace::Phase::complete) continue;
     if (e.category == "communication") communication.push_back(interval(e));
-    if (e.category == "compute") busy.push_back(interval(e));
+    if (e.category == "compute" || e.category == "copy") busy.push_back(interval(e));
     if (e.category == "wait") waits.push_back(interval(e));
   }
   const std::vector<trace::Interval> compute = trace::subtract(busy, waits);

@@ -4,9 +4,12 @@
 //
 // What the recorder holds during a step (categories): "step" (the app's whole step), "data"
 // (loading the batch), "compute" (each FSDP unit's forward and backward, the optimizer step),
-// "wait" (the compute thread blocked on an all-gather or a reduce-scatter), "communication" (each
-// collective, from the ledger, on its communicator's track), flows from an all-gather's issue to
-// its wait, and the counters "gathered parameters" and "cpu memory".
+// "copy" (FSDP's copy and cast kernels: parameters to bf16, gradients to the reduce dtype and
+// back, shards to and from the device when offloaded), "wait" (the compute thread blocked on an
+// all-gather or a reduce-scatter), "communication" (each collective, from the ledger, on its
+// communicator's track, named by its tag: "all_gather pre-forward fc1", "all_gather pre-backward
+// fc1", "reduce_scatter fc1"), flows from an all-gather's issue to its wait, and the counters
+// "gathered parameters" and "cpu memory".
 #pragma once
 
 #include <cstdint>
@@ -32,7 +35,7 @@ nlohmann::json trace_document(const std::vector<trace::Event>& events, int rank)
 void write_trace(Communicator& comm, const std::string& dir, const std::vector<trace::Event>& events);
 
 // Per "step" span: the overlap of communication (the union of "communication" spans) with
-// compute ("compute" spans less "wait" spans), in seconds, and the time each unit waited for its
+// compute ("compute" and "copy" spans less "wait" spans), in seconds, and the time each unit waited for its
 // all-gathers. The span's argument "step" numbers it.
 struct StepFigures {
   std::int64_t step = 0;

@@ -92,6 +92,14 @@ def check_trace(directory, ranks, steps, metrics, output, check, label):
         backwards = {n[len("backward "):] for n in spans if n.startswith("backward ")}
         check(f"{label}: rank {rank}: every unit has a forward and a backward span", forwards == backwards and
               len(forwards) > 1, f"{forwards} {backwards}")
+        gathers = {e["name"] for e in rank_events
+                   if e["ph"] == "X" and e.get("cat") == "communication" and e["args"]["op"] == "all_gather"}
+        # The root stays gathered for backward; train_llama gathers it early with dist::unshard.
+        root = {"all_gather unshard (root)"} if "all_gather unshard (root)" in gathers else \
+               {"all_gather pre-forward (root)"}
+        named = root | {f"all_gather pre-{p} {unit}" for unit in forwards - {"(root)"} for p in ["forward", "backward"]}
+        check(f"{label}: rank {rank}: each unit's all-gathers are named for the pass they serve",
+              gathers == named, f"{sorted(gathers)} vs {sorted(named)}")
         starts = sorted(e["id"] for e in rank_events if e["ph"] == "s")
         ends = sorted(e["id"] for e in rank_events if e["ph"] == "f")
         check(f"{label}: rank {rank}: every all-gather issue has one arrow to its wait", starts and starts == ends)
@@ -124,6 +132,7 @@ def check_trace_run(mpirun, program, name, args, scratch, check):
                                                        "--metrics", metrics])
     check("np 2 --trace --trace-steps 2:3 trains", code == 0, f"exit {code}\n{output}")
     check_trace(directory, 2, [2, 3], read_metrics(metrics), output, check, f"{name} np 2 --trace")
+    check_copy_spans(mpirun, program, name, args, scratch, check)
     for steps, message in [
             ("3:2", f"{name}: --trace-steps '3:2': expected FIRST:LAST with 1 <= FIRST <= LAST (steps count from 1, "
                     "both included), e.g. 2:3"),
@@ -131,3 +140,30 @@ def check_trace_run(mpirun, program, name, args, scratch, check):
         code, output = run_job(mpirun, program, 2, args + ["--trace", directory, "--trace-steps", steps])
         check(f"--trace-steps {steps} exits 1, explained once", code == 1 and output.count(message) == 1,
               f"exit {code}\n{output}")
+
+
+def check_copy_spans(mpirun, program, name, args, scratch, check):
+    """With --mixed-precision bf16, each gather's cast of the shard to bf16 and each reduction's cast of
+    the gradient to f32 are "copy" spans of their unit, inside the step, counted as compute."""
+    directory = os.path.join(scratch, "trace-bf16")
+    metrics = os.path.join(scratch, "trace-bf16.jsonl")
+    code, output = run_job(mpirun, program, 2, args + ["--mixed-precision", "bf16", "--trace", directory,
+                                                       "--trace-steps", "2:2", "--metrics", metrics])
+    check(f"{name} np 2 --mixed-precision bf16 --trace trains", code == 0, f"exit {code}\n{output}")
+    if code != 0:
+        return
+    with open(os.path.join(directory, "trace.json"), encoding="utf-8") as file:
+        events = [e for e in json.load(file)["traceEvents"] if e["ph"] == "X"]
+    for rank in range(2):
+        spans = [e for e in events if e["pid"] == rank]
+        units = {e["name"][len("forward "):] for e in spans if e.get("cat") == "compute" and
+                 e["name"].startswith("forward ")}
+        copies = [e for e in spans if e.get("cat") == "copy"]
+        casts = {e["name"] for e in copies}
+        wanted = {f"cast parameters to bf16 {unit}" for unit in units} | \
+                 {f"cast gradient to f32 {unit}" for unit in units}
+        step = next(e for e in spans if e.get("cat") == "step")
+        inside = all(step["ts"] - EPSILON_US <= e["ts"] and e["ts"] + e["dur"] <= step["ts"] + step["dur"] + EPSILON_US
+                     for e in copies)
+        check(f"{name} bf16 trace: rank {rank}: every unit's parameter and gradient casts are copy spans in the step",
+              units and wanted <= casts and inside, f"missing {sorted(wanted - casts)}")

@@ -298,7 +298,7 @@ def check_will_it_fit(mpirun, program, scratch, check):
 
 # The checks check_traces makes (skipped without the data set): the run, trace_checks.check_trace's
 # for 2 ranks, and the two refusals.
-TRACE_CHECKS = 23
+TRACE_CHECKS = 28
 
 
 def check_traces(mpirun, program, scratch, check):

@@ -307,7 +307,7 @@ def check_will_it_fit(mpirun, program, scratch, check):
 
 # The checks check_traces makes (skipped without the data set): the run, trace_checks.check_trace's
 # for 2 ranks, and the two refusals.
-TRACE_CHECKS = 25
+TRACE_CHECKS = 30
 
 
 def check_traces(mpirun, program, scratch, check):

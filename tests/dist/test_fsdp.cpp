@@ -650,9 +650,9 @@ TEST_CASE("prefetch issues the next unit's all-gather before that unit runs; dep
     const auto issued = [&](const std::string& tag) {
       return std::count(issued_before_block0.end() - 3, issued_before_block0.end(), tag) > 0;
     };
-    CHECK(issued("blocks.0"));
-    CHECK(issued("blocks.1") == (depth >= 1));
-    CHECK(issued("blocks.2") == (depth >= 2));
+    CHECK(issued("pre-forward blocks.0"));
+    CHECK(issued("pre-forward blocks.1") == (depth >= 1));
+    CHECK(issued("pre-forward blocks.2") == (depth >= 2));
   }
 }
 

@@ -114,7 +114,7 @@ TEST_CASE("dist::unshard issues the root's all-gather before the forward, which 
         if (w > 1) {
           const auto last = world().monitor().tail(1).back();
           CHECK(last.fingerprint.op == dist::Collective::all_gather);
-          CHECK(last.fingerprint.tag == "");  // the root's
+          CHECK(last.fingerprint.tag == "unshard (root)");  // the root's, gathered by dist::unshard
         }
         CHECK(dist::unsharded_memory().bytes - before == plan.units[0].unsharded_bytes);
         if (step == 0) handle->wait();
@@ -284,8 +284,10 @@ TEST_CASE(
         "unsharded parameters assumes the depth, the lists may hold more units at once");
   CHECK(differences(trace, expected) == 0);
   if (w > 1) {
-    const std::vector<std::string> order{"",         "blocks.2", "blocks.1", "blocks.0",
-                                         "blocks.2", "blocks.0", "blocks.1"};
+    // Named for the pass each gather serves, though the lists issue them out of order.
+    const std::vector<std::string> order{
+        "pre-forward (root)",    "pre-forward blocks.2",  "pre-forward blocks.1", "pre-forward blocks.0",
+        "pre-backward blocks.2", "pre-backward blocks.0", "pre-backward blocks.1"};
     REQUIRE(issued.size() == 2);
     CHECK(issued[0] == order);  // step 0: the lists apply before any order is recorded
     CHECK(issued[1] == order);
