@@ -76,7 +76,8 @@ void count_unsharded(std::int64_t delta) {
   std::lock_guard lock(unsharded_mutex);
   unsharded.bytes += delta;
   unsharded.peak_bytes = std::max(unsharded.peak_bytes, unsharded.bytes);
-  trace::counter("gathered parameters", {{"bytes", unsharded.bytes}});
+  // Guarded: the argument list is built (allocated) before counter() could look at the flag.
+  if (trace::on()) trace::counter("gathered parameters", {{"bytes", unsharded.bytes}});
 }
 
 // How traces and tags name a unit: the root's own name is empty.
