@@ -434,6 +434,7 @@ void Training::report() {
                      {"measured_persistent_bytes", persistent},
                      {"step_bytes_received", step_bytes_received_},
                      {"planned_step_bytes", plan_.bytes_per_step()},
+                     {"plan", apps::plan_json(plan_)},
                      {"predicted_peak", predicted_ ? apps::prediction_json(*predicted_) : nlohmann::json()}});
   }
 }
