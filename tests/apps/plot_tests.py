@@ -21,6 +21,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import struct
 import sys
 import tempfile
@@ -87,6 +88,13 @@ def main(mpirun, program, plot):
         print(f"plot: {DATA_DIR} not found (scripts/setup installs dataset-fashion-mnist): skipped")
         return check.summary("plot", CHECKS)
     scratch = tempfile.mkdtemp(prefix="plot-tests-")
+    try:
+        return check_plots(mpirun, program, plot, scratch, check)
+    finally:
+        shutil.rmtree(scratch)
+
+
+def check_plots(mpirun, program, plot, scratch, check):
     trace_dir = os.path.join(scratch, "trace")
     metrics = {}
     for ranks, sharding in RUNS:
