@@ -290,14 +290,15 @@ bool Training::train_epoch() {
       return loader_->batch(*it);
     }();
     optimizer_->zero_grad();
-    session_.world().reset_counters();
+    dist::reset_collective_counters(*model_);
     const Variable loss = forward_backward(batch);
     {
       const trace::Span span("optimizer step", "compute");
       optimizer_->step();
     }
     trace_->end_step();
-    step_bytes_received_ = session_.world().counters().total().bytes_received;
+    // Every communicator the units use: hybrid sharding's groups are not the world.
+    step_bytes_received_ = dist::collective_counters(*model_).total().bytes_received;
     ++step_;
     const double step_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start).count();
@@ -434,6 +435,7 @@ void Training::report() {
                      {"measured_persistent_bytes", persistent},
                      {"step_bytes_received", step_bytes_received_},
                      {"planned_step_bytes", plan_.bytes_per_step()},
+                     {"plan", apps::plan_json(plan_)},
                      {"predicted_peak", predicted_ ? apps::prediction_json(*predicted_) : nlohmann::json()}});
   }
 }

@@ -508,6 +508,7 @@ void Training::report() {
                      {"planned_unsharded_peak_bytes", plan_.peak_unsharded_bytes()},
                      {"step_bytes_received", step_bytes_received_},
                      {"planned_step_bytes", plan_.bytes_per_step()},
+                     {"plan", apps::plan_json(plan_)},
                      {"train_peak_memory_bytes", peak_bytes_},
                      {"predicted_peak", predicted_ ? apps::prediction_json(*predicted_) : nlohmann::json()}});
   }

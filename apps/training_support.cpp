@@ -211,6 +211,16 @@ nlohmann::json prediction_json(const PeakPrediction& prediction) {
           {"per_sample", prediction.per_sample},   {"micro_batch", prediction.micro_batch}};
 }
 
+nlohmann::json plan_json(const dist::Plan& plan) {
+  std::vector<std::int64_t> unit_parameters;
+  for (const dist::UnitPlan& unit : plan.units) unit_parameters.push_back(unit.parameters);
+  return {{"world_size", plan.world_size},
+          {"sharding", plan.sharding},
+          {"shard_group_size", plan.shard_group_size},
+          {"optimizer_state_bytes_per_element", plan.optimizer_state_bytes_per_element},
+          {"unit_parameters", unit_parameters}};
+}
+
 PeakPrediction planned_peak(const dist::Plan& plan, std::int64_t data_bytes, std::int64_t micro_batch) {
   return {.data = data_bytes,
           .persistent = plan.total_persistent_bytes(),

@@ -136,6 +136,9 @@ struct PeakPrediction {
 std::string peak_report(const PeakPrediction& prediction, std::int64_t measured);
 // {"total": ..., "data": ..., ...}: what the metrics files record.
 nlohmann::json prediction_json(const PeakPrediction& prediction);
+// {"world_size", "sharding", "shard_group_size", "optimizer_state_bytes_per_element", "unit_parameters"}:
+// what the summary records so that scripts/plot can recompute the plan's formulas per world size.
+nlohmann::json plan_json(const dist::Plan& plan);
 
 // The peak the plan alone predicts: activations not yet measured (a lower bound).
 PeakPrediction planned_peak(const dist::Plan& plan, std::int64_t data_bytes, std::int64_t micro_batch);
