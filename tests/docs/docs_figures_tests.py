@@ -31,7 +31,7 @@ CATEGORIES = [("figure", "every marked number equals the script's figure"),
               ("block", "every marked output block equals the regenerated output"),
               ("unmarked", "no unmarked figure"),
               ("location", "every cited file:function exists"),
-              ("pending", "every linked image and named script exists (after the plots branch is merged)")]
+              ("missing", "every linked image and named script exists")]
 CHECKS = 1 + len(CATEGORIES) + 4
 
 
