@@ -55,6 +55,7 @@ struct Options {
   std::string sharding = "full";
   std::string mixed_precision = "none";
   bool explain = false;
+  bool detect_anomaly = false;
   std::string save_model;
   std::string metrics;
   std::string trace, trace_steps = "2:3";
@@ -473,6 +474,8 @@ int main(int argc, char** argv) {
   app.add_option("--mixed-precision", options.mixed_precision,
                  "none, or bf16 (bf16 gathers and compute, f32 reductions and master shards)");
   app.add_flag("--explain", options.explain, "print the FSDP plan (units, bytes, traffic) before step 1");
+  app.add_flag("--detect-anomaly", options.detect_anomaly,
+               "check every op's result for NaN and every gradient for NaN/Inf; the first names the op (slow)");
   app.add_option("--save-model", options.save_model, "write the trained weights to this safetensors file");
   app.add_option("--metrics", options.metrics, "write JSON lines of every rank's metrics to this file");
   auto* trace = app.add_option("--trace", options.trace,

@@ -57,6 +57,7 @@ struct Options {
   bool activation_checkpointing = false;
   bool cpu_offload = false;
   bool explain = false;
+  bool detect_anomaly = false;
   std::string metrics;
   std::string trace, trace_steps = "2:3";
   std::string save_model;
@@ -559,6 +560,8 @@ int main(int argc, char** argv) {
                "recompute each decoder layer in backward instead of keeping its activations");
   app.add_flag("--cpu-offload", options.cpu_offload, "keep shards and optimizer state in host memory");
   app.add_flag("--explain", options.explain, "print the FSDP plan (units, bytes, traffic) before step 1");
+  app.add_flag("--detect-anomaly", options.detect_anomaly,
+               "check every op's result for NaN and every gradient for NaN/Inf; the first names the op (slow)");
   app.add_option("--metrics", options.metrics, "write JSON lines of every rank's metrics to this file");
   auto* trace = app.add_option("--trace", options.trace,
                                "write a Chrome/Perfetto trace per rank and the merged trace.json into this directory");

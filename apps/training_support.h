@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "autograd/anomaly.h"
 #include "core/device.h"
 #include "dist/communicator.h"
 #include "dist/fsdp.h"
@@ -99,6 +100,8 @@ int build_and_run(const char* program, dist::Session& session, const Options& op
     return 1;
   }
   try {
+    // Only around training: the dry runs of the plan need no checks.
+    const autograd::DetectAnomaly detect(options.detect_anomaly);
     training->run();
   } catch (const std::exception& e) {
     const std::string prefix = session.world_size() > 1 ? fmt::format("[rank {}] ", session.rank()) : "";

@@ -5,6 +5,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "autograd/anomaly.h"
 #include "autograd/node.h"
 #include "core/ops.h"
 
@@ -120,6 +121,9 @@ void backward(const std::vector<Variable>& outputs, const std::vector<Tensor>& g
           run_grad_hooks(node->grad_hooks(), std::move(it->second), node->output(), node->name());
       buffers.erase(it);
       input_grads = node->apply(grad);
+      if (anomaly_detection_on()) {
+        for (std::size_t i = 0; i < input_grads.size(); ++i) check_gradient(*node, i, input_grads[i]);
+      }
       if (!retain_graph) node->release();
     }
     for (std::size_t i = 0; i < node->next_edges().size(); ++i) {

@@ -1,12 +1,14 @@
 // autograd/function.cpp: recording an op into the graph, and sum_to for broadcast gradients.
 #include "autograd/function.h"
 
+#include "autograd/anomaly.h"
 #include "core/ops.h"
 
 namespace shardlab::autograd {
 
 Variable record(const char* name, const std::vector<Variable>& inputs, Tensor output, BackwardFn backward,
                 Recording when) {
+  if (anomaly_detection_on()) check_forward(name, output);
   auto impl = std::make_shared<VariableImpl>();
   impl->data = std::move(output);
   bool any_requires_grad = false;

@@ -94,6 +94,7 @@ class AccumulateGrad final : public Node {
  public:
   explicit AccumulateGrad(std::shared_ptr<VariableImpl> leaf);
   Grads apply(const Tensor& grad_output) override;
+  const std::string& leaf_name() const { return leaf_->name; }
 
  private:
   std::shared_ptr<VariableImpl> leaf_;

@@ -28,6 +28,7 @@ check, then "train_cnn_app: N passed, N failed, N skipped".
 """
 import filecmp
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -77,7 +78,7 @@ def main(mpirun, program):
 
     skipped = 0
     if not os.path.isdir(DATA_DIR):
-        skipped = len(PARITY_RUNS) - 1 + 2 + 7 + len(KILL_STEPS) + len(FIT_RUNS) + 1 + 4 + TRACE_CHECKS
+        skipped = len(PARITY_RUNS) - 1 + 2 + 7 + len(KILL_STEPS) + len(FIT_RUNS) + 1 + 4 + TRACE_CHECKS + 2
         print(f"skipped: {skipped} cases that train, {DATA_DIR} is missing "
               "(scripts/setup installs dataset-fashion-mnist)")
     else:
@@ -87,6 +88,7 @@ def main(mpirun, program):
             check_kill_during_save(mpirun, program, scratch, check)
             check_will_it_fit(mpirun, program, scratch, check)
             check_traces(mpirun, program, scratch, check)
+            check_detect_anomaly(mpirun, program, check)
 
     return check.summary("train_cnn_app", skipped)
 
@@ -303,6 +305,17 @@ TRACE_CHECKS = 28
 
 def check_traces(mpirun, program, scratch, check):
     check_trace_run(mpirun, program, "train_cnn", PARITY_ARGS, scratch, check)
+
+
+def check_detect_anomaly(mpirun, program, check):
+    """Adadelta at lr 1e30 makes step 1's update infinite, and step 2's first conv2d multiplies inf by
+    0: --detect-anomaly names that op on every rank and the job exits 1."""
+    code, output = run_job(mpirun, program, 2, PARITY_ARGS + ["--lr", "1e30", "--detect-anomaly"])
+    for rank in range(2):
+        named = re.search(rf"\[rank {rank}\] train_cnn: detect_anomaly: the forward of 'conv2d' produced \d+ NaN of "
+                          r"1179648 elements in its output \[32, 64, 24, 24\] f32", output)
+        check(f"--lr 1e30 --detect-anomaly: rank {rank} names the first op that made a NaN, and the job exits 1",
+              code == 1 and named, f"exit {code}\n{output}")
 
 
 if __name__ == "__main__":
