@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -56,6 +57,7 @@ struct Options {
   std::string mixed_precision = "none";
   bool explain = false;
   bool detect_anomaly = false;
+  std::int64_t max_skipped_steps = 5;  // non-finite steps in a row before the run stops
   std::string save_model;
   std::string metrics;
   std::string trace, trace_steps = "2:3";
@@ -114,11 +116,13 @@ class Training {
 
  private:
   // The epoch in progress: its loss and images so far (over all ranks), saved with a checkpoint
-  // so that a resumed run prints the same "Train Epoch" line as an uninterrupted one.
+  // so that a resumed run prints the same "Train Epoch" line as an uninterrupted one. A skipped
+  // step's images count as trained but not in the loss.
   struct EpochProgress {
     std::int64_t epoch = 1;
     double loss_sum = 0;
-    std::int64_t images = 0;
+    std::int64_t images = 0, skipped_images = 0;
+    double mean_loss() const { return loss_sum / static_cast<double>(images - skipped_images); }
   };
   // Trains the rest of epoch_.epoch; false when --steps ended it early.
   bool train_epoch();
@@ -147,6 +151,7 @@ class Training {
   std::optional<apps::MetricsFile> metrics_;
   std::optional<apps::StepTrace> trace_;
   apps::CheckpointDir checkpoints_;
+  apps::NonFiniteSteps non_finite_;
   nlohmann::json last_saved_;  // the state saved or resumed from: the end need not save it again
   EpochProgress epoch_;
   std::int64_t step_ = 0;
@@ -162,7 +167,8 @@ Training::Training(const Options& options, dist::Session& session)
       rank_(session.rank()),
       world_size_(session.world_size()),
       model_(shapes_only_cnn(options.seed)),
-      checkpoints_(options.checkpoint_dir, options.keep) {
+      checkpoints_(options.checkpoint_dir, options.keep),
+      non_finite_("train_cnn", options.max_skipped_steps) {
   if (options.threads > 0) set_num_threads(options.threads);
   // Options first: a typo fails before the data sets load.
   const OptimizerKind optimizer = parse_optimizer(options.optimizer);
@@ -213,10 +219,11 @@ Training::Training(const Options& options, dist::Session& session)
   if (options.resume) resume();
   if (!options.metrics.empty()) metrics_.emplace(options.metrics, session.cpu_world());
   trace_.emplace(options.trace,
-                 options.trace.empty() ? apps::TraceSteps{}
-                                       : apps::parse_trace_steps(options.trace_steps,
-                                                                 options.steps > 0 ? options.steps
-                                                                                   : options.epochs * loader_->batches_per_epoch()),
+                 options.trace.empty()
+                     ? apps::TraceSteps{}
+                     : apps::parse_trace_steps(
+                           options.trace_steps,
+                           options.steps > 0 ? options.steps : options.epochs * loader_->batches_per_epoch()),
                  session.cpu_world());
 
   dist::log(
@@ -240,7 +247,7 @@ void Training::run() {
       dist::log("train_cnn: stopped after {} steps, in epoch {}", step_, epoch_.epoch);
       break;
     }
-    const double train_loss = epoch_.loss_sum / static_cast<double>(epoch_.images);
+    const double train_loss = epoch_.mean_loss();
     dist::log("Train Epoch: {} \tLoss: {:.6f}", epoch_.epoch, train_loss);
     const TestResult tested = evaluate();
     const double accuracy = static_cast<double>(tested.correct) / static_cast<double>(tested.total);
@@ -293,26 +300,41 @@ bool Training::train_epoch() {
     optimizer_->zero_grad();
     dist::reset_collective_counters(*model_);
     const Variable loss = forward_backward(batch);
-    {
+    // Every communicator the units use: hybrid sharding's groups are not the world.
+    step_bytes_received_ = dist::collective_counters(*model_).total().bytes_received;
+    // One all-reduce for the step's loss, images and squared gradient norm, before the update: a
+    // non-finite loss or norm skips the step on every rank alike.
+    const std::vector<double> global = apps::sum_over_ranks(
+        session_.cpu_world(), {loss.data().item<double>(), static_cast<double>(it->size()),
+                               dist::local_gradient_sum_of_squares(*model_)});
+    const double grad_norm = std::sqrt(global[2]);
+    const bool skipped = non_finite_.skip(step_ + 1, global[0] / global[1], grad_norm, checkpoints_);
+    if (!skipped) {
       const trace::Span span("optimizer step", "compute");
       optimizer_->step();
     }
     trace_->end_step();
-    // Every communicator the units use: hybrid sharding's groups are not the world.
-    step_bytes_received_ = dist::collective_counters(*model_).total().bytes_received;
     ++step_;
     const double step_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start).count();
     if (step_ > 1) step_ms_.push_back(step_ms);
 
-    const std::vector<double> global = apps::sum_over_ranks(
-        session_.cpu_world(), {loss.data().item<double>(), static_cast<double>(it->size())});
-    epoch_.loss_sum += global[0];
-    epoch_.images += static_cast<std::int64_t>(global[1]);
-    if (metrics_ && options_.steps > 0)
-      metrics_->write({{"rank", rank_}, {"step", step_}, {"loss", global[0] / global[1]}});
+    const auto images = static_cast<std::int64_t>(global[1]);
+    epoch_.images += images;
+    if (skipped) {
+      epoch_.skipped_images += images;
+    } else {
+      epoch_.loss_sum += global[0];
+    }
+    if (metrics_ && options_.steps > 0) {
+      metrics_->write({{"rank", rank_},
+                       {"step", step_},
+                       {"loss", global[0] / global[1]},
+                       {"grad_norm", grad_norm},
+                       {"skipped", skipped}});
+    }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    progress.update(epoch_.images, epoch_.loss_sum / static_cast<double>(epoch_.images),
+    progress.update(epoch_.images, epoch_.mean_loss(),
                     static_cast<double>(epoch_.images - images_before) / seconds);
     if (options_.checkpoint_every > 0 && step_ % options_.checkpoint_every == 0) save_checkpoint();
   }
@@ -340,6 +362,7 @@ nlohmann::json Training::training_state() const {
           {"epoch", epoch_.epoch},
           {"epoch_loss_sum", epoch_.loss_sum},
           {"epoch_images", epoch_.images},
+          {"epoch_skipped_images", epoch_.skipped_images},
           {"scheduler_epoch", scheduler_->epoch()},
           {"seed", options_.seed},
           {"global_batch", options_.global_batch},
@@ -360,7 +383,8 @@ void Training::resume() {
   step_ = state["step"].get<std::int64_t>();
   epoch_ = {.epoch = state.at("epoch").get<std::int64_t>(),
             .loss_sum = state.at("epoch_loss_sum").get<double>(),
-            .images = state.at("epoch_images").get<std::int64_t>()};
+            .images = state.at("epoch_images").get<std::int64_t>(),
+            .skipped_images = state.at("epoch_skipped_images").get<std::int64_t>()};
   scheduler_->set_epoch(state.at("scheduler_epoch").get<std::int64_t>());
   last_saved_ = state;
   const std::int64_t per_epoch = loader_->batches_per_epoch();
@@ -368,9 +392,11 @@ void Training::resume() {
                  "--resume: '{}' is at step {}, outside its epoch {} of {} steps", resumed.path, step_,
                  epoch_.epoch, per_epoch);
   SHARDLAB_CHECK(options_.steps == 0 || step_ < options_.steps,
-                 "--resume: '{}' is at step {}, and --steps asks for {}", resumed.path, step_, options_.steps);
-  SHARDLAB_CHECK(epoch_.epoch <= options_.epochs, "--resume: '{}' has finished {} epochs, and --epochs asks for {}",
-                 resumed.path, epoch_.epoch - 1, options_.epochs);
+                 "--resume: '{}' is at step {}, and --steps asks for {}", resumed.path, step_,
+                 options_.steps);
+  SHARDLAB_CHECK(epoch_.epoch <= options_.epochs,
+                 "--resume: '{}' has finished {} epochs, and --epochs asks for {}", resumed.path,
+                 epoch_.epoch - 1, options_.epochs);
   dist::log("train_cnn: resumed from {} (step {}: epoch {} at batch {} of {})", resumed.path, step_,
             epoch_.epoch, step_ - (epoch_.epoch - 1) * per_epoch, per_epoch);
 }
@@ -408,6 +434,8 @@ void Training::report() {
   const double median_ms = apps::median(step_ms_);
   constexpr double kMiB = 1024.0 * 1024.0;
   dist::log("train_cnn: median step {:.1f} ms ({} steps, the first excluded)", median_ms, step_ms_.size());
+  if (non_finite_.skipped() > 0)
+    dist::log("train_cnn: {} steps skipped for a non-finite loss or gradient norm", non_finite_.skipped());
   dist::log(
       "train_cnn: rank 0 memory: peak while training {} B ({:.1f} MiB, {:.1f} MiB above the {:.1f} MiB of "
       "loaded data)",
@@ -429,6 +457,7 @@ void Training::report() {
   if (metrics_) {
     metrics_->write({{"rank", rank_},
                      {"steps", step_},
+                     {"skipped_steps", non_finite_.skipped()},
                      {"median_step_ms", median_ms},
                      {"train_peak_memory_bytes", peak_bytes_},
                      {"data_bytes", data_bytes_},
@@ -474,13 +503,14 @@ int main(int argc, char** argv) {
   app.add_option("--mixed-precision", options.mixed_precision,
                  "none, or bf16 (bf16 gathers and compute, f32 reductions and master shards)");
   app.add_flag("--explain", options.explain, "print the FSDP plan (units, bytes, traffic) before step 1");
-  app.add_flag("--detect-anomaly", options.detect_anomaly,
-               "check every op's result for NaN and every gradient for NaN/Inf; the first names the op (slow)");
+  apps::add_numerics_options(app, options.detect_anomaly, options.max_skipped_steps);
   app.add_option("--save-model", options.save_model, "write the trained weights to this safetensors file");
   app.add_option("--metrics", options.metrics, "write JSON lines of every rank's metrics to this file");
-  auto* trace = app.add_option("--trace", options.trace,
-                               "write a Chrome/Perfetto trace per rank and the merged trace.json into this directory");
-  app.add_option("--trace-steps", options.trace_steps, "the steps --trace records, FIRST:LAST (from 1, both included)")
+  auto* trace =
+      app.add_option("--trace", options.trace,
+                     "write a Chrome/Perfetto trace per rank and the merged trace.json into this directory");
+  app.add_option("--trace-steps", options.trace_steps,
+                 "the steps --trace records, FIRST:LAST (from 1, both included)")
       ->needs(trace);
   app.add_option("--prefetch", options.prefetch, "units whose all-gather is issued ahead")
       ->check(CLI::NonNegativeNumber);
@@ -488,13 +518,15 @@ int main(int argc, char** argv) {
                  "CPU threads per rank (default: the cores this process may use)");
   app.add_option("--checkpoint-dir", options.checkpoint_dir,
                  "save sharded checkpoints here (DIR/step-N), at the end and every --checkpoint-every steps");
-  app.add_option("--checkpoint-every", options.checkpoint_every, "steps between checkpoints (0: only at the end)")
+  app.add_option("--checkpoint-every", options.checkpoint_every,
+                 "steps between checkpoints (0: only at the end)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--keep", options.keep, "keep the newest K checkpoints")->check(CLI::PositiveNumber);
   app.add_option("--memory-limit", options.memory_limit,
                  "refuse before step 1 a run whose predicted peak per rank exceeds BYTES (512M, 2G)");
-  app.add_flag("--resume", options.resume,
-               "continue from the newest complete checkpoint in --checkpoint-dir (any world size or sharding)");
+  app.add_flag(
+      "--resume", options.resume,
+      "continue from the newest complete checkpoint in --checkpoint-dir (any world size or sharding)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

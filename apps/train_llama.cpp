@@ -17,9 +17,9 @@
 #include "core/ops.h"
 #include "core/parallel.h"
 #include "core/trace.h"
+#include "data/bpe.h"
 #include "data/loader.h"
 #include "data/text_corpus.h"
-#include "data/bpe.h"
 #include "data/tokenizer.h"
 #include "dist/checkpoint.h"
 #include "dist/fsdp.h"
@@ -58,6 +58,7 @@ struct Options {
   bool cpu_offload = false;
   bool explain = false;
   bool detect_anomaly = false;
+  std::int64_t max_skipped_steps = 5;  // non-finite steps in a row before the run stops
   std::string metrics;
   std::string trace, trace_steps = "2:3";
   std::string save_model;
@@ -90,23 +91,25 @@ models::LlamaConfig resolve_config(const Options& options) {
 std::optional<std::int64_t> bpe_vocab(const std::string& spec) {
   if (!spec.starts_with("bpe:")) return std::nullopt;
   const std::string digits = spec.substr(4);
-  SHARDLAB_CHECK(!digits.empty() && digits.size() <= 9 && digits.find_first_not_of("0123456789") == std::string::npos,
-                 "--tokenizer '{}': expected bpe:VOCAB with VOCAB a positive integer", spec);
+  SHARDLAB_CHECK(
+      !digits.empty() && digits.size() <= 9 && digits.find_first_not_of("0123456789") == std::string::npos,
+      "--tokenizer '{}': expected bpe:VOCAB with VOCAB a positive integer", spec);
   return std::stoll(digits);
 }
 
 // --tokenizer: "bytes", a tokenizer.json, or "bpe:VOCAB" learned from the corpus. Rank 0 learns
 // the merges and sends its tokenizer.json to every rank: all hold the very same tokenizer (and
 // the others spend no time on it), which the checkpoints record and a resumed run must match.
-std::unique_ptr<data::Tokenizer> corpus_tokenizer(const std::string& spec, const std::vector<std::string>& documents,
+std::unique_ptr<data::Tokenizer> corpus_tokenizer(const std::string& spec,
+                                                  const std::vector<std::string>& documents,
                                                   dist::Communicator& comm) {
   const std::optional<std::int64_t> vocab = bpe_vocab(spec);
   if (!vocab) return data::make_tokenizer(spec);
   std::string json;
-  apps::on_rank_zero(comm, fmt::format("learning the {} tokenizer", spec), [&] {
-    json = data::BpeTokenizer::train(documents, {.vocab_size = *vocab}).to_json();
-  });
-  return std::make_unique<data::BpeTokenizer>(data::BpeTokenizer::from_json(apps::broadcast_text(comm, json), spec));
+  apps::on_rank_zero(comm, fmt::format("learning the {} tokenizer", spec),
+                     [&] { json = data::BpeTokenizer::train(documents, {.vocab_size = *vocab}).to_json(); });
+  return std::make_unique<data::BpeTokenizer>(
+      data::BpeTokenizer::from_json(apps::broadcast_text(comm, json), spec));
 }
 
 // The tokenizer.json of a BPE tokenizer (null for bytes): what checkpoints record, as text, so that
@@ -146,6 +149,7 @@ class Training {
  private:
   struct StepResult {
     double loss = 0, grad_norm = 0, seconds = 0;
+    bool skipped = false;  // a non-finite loss or gradient norm: no update
   };
   StepResult train_step(const data::Batch& batch);
   Variable forward_backward(const data::Batch& batch, double scale);
@@ -175,9 +179,10 @@ class Training {
   std::optional<apps::MetricsFile> metrics_;
   std::optional<apps::StepTrace> trace_;
   apps::CheckpointDir checkpoints_;
+  apps::NonFiniteSteps non_finite_;
   std::int64_t total_steps_ = 0, step_ = 0;
   std::int64_t last_saved_step_ = -1;  // saved or resumed from: the end need not save it again
-  std::vector<double> step_seconds_;  // every step after the first
+  std::vector<double> step_seconds_;   // every step after the first
   std::int64_t step_bytes_received_ = 0;
 };
 
@@ -214,7 +219,8 @@ Training::Training(const Options& options, dist::Session& session)
       session_(session),
       rank_(session.rank()),
       world_size_(session.world_size()),
-      checkpoints_(options.checkpoint_dir, options.keep) {
+      checkpoints_(options.checkpoint_dir, options.keep),
+      non_finite_("train_llama", options.max_skipped_steps) {
   if (options.threads > 0) set_num_threads(options.threads);
   // Options first: a typo fails before the corpus loads.
   bpe_vocab(options.tokenizer);
@@ -233,9 +239,9 @@ Training::Training(const Options& options, dist::Session& session)
   if (options.limit_documents > 0 && options.limit_documents < static_cast<std::int64_t>(documents.size())) {
     documents.resize(static_cast<std::size_t>(options.limit_documents));
   }
-  const std::string tokenizer =
-      !options.tokenizer.empty() ? options.tokenizer
-      : options.init_from.empty() ? "bytes" : data::directory_tokenizer(options.init_from);
+  const std::string tokenizer = !options.tokenizer.empty()  ? options.tokenizer
+                                : options.init_from.empty() ? "bytes"
+                                                            : data::directory_tokenizer(options.init_from);
   tokenizer_ = corpus_tokenizer(tokenizer, documents, session.cpu_world());
   tokenizer_document_ = tokenizer_document(*tokenizer_);
   if (takes_tokenizer_vocab(options)) config_.vocab_size = tokenizer_->vocab_size();
@@ -272,23 +278,25 @@ Training::Training(const Options& options, dist::Session& session)
   if (options.explain || !options.memory_limit.empty()) {
     const std::optional<std::int64_t> limit =
         options.memory_limit.empty() ? std::nullopt : std::optional(apps::parse_bytes(options.memory_limit));
-    predicted_ = apps::will_it_fit(session.cpu_world(), plan_, model_bytes_baseline_, per_rank_batch, limit,
-                                   {.global_batch = options.global_batch,
-                                    .world_size = world_size_,
-                                    .sharding = plan_.sharding,
-                                    .checkpointing_available = true,
-                                    .checkpointing = options.activation_checkpointing},
-                                   *optimizer_, [&](std::int64_t samples) {
-                                     const std::vector<std::int64_t> first = loader_->batch_indices(0).front();
-                                     forward_backward(loader_->batch({first.begin(), first.begin() + samples}), 1.0);
-                                   });
+    predicted_ =
+        apps::will_it_fit(session.cpu_world(), plan_, model_bytes_baseline_, per_rank_batch, limit,
+                          {.global_batch = options.global_batch,
+                           .world_size = world_size_,
+                           .sharding = plan_.sharding,
+                           .checkpointing_available = true,
+                           .checkpointing = options.activation_checkpointing},
+                          *optimizer_, [&](std::int64_t samples) {
+                            const std::vector<std::int64_t> first = loader_->batch_indices(0).front();
+                            forward_backward(loader_->batch({first.begin(), first.begin() + samples}), 1.0);
+                          });
   }
   SHARDLAB_CHECK(!options.resume || !options.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
   if (options.resume) resume();
   if (!options.metrics.empty()) metrics_.emplace(options.metrics, session.cpu_world());
-  trace_.emplace(options.trace,
-                 options.trace.empty() ? apps::TraceSteps{} : apps::parse_trace_steps(options.trace_steps, total_steps_),
-                 session.cpu_world());
+  trace_.emplace(
+      options.trace,
+      options.trace.empty() ? apps::TraceSteps{} : apps::parse_trace_steps(options.trace_steps, total_steps_),
+      session.cpu_world());
 
   dist::log(
       "train_llama: {} documents, {} sequences of {} tokens ({} tokenizer, vocab {}), model {} with {} "
@@ -333,11 +341,11 @@ void Training::run() {
       if (options_.checkpoint_every > 0 && step_ % options_.checkpoint_every == 0) save_checkpoint();
       if (step_ > 1) step_seconds_.push_back(result.seconds);
       write_step_metrics(result);
-      recent_losses.push_back(result.loss);
+      if (!result.skipped) recent_losses.push_back(result.loss);
       if (recent_losses.size() > 10) recent_losses.erase(recent_losses.begin());
       double recent = 0;
       for (const double loss : recent_losses) recent += loss;
-      progress.update(step_, recent / static_cast<double>(recent_losses.size()),
+      progress.update(step_, recent / static_cast<double>(std::max<std::size_t>(1, recent_losses.size())),
                       static_cast<double>(options_.global_batch * options_.seq) / result.seconds);
     }
   }
@@ -369,15 +377,16 @@ void Training::save_checkpoint() {
 }
 
 void Training::resume() {
-  const apps::CheckpointDir::Resumed resumed =
-      checkpoints_.resume(session_.cpu_world(), **model_, *optimizer_, training_state(),
-                          {"app", "seed", "global_batch", "seq", "sequences", "tokenizer_json", "config"}, "train_llama");
+  const apps::CheckpointDir::Resumed resumed = checkpoints_.resume(
+      session_.cpu_world(), **model_, *optimizer_, training_state(),
+      {"app", "seed", "global_batch", "seq", "sequences", "tokenizer_json", "config"}, "train_llama");
   step_ = resumed.state["step"].get<std::int64_t>();
   SHARDLAB_CHECK(step_ < total_steps_, "--resume: '{}' is at step {}, and --steps asks for {}", resumed.path,
                  step_, total_steps_);
   scheduler_->set_epoch(resumed.state.at("scheduler_epoch").get<std::int64_t>());
   last_saved_step_ = step_;
-  dist::log("train_llama: resumed from {} (step {}), continuing to step {}", resumed.path, step_, total_steps_);
+  dist::log("train_llama: resumed from {} (step {}), continuing to step {}", resumed.path, step_,
+            total_steps_);
 }
 
 Training::StepResult Training::train_step(const data::Batch& batch) {
@@ -388,18 +397,20 @@ Training::StepResult Training::train_step(const data::Batch& batch) {
   const double targets = apps::sum_over_ranks(session_.cpu_world(), {local_targets})[0];
   dist::reset_collective_counters(**model_);
   // FSDP averages gradients over the ranks: scaled by W, the average is the global mean's gradient.
-  const Variable loss_sum = forward_backward(batch, static_cast<double>(world_size_) / std::max(targets, 1.0));
+  const Variable loss_sum =
+      forward_backward(batch, static_cast<double>(world_size_) / std::max(targets, 1.0));
   // FSDP's collectives of the step, what the plan predicts (clipping's all-reduce comes after).
   step_bytes_received_ = dist::collective_counters(**model_).total().bytes_received;
   StepResult result;
+  result.loss = apps::sum_over_ranks(session_.cpu_world(), {loss_sum.data().item<double>()})[0] /
+                std::max(targets, 1.0);
   result.grad_norm = dist::clip_grad_norm_(**model_, options_.clip);
-  {
+  result.skipped = non_finite_.skip(step_ + 1, result.loss, result.grad_norm, checkpoints_);
+  if (!result.skipped) {
     const trace::Span span("optimizer step", "compute");
     optimizer_->step();
   }
   scheduler_->step();
-  result.loss = apps::sum_over_ranks(session_.cpu_world(), {loss_sum.data().item<double>()})[0] /
-                std::max(targets, 1.0);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }
@@ -427,6 +438,7 @@ void Training::write_step_metrics(const StepResult& result) {
        {"loss", result.loss},
        {"lr", optimizer_->lr()},
        {"grad_norm", result.grad_norm},
+       {"skipped", result.skipped},
        {"tokens_per_second", static_cast<double>(options_.global_batch * options_.seq) / result.seconds},
        {"step_seconds", result.seconds},
        {"memory_bytes", memory.bytes_in_use},
@@ -476,6 +488,8 @@ void Training::report() {
       median_seconds > 0 ? static_cast<double>(options_.global_batch * options_.seq) / median_seconds : 0;
   dist::log("train_llama: median step {:.1f} ms, {:.0f} tokens/s ({} steps, the first excluded)",
             1e3 * median_seconds, tokens_per_second, step_seconds_.size());
+  if (non_finite_.skipped() > 0)
+    dist::log("train_llama: {} steps skipped for a non-finite loss or gradient norm", non_finite_.skipped());
   // The plan counts the sharded state; the rotary tables are replicated buffers, the same on every rank.
   std::int64_t buffer_bytes = 0;
   for (const auto& [name, buffer] : (*model_)->named_buffers())
@@ -498,6 +512,7 @@ void Training::report() {
   if (metrics_) {
     metrics_->write({{"rank", rank_},
                      {"steps", step_},
+                     {"skipped_steps", non_finite_.skipped()},
                      {"median_step_seconds", median_seconds},
                      {"tokens_per_second", tokens_per_second},
                      {"peak_memory_bytes", memory_stats(Device::cpu()).peak_bytes},
@@ -527,9 +542,10 @@ int main(int argc, char** argv) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // later flags win
   auto* config =
       app.add_option("--config", options.config, "tiny, seed, 1b, or a Hugging Face config.json file");
-  app.add_option("--tokenizer", options.tokenizer,
-                 "bytes (256 byte ids + [BOT], [EOT], [PAD]), bpe:VOCAB (byte-level BPE learned from the "
-                 "corpus), or a Hugging Face tokenizer.json (default: --init-from's tokenizer.json, else bytes)");
+  app.add_option(
+      "--tokenizer", options.tokenizer,
+      "bytes (256 byte ids + [BOT], [EOT], [PAD]), bpe:VOCAB (byte-level BPE learned from the "
+      "corpus), or a Hugging Face tokenizer.json (default: --init-from's tokenizer.json, else bytes)");
   app.add_option("--data", options.data, "text files or directories of them (default: Debian's fortunes)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--separator", options.separator, "the line that separates documents in a file");
@@ -560,12 +576,13 @@ int main(int argc, char** argv) {
                "recompute each decoder layer in backward instead of keeping its activations");
   app.add_flag("--cpu-offload", options.cpu_offload, "keep shards and optimizer state in host memory");
   app.add_flag("--explain", options.explain, "print the FSDP plan (units, bytes, traffic) before step 1");
-  app.add_flag("--detect-anomaly", options.detect_anomaly,
-               "check every op's result for NaN and every gradient for NaN/Inf; the first names the op (slow)");
+  apps::add_numerics_options(app, options.detect_anomaly, options.max_skipped_steps);
   app.add_option("--metrics", options.metrics, "write JSON lines of every rank's metrics to this file");
-  auto* trace = app.add_option("--trace", options.trace,
-                               "write a Chrome/Perfetto trace per rank and the merged trace.json into this directory");
-  app.add_option("--trace-steps", options.trace_steps, "the steps --trace records, FIRST:LAST (from 1, both included)")
+  auto* trace =
+      app.add_option("--trace", options.trace,
+                     "write a Chrome/Perfetto trace per rank and the merged trace.json into this directory");
+  app.add_option("--trace-steps", options.trace_steps,
+                 "the steps --trace records, FIRST:LAST (from 1, both included)")
       ->needs(trace);
   app.add_option("--save-model", options.save_model,
                  "write model.safetensors + config.json here (Hugging Face's LlamaForCausalLM format)");

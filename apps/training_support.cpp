@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -111,9 +112,8 @@ std::vector<std::int64_t> CheckpointDir::steps() const {
 void CheckpointDir::save(std::int64_t step, nn::Module& root, const optim::Optimizer& optimizer,
                          const nlohmann::json& state, const char* program) const {
   const std::string target = path(step);
-  on_rank_zero(dist::root_communicator(root), fmt::format("creating '{}'", dir_), [&] {
-    std::filesystem::create_directories(dir_);
-  });
+  on_rank_zero(dist::root_communicator(root), fmt::format("creating '{}'", dir_),
+               [&] { std::filesystem::create_directories(dir_); });
   const auto start = std::chrono::steady_clock::now();
   dist::save_checkpoint(target, root, optimizer, state);
   const double seconds = seconds_since(start);
@@ -128,20 +128,22 @@ void CheckpointDir::save(std::int64_t step, nn::Module& root, const optim::Optim
 
 CheckpointDir::Resumed CheckpointDir::resume(dist::Communicator& comm, nn::Module& root,
                                              optim::Optimizer& optimizer, const nlohmann::json& now,
-                                             const std::vector<std::string>& unchanged, const char* program) const {
+                                             const std::vector<std::string>& unchanged,
+                                             const char* program) const {
   const std::vector<std::int64_t> saved = steps();
   // Every rank must pick the same checkpoint (they may see the directory at different moments).
   const double newest = saved.empty() ? -1.0 : static_cast<double>(saved.back());
   const std::vector<double> seen = sum_over_ranks(comm, {newest, newest * newest});
   const double mean = seen[0] / comm.size();
-  SHARDLAB_CHECK(seen[1] / comm.size() - mean * mean == 0, "--resume: the ranks see different checkpoints in '{}'",
-                 dir_);
+  SHARDLAB_CHECK(seen[1] / comm.size() - mean * mean == 0,
+                 "--resume: the ranks see different checkpoints in '{}'", dir_);
   SHARDLAB_CHECK(!saved.empty(), "--resume: no complete checkpoint in '{}'", dir_);
   if (comm.rank() == 0) {
     // A save killed before its rename leaves step-N.tmp-<id>: never a checkpoint, only litter.
     for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
       const std::string name = entry.path().filename().string();
-      if (name.starts_with("step-") && name.find(".tmp-") != std::string::npos) std::filesystem::remove_all(entry);
+      if (name.starts_with("step-") && name.find(".tmp-") != std::string::npos)
+        std::filesystem::remove_all(entry);
     }
   }
   Resumed resumed{.path = path(saved.back())};
@@ -150,8 +152,8 @@ CheckpointDir::Resumed CheckpointDir::resume(dist::Communicator& comm, nn::Modul
   const nlohmann::json recorded = dist::checkpoint_info(resumed.path).extra;
   for (const std::string& field : unchanged) {
     const nlohmann::json& before = recorded.contains(field) ? recorded[field] : nlohmann::json();
-    SHARDLAB_CHECK(before == now.at(field), "--resume: {} was {} when '{}' was saved, now {}", field, brief(before),
-                   resumed.path, brief(now.at(field)));
+    SHARDLAB_CHECK(before == now.at(field), "--resume: {} was {} when '{}' was saved, now {}", field,
+                   brief(before), resumed.path, brief(now.at(field)));
   }
   const auto start = std::chrono::steady_clock::now();
   resumed.state = dist::load_checkpoint(resumed.path, root, optimizer);
@@ -160,6 +162,39 @@ CheckpointDir::Resumed CheckpointDir::resume(dist::Communicator& comm, nn::Modul
                  "--resume: '{}' has no integer step in its training state", resumed.path);
   dist::log("{}: loaded checkpoint {} in {:.2f} s", program, resumed.path, seconds);
   return resumed;
+}
+
+void add_numerics_options(CLI::App& app, bool& detect_anomaly, std::int64_t& max_skipped_steps) {
+  app.add_flag(
+      "--detect-anomaly", detect_anomaly,
+      "check every op's result for NaN and every gradient for NaN/Inf; the first names the op (slow)");
+  app.add_option(
+         "--max-skipped-steps", max_skipped_steps,
+         "skip a step whose loss or gradient norm is not finite (no update); stop after more than N in a "
+         "row, naming the checkpoint to resume from (0: stop at the first)")
+      ->check(CLI::NonNegativeNumber);
+}
+
+int report_failure(const char* program, dist::Session& session, const std::string& message,
+                   bool same_everywhere) {
+  // Long enough for ranks that fail alike to get there (they fail at the same step, but one may
+  // be finishing a save); short next to any collective timeout.
+  constexpr std::chrono::seconds kWaitForOthers{3};
+  const bool alone = session.world_size() > 1 && !session.every_rank_failed(kWaitForOthers);
+  const std::string prefix = session.world_size() > 1 ? fmt::format("[rank {}] ", session.rank()) : "";
+  if (alone) {
+    std::fputs(fmt::format("{}{}: {}\n{}{}: the other ranks did not fail alike: ending the job\n", prefix,
+                           program, message, prefix, program)
+                   .c_str(),
+               stderr);
+    session.abort_job(1);
+  }
+  if (same_everywhere) {
+    if (session.rank() == 0) std::fputs(fmt::format("{}: {}\n", program, message).c_str(), stderr);
+  } else {
+    std::fputs(fmt::format("{}{}: {}\n", prefix, program, message).c_str(), stderr);  // one write per line
+  }
+  return 1;
 }
 
 std::unique_ptr<dist::Session> start_cpu_session(int& argc, char**& argv, const char* program) {
@@ -190,7 +225,8 @@ std::string PeakPrediction::str() const {
   line("gathered parameters in flight (1 + prefetch units)", gathered);
   line("unsharded gradients until the end of backward", gradients);
   if (measured) {
-    line(fmt::format("activations and temporaries ({} samples, {} B each)", micro_batch, per_sample), activations);
+    line(fmt::format("activations and temporaries ({} samples, {} B each)", micro_batch, per_sample),
+         activations);
   }
   return text;
 }
@@ -198,17 +234,18 @@ std::string PeakPrediction::str() const {
 std::string peak_report(const PeakPrediction& prediction, std::int64_t measured) {
   const std::int64_t predicted = prediction.total();
   return fmt::format(
-      "training peak: measured {} B, predicted {} B ({:+.1f}%); above the {} B of loaded data: measured {} B, "
+      "training peak: measured {} B, predicted {} B ({:+.1f}%); above the {} B of loaded data: measured {} "
+      "B, "
       "predicted {} B",
       measured, predicted, 100.0 * static_cast<double>(predicted - measured) / static_cast<double>(measured),
       prediction.data, measured - prediction.data, predicted - prediction.data);
 }
 
 nlohmann::json prediction_json(const PeakPrediction& prediction) {
-  return {{"total", prediction.total()},           {"data", prediction.data},
-          {"persistent", prediction.persistent},   {"gathered", prediction.gathered},
-          {"gradients", prediction.gradients},     {"activations", prediction.activations},
-          {"per_sample", prediction.per_sample},   {"micro_batch", prediction.micro_batch}};
+  return {{"total", prediction.total()},         {"data", prediction.data},
+          {"persistent", prediction.persistent}, {"gathered", prediction.gathered},
+          {"gradients", prediction.gradients},   {"activations", prediction.activations},
+          {"per_sample", prediction.per_sample}, {"micro_batch", prediction.micro_batch}};
 }
 
 nlohmann::json plan_json(const dist::Plan& plan) {
@@ -278,13 +315,16 @@ void check_memory_limit(dist::Communicator& comm, const PeakPrediction& predicti
   std::vector<double> mine(kTerms * static_cast<std::size_t>(comm.size()), 0.0);
   const std::vector<std::int64_t> terms{prediction.data,      prediction.persistent,  prediction.gathered,
                                         prediction.gradients, prediction.activations, prediction.per_sample};
-  for (std::size_t i = 0; i < kTerms; ++i) mine[kTerms * static_cast<std::size_t>(comm.rank()) + i] = static_cast<double>(terms[i]);
+  for (std::size_t i = 0; i < kTerms; ++i)
+    mine[kTerms * static_cast<std::size_t>(comm.rank()) + i] = static_cast<double>(terms[i]);
   const std::vector<double> all = sum_over_ranks(comm, mine);
   int worst = 0;
   std::int64_t worst_total = -1;
   PeakPrediction peak = prediction;
   for (int rank = 0; rank < comm.size(); ++rank) {
-    const auto term = [&](std::size_t i) { return static_cast<std::int64_t>(all[kTerms * static_cast<std::size_t>(rank) + i]); };
+    const auto term = [&](std::size_t i) {
+      return static_cast<std::int64_t>(all[kTerms * static_cast<std::size_t>(rank) + i]);
+    };
     const PeakPrediction theirs{.data = term(0),
                                 .persistent = term(1),
                                 .gathered = term(2),
@@ -309,9 +349,11 @@ void check_memory_limit(dist::Communicator& comm, const PeakPrediction& predicti
       {peak.activations, fmt::format("activations and temporaries ({} samples)", peak.micro_batch)}};
   std::sort(largest.rbegin(), largest.rend());
   std::string message = fmt::format(
-      "will not fit: the predicted training peak of rank {} is {}, over --memory-limit {} by {}\nlargest terms:",
+      "will not fit: the predicted training peak of rank {} is {}, over --memory-limit {} by {}\nlargest "
+      "terms:",
       worst, bytes_text(worst_total), bytes_text(limit), bytes_text(worst_total - limit));
-  for (std::size_t i = 0; i < 3; ++i) message += fmt::format(" {} {} B;", largest[i].second, largest[i].first);
+  for (std::size_t i = 0; i < 3; ++i)
+    message += fmt::format(" {} {} B;", largest[i].second, largest[i].first);
   message.back() = '\n';
   message += "what would lower it:";
   const auto suggest = [&](const std::string& change, std::optional<std::int64_t> total) {
@@ -330,7 +372,8 @@ void check_memory_limit(dist::Communicator& comm, const PeakPrediction& predicti
     // Full sharding over the whole world: the persistent state of one shard group spread over all
     // ranks, and only 1 + prefetch units gathered at once.
     dist::Plan resharded = plan;
-    for (std::size_t i = 1; i < resharded.units.size(); ++i) resharded.units[i].gathered_through_backward = false;
+    for (std::size_t i = 1; i < resharded.units.size(); ++i)
+      resharded.units[i].gathered_through_backward = false;
     const std::int64_t group = levers.sharding == "none" ? 1 : plan.shard_group_size;
     suggest("--sharding full", worst_total - peak.persistent + peak.persistent * group / levers.world_size -
                                    plan.peak_unsharded_bytes() + resharded.peak_unsharded_bytes());
@@ -340,7 +383,8 @@ void check_memory_limit(dist::Communicator& comm, const PeakPrediction& predicti
             std::nullopt);
   if (!levers.device.is_cpu()) suggest("--cpu-offload", worst_total - peak.persistent);
   if (peak.per_sample > 0) {
-    const std::int64_t fitting = peak.micro_batch - (worst_total - limit + peak.per_sample - 1) / peak.per_sample;
+    const std::int64_t fitting =
+        peak.micro_batch - (worst_total - limit + peak.per_sample - 1) / peak.per_sample;
     if (fitting >= 1) {
       suggest(fmt::format("--global-batch {} (per-rank batch {})", fitting * levers.world_size, fitting),
               peak.total_with(fitting));
@@ -350,8 +394,8 @@ void check_memory_limit(dist::Communicator& comm, const PeakPrediction& predicti
 }
 
 PeakPrediction will_it_fit(dist::Communicator& comm, const dist::Plan& plan, std::int64_t data_bytes,
-                           std::int64_t micro_batch, std::optional<std::int64_t> limit, const FitLevers& levers,
-                           optim::Optimizer& optimizer,
+                           std::int64_t micro_batch, std::optional<std::int64_t> limit,
+                           const FitLevers& levers, optim::Optimizer& optimizer,
                            const std::function<void(std::int64_t samples)>& forward_backward) {
   if (limit) check_memory_limit(comm, planned_peak(plan, data_bytes, micro_batch), plan, *limit, levers);
   PeakPrediction prediction =
@@ -403,8 +447,9 @@ TraceSteps parse_trace_steps(const std::string& text, std::int64_t total_steps) 
                  "--trace-steps '{}': expected FIRST:LAST with 1 <= FIRST <= LAST (steps count from 1, both "
                  "included), e.g. 2:3",
                  text);
-  SHARDLAB_CHECK(steps.last <= total_steps, "--trace-steps {}:{} asks for steps the run of {} steps does not have",
-                 steps.first, steps.last, total_steps);
+  SHARDLAB_CHECK(steps.last <= total_steps,
+                 "--trace-steps {}:{} asks for steps the run of {} steps does not have", steps.first,
+                 steps.last, total_steps);
   return steps;
 }
 
@@ -444,7 +489,8 @@ void StepTrace::report(const char* program, const MetricsFile* metrics) const {
       wait_json[unit] = seconds;
     }
     dist::log(
-        "{}: rank 0 traced step {}: communication {:.2f} ms, compute {:.2f} ms, exposed communication {:.2f} ms, "
+        "{}: rank 0 traced step {}: communication {:.2f} ms, compute {:.2f} ms, exposed communication {:.2f} "
+        "ms, "
         "overlap {:.1f}%; all-gather waits (ms):{}",
         program, figure.step, 1e3 * o.communication, 1e3 * o.compute, 1e3 * o.exposed, o.percent(), waits);
     if (metrics) {
@@ -457,6 +503,44 @@ void StepTrace::report(const char* program, const MetricsFile* metrics) const {
                       {"all_gather_wait_seconds", wait_json}});
     }
   }
+}
+
+namespace {
+
+// A NaN whatever its sign bit (fmt prints "-nan" for some).
+std::string number_text(double value) { return std::isnan(value) ? "nan" : fmt::format("{}", value); }
+
+std::string resume_advice(const CheckpointDir& checkpoints) {
+  if (checkpoints.dir().empty()) return "there is no checkpoint to resume from (no --checkpoint-dir)";
+  const std::vector<std::int64_t> saved = checkpoints.steps();
+  if (saved.empty()) return fmt::format("there is no complete checkpoint in '{}'", checkpoints.dir());
+  return fmt::format("the newest checkpoint is {}: resume from it with --resume, perhaps with a lower --lr",
+                     checkpoints.path(saved.back()));
+}
+
+}  // namespace
+
+bool NonFiniteSteps::skip(std::int64_t step, double loss, double grad_norm,
+                          const CheckpointDir& checkpoints) {
+  if (std::isfinite(loss) && std::isfinite(grad_norm)) {
+    in_a_row_ = 0;
+    return false;
+  }
+  ++in_a_row_;
+  const std::string values =
+      fmt::format("the loss ({}) or the gradient norm ({})", number_text(loss), number_text(grad_norm));
+  if (in_a_row_ > limit_) {
+    const std::int64_t first = step - in_a_row_ + 1;
+    fail(
+        "stopped at step {}: {} was not finite for {} steps in a row (steps {} to {}), more than "
+        "--max-skipped-steps {}; the model is as after step {} (a skipped step changes nothing), and {}",
+        step, values, in_a_row_, first, step, limit_, first - 1, resume_advice(checkpoints));
+  }
+  ++skipped_;
+  dist::log(
+      "{}: step {} skipped: {} is not finite ({} in a row, {} in all; more than {} in a row stop the run)",
+      program_, step, values, in_a_row_, skipped_, limit_);
+  return true;
 }
 
 double median(std::vector<double> values) {

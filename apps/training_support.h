@@ -1,8 +1,9 @@
 // apps/training_support.h: what the training binaries share: sums over ranks, the per-rank
 // JSON-lines metrics file, the directory of sharded checkpoints, the predicted training peak and
-// --memory-limit, the progress bar and step-time statistics.
+// --memory-limit, the progress bar, skipping non-finite steps and step-time statistics.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -60,8 +61,8 @@ class CheckpointDir {
   // Saves the run's state at `step` (replacing a checkpoint of that step), then removes all but
   // the newest `keep`; a collective. `state` is what continuing exactly needs besides the shards
   // and the optimizer. Logs the path and the time.
-  void save(std::int64_t step, nn::Module& root, const optim::Optimizer& optimizer, const nlohmann::json& state,
-            const char* program) const;
+  void save(std::int64_t step, nn::Module& root, const optim::Optimizer& optimizer,
+            const nlohmann::json& state, const char* program) const;
 
   struct Resumed {
     std::string path;
@@ -72,11 +73,13 @@ class CheckpointDir {
   // none, or when one of `unchanged`'s fields of the saved state differs from `now`'s (checked before
   // anything loads). Removes what crashed saves left (step-N.tmp-*) first. Logs the path and the time.
   Resumed resume(dist::Communicator& comm, nn::Module& root, optim::Optimizer& optimizer,
-                 const nlohmann::json& now, const std::vector<std::string>& unchanged, const char* program) const;
+                 const nlohmann::json& now, const std::vector<std::string>& unchanged,
+                 const char* program) const;
 
   // The steps of the complete checkpoints, oldest first.
   std::vector<std::int64_t> steps() const;
   std::string path(std::int64_t step) const;
+  const std::string& dir() const { return dir_; }
 
  private:
   std::string dir_;
@@ -87,26 +90,31 @@ class CheckpointDir {
 // stderr, when the processes cannot start.
 std::unique_ptr<dist::Session> start_cpu_session(int& argc, char**& argv, const char* program);
 
-// Builds Training(options, session) on every rank, then runs it; returns the exit status. Errors
-// while building are the same on every rank, so rank 0 reports them; errors while training may be
-// one rank's own, so each reports its own, prefixed with its rank.
+// --detect-anomaly and --max-skipped-steps, the same in both training binaries.
+void add_numerics_options(CLI::App& app, bool& detect_anomaly, std::int64_t& max_skipped_steps);
+
+// After a rank's error: when every rank failed (within a few seconds), prints it (on rank 0 only
+// when `same_everywhere`, errors while building being the same on all ranks, else on each rank
+// with its prefix) and returns 1. When only some ranks failed, the others would wait for them in
+// a collective until the watchdog fires: the rank prints its error, saying so, and ends the job.
+int report_failure(const char* program, dist::Session& session, const std::string& message,
+                   bool same_everywhere);
+
+// Builds Training(options, session) on every rank, then runs it; returns the exit status.
 template <typename Training, typename Options>
 int build_and_run(const char* program, dist::Session& session, const Options& options) {
   std::optional<Training> training;
   try {
     training.emplace(options, session);
   } catch (const std::exception& e) {
-    if (session.rank() == 0) std::fprintf(stderr, "%s: %s\n", program, e.what());
-    return 1;
+    return report_failure(program, session, e.what(), true);
   }
   try {
     // Only around training: the dry runs of the plan need no checks.
     const autograd::DetectAnomaly detect(options.detect_anomaly);
     training->run();
   } catch (const std::exception& e) {
-    const std::string prefix = session.world_size() > 1 ? fmt::format("[rank {}] ", session.rank()) : "";
-    std::fputs(fmt::format("{}{}: {}\n", prefix, program, e.what()).c_str(), stderr);  // one write per line
-    return 1;
+    return report_failure(program, session, e.what(), false);
   }
   return 0;
 }
@@ -132,7 +140,9 @@ struct PeakPrediction {
 
   std::int64_t total() const { return data + persistent + gathered + gradients + activations; }
   // The same run with `samples` per rank instead of micro_batch.
-  std::int64_t total_with(std::int64_t samples) const { return total() + (samples - micro_batch) * per_sample; }
+  std::int64_t total_with(std::int64_t samples) const {
+    return total() + (samples - micro_batch) * per_sample;
+  }
   std::string str() const;  // the terms, one a line, as --explain prints them
 };
 // "training peak: measured M B, predicted P B (+1.2%); above the D B of loaded data: ...".
@@ -148,8 +158,9 @@ PeakPrediction planned_peak(const dist::Plan& plan, std::int64_t data_bytes, std
 
 // planned_peak plus the activations: `forward_backward(n)` runs the step's forward and backward on
 // n samples of a batch (on every rank: a collective). Three runs, of half the micro-batch (not
-// measured: it records FSDP's unit order and builds caches), half and all of it; each ends with optimizer.zero_grad(), no step, so the
-// parameters and the optimizer are untouched. Resets the allocator's and FSDP's peaks after.
+// measured: it records FSDP's unit order and builds caches), half and all of it; each ends with
+// optimizer.zero_grad(), no step, so the parameters and the optimizer are untouched. Resets the allocator's
+// and FSDP's peaks after.
 PeakPrediction predict_peak(const dist::Plan& plan, std::int64_t data_bytes, std::int64_t micro_batch,
                             Device device, optim::Optimizer& optimizer,
                             const std::function<void(std::int64_t samples)>& forward_backward);
@@ -161,7 +172,7 @@ std::int64_t parse_bytes(std::string_view text);
 struct FitLevers {
   std::int64_t global_batch = 0;
   int world_size = 1;
-  std::string sharding;  // dist::Plan::sharding
+  std::string sharding;                                         // dist::Plan::sharding
   bool checkpointing_available = false, checkpointing = false;  // --activation-checkpointing
   Device device = Device::cpu();                                // --cpu-offload frees a GPU only
 };
@@ -177,8 +188,8 @@ void check_memory_limit(dist::Communicator& comm, const PeakPrediction& predicti
 // first (a run whose model state alone does not fit allocates nothing more), then predict_peak's
 // prediction, which this returns.
 PeakPrediction will_it_fit(dist::Communicator& comm, const dist::Plan& plan, std::int64_t data_bytes,
-                           std::int64_t micro_batch, std::optional<std::int64_t> limit, const FitLevers& levers,
-                           optim::Optimizer& optimizer,
+                           std::int64_t micro_batch, std::optional<std::int64_t> limit,
+                           const FitLevers& levers, optim::Optimizer& optimizer,
                            const std::function<void(std::int64_t samples)>& forward_backward);
 
 // A progress bar redrawn in place on a terminal; a plain line every tenth of the run otherwise.
@@ -228,6 +239,26 @@ class StepTrace {
   std::int64_t step_ = 0;  // the step being recorded, 0 when none
   trace::Clock::time_point step_began_;
   std::vector<dist::StepFigures> figures_;
+};
+
+// Steps whose loss or global gradient norm is not finite (a NaN or an overflow somewhere in forward
+// or backward). Such a step is skipped: the parameters and the optimizer state stay as they were
+// (the step still counts: its batch is consumed and the schedule moves on, as PyTorch's GradScaler
+// does). Each skip is counted and logged; more than `limit` in a row stop the run with an error that
+// names the newest checkpoint to resume from. The loss and the norm must be sums over the ranks, so
+// that every rank skips, or stops, at the same step.
+class NonFiniteSteps {
+ public:
+  NonFiniteSteps(const char* program, std::int64_t limit) : program_(program), limit_(limit) {}
+
+  // Whether step `step` (from 1) is to be skipped; throws when it is one more than `limit` in a row.
+  bool skip(std::int64_t step, double loss, double grad_norm, const CheckpointDir& checkpoints);
+  std::int64_t skipped() const { return skipped_; }
+
+ private:
+  const char* program_;
+  std::int64_t limit_;
+  std::int64_t in_a_row_ = 0, skipped_ = 0;
 };
 
 // The median of `values` (0 when empty).

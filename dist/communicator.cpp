@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "dist/backend.h"
+#include "dist/fault_injection.h"
 #include "dist/mpi_support.h"
 
 namespace shardlab::dist {
@@ -128,7 +129,11 @@ Work Communicator::issue(Fingerprint fingerprint, const Tensor& input, const Ten
   call.ledger_id = monitor_->record(name_, sequence, call.fingerprint);
   if (debug_) compare_fingerprints(call, sequence);
   counters_[call.fingerprint.op] += traffic_of(call.fingerprint, rank_, size_);
-  return backend_->launch(std::move(call));
+  const bool die = before_collective(call.fingerprint, call.input);
+  if (!die) return backend_->launch(std::move(call));
+  const Fingerprint launched = call.fingerprint;
+  Work work = backend_->launch(std::move(call));
+  kill_after_collective(launched);
 }
 
 namespace {

@@ -108,6 +108,11 @@ void set_requires_gradient_sync(nn::Module& root, bool sync);
 // unit's gradient counted once). Frozen parameters and parameters without a gradient are skipped.
 double clip_grad_norm_(nn::Module& root, double max_norm);
 
+// This rank's share of the global sum of squared gradients that clip_grad_norm_ all-reduces: its
+// shards' sums, a replicated unit's counted by one replica only. Not a collective: for a caller
+// that adds it to an all-reduce of its own (the CNN's loss sum) and takes the square root.
+double local_gradient_sum_of_squares(nn::Module& root);
+
 // Every parameter's full value (f32, unpadded, by its dotted name under `root`), gathered from
 // the shards on every rank: for checkpoints, evaluation and tests.
 nn::Named<Tensor> gather_full_parameters(nn::Module& root);

@@ -161,16 +161,21 @@ nn::Named<Variable> sharded_parameters(nn::Module& root) {
 
 void set_requires_gradient_sync(nn::Module& root, bool sync) { ensure_root(root)->sync = sync; }
 
-double clip_grad_norm_(nn::Module& root, double max_norm) {
-  const auto state = ensure_root(root);
+double local_gradient_sum_of_squares(nn::Module& root) {
   // Each unit's sum over its own pieces, counted by one replica only: the sum over all ranks
   // then holds every element once, whatever mix of sharded and replicated units the root has.
-  std::vector<Variable> views;
   double local = 0.0;
-  for (const Unit* unit : state->units) {
-    views.insert(views.end(), unit->views().begin(), unit->views().end());
+  for (const Unit* unit : ensure_root(root)->units) {
     if (unit->groups().first_replica()) local += optim::gradient_sum_of_squares(unit->views());
   }
+  return local;
+}
+
+double clip_grad_norm_(nn::Module& root, double max_norm) {
+  const auto state = ensure_root(root);
+  std::vector<Variable> views;
+  for (const Unit* unit : state->units) views.insert(views.end(), unit->views().begin(), unit->views().end());
+  const double local = local_gradient_sum_of_squares(root);
   Communicator& all = *state->units.front()->groups().base;
   double global = local;
   if (all.size() > 1) {

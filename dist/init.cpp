@@ -2,12 +2,16 @@
 #include "dist/init.h"
 
 #include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "core/cuda/runtime.h"
 #include "core/error.h"
 #include "dist/backend.h"
+#include "dist/fault_injection.h"
 #include "dist/log.h"
 #include "dist/mpi_backend.h"
 #include "dist/mpi_support.h"
@@ -85,6 +89,8 @@ Session::Session(int& argc, char**& argv, const InitOptions& options)
   monitor_ = std::make_shared<Monitor>(
       MonitorOptions{.rank = rank_, .timeout = options.collective_timeout.value_or(timeout_from_env())});
   const bool debug = options.debug.value_or(debug_from_env());
+  const char* fault_text = std::getenv("SHARDLAB_INJECT_FAULT");
+  const std::optional<FaultInjection> fault = parse_fault_injection(fault_text == nullptr ? "" : fault_text);
   if (use_nccl(options.backend, device_, local_size_)) {
     world_ =
         std::make_unique<Communicator>("world", MpiComm::duplicate(world.get()),
@@ -95,16 +101,40 @@ Session::Session(int& argc, char**& argv, const InitOptions& options)
     world_ = std::make_unique<Communicator>("world", MpiComm::duplicate(world.get()),
                                             make_mpi_backend(world, monitor_), monitor_, debug);
   }
+  failures_ = std::make_unique<MpiComm>(MpiComm::duplicate(world.get()));
+  arm_fault_injection(fault, rank_);
   set_process_rank(rank_);
   live_session.store(this);
 }
 
 Session::~Session() {
   live_session.store(nullptr);
+  arm_fault_injection(std::nullopt, rank_);
   set_process_rank(0);
   cpu_world_.reset();  // each joins its communication thread after its queued collectives
   world_.reset();
   monitor_.reset();
+}
+
+bool Session::every_rank_failed(std::chrono::milliseconds wait) const {
+  int failed = 1, total = 0;
+  MPI_Request request = MPI_REQUEST_NULL;
+  SHARDLAB_MPI_CHECK(MPI_Iallreduce(&failed, &total, 1, MPI_INT, MPI_SUM, failures_->get(), &request));
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  for (int done = 0;;) {
+    SHARDLAB_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    if (done) return total == world_size_;
+    // Left pending: the caller ends the job, and MPI with it.
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+void Session::abort_job(int exit_code) const {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);  // MPI_Abort does not return; should it, this still ends the process
 }
 
 std::unique_ptr<Session> init(int& argc, char**& argv, const InitOptions& options) {

@@ -18,6 +18,7 @@
 namespace shardlab::dist {
 
 class MpiEnvironment;
+class MpiComm;
 
 enum class DeviceChoice { automatic, cpu, cuda };  // automatic: CUDA when a GPU answers
 enum class BackendChoice {
@@ -56,6 +57,14 @@ class Session {
   Communicator& cpu_world() const { return cpu_world_ ? *cpu_world_ : *world_; }
   Monitor& monitor() const { return *monitor_; }
 
+  // Called by a rank that failed: whether every rank failed too, waiting up to `wait` for them
+  // to say so (over a communicator of its own, so that it never meets another collective). True
+  // at once when the others failed alike; false when some rank is still working or waiting in a
+  // collective for this one, which then only abort_job() ends.
+  bool every_rank_failed(std::chrono::milliseconds wait) const;
+  // Ends the whole job at once with `exit_code` (MPI_Abort: mpirun kills every rank).
+  [[noreturn]] void abort_job(int exit_code) const;
+
  private:
   std::unique_ptr<MpiEnvironment> mpi_;  // finalised after everything below
   int rank_ = 0, world_size_ = 1, local_rank_ = 0, local_size_ = 1;
@@ -63,6 +72,7 @@ class Session {
   std::shared_ptr<Monitor> monitor_;
   std::unique_ptr<Communicator> world_;
   std::unique_ptr<Communicator> cpu_world_;  // null when world_ is the MPI one
+  std::unique_ptr<MpiComm> failures_;        // every_rank_failed's own
 };
 
 // Initialises MPI (once per process) and returns the session; errors are thrown as Error.

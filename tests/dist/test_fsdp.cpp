@@ -3,6 +3,7 @@
 // sharding strategy; padding, communication per step against the plan, and refusals.
 #include <mpi.h>
 
+#include <array>
 #include <cmath>
 
 #include "autograd/random_context.h"
@@ -357,6 +358,30 @@ TEST_CASE("clip_grad_norm_ over the shards equals the one-process norm", "[dist]
   CHECK(test::sum_over_ranks(std::abs(norm - expected) <= 1e-5 * expected ? 0 : 1) == 0);
   // Clipped: the shards' global norm is now max_norm.
   CHECK(std::abs(dist::clip_grad_norm_(*model, 1e9) - 0.05) < 1e-6);
+}
+
+TEST_CASE(
+    "local_gradient_sum_of_squares adds up over the ranks to the one-process sum, replicas counted once",
+    "[dist][fsdp]") {
+  const int r = world().rank(), w = world().size();
+  const std::int64_t vocab = 4 * w + 1;
+  Nested alone(vocab, kSeed);
+  const auto whole = token_batch(0, kGlobalBatch, vocab);
+  cross_entropy(alone(whole.tokens), whole.targets).backward();
+  const double expected = optim::gradient_sum_of_squares(alone->parameters());
+
+  // Blocks replicated on every rank (no sharding), the root sharded: both kinds in one sum.
+  Nested model(vocab, kSeed);
+  for (const auto& block : *model->blocks) dist::fully_shard(*block, {.sharding = dist::Sharding::none});
+  dist::fully_shard(*model);
+  const auto mine = token_batch(0, kGlobalBatch, vocab, r, w);
+  cross_entropy(model(mine.tokens), mine.targets).backward();
+  const double local = dist::local_gradient_sum_of_squares(*model);
+  std::array<double, 1> total{local};
+  MPI_Allreduce(MPI_IN_PLACE, total.data(), 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  CHECK(std::abs(total[0] - expected) <= 1e-5 * expected);
+  // The norm clip_grad_norm_ reports is the square root of that sum.
+  CHECK(std::abs(dist::clip_grad_norm_(*model, 1e9) - std::sqrt(total[0])) <= 1e-9 * std::sqrt(total[0]));
 }
 
 TEST_CASE("k micro-steps without gradient sync then one with equal one step on the k-times batch",
