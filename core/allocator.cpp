@@ -91,7 +91,10 @@ class CpuAllocator final : public Allocator {
 
 Allocator& allocator_for(Device device) {
   if (device.is_cuda()) return cuda::device_allocator(device.index);
-  static CpuAllocator cpu;
+  // Never destroyed: a tensor owned by another static may be freed after main returns, in any
+  // order, and must still find its allocator. Its idle cached blocks stay reachable from here, so
+  // they are not leaks (a destroyed cache would have dropped them unfreed).
+  static CpuAllocator& cpu = *new CpuAllocator;
   return cpu;
 }
 

@@ -98,6 +98,8 @@ IdxType idx_type(const std::string& path, std::uint8_t code) {
 
 // Converts the big-endian elements of `in` into `out` (numel elements of the tensor's dtype).
 void decode(std::uint8_t code, const std::uint8_t* in, const Tensor& out, std::int64_t numel) {
+  // An empty tensor has no storage, and memcpy to its null pointer is undefined even for 0 bytes.
+  if (numel == 0) return;
   switch (code) {
     case 0x08:
       std::memcpy(out.data<std::uint8_t>(), in, static_cast<std::size_t>(numel));

@@ -424,6 +424,27 @@ TEST_CASE("integer add, sub, mul, maximum, minimum are exact and keep the dtype"
   check_equal(mul(u, v), {15, (250 * 10) % 256, 0});
 }
 
+TEST_CASE("signed integer results out of range wrap modulo 2^bits", "[elementwise]") {
+  // As the CUDA kernels and PyTorch do; computed in signed arithmetic these would be undefined
+  // behaviour, which the sanitizer build (scripts/test-sanitizers) reports.
+  constexpr std::int32_t max32 = std::numeric_limits<std::int32_t>::max();
+  constexpr std::int32_t min32 = std::numeric_limits<std::int32_t>::min();
+  constexpr std::int64_t min64 = std::numeric_limits<std::int64_t>::min();
+  const Tensor a = from_vector<std::int32_t>({max32, min32, 65536, min32});
+  const Tensor b = from_vector<std::int32_t>({1, 1, 65536, -1});
+  CHECK(add(a, b).to_vector<std::int32_t>() == std::vector<std::int32_t>{min32, min32 + 1, 131072, max32});
+  CHECK(sub(a, b).to_vector<std::int32_t>() == std::vector<std::int32_t>{max32 - 1, max32, 0, min32 + 1});
+  CHECK(mul(a, b).to_vector<std::int32_t>() == std::vector<std::int32_t>{max32, min32, 0, min32});
+  CHECK(neg(from_vector<std::int64_t>({min64})).item<std::int64_t>() == min64);
+  CHECK(abs(from_vector<std::int32_t>({min32})).item<std::int32_t>() == min32);
+  // 3^21 = 10460353203 = 2 * 2^32 + 1870418611; (-2)^63 is in range though 2^64 (its last
+  // square) is not; 2^64 wraps to 0.
+  CHECK(pow(from_vector<std::int32_t>({3}), from_vector<std::int32_t>({21})).item<std::int32_t>() ==
+        1870418611);
+  CHECK(pow(from_vector<std::int64_t>({-2, 2}), from_vector<std::int64_t>({63, 64}))
+            .to_vector<std::int64_t>() == std::vector<std::int64_t>{min64, 0});
+}
+
 TEST_CASE("integer binary ops broadcast and take non-contiguous operands", "[elementwise]") {
   // u8 results wrap modulo 256 (mul stays below 256 with operands under 16).
   struct IntCase {

@@ -13,6 +13,37 @@ namespace {
 template <typename T>
 constexpr bool is_float_like = std::is_floating_point_v<compute_t<T>>;
 
+// Signed integer +, -, * and negation compute in the unsigned type of the same width, so an
+// out-of-range result wraps modulo 2^bits (as the CUDA kernels and PyTorch do) where signed
+// overflow would be undefined. Floating, unsigned and bool values compute as they are.
+template <typename C, bool = std::is_integral_v<C>&& std::is_signed_v<C>>
+struct Wrapping {
+  using type = C;
+};
+template <typename C>
+struct Wrapping<C, true> {
+  using type = std::make_unsigned_t<C>;
+};
+template <typename C>
+using wrapping_t = typename Wrapping<C>::type;
+
+template <typename C>
+C wrapping_add(C a, C b) {
+  return static_cast<C>(static_cast<wrapping_t<C>>(a) + static_cast<wrapping_t<C>>(b));
+}
+template <typename C>
+C wrapping_sub(C a, C b) {
+  return static_cast<C>(static_cast<wrapping_t<C>>(a) - static_cast<wrapping_t<C>>(b));
+}
+template <typename C>
+C wrapping_mul(C a, C b) {
+  return static_cast<C>(static_cast<wrapping_t<C>>(a) * static_cast<wrapping_t<C>>(b));
+}
+template <typename C>
+C wrapping_neg(C x) {
+  return static_cast<C>(-static_cast<wrapping_t<C>>(x));
+}
+
 // out[i] = f(in[i]) for `In` inputs and `Out` outputs, computing on widened values.
 template <typename Out, typename In, typename F>
 void map1(const Tensor& out, const Tensor& in, F f) {
@@ -96,10 +127,10 @@ void unary_numeric(UnaryOp op, const Tensor& in, const Tensor& out) {
   using C = compute_t<T>;
   switch (op) {
     case UnaryOp::neg:
-      return map1<T, T>(out, in, [](C x) { return static_cast<C>(-x); });
+      return map1<T, T>(out, in, [](C x) { return wrapping_neg(x); });
     case UnaryOp::abs:
       if constexpr (std::is_unsigned_v<C>) return map1<T, T>(out, in, [](C x) { return x; });
-      return map1<T, T>(out, in, [](C x) { return x < C(0) ? static_cast<C>(-x) : x; });
+      return map1<T, T>(out, in, [](C x) { return x < C(0) ? wrapping_neg(x) : x; });
     case UnaryOp::relu:
       if constexpr (std::is_unsigned_v<C>) return map1<T, T>(out, in, [](C x) { return x; });
       return map1<T, T>(out, in, [](C x) { return x < C(0) ? C(0) : x; });
@@ -116,8 +147,8 @@ C integer_power(C base, C exponent) {
   }
   C result = 1;
   while (exponent > C(0)) {
-    if (exponent % 2) result = static_cast<C>(result * base);
-    base = static_cast<C>(base * base);
+    if (exponent % 2) result = wrapping_mul(result, base);
+    base = wrapping_mul(base, base);
     exponent = static_cast<C>(exponent / 2);
   }
   return result;
@@ -135,11 +166,11 @@ void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& o
   constexpr C nan = std::numeric_limits<C>::quiet_NaN();
   switch (op) {
     case BinaryOp::add:
-      return map2<T, T>(out, a, b, [](C x, C y) { return static_cast<C>(x + y); });
+      return map2<T, T>(out, a, b, [](C x, C y) { return wrapping_add(x, y); });
     case BinaryOp::sub:
-      return map2<T, T>(out, a, b, [](C x, C y) { return static_cast<C>(x - y); });
+      return map2<T, T>(out, a, b, [](C x, C y) { return wrapping_sub(x, y); });
     case BinaryOp::mul:
-      return map2<T, T>(out, a, b, [](C x, C y) { return static_cast<C>(x * y); });
+      return map2<T, T>(out, a, b, [](C x, C y) { return wrapping_mul(x, y); });
     case BinaryOp::div:
       return map2<T, T>(out, a, b, [](C x, C y) { return static_cast<C>(x / y); });
     case BinaryOp::pow:
