@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # bench/trace_overhead.sh: what tracing costs, and the overlap it shows. (1) apps/bench_trace: ns per
 # trace site with recording off and per event with it on; (2) train_llama tiny at np 2 (the shortest
-# step, so the worst case), RUNS interleaved pairs of runs without --trace and with every step after
-# the first traced (--trace-steps 2:STEPS): median step of each, the ratio per pair, and the events a
-# step records (from rank 0's trace file) times the per-event costs of (1) as a share of the step;
+# step, so the worst case), RUNS pairs of runs, in alternating order, without --trace and with every
+# step after the first traced (--trace-steps 2:STEPS): median step of each, the ratio per pair, and the
+# events a step records (from rank 0's trace file) times the per-event costs of (1) as a share of the step;
 # (3) the traced overlap % of train_llama and train_cnn at 2 and 4 ranks with --prefetch 0, 1, 2.
 # Raw output to $1 (a directory).
 set -euo pipefail
@@ -17,11 +17,20 @@ cnn=(build/apps/train_cnn --steps 6 --limit-train 768 --global-batch 64 --test-b
 median_ms() { grep "median step" | sed -E 's/.*median step ([0-9.]+) ms.*/\1/'; }
 {
   build/apps/bench_trace
+  off_run() { "${mpirun[@]}" -np 2 "${llama[@]}" --steps "$steps" 2>&1 | median_ms; }
+  on_run() {
+    "${mpirun[@]}" -np 2 "${llama[@]}" --steps "$steps" --trace "$out/llama-on" --trace-steps "2:$steps" 2>&1 |
+      median_ms
+  }
+  # The order alternates: a run that always went second (caches, page cache, frequency) would be
+  # charged to tracing.
   for run in $(seq "$runs"); do
-    off=$("${mpirun[@]}" -np 2 "${llama[@]}" --steps "$steps" 2>&1 | median_ms)
-    on=$("${mpirun[@]}" -np 2 "${llama[@]}" --steps "$steps" --trace "$out/llama-on" --trace-steps "2:$steps" 2>&1 |
-      median_ms)
-    echo "pair $run: median step off $off ms, on $on ms, on/off $(python3 -c "print(f'{$on / $off:.3f}')")"
+    if [ $((run % 2)) -eq 1 ]; then
+      off=$(off_run) on=$(on_run) order="off first"
+    else
+      on=$(on_run) off=$(off_run) order="on first"
+    fi
+    echo "pair $run ($order): median step off $off ms, on $on ms, on/off $(python3 -c "print(f'{$on / $off:.3f}')")"
   done
 } | tee "$out/overhead.txt"
 python3 - "$out/overhead.txt" "$out/llama-on/trace-rank0.json" "$((steps - 1))" <<'PY' | tee -a "$out/overhead.txt"

@@ -43,7 +43,8 @@ void trace_call(const LedgerEntry& entry) {
   const Fingerprint& f = entry.fingerprint;
   trace::complete(
       f.tag.empty() ? std::string(collective_name(f.op)) : fmt::format("{} {}", collective_name(f.op), f.tag),
-      "communication", trace::named_track("communication: " + entry.communicator), entry.started, entry.finished,
+      "communication", trace::named_track("communication: " + entry.communicator), entry.started,
+      entry.finished,
       {{"communicator", entry.communicator},
        {"sequence", static_cast<std::int64_t>(entry.sequence)},
        {"ledger_id", static_cast<std::int64_t>(entry.id)},
@@ -126,29 +127,36 @@ std::uint64_t Monitor::record(const std::string& communicator, std::uint64_t seq
 }
 
 void Monitor::set_state(std::uint64_t id, CallState state) {
-  std::lock_guard lock(mutex_);
-  set_state_locked(id, state, Clock::now());
+  std::optional<LedgerEntry> finished;
+  {
+    const std::lock_guard lock(mutex_);
+    finished = set_state_locked(id, state, Clock::now());
+  }
+  if (finished) trace_call(*finished);
 }
 
-void Monitor::set_state_locked(std::uint64_t id, CallState state, Clock::time_point now) {
+std::optional<LedgerEntry> Monitor::set_state_locked(std::uint64_t id, CallState state,
+                                                     Clock::time_point now) {
   LedgerEntry* entry = nullptr;
   if (!ledger_.empty() && id >= ledger_.front().id && id < next_id_)
     entry = &ledger_[id - ledger_.front().id];
   auto flying = in_flight_.find(id);
   if (entry == nullptr && flying != in_flight_.end()) entry = &flying->second.entry;
-  if (entry == nullptr) return;  // dropped from the ring buffer and not being timed
+  if (entry == nullptr) return std::nullopt;  // dropped from the ring buffer and not being timed
   if (in_flight(state)) {
     entry->started = now;
   } else if (state != CallState::queued) {
     entry->finished = now;
   }
   entry->state = state;
-  if (trace::on() && (state == CallState::completed || state == CallState::failed)) trace_call(*entry);
+  std::optional<LedgerEntry> finished;
+  if (trace::on() && (state == CallState::completed || state == CallState::failed)) finished = *entry;
   if (in_flight(state)) {
     in_flight_[id].entry = *entry;
   } else if (flying != in_flight_.end()) {
     in_flight_.erase(flying);
   }
+  return finished;
 }
 
 void Monitor::poll_until_complete(std::uint64_t id, std::function<bool()> is_complete) {
@@ -224,7 +232,14 @@ void Monitor::watch() {
       options_.on_timeout(report);
       lock.lock();
     }
-    for (const std::uint64_t id : done) set_state_locked(id, CallState::completed, now);
+    std::vector<LedgerEntry> finished;
+    for (const std::uint64_t id : done) {
+      if (auto entry = set_state_locked(id, CallState::completed, now)) finished.push_back(std::move(*entry));
+    }
+    if (finished.empty()) continue;
+    lock.unlock();
+    for (const LedgerEntry& entry : finished) trace_call(entry);
+    lock.lock();
   }
 }
 

@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -85,7 +86,9 @@ class Monitor {
     std::function<bool()> is_complete;  // empty: the backend reports completion itself
   };
 
-  void set_state_locked(std::uint64_t id, CallState state, Clock::time_point now);
+  // Returns the entry of a call that just finished while a trace records: the caller traces it
+  // once the lock is released, so that building the event never holds up the other threads.
+  std::optional<LedgerEntry> set_state_locked(std::uint64_t id, CallState state, Clock::time_point now);
   void watch();
   std::string timeout_report(const LedgerEntry& stuck, Clock::time_point now) const;
 
