@@ -169,8 +169,9 @@ void parallel_for(std::int64_t begin, std::int64_t end, std::int64_t grain,
     job->finish(error);
   };
   for (std::int64_t chunk = 1; chunk < chunks; ++chunk) {
-    const auto [lo, hi] = chunk_range(chunk);
-    pool().submit([run_chunk, lo, hi] { run_chunk(lo, hi); });
+    // Not a structured binding: clang before 16 cannot capture one (the fuzz build uses clang 14).
+    const std::pair<std::int64_t, std::int64_t> range = chunk_range(chunk);
+    pool().submit([run_chunk, range] { run_chunk(range.first, range.second); });
   }
   inside_parallel_region = true;
   const auto [lo, hi] = chunk_range(0);

@@ -17,6 +17,14 @@ std::int64_t shape_numel(const Shape& shape) {
   return std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>());
 }
 
+bool shape_addressable(const Shape& shape) {
+  std::int64_t extent = 1;
+  for (const std::int64_t size : shape) {
+    if (__builtin_mul_overflow(extent, std::max<std::int64_t>(size, 1), &extent)) return false;
+  }
+  return true;
+}
+
 Strides contiguous_strides(const Shape& shape) {
   Strides strides(shape.size());
   std::int64_t stride = 1;
@@ -360,8 +368,13 @@ Tensor empty(const Shape& shape, TensorOptions options) {
   for (const std::int64_t size : shape) {
     SHARDLAB_CHECK(size >= 0, "empty: negative size in shape {}", shape_str(shape));
   }
-  const auto nbytes = static_cast<std::size_t>(shape_numel(shape)) * dtype_size(options.dtype);
-  auto storage = std::make_shared<Storage>(options.device, nbytes);
+  std::int64_t nbytes = 0;
+  SHARDLAB_CHECK(shape_addressable(shape) &&
+                     !__builtin_mul_overflow(shape_numel(shape),
+                                             static_cast<std::int64_t>(dtype_size(options.dtype)), &nbytes),
+                 "empty: shape {} of {} has more elements or bytes than int64 can count", shape_str(shape),
+                 dtype_name(options.dtype));
+  auto storage = std::make_shared<Storage>(options.device, static_cast<std::size_t>(nbytes));
   return Tensor(std::move(storage), shape, contiguous_strides(shape), 0, options.dtype);
 }
 

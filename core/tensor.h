@@ -26,6 +26,10 @@ using Strides = std::vector<std::int64_t>;  // element strides per dimension
 std::string shape_str(const Shape& shape);  // "[2, 3]"
 std::int64_t shape_numel(const Shape& shape);
 Strides contiguous_strides(const Shape& shape);
+// Whether `shape`'s sizes, zeros counted as ones, multiply to at most INT64_MAX: then its numel and
+// contiguous strides fit int64. empty() refuses other shapes; readers of untrusted files check it
+// first so that their error can name the file.
+bool shape_addressable(const Shape& shape);
 
 struct TensorOptions {
   DType dtype = DType::f32;

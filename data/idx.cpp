@@ -176,6 +176,10 @@ Tensor read_idx(const std::string& path) {
   const std::size_t data_bytes = bytes.size() - header;
   SHARDLAB_CHECK(!overflow, "read_idx: '{}' has sizes {} whose data length overflows 64 bits", path,
                  shape_str(shape));
+  // A zero size makes the data empty whatever the others are, but the tensor's strides still multiply them.
+  SHARDLAB_CHECK(shape_addressable(shape),
+                 "read_idx: '{}' has sizes {}: their product, zeros counted as ones, overflows int64", path,
+                 shape_str(shape));
   SHARDLAB_CHECK(data_bytes == expected,
                  "read_idx: '{}' has {} data bytes, expected {} (sizes {} x {} bytes per element)", path,
                  data_bytes, expected, shape_str(shape), type.file_size);

@@ -124,6 +124,10 @@ CheckpointTensor read_tensor(const Reader& read, const std::string& name, const 
     if (__builtin_mul_overflow(numel, entry.shape.back(), &numel) || numel > (1ll << 48))
       read.fail("{} has shape {} with too many elements", context, info["shape"].dump());
   }
+  // Consolidation writes the shape into a safetensors header, whose reader refuses it otherwise.
+  if (!shape_addressable(entry.shape))
+    read.fail("{} has shape {}: its sizes, zeros counted as ones, multiply past int64", context,
+              info["shape"].dump());
   const std::string dtype = read.string(info, "dtype", context);
   if (dtype != "F32") read.fail("{} has dtype '{}', expected 'F32'", context, dtype);
   const Json& chunks = read.array(info, "chunks", context);

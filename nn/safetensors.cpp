@@ -140,6 +140,13 @@ Entry parse_entry(const std::string& path, const std::string& name, const Json& 
       "load_safetensors: '{}': tensor '{}' has shape {} whose size in bytes ({} each) overflows 64 bits",
       path, name, shape_field.dump(), dtype_size(*dtype));
 
+  // A zero size makes the tensor empty whatever the others are, but its strides still multiply them.
+  SHARDLAB_CHECK(
+      shape_addressable(shape),
+      "load_safetensors: '{}': tensor '{}' has shape {}: its sizes, zeros counted as ones, multiply "
+      "past int64",
+      path, name, shape_field.dump());
+
   const Json& offsets = info["data_offsets"];
   const bool pair = offsets.is_array() && offsets.size() == 2 && as_size(offsets[0]) && as_size(offsets[1]);
   SHARDLAB_CHECK(

@@ -37,6 +37,16 @@ TEST_CASE("factories fill shape, dtype and values", "[tensor]") {
   CHECK(empty({0, 3}).numel() == 0);
   CHECK_THROWS_ERROR(from_vector<float>({1, 2, 3}, {2, 2}), "from_vector: 3 values do not fill shape [2, 2]");
   CHECK_THROWS_ERROR(empty({2, -1}), "empty: negative size in shape [2, -1]");
+  // Empty, yet its strides would overflow; and a count of elements that fits whose bytes do not.
+  CHECK_THROWS_ERROR(
+      empty({0, std::int64_t{1} << 32, std::int64_t{1} << 32}),
+      "empty: shape [0, 4294967296, 4294967296] of f32 has more elements or bytes than int64 can "
+      "count");
+  CHECK_THROWS_ERROR(
+      empty({std::int64_t{1} << 62}, dtype(DType::f64)),
+      "empty: shape [4611686018427387904] of f64 has more elements or bytes than int64 can count");
+  CHECK(shape_addressable({0, std::numeric_limits<std::int64_t>::max()}));
+  CHECK_FALSE(shape_addressable({2, std::numeric_limits<std::int64_t>::max()}));
   CHECK_THROWS_ERROR(arange(0, 3, 0), "arange: step must be non-zero");
 }
 

@@ -12,7 +12,10 @@ namespace shardlab::cpu {
 namespace {
 
 void adadelta_segment(const AdadeltaSegment& segment) {
-  const auto& [param, grad, square_avg, acc_delta, h] = segment;
+  // References, not a structured binding: clang before 16 cannot capture one (the fuzz build uses 14).
+  const Tensor &param = segment.param, &grad = segment.grad;
+  const Tensor &square_avg = segment.square_avg, &acc_delta = segment.acc_delta;
+  const AdadeltaHyper& h = segment.hyper;
   visit_dtype(param.dtype(), [&]<typename T>() {
     using C = compute_t<T>;
     if constexpr (std::is_floating_point_v<C>) {
@@ -40,7 +43,11 @@ void adadelta_segment(const AdadeltaSegment& segment) {
 }
 
 void adam_segment(const AdamSegment& segment) {
-  const auto& [param, grad, exp_avg, exp_avg_sq, h, copy_out] = segment;
+  // References, not a structured binding: clang before 16 cannot capture one (the fuzz build uses 14).
+  const Tensor &param = segment.param, &grad = segment.grad;
+  const Tensor &exp_avg = segment.exp_avg, &exp_avg_sq = segment.exp_avg_sq;
+  const AdamHyper& h = segment.hyper;
+  const Tensor& copy_out = segment.copy_out;
   // copy_out's dtype is the outer switch; without it the parameter is copied onto itself.
   const Tensor& copy = copy_out.defined() ? copy_out : param;
   visit_dtype(param.dtype(), [&]<typename T>() {

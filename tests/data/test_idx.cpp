@@ -190,6 +190,13 @@ TEST_CASE("read_idx refuses data whose length does not match the sizes", "[data]
   CHECK_THROWS_EXACT(read_idx(path), "read_idx: '" + path +
                                          "' has sizes [4294967295, 4294967295, 4294967295] whose data length "
                                          "overflows 64 bits");
+  // A zero size empties the data, but the other sizes still make the strides: (2^32 - 1)^3 overflows
+  // int64 (found by scripts/fuzz, tests/fuzz/regressions/idx/).
+  write_file(path, idx_file(0x08, {0, 0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu}, {}));
+  CHECK_THROWS_EXACT(read_idx(path),
+                     "read_idx: '" + path +
+                         "' has sizes [0, 4294967295, 4294967295, 4294967295]: their product, "
+                         "zeros counted as ones, overflows int64");
 }
 
 TEST_CASE("read_idx reports gzip corruption with zlib's description", "[data][idx][errors]") {

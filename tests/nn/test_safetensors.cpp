@@ -373,7 +373,11 @@ TEST_CASE("safetensors refuses negative, non-integer and overflowing shapes", "[
   // 2^62 x 2 bytes fits in uint64 but not in int64.
   check("[4611686018427387904]", "F16",
         "tensor 'a' has shape [4611686018427387904] whose size in bytes (2 each) overflows 64 bits");
-  // A zero anywhere makes the tensor empty, however large the other sizes.
+  // Empty, but its strides would be 2^64 (found by scripts/fuzz, tests/fuzz/regressions/safetensors/).
+  check("[0,4294967296,4294967296]", "U8",
+        "tensor 'a' has shape [0,4294967296,4294967296]: its sizes, zeros counted as ones, multiply past "
+        "int64");
+  // A zero anywhere makes the tensor empty, however large the other sizes, while its strides fit.
   write_file(path,
              craft(R"({"a":{"dtype":"F64","shape":[0,9223372036854775807],"data_offsets":[0,0]}})", {}));
   CHECK(load_safetensors(path).tensors[0].second.shape() ==
