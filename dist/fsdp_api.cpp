@@ -49,6 +49,13 @@ std::pair<Sharding, int> parse_sharding(std::string_view text) {
 
 void fully_shard(nn::Module& module, const FsdpOptions& options) {
   SHARDLAB_CHECK(options.prefetch >= 0, "fully_shard: prefetch must be >= 0, got {}", options.prefetch);
+  const MixedPrecision& precision = options.mixed_precision;
+  SHARDLAB_CHECK(is_floating(precision.param_dtype) && is_floating(precision.reduce_dtype) &&
+                     (!precision.output_dtype || is_floating(*precision.output_dtype)),
+                 "fully_shard: mixed precision dtypes must be floating, got param_dtype {}, reduce_dtype {}, "
+                 "output_dtype {}",
+                 dtype_name(precision.param_dtype), dtype_name(precision.reduce_dtype),
+                 precision.output_dtype ? dtype_name(*precision.output_dtype) : "none");
   SHARDLAB_CHECK(unit_of(module) == nullptr, "fully_shard: this {} is already an FSDP unit",
                  module.type_name());
   SHARDLAB_CHECK(

@@ -100,6 +100,7 @@ std::string EmbeddingImpl::describe() const {
 }
 
 RMSNormImpl::RMSNormImpl(std::int64_t dim, double epsilon) : Module("RMSNorm"), eps(epsilon) {
+  SHARDLAB_CHECK(dim > 0, "RMSNorm: dim must be positive, got {}", dim);
   weight = register_parameter("weight", {dim}, Init::constant(1.0));
 }
 

@@ -335,6 +335,15 @@ TEST_CASE("fully_shard refuses top-down order, double sharding and ties across u
                   world().size() + 1, world().size()));
   CHECK_THROWS_ERROR(dist::fully_shard(*other, {.prefetch = -1}),
                      "fully_shard: prefetch must be >= 0, got -1");
+  CHECK_THROWS_ERROR(
+      dist::fully_shard(*other, {.mixed_precision = {.reduce_dtype = DType::i32}}),
+      "fully_shard: mixed precision dtypes must be floating, got param_dtype f32, reduce_dtype i32, "
+      "output_dtype none");
+  CHECK_THROWS_ERROR(
+      dist::fully_shard(*other,
+                        {.mixed_precision = {.param_dtype = DType::bf16, .output_dtype = DType::i64}}),
+      "fully_shard: mixed precision dtypes must be floating, got param_dtype bf16, reduce_dtype f32, "
+      "output_dtype i64");
   Nested integral(5, kSeed);
   integral->head->bias.set_data(zeros({5}, dtype(DType::i64)));
   CHECK_THROWS_ERROR(dist::fully_shard(*integral),

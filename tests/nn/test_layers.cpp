@@ -82,6 +82,7 @@ TEST_CASE("activation layers, Flatten, Embedding and the norms", "[nn][layers]")
   LayerNorm plain(4, 1e-5, false);
   CHECK(plain->named_parameters().empty());
   CHECK_THROWS_ERROR(LayerNorm(0), "LayerNorm: dim must be positive, got 0");
+  CHECK_THROWS_ERROR(RMSNorm(-3), "RMSNorm: dim must be positive, got -3");
 }
 
 TEST_CASE("Sequential applies its layers in order; ModuleList names and indexes them", "[nn][layers]") {
