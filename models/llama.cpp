@@ -401,7 +401,10 @@ void write_text_atomically(const fs::path& path, const std::string& text) {
     out.flush();
     SHARDLAB_CHECK(out.good(), "writing '{}' failed", temporary.string());
   }
-  fs::rename(temporary, path);
+  std::error_code error;
+  fs::rename(temporary, path, error);
+  SHARDLAB_CHECK(!error, "cannot rename '{}' to '{}': {}", temporary.string(), path.string(),
+                 error.message());
 }
 
 nlohmann::json read_json(const fs::path& path, const char* what) {
@@ -450,7 +453,9 @@ std::string pretrained_weights_path(const std::string& dir) {
 }
 
 void save_pretrained_config(const std::string& dir, const LlamaConfig& config) {
-  fs::create_directories(dir);
+  std::error_code error;
+  fs::create_directories(dir, error);
+  SHARDLAB_CHECK(!error, "save_pretrained: cannot create the directory '{}': {}", dir, error.message());
   write_text_atomically(fs::path(dir) / "config.json", config.to_json().dump(2) + "\n");
 }
 

@@ -179,6 +179,8 @@ void Module::to(Device device) {
 }
 
 void Module::to(DType dtype) {
+  SHARDLAB_CHECK(is_floating(dtype), "{}.to: parameters are cast to floating dtypes only, not {}",
+                 type_name(), dtype_name(dtype));
   for (auto& p : parameters_) {
     if (is_floating(p.variable.dtype())) p.variable.set_data(p.variable.data().to(dtype));
   }

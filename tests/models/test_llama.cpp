@@ -332,6 +332,11 @@ TEST_CASE(
   models::Llama model(models::LlamaConfig::preset("tiny"), 5);
   models::save_pretrained(path, model->config, model->state_dict());
   CHECK(std::filesystem::exists(path + "/config.json"));
+  // A directory that cannot be made (a file is in the way) is named, as a shardlab Error.
+  const std::string blocked = path + "/config.json/inner";
+  CHECK_THROWS_ERROR(
+      models::save_pretrained(blocked, model->config, model->state_dict()),
+      fmt::format("save_pretrained: cannot create the directory '{}': Not a directory", blocked));
   const models::LlamaConfig config = models::load_pretrained_config(path);
   models::Llama loaded(config, 6);
   loaded->load_state_dict(models::load_pretrained_weights(path, parameter_shapes(*loaded)));

@@ -86,6 +86,10 @@ TEST_CASE("to(dtype) converts in place: the Variables stay the same objects", "[
   CHECK(weight.dtype() == DType::f64);
   CHECK(weight.data().to_vector<double>() == before);
   CHECK(model->named_buffers()[0].second.dtype() == DType::f64);
+  // An integer dtype would turn trainable parameters into tensors no gradient can flow to.
+  CHECK_THROWS_ERROR(model->to(DType::i64),
+                     "TwoLevel.to: parameters are cast to floating dtypes only, not i64");
+  CHECK(weight.dtype() == DType::f64);
   model->to(Device::cpu());
   CHECK(weight.device() == Device::cpu());
 }
