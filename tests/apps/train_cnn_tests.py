@@ -47,6 +47,9 @@ PARITY_ARGS = ["--steps", str(STEPS), "--limit-train", "768", "--global-batch", 
 PARITY_RUNS = [(1, "full"), (2, "full"), (4, "full"), (2, "none"), (2, "grad_op"), (2, "hybrid:1"),
                (4, "hybrid:2")]
 RTOL = 1e-5
+# Saved at one world size and resumed at another: the gradient sums' order differs at every step, and
+# the rounding differences grow with training (1.1e-5 by step 14 with OpenBLAS's AVX-512 sgemm).
+CROSS_WORLD_RTOL = 1e-4
 # Resume runs: epochs of 320 / 64 = 5 steps, 14 steps in all.
 RESUME_ARGS = ["--limit-train", "320", "--limit-test", "200", "--global-batch", "64", "--epochs", "3",
                "--threads", "1"]
@@ -58,8 +61,8 @@ def step_losses(records, rank):
     return {r["step"]: r["loss"] for r in records if r.get("rank") == rank and "loss" in r}
 
 
-def close(actual, expected):
-    return abs(actual - expected) <= RTOL * abs(expected)  # NaN compares false: it fails
+def close(actual, expected, rtol=RTOL):
+    return abs(actual - expected) <= rtol * abs(expected)  # NaN compares false: it fails
 
 
 def main(mpirun, program):
@@ -185,8 +188,8 @@ def check_resume(mpirun, program, scratch, check):
                          and filecmp.cmp(model, ref_model, shallow=False))
             else:
                 # Another world size sums the gradient average in another order.
-                how = f"step losses equal the uninterrupted run's within {RTOL:g}"
-                equal = all(close(losses[s], expected[s]) for s in losses if s in expected)
+                how = f"step losses equal the uninterrupted run's within {CROSS_WORLD_RTOL:g}"
+                equal = all(close(losses[s], expected[s], CROSS_WORLD_RTOL) for s in losses if s in expected)
             ok = (code1 == 0 and ref_code == 0 and code2 == 0 and kept == ["step-00000005", "step-00000007"]
                   and equal and sorted(losses) == list(range(resumed_step + 1, RESUME_STEPS + 1))
                   and f"resumed from {copy}/step-{resumed_step:08d}" in output)
