@@ -434,8 +434,7 @@ void Training::report() {
   const double median_ms = apps::median(step_ms_);
   constexpr double kMiB = 1024.0 * 1024.0;
   dist::log("train_cnn: median step {:.1f} ms ({} steps, the first excluded)", median_ms, step_ms_.size());
-  if (non_finite_.skipped() > 0)
-    dist::log("train_cnn: {} steps skipped for a non-finite loss or gradient norm", non_finite_.skipped());
+  non_finite_.report();
   dist::log(
       "train_cnn: rank 0 memory: peak while training {} B ({:.1f} MiB, {:.1f} MiB above the {:.1f} MiB of "
       "loaded data)",

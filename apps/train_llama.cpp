@@ -488,8 +488,7 @@ void Training::report() {
       median_seconds > 0 ? static_cast<double>(options_.global_batch * options_.seq) / median_seconds : 0;
   dist::log("train_llama: median step {:.1f} ms, {:.0f} tokens/s ({} steps, the first excluded)",
             1e3 * median_seconds, tokens_per_second, step_seconds_.size());
-  if (non_finite_.skipped() > 0)
-    dist::log("train_llama: {} steps skipped for a non-finite loss or gradient norm", non_finite_.skipped());
+  non_finite_.report();
   // The plan counts the sharded state; the rotary tables are replicated buffers, the same on every rank.
   std::int64_t buffer_bytes = 0;
   for (const auto& [name, buffer] : (*model_)->named_buffers())

@@ -543,6 +543,11 @@ bool NonFiniteSteps::skip(std::int64_t step, double loss, double grad_norm,
   return true;
 }
 
+void NonFiniteSteps::report() const {
+  if (skipped_ > 0)
+    dist::log("{}: {} steps skipped for a non-finite loss or gradient norm", program_, skipped_);
+}
+
 double median(std::vector<double> values) {
   if (values.empty()) return 0;
   std::sort(values.begin(), values.end());

@@ -254,6 +254,8 @@ class NonFiniteSteps {
   // Whether step `step` (from 1) is to be skipped; throws when it is one more than `limit` in a row.
   bool skip(std::int64_t step, double loss, double grad_norm, const CheckpointDir& checkpoints);
   std::int64_t skipped() const { return skipped_; }
+  // Logs how many steps were skipped, when any were.
+  void report() const;
 
  private:
   const char* program_;
