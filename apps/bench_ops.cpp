@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/cli.h"
 #include "autograd/functional.h"
 #include "core/cuda/runtime.h"
 #include "core/kernels.h"
@@ -159,9 +160,11 @@ int main(int argc, char** argv) {
   CLI::App app{"bench_ops: GEMM and conv2d GFLOP/s of shardlab next to OpenBLAS sgemm"};
   int reps = 10;
   int threads = 0;
-  app.add_option("--reps", reps, "timed rounds per row (medians reported)")->check(CLI::PositiveNumber);
-  app.add_option("--threads", threads, "CPU threads (default: the cores this process has)");
-  CLI11_PARSE(app, argc, argv);
+  app.add_option("--reps", reps, "timed rounds per row (medians reported)")->check(apps::integer_at_least(1));
+  app.add_option("--threads", threads, "CPU threads (default: the cores this process has)")
+      ->check(apps::integer_at_least(0));
+  if (const std::optional<int> status = apps::parse_command_line(app, argc, argv, "bench_ops", true))
+    return *status;
   try {
     if (threads > 0) set_num_threads(threads);
     const bool with_cuda = cuda::available();

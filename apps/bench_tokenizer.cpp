@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/cli.h"
 #include "core/error.h"
 #include "data/bpe.h"
 #include "data/text_corpus.h"
@@ -58,12 +59,13 @@ int main(int argc, char** argv) {
   std::string tokenizer_path, save_path, documents_path;
   int passes = 5;
   app.add_option("--corpus", corpus, "files or directories of fortune-format documents");
-  app.add_option("--vocab", vocab, "vocabulary size to train to");
+  app.add_option("--vocab", vocab, "vocabulary size to train to")->check(apps::integer_at_least(1));
   app.add_option("--tokenizer", tokenizer_path, "load this tokenizer.json instead of training");
   app.add_option("--save", save_path, "write the tokenizer.json here");
   app.add_option("--save-documents", documents_path, "write the documents here as a JSON array of strings");
-  app.add_option("--passes", passes, "timed passes per measurement")->check(CLI::PositiveNumber);
-  CLI11_PARSE(app, argc, argv);
+  app.add_option("--passes", passes, "timed passes per measurement")->check(apps::integer_at_least(1));
+  if (const std::optional<int> status = apps::parse_command_line(app, argc, argv, "bench_tokenizer", true))
+    return *status;
 
   try {
     const std::vector<std::string> documents = data::read_documents(corpus);

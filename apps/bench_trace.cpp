@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "apps/cli.h"
 #include "core/trace.h"
 
 using namespace shardlab;
@@ -67,8 +68,9 @@ double ns_per_site(std::int64_t sites, bool recording, int events_per_site, Site
 int main(int argc, char** argv) {
   CLI::App app("bench_trace: the cost of one trace event, recording off and on");
   std::int64_t sites = 4'000'000;
-  app.add_option("--sites", sites, "trace sites to time per mode")->check(CLI::PositiveNumber);
-  CLI11_PARSE(app, argc, argv);
+  app.add_option("--sites", sites, "trace sites to time per mode")->check(apps::integer_at_least(1));
+  if (const std::optional<int> status = apps::parse_command_line(app, argc, argv, "bench_trace", true))
+    return *status;
   ns_per_site(sites / 10, true, 2, traced_site);  // warm up the allocator and the track table
   const double off = ns_per_site(sites, false, 2, traced_site);
   const double on = ns_per_site(sites, true, 2, traced_site);

@@ -2,7 +2,8 @@
 //   checkpoint info DIR                               what it holds
 //   checkpoint consolidate DIR OUT.safetensors [--optimizer]   one safetensors file of it
 //   checkpoint convert DIR OUT_DIR                    a train_llama checkpoint as a Hugging Face directory
-//                                                     (config.json, model.safetensors, a BPE run's tokenizer.json)
+//                                                     (config.json, model.safetensors, a BPE run's
+//                                                     tokenizer.json)
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -10,6 +11,7 @@
 #include <set>
 #include <string>
 
+#include "apps/cli.h"
 #include "data/bpe.h"
 #include "dist/checkpoint_reader.h"
 #include "models/llama.h"
@@ -80,7 +82,8 @@ models::LlamaConfig llama_config(const std::string& dir, const dist::CheckpointI
 std::optional<data::BpeTokenizer> recorded_tokenizer(const std::string& dir, const nlohmann::json& extra) {
   if (!extra.contains("tokenizer_json") || extra["tokenizer_json"].is_null()) return std::nullopt;
   const std::string where = dir + ": metadata.json: extra.tokenizer_json";
-  SHARDLAB_CHECK(extra["tokenizer_json"].is_string(), "{} is a JSON {}, expected the text of a tokenizer.json", where,
+  SHARDLAB_CHECK(extra["tokenizer_json"].is_string(),
+                 "{} is a JSON {}, expected the text of a tokenizer.json", where,
                  extra["tokenizer_json"].type_name());
   return data::BpeTokenizer::from_json(extra["tokenizer_json"].get<std::string>(), where);
 }
@@ -122,11 +125,8 @@ int main(int argc, char** argv) {
   convert_command->add_option("dir", dir, "checkpoint directory (holds metadata.json)")->required();
   convert_command->add_option("out_dir", out, "the directory to write")->required();
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 1;  // --help prints and succeeds; usage errors are printed on stderr
-  }
+  if (const std::optional<int> status = apps::parse_command_line(app, argc, argv, "checkpoint", true))
+    return *status;
   if (app.get_subcommands().empty()) {
     std::fputs("checkpoint: a subcommand is required: info, consolidate or convert (see --help)\n", stderr);
     return 1;

@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "apps/cli.h"
 #include "core/parallel.h"
 #include "data/tokenizer.h"
 #include "models/llama.h"
@@ -65,15 +66,17 @@ int main(int argc, char** argv) {
   app.add_option("--tokenizer", options.tokenizer,
                  "bytes or a tokenizer.json (default: the model directory's tokenizer.json, else bytes)");
   app.add_option("--prompt", options.prompt, "text the samples continue (default: none, from [BOT])");
-  app.add_option("--samples", options.samples, "how many texts")->check(CLI::PositiveNumber);
+  app.add_option("--samples", options.samples, "how many texts")->check(apps::integer_at_least(1));
   app.add_option("--tokens", options.sampling.max_new_tokens, "at most this many new tokens each")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--temperature", options.sampling.temperature, "0: greedy")->check(CLI::NonNegativeNumber);
+      ->check(apps::integer_at_least(1));
+  app.add_option("--temperature", options.sampling.temperature, "0: greedy")->check(apps::number_at_least(0));
   app.add_option("--top-k", options.sampling.top_k, "sample among the k most likely tokens (0: all)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--seed", options.sampling.seed, "seed of the draws");
-  app.add_option("--threads", options.threads, "CPU threads");
-  CLI11_PARSE(app, argc, argv);
+      ->check(apps::integer_at_least(0));
+  app.add_option("--seed", options.sampling.seed, "seed of the draws")->check(apps::integer_at_least(0));
+  app.add_option("--threads", options.threads, "CPU threads (default: the cores this process may use)")
+      ->check(apps::integer_at_least(0));
+  if (const std::optional<int> status = apps::parse_command_line(app, argc, argv, "generate", true))
+    return *status;
   try {
     run(options);
   } catch (const std::exception& e) {

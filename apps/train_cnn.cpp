@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "apps/cli.h"
 #include "apps/training_support.h"
 #include "autograd/functional.h"
 #include "autograd/random_context.h"
@@ -79,7 +80,7 @@ enum class OptimizerKind { adadelta, adam };
 OptimizerKind parse_optimizer(const std::string& text) {
   if (text == "adadelta") return OptimizerKind::adadelta;
   if (text == "adam") return OptimizerKind::adam;
-  fail("optimizer '{}' is not one of adadelta, adam", text);
+  fail("--optimizer: '{}' is not one of adadelta, adam", text);
 }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(OptimizerKind kind, std::optional<double> lr,
@@ -93,13 +94,6 @@ std::unique_ptr<optim::Optimizer> make_optimizer(OptimizerKind kind, std::option
                                            optim::AdamOptions{.lr = lr.value_or(1e-3)});
   }
   fail("optimizer kind {} is not handled", static_cast<int>(kind));
-}
-
-dist::MixedPrecision parse_mixed_precision(const std::string& text) {
-  if (text == "none") return {};
-  // bf16 gathers and computes; gradients are reduced and the master shards kept in f32.
-  if (text == "bf16") return {.param_dtype = DType::bf16, .reduce_dtype = DType::f32};
-  fail("mixed precision '{}' is not one of none, bf16", text);
 }
 
 struct TestResult {
@@ -176,8 +170,13 @@ Training::Training(const Options& options, dist::Session& session)
   fsdp_ = {.sharding = sharding,
            .hybrid_group_size = group,
            .prefetch = options.prefetch,
-           .mixed_precision = parse_mixed_precision(options.mixed_precision)};
-  const std::int64_t per_rank_batch = data::per_rank_batch_size(options.global_batch, world_size_);
+           .mixed_precision = apps::parse_mixed_precision(options.mixed_precision)};
+  const std::int64_t per_rank_batch = data::rank_batch_size(options.global_batch, world_size_, rank_);
+  if (!options.save_model.empty())
+    apps::check_output_path(session.cpu_world(), "--save-model", options.save_model, /*is_directory=*/false);
+  if (!options.checkpoint_dir.empty())
+    apps::check_output_path(session.cpu_world(), "--checkpoint-dir", options.checkpoint_dir,
+                            /*is_directory=*/true);
 
   train_ = data::load_mnist(options.data_dir, true);
   test_ = data::load_mnist(options.data_dir, false);
@@ -206,7 +205,7 @@ Training::Training(const Options& options, dist::Session& session)
   plan_ = dist::explain(*model_, kOptimizerStateBytesPerElement);
   if (options.explain || !options.memory_limit.empty()) {
     const std::optional<std::int64_t> limit =
-        options.memory_limit.empty() ? std::nullopt : std::optional(apps::parse_bytes(options.memory_limit));
+        options.memory_limit.empty() ? std::nullopt : apps::parse_bytes(options.memory_limit);
     predicted_ = apps::will_it_fit(
         session.cpu_world(), plan_, model_bytes_baseline_, per_rank_batch, limit,
         {.global_batch = options.global_batch, .world_size = world_size_, .sharding = plan_.sharding},
@@ -228,9 +227,10 @@ Training::Training(const Options& options, dist::Session& session)
 
   dist::log(
       "train_cnn: {} training images, {} test images, {} rank{} x {} threads, sharding {}, "
-      "global batch {} ({} per rank), {} lr {:g}{}",
+      "global batch {} ({}), {} lr {:g}{}",
       train_set.size(), test_total_, world_size_, world_size_ == 1 ? "" : "s", num_threads(), plan_.sharding,
-      options.global_batch, per_rank_batch, options.optimizer, optimizer_->lr(),
+      options.global_batch, apps::rank_shares(options.global_batch, world_size_), options.optimizer,
+      optimizer_->lr(),
       options.mixed_precision == "none" ? "" : ", mixed precision " + options.mixed_precision);
 }
 
@@ -282,8 +282,11 @@ void Training::run() {
 bool Training::train_epoch() {
   model_->train();
   const auto batches = loader_->batch_indices(epoch_.epoch);
-  std::int64_t total = 0;  // every rank's batches have the same sizes
-  for (const auto& b : batches) total += static_cast<std::int64_t>(b.size()) * world_size_;
+  std::int64_t mine = 0;
+  for (const auto& b : batches) mine += static_cast<std::int64_t>(b.size());
+  // The ranks' shares of a global batch differ by a row where W does not divide it.
+  const auto total =
+      static_cast<std::int64_t>(apps::sum_over_ranks(session_.cpu_world(), {static_cast<double>(mine)})[0]);
   apps::Progress progress(fmt::format("epoch {}", epoch_.epoch), total, "img/s", rank_ == 0);
   const auto start = std::chrono::steady_clock::now();
   const std::int64_t images_before = epoch_.images;
@@ -482,22 +485,23 @@ int main(int argc, char** argv) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // later flags win
   app.add_option("--data", options.data_dir, "directory with the four IDX files (.gz or plain)");
   app.add_option("--global-batch,--batch-size", options.global_batch,
-                 "training batch over all ranks; each rank takes global / world size")
-      ->check(CLI::PositiveNumber);
+                 "training batch over all ranks (any world size: rank r takes rows r, r + W, ...)")
+      ->check(apps::integer_at_least(1));
   app.add_option("--test-batch-size", options.test_batch_size, "evaluation batch over all ranks")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--epochs", options.epochs, "epochs to train")->check(CLI::NonNegativeNumber);
+      ->check(apps::integer_at_least(1));
+  app.add_option("--epochs", options.epochs, "epochs to train")->check(apps::integer_at_least(0));
   app.add_option("--steps", options.steps, "stop after N optimizer steps, with one metrics record per step")
-      ->check(CLI::PositiveNumber);
+      ->check(apps::integer_at_least(1));
   app.add_option("--optimizer", options.optimizer, "adadelta (the tutorial's) or adam");
   CLI::Option* lr_option = app.add_option("--lr", lr, "learning rate (default: Adadelta 1.0, Adam 1e-3)")
-                               ->check(CLI::NonNegativeNumber);
-  app.add_option("--gamma", options.gamma, "StepLR factor per epoch")->check(CLI::PositiveNumber);
-  app.add_option("--seed", options.seed, "seed of initialisation, shuffling and dropout");
+                               ->check(apps::number_at_least(0));
+  app.add_option("--gamma", options.gamma, "StepLR factor per epoch")->check(apps::number_at_least(0, true));
+  app.add_option("--seed", options.seed, "seed of initialisation, shuffling and dropout")
+      ->check(apps::integer_at_least(0));
   app.add_option("--limit-train", options.limit_train, "use only the first N training images")
-      ->check(CLI::NonNegativeNumber);
+      ->check(apps::integer_at_least(0));
   app.add_option("--limit-test", options.limit_test, "evaluate only the first N test images")
-      ->check(CLI::NonNegativeNumber);
+      ->check(apps::integer_at_least(0));
   app.add_option("--sharding", options.sharding, "full, grad_op, none or hybrid:G (G ranks per shard group)");
   app.add_option("--mixed-precision", options.mixed_precision,
                  "none, or bf16 (bf16 gathers and compute, f32 reductions and master shards)");
@@ -512,25 +516,25 @@ int main(int argc, char** argv) {
                  "the steps --trace records, FIRST:LAST (from 1, both included)")
       ->needs(trace);
   app.add_option("--prefetch", options.prefetch, "units whose all-gather is issued ahead")
-      ->check(CLI::NonNegativeNumber);
+      ->check(apps::integer_at_least(0));
   app.add_option("--threads", options.threads,
-                 "CPU threads per rank (default: the cores this process may use)");
+                 "CPU threads per rank (default: the cores this process may use)")
+      ->check(apps::integer_at_least(0));
   app.add_option("--checkpoint-dir", options.checkpoint_dir,
                  "save sharded checkpoints here (DIR/step-N), at the end and every --checkpoint-every steps");
   app.add_option("--checkpoint-every", options.checkpoint_every,
                  "steps between checkpoints (0: only at the end)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--keep", options.keep, "keep the newest K checkpoints")->check(CLI::PositiveNumber);
+      ->check(apps::integer_at_least(0));
+  app.add_option("--keep", options.keep, "keep the newest K checkpoints")->check(apps::integer_at_least(1));
   app.add_option("--memory-limit", options.memory_limit,
-                 "refuse before step 1 a run whose predicted peak per rank exceeds BYTES (512M, 2G)");
+                 "refuse before step 1 a run whose predicted peak per rank exceeds BYTES (512M, 2G)")
+      ->check(apps::byte_count());
   app.add_flag(
       "--resume", options.resume,
       "continue from the newest complete checkpoint in --checkpoint-dir (any world size or sharding)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return rank == 0 ? app.exit(e) : e.get_exit_code();  // --help and usage errors, printed once
-  }
+  // --help and usage errors, printed once.
+  if (const std::optional<int> status = apps::parse_command_line(app, argc, argv, "train_cnn", rank == 0))
+    return *status;
   if (lr_option->count() > 0) options.lr = lr;
 
   return apps::build_and_run<Training>("train_cnn", *session, options);

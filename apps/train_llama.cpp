@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 
+#include "apps/cli.h"
 #include "apps/training_support.h"
 #include "autograd/functional.h"
 #include "core/allocator.h"
@@ -119,13 +120,6 @@ nlohmann::json tokenizer_document(const data::Tokenizer& tokenizer) {
   return bpe ? nlohmann::json(bpe->to_json()) : nlohmann::json();
 }
 
-dist::MixedPrecision parse_mixed_precision(const std::string& text) {
-  if (text == "none") return {};
-  // bf16 gathers and computes; gradients are reduced and the master shards kept in f32.
-  if (text == "bf16") return {.param_dtype = DType::bf16, .reduce_dtype = DType::f32};
-  fail("mixed precision '{}' is not one of none, bf16", text);
-}
-
 // The seed's schedule: LinearLR from 0.1 over the warm-up, then cosine annealing to 0.
 std::unique_ptr<optim::LRScheduler> make_schedule(optim::Optimizer& optimizer, std::int64_t total_steps,
                                                   std::int64_t warmup_steps) {
@@ -231,9 +225,14 @@ Training::Training(const Options& options, dist::Session& session)
   const dist::FsdpOptions fsdp{.sharding = sharding,
                                .hybrid_group_size = group,
                                .prefetch = options.prefetch,
-                               .mixed_precision = parse_mixed_precision(options.mixed_precision),
+                               .mixed_precision = apps::parse_mixed_precision(options.mixed_precision),
                                .cpu_offload = options.cpu_offload};
-  const std::int64_t per_rank_batch = data::per_rank_batch_size(options.global_batch, world_size_);
+  const std::int64_t per_rank_batch = data::rank_batch_size(options.global_batch, world_size_, rank_);
+  if (!options.save_model.empty())
+    apps::check_output_path(session.cpu_world(), "--save-model", options.save_model, /*is_directory=*/true);
+  if (!options.checkpoint_dir.empty())
+    apps::check_output_path(session.cpu_world(), "--checkpoint-dir", options.checkpoint_dir,
+                            /*is_directory=*/true);
 
   std::vector<std::string> documents = data::read_documents(options.data, options.separator);
   if (options.limit_documents > 0 && options.limit_documents < static_cast<std::int64_t>(documents.size())) {
@@ -277,7 +276,7 @@ Training::Training(const Options& options, dist::Session& session)
   plan_ = dist::explain(**model_, kOptimizerStateBytesPerElement);
   if (options.explain || !options.memory_limit.empty()) {
     const std::optional<std::int64_t> limit =
-        options.memory_limit.empty() ? std::nullopt : std::optional(apps::parse_bytes(options.memory_limit));
+        options.memory_limit.empty() ? std::nullopt : apps::parse_bytes(options.memory_limit);
     predicted_ =
         apps::will_it_fit(session.cpu_world(), plan_, model_bytes_baseline_, per_rank_batch, limit,
                           {.global_batch = options.global_batch,
@@ -301,11 +300,11 @@ Training::Training(const Options& options, dist::Session& session)
   dist::log(
       "train_llama: {} documents, {} sequences of {} tokens ({} tokenizer, vocab {}), model {} with {} "
       "parameters, "
-      "{} rank{} x {} threads, sharding {}, global batch {} ({} per rank), {} steps, AdamW lr {:g}{}{}",
+      "{} rank{} x {} threads, sharding {}, global batch {} ({}), {} steps, AdamW lr {:g}{}{}",
       documents.size(), corpus_->size(), options.seq, tokenizer_->name(), config_.vocab_size,
       options.init_from.empty() ? options.config : options.init_from, config_.parameter_count(), world_size_,
-      world_size_ == 1 ? "" : "s", num_threads(), plan_.sharding, options.global_batch, per_rank_batch,
-      total_steps_, options.lr,
+      world_size_ == 1 ? "" : "s", num_threads(), plan_.sharding, options.global_batch,
+      apps::rank_shares(options.global_batch, world_size_), total_steps_, options.lr,
       options.mixed_precision == "none" ? "" : ", mixed precision " + options.mixed_precision,
       options.activation_checkpointing ? ", activation checkpointing" : "");
 }
@@ -549,26 +548,28 @@ int main(int argc, char** argv) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--separator", options.separator, "the line that separates documents in a file");
   app.add_option("--limit-documents", options.limit_documents, "use only the first N documents")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--seq", options.seq, "tokens per sequence")->check(CLI::PositiveNumber);
-  app.add_option("--global-batch", options.global_batch, "sequences per step over all ranks")
-      ->check(CLI::PositiveNumber);
-  auto* steps = app.add_option("--steps", options.steps, "optimizer steps")->check(CLI::PositiveNumber);
+      ->check(apps::integer_at_least(0));
+  app.add_option("--seq", options.seq, "tokens per sequence")->check(apps::integer_at_least(1));
+  app.add_option("--global-batch", options.global_batch, "sequences per step over all ranks (any world size)")
+      ->check(apps::integer_at_least(1));
+  auto* steps = app.add_option("--steps", options.steps, "optimizer steps")->check(apps::integer_at_least(1));
   app.add_option("--epochs", options.epochs, "passes over the corpus (when --steps is not given)")
-      ->check(CLI::PositiveNumber)
+      ->check(apps::integer_at_least(1))
       ->excludes(steps);
-  app.add_option("--lr", options.lr, "peak learning rate")->check(CLI::NonNegativeNumber);
+  app.add_option("--lr", options.lr, "peak learning rate")->check(apps::number_at_least(0));
   app.add_option("--warmup-steps", options.warmup_steps,
                  "linear warm-up from 0.1 x lr (default: a tenth of the steps)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(apps::integer_at_least(0));
   app.add_option("--weight-decay", options.weight_decay, "AdamW's decoupled weight decay")
-      ->check(CLI::NonNegativeNumber);
+      ->check(apps::number_at_least(0));
   app.add_flag("--no-decay-norms", options.no_decay_norms, "put the norms in a group without weight decay");
-  app.add_option("--clip", options.clip, "clip the global gradient norm to this")->check(CLI::PositiveNumber);
-  app.add_option("--seed", options.seed, "seed of initialisation, shuffling and sampling");
+  app.add_option("--clip", options.clip, "clip the global gradient norm to this")
+      ->check(apps::number_at_least(0, true));
+  app.add_option("--seed", options.seed, "seed of initialisation, shuffling and sampling")
+      ->check(apps::integer_at_least(0));
   app.add_option("--sharding", options.sharding, "full, grad_op, none or hybrid:G (G ranks per shard group)");
   app.add_option("--prefetch", options.prefetch, "units whose all-gather is issued ahead")
-      ->check(CLI::NonNegativeNumber);
+      ->check(apps::integer_at_least(0));
   app.add_option("--mixed-precision", options.mixed_precision,
                  "none, or bf16 (bf16 gathers and compute, f32 reductions and master shards)");
   app.add_flag("--activation-checkpointing", options.activation_checkpointing,
@@ -592,24 +593,24 @@ int main(int argc, char** argv) {
                  "save sharded checkpoints here (DIR/step-N), at the end and every --checkpoint-every steps");
   app.add_option("--checkpoint-every", options.checkpoint_every,
                  "steps between checkpoints (0: only at the end)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--keep", options.keep, "keep the newest K checkpoints")->check(CLI::PositiveNumber);
+      ->check(apps::integer_at_least(0));
+  app.add_option("--keep", options.keep, "keep the newest K checkpoints")->check(apps::integer_at_least(1));
   app.add_flag(
       "--resume", options.resume,
       "continue from the newest complete checkpoint in --checkpoint-dir (any world size or sharding)");
   app.add_option("--memory-limit", options.memory_limit,
-                 "refuse before step 1 a run whose predicted peak per rank exceeds BYTES (512M, 2G)");
+                 "refuse before step 1 a run whose predicted peak per rank exceeds BYTES (512M, 2G)")
+      ->check(apps::byte_count());
   app.add_option("--sample", options.samples, "print this many generated texts after training")
-      ->check(CLI::NonNegativeNumber);
+      ->check(apps::integer_at_least(0));
   app.add_option("--sample-tokens", options.sample_tokens, "at most this many tokens per sample")
-      ->check(CLI::PositiveNumber);
+      ->check(apps::integer_at_least(1));
   app.add_option("--threads", options.threads,
-                 "CPU threads per rank (default: the cores this process may use)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return rank == 0 ? app.exit(e) : e.get_exit_code();  // --help and usage errors, printed once
-  }
+                 "CPU threads per rank (default: the cores this process may use)")
+      ->check(apps::integer_at_least(0));
+  // --help and usage errors, printed once.
+  if (const std::optional<int> status = apps::parse_command_line(app, argc, argv, "train_llama", rank == 0))
+    return *status;
 
   return apps::build_and_run<Training>("train_llama", *session, options);
 }

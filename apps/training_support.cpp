@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "apps/cli.h"
 #include "core/allocator.h"
 #include "core/error.h"
 #include "core/tensor.h"
@@ -64,6 +65,26 @@ void on_rank_zero(dist::Communicator& comm, std::string_view what, const std::fu
   if (!failed) return;
   if (comm.rank() == 0) throw Error(error);
   fail("{} failed on rank 0", what);
+}
+
+void check_output_path(dist::Communicator& comm, std::string_view option, const std::string& path,
+                       bool is_directory) {
+  on_rank_zero(comm, fmt::format("checking {}", option), [&] {
+    namespace fs = std::filesystem;
+    std::error_code error;
+    fs::path directory = is_directory ? fs::path(path) : fs::path(path).parent_path();
+    if (directory.empty()) directory = ".";
+    if (is_directory) {
+      fs::create_directories(directory, error);
+      SHARDLAB_CHECK(!error, "{} '{}': cannot create the directory: {}", option, path, error.message());
+    } else {
+      SHARDLAB_CHECK(!fs::is_directory(path, error), "{} '{}' is a directory, not a file", option, path);
+      SHARDLAB_CHECK(fs::is_directory(directory, error), "{} '{}': '{}' is not an existing directory", option,
+                     path, directory.string());
+    }
+    SHARDLAB_CHECK(::access(directory.c_str(), W_OK) == 0, "{} '{}': cannot write in '{}': {}", option, path,
+                   directory.string(), std::strerror(errno));
+  });
 }
 
 std::string broadcast_text(dist::Communicator& comm, const std::string& text) {
@@ -172,7 +193,7 @@ void add_numerics_options(CLI::App& app, bool& detect_anomaly, std::int64_t& max
          "--max-skipped-steps", max_skipped_steps,
          "skip a step whose loss or gradient norm is not finite (no update); stop after more than N in a "
          "row, naming the checkpoint to resume from (0: stop at the first)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(apps::integer_at_least(0));
 }
 
 int report_failure(const char* program, dist::Session& session, const std::string& message,
@@ -293,19 +314,21 @@ PeakPrediction predict_peak(const dist::Plan& plan, std::int64_t data_bytes, std
   return prediction;
 }
 
-std::int64_t parse_bytes(std::string_view text) {
-  std::size_t digits = 0;
-  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
-  const std::string_view suffix = text.substr(digits);
-  int shift = -1;
-  if (suffix.empty()) shift = 0;
-  if (suffix == "K") shift = 10;
-  if (suffix == "M") shift = 20;
-  if (suffix == "G") shift = 30;
-  if (suffix == "T") shift = 40;
-  SHARDLAB_CHECK(digits > 0 && digits <= 15 && shift >= 0,
-                 "'{}' is not a number of bytes (digits with an optional K, M, G or T: 512M, 2G)", text);
-  return std::stoll(std::string(text.substr(0, digits))) << shift;
+dist::MixedPrecision parse_mixed_precision(const std::string& text) {
+  if (text == "none") return {};
+  if (text == "bf16") return {.param_dtype = DType::bf16, .reduce_dtype = DType::f32};
+  fail("--mixed-precision: '{}' is not one of none, bf16", text);
+}
+
+std::string rank_shares(std::int64_t global_batch, int world_size) {
+  const std::int64_t larger = global_batch % world_size;  // ranks 0..larger-1 hold one row more
+  const std::int64_t base = global_batch / world_size;
+  if (larger == 0) return fmt::format("{} per rank", base);
+  const auto ranks = [](std::int64_t first, std::int64_t last) {
+    return first == last ? fmt::format("rank {}", first) : fmt::format("ranks {}-{}", first, last);
+  };
+  return fmt::format("{} on {}, {} on {}", base + 1, ranks(0, larger - 1), base,
+                     ranks(larger, world_size - 1));
 }
 
 void check_memory_limit(dist::Communicator& comm, const PeakPrediction& prediction, const dist::Plan& plan,
@@ -461,6 +484,11 @@ void StepTrace::begin_step(std::int64_t step) {
   }
   step_ = step;
   step_began_ = trace::Clock::now();
+}
+
+StepTrace::StepTrace(std::string dir, TraceSteps steps, dist::Communicator& comm)
+    : dir_(std::move(dir)), steps_(steps), comm_(&comm) {
+  if (!dir_.empty()) dist::create_trace_directory(comm, dir_);
 }
 
 void StepTrace::end_step() {

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "apps/cli.h"
 #include "autograd/anomaly.h"
 #include "core/device.h"
 #include "dist/communicator.h"
@@ -47,6 +48,13 @@ class MetricsFile {
 // Runs `work` on rank 0 only. Its failure is thrown on every rank (rank 0's with its message, the
 // others' naming `what`), so that no rank waits in a collective that rank 0 never reaches.
 void on_rank_zero(dist::Communicator& comm, std::string_view what, const std::function<void()>& work);
+
+// Checks before step 1 (on rank 0, failing on every rank) that the run can write `path`, given by
+// `option`: a directory (`is_directory`: created now, as the run would create it) or a file whose
+// directory exists; either writable. An output the run could not write would otherwise cost it
+// at the end.
+void check_output_path(dist::Communicator& comm, std::string_view option, const std::string& path,
+                       bool is_directory);
 
 // Rank 0's `text` on every rank (the others' `text` is ignored); a collective.
 std::string broadcast_text(dist::Communicator& comm, const std::string& text);
@@ -89,6 +97,13 @@ class CheckpointDir {
 // dist::init on the CPU (even where a GPU answers), for `program`; null, after printing why on
 // stderr, when the processes cannot start.
 std::unique_ptr<dist::Session> start_cpu_session(int& argc, char**& argv, const char* program);
+
+// --mixed-precision: "none", or "bf16" (bf16 gathers and compute, f32 reductions and master shards).
+dist::MixedPrecision parse_mixed_precision(const std::string& text);
+
+// How a global batch splits over the ranks, for the start-up line: "32 per rank", or where W does
+// not divide G, "22 on rank 0, 21 on ranks 1-2" (data::rank_batch_size).
+std::string rank_shares(std::int64_t global_batch, int world_size);
 
 // --detect-anomaly and --max-skipped-steps, the same in both training binaries.
 void add_numerics_options(CLI::App& app, bool& detect_anomaly, std::int64_t& max_skipped_steps);
@@ -165,9 +180,6 @@ PeakPrediction predict_peak(const dist::Plan& plan, std::int64_t data_bytes, std
                             Device device, optim::Optimizer& optimizer,
                             const std::function<void(std::int64_t samples)>& forward_backward);
 
-// "512M", "2G", "1048576": bytes, with an optional K, M, G or T suffix (powers of 1024).
-std::int64_t parse_bytes(std::string_view text);
-
 // What a run can change to use less memory, for the refusal's suggestions.
 struct FitLevers {
   std::int64_t global_batch = 0;
@@ -224,8 +236,8 @@ TraceSteps parse_trace_steps(const std::string& text, std::int64_t total_steps);
 //   trace.begin_step(step + 1);  ... the step ...  trace.end_step();
 class StepTrace {
  public:
-  StepTrace(std::string dir, TraceSteps steps, dist::Communicator& comm)
-      : dir_(std::move(dir)), steps_(steps), comm_(&comm) {}
+  // Creates `dir` (when given) first, a collective: a directory that cannot be made fails before step 1.
+  StepTrace(std::string dir, TraceSteps steps, dist::Communicator& comm);
 
   void begin_step(std::int64_t step);
   void end_step();

@@ -79,6 +79,12 @@ void Variable::set_grad(Tensor grad) const {
   SHARDLAB_CHECK(!grad.defined() || grad.shape() == impl_->data.shape(),
                  "set_grad: gradient of shape {} for '{}' of shape {}", shape_str(grad.shape()), name(),
                  shape_str(impl_->data.shape()));
+  // The engine accumulates into this buffer in place and optimizers read it beside the data, so
+  // a gradient of another dtype or device would be a silent cast or a cross-device access later.
+  SHARDLAB_CHECK(
+      !grad.defined() || (grad.dtype() == impl_->data.dtype() && grad.device() == impl_->data.device()),
+      "set_grad: gradient of dtype {} on {} for '{}' of dtype {} on {}", dtype_name(grad.dtype()),
+      grad.device().str(), name(), dtype_name(impl_->data.dtype()), impl_->data.device().str());
   impl_->grad = std::move(grad);
 }
 

@@ -129,25 +129,40 @@ std::vector<std::int64_t> DistributedSampler::indices(std::int64_t epoch) const 
 // --- DataLoader -----------------------------------------------------------------------------------
 
 DataLoader::DataLoader(const TensorDataset& dataset, std::int64_t batch_size,
-                       std::shared_ptr<const Sampler> sampler, bool drop_last)
-    : dataset_(dataset), batch_size_(batch_size), sampler_(std::move(sampler)), drop_last_(drop_last) {
+                       std::shared_ptr<const Sampler> sampler, bool drop_last, RankShare share)
+    : dataset_(dataset),
+      batch_size_(batch_size),
+      sampler_(std::move(sampler)),
+      drop_last_(drop_last),
+      share_(share) {
   SHARDLAB_CHECK(batch_size > 0, "DataLoader: batch_size must be positive, got {}", batch_size);
   SHARDLAB_CHECK(sampler_ != nullptr, "DataLoader: sampler must not be null");
+  rank_batch_size(batch_size, share.world_size, share.rank);  // checks the share
 }
 
 std::vector<std::vector<std::int64_t>> DataLoader::batch_indices(std::int64_t epoch) const {
-  const std::vector<std::int64_t> order = sampler_->indices(epoch);
+  std::vector<std::int64_t> order = sampler_->indices(epoch);
   for (const std::int64_t index : order) {
     SHARDLAB_CHECK(index >= 0 && index < dataset_.size(),
                    "DataLoader: the sampler yields index {} but the dataset has {} samples", index,
                    dataset_.size());
   }
-  std::vector<std::vector<std::int64_t>> batches;
   const auto count = static_cast<std::int64_t>(order.size());
-  for (std::int64_t start = 0; start < count; start += batch_size_) {
-    const std::int64_t end = std::min(count, start + batch_size_);
+  const std::int64_t world = share_.world_size, tail = count % batch_size_;
+  if (world > 1 && !drop_last_ && tail > 0) {
+    // Capped at batch_size: a last batch padded past it would be two batches, one rank short.
+    const std::int64_t padded = std::min(batch_size_, (tail + world - 1) / world * world);
+    for (std::int64_t i = count; i < count - tail + padded; ++i)
+      order.push_back(order[static_cast<std::size_t>(i % count)]);
+  }
+  const auto total = static_cast<std::int64_t>(order.size());
+  std::vector<std::vector<std::int64_t>> batches;
+  for (std::int64_t start = 0; start < total; start += batch_size_) {
+    const std::int64_t end = std::min(total, start + batch_size_);
     if (drop_last_ && end - start < batch_size_) break;
-    batches.emplace_back(order.begin() + start, order.begin() + end);
+    std::vector<std::int64_t>& batch = batches.emplace_back();
+    for (std::int64_t i = start + share_.rank; i < end; i += world)
+      batch.push_back(order[static_cast<std::size_t>(i)]);
   }
   return batches;
 }
@@ -160,21 +175,25 @@ std::int64_t DataLoader::batches_per_epoch() const {
 
 // --- Global batches over ranks -------------------------------------------------------------------
 
-std::int64_t per_rank_batch_size(std::int64_t global_batch, int world_size) {
+std::int64_t rank_batch_size(std::int64_t global_batch, int world_size, int rank) {
   SHARDLAB_CHECK(world_size > 0, "global batch: world_size must be positive, got {}", world_size);
-  SHARDLAB_CHECK(global_batch > 0 && global_batch % world_size == 0,
-                 "global batch: {} does not split evenly over {} ranks (use a positive multiple of {})",
-                 global_batch, world_size, world_size);
-  return global_batch / world_size;
+  SHARDLAB_CHECK(rank >= 0 && rank < world_size, "global batch: rank {} is outside [0, {})", rank,
+                 world_size);
+  SHARDLAB_CHECK(global_batch >= world_size,
+                 "global batch: {} is smaller than the {} ranks (every rank needs a sample per step)",
+                 global_batch, world_size);
+  return (global_batch - rank + world_size - 1) / world_size;
 }
 
 DataLoader rank_loader(const TensorDataset& dataset, const GlobalBatch& batch) {
-  const std::int64_t per_rank = per_rank_batch_size(batch.size, batch.world_size);
-  // Dropping the ragged tail in both the sampler (to a multiple of W) and the loader (to a
-  // multiple of G / W) leaves exactly floor(n / G) batches, as one process with G would train.
-  auto sampler = std::make_shared<DistributedSampler>(dataset.size(), batch.world_size, batch.rank,
-                                                      batch.shuffle, batch.seed, batch.drop_last);
-  return DataLoader(dataset, per_rank, std::move(sampler), batch.drop_last);
+  std::shared_ptr<const Sampler> sampler;
+  if (batch.shuffle) {
+    sampler = std::make_shared<RandomSampler>(dataset.size(), batch.seed);
+  } else {
+    sampler = std::make_shared<SequentialSampler>(dataset.size());
+  }
+  return DataLoader(dataset, batch.size, std::move(sampler), batch.drop_last,
+                    {.world_size = batch.world_size, .rank = batch.rank});
 }
 
 }  // namespace shardlab::data

@@ -82,10 +82,21 @@ class DistributedSampler final : public Sampler {
   bool drop_last_;
 };
 
+// One rank's part of every batch when `world_size` ranks split it: rows rank, rank + W, ... of
+// the batch. Batch sizes need not divide by W: rank r holds ceil((B - r) / W) rows of a batch of B.
+struct RankShare {
+  int world_size = 1;
+  int rank = 0;
+};
+
 class DataLoader {
  public:
+  // Batches of `batch_size` consecutive samples of the sampler's order, or with a RankShare of
+  // W > 1, this rank's rows of them. Then, without drop_last, the incomplete last batch is padded
+  // with the order's first samples to a multiple of W (at most batch_size), as DistributedSampler
+  // pads, so that every rank has as many batches as one process and none is empty.
   DataLoader(const TensorDataset& dataset, std::int64_t batch_size, std::shared_ptr<const Sampler> sampler,
-             bool drop_last = false);
+             bool drop_last = false, RankShare share = {});
   // The batches of one epoch, in order (the last may be smaller unless drop_last).
   std::vector<std::vector<std::int64_t>> batch_indices(std::int64_t epoch) const;
   std::int64_t batches_per_epoch() const;
@@ -96,12 +107,15 @@ class DataLoader {
   std::int64_t batch_size_;
   std::shared_ptr<const Sampler> sampler_;
   bool drop_last_;
+  RankShare share_;
 };
 
 // --- Global batches over ranks -------------------------------------------------------------------
 
-// A run is described by its global batch G (what one process would train on); on W ranks each
-// rank takes G / W rows of every global batch.
+// A run is described by its global batch G (what one process would train on); on W ranks rank r
+// takes rows r, r + W, ... of every global batch: G / W of them when W divides G, else
+// ceil((G - r) / W). Losses summed over each rank's rows and scaled by W before FSDP averages
+// the gradients are the global batch's, whatever the shares.
 struct GlobalBatch {
   std::int64_t size = 0;  // G
   int world_size = 1;     // W
@@ -114,13 +128,14 @@ struct GlobalBatch {
   bool drop_last = false;
 };
 
-// G / W; throws naming both unless G is a positive multiple of W.
-std::int64_t per_rank_batch_size(std::int64_t global_batch, int world_size);
+// Rank `rank`'s rows of each complete global batch, ceil((G - rank) / W); throws naming G and W
+// unless every rank gets at least one (G >= W).
+std::int64_t rank_batch_size(std::int64_t global_batch, int world_size, int rank);
 
-// Rank `rank`'s loader: DistributedSampler(shuffle, seed) and batches of G / W. The union of
-// the ranks' k-th batches is the k-th batch of DataLoader(dataset, G, RandomSampler(seed) (or
-// SequentialSampler)) on one process, for every complete global batch; rank r holds rows
-// r, r + W, r + 2W, ... of it.
+// Rank `rank`'s loader: DataLoader(dataset, G, RandomSampler(seed) (or SequentialSampler),
+// drop_last, {W, rank}). The union of the ranks' k-th batches is the k-th batch of that loader on
+// one process, for every complete global batch. When W divides G this is DistributedSampler's split
+// with batches of G / W.
 DataLoader rank_loader(const TensorDataset& dataset, const GlobalBatch& batch);
 
 }  // namespace shardlab::data

@@ -99,12 +99,24 @@ nlohmann::json trace_document(const std::vector<trace::Event>& events, int rank)
   return {{"traceEvents", std::move(list)}, {"displayTimeUnit", "ms"}};
 }
 
+namespace {
+
+void create_directory(const std::string& dir) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  SHARDLAB_CHECK(!error, "trace: cannot create the directory '{}': {}", dir, error.message());
+}
+
+}  // namespace
+
+void create_trace_directory(Communicator& comm, const std::string& dir) {
+  agreed(comm, true, [&] { create_directory(dir); });
+}
+
 void write_trace(Communicator& comm, const std::string& dir, const std::vector<trace::Event>& events) {
   const auto rank_file = [&](int rank) { return fmt::format("{}/trace-rank{}.json", dir, rank); };
   agreed(comm, true, [&] {
-    std::error_code error;
-    std::filesystem::create_directories(dir, error);
-    SHARDLAB_CHECK(!error, "trace: cannot create the directory '{}': {}", dir, error.message());
+    create_directory(dir);  // again: it may have gone since the start
     write_json(rank_file(comm.rank()), trace_document(events, comm.rank()));
   });
   agreed(comm, comm.rank() == 0, [&] {
@@ -142,11 +154,13 @@ std::vector<StepFigures> step_figures(const std::vector<trace::Event>& events) {
     }
     figure.overlap = trace::overlap(trace::clip(communication, window), trace::clip(compute, window));
     for (const trace::Event& e : events) {
-      if (e.phase != trace::Phase::complete || e.category != "wait" || !e.name.starts_with("wait all_gather")) continue;
+      if (e.phase != trace::Phase::complete || e.category != "wait" || !e.name.starts_with("wait all_gather"))
+        continue;
       const trace::Interval wait = interval(e);
       if (wait.begin < window.begin || wait.end > window.end) continue;
       for (const trace::Arg& arg : e.args) {
-        if (arg.key == "unit") figure.all_gather_wait[std::get<std::string>(arg.value)] += wait.end - wait.begin;
+        if (arg.key == "unit")
+          figure.all_gather_wait[std::get<std::string>(arg.value)] += wait.end - wait.begin;
       }
     }
     figures.push_back(std::move(figure));

@@ -30,6 +30,10 @@ void start_trace(Communicator& comm);
 // timestamps in microseconds since trace::origin(), pid `rank`, with process and track names.
 nlohmann::json trace_document(const std::vector<trace::Event>& events, int rank);
 
+// Creates DIR on every rank (a collective), failing on all of them, naming DIR, if any cannot: what
+// a run checks before step 1 so that an unwritable --trace does not cost it at the traced step.
+void create_trace_directory(Communicator& comm, const std::string& dir);
+
 // Writes DIR/trace-rank<R>.json on every rank, then rank 0 merges them into DIR/trace.json; a
 // collective. Creates DIR.
 void write_trace(Communicator& comm, const std::string& dir, const std::vector<trace::Event>& events);

@@ -170,6 +170,7 @@ LlamaConfig LlamaConfig::from_json(const nlohmann::json& json, const std::string
 KvCache::KvCache(const LlamaConfig& config, std::int64_t batch, std::int64_t cache_capacity,
                  const TensorOptions& options)
     : capacity(cache_capacity) {
+  SHARDLAB_CHECK(batch >= 1, "KvCache: batch {} must be at least 1", batch);
   SHARDLAB_CHECK(capacity >= 1 && capacity <= config.max_position_embeddings,
                  "KvCache: capacity {} must be in [1, max_position_embeddings = {}]", capacity,
                  config.max_position_embeddings);
@@ -366,6 +367,23 @@ LlamaImpl::LlamaImpl(const LlamaConfig& llama_config, std::uint64_t seed)
   nn::initialize(*this, seed);
 }
 
+namespace {
+
+// A cache made for another batch, model depth, dtype or device would fail deep inside attention
+// (or write past a layer's entries); name the mismatch at the model's door instead.
+void check_cache_fits(const KvCache& cache, const Tensor& hidden, std::size_t layers) {
+  SHARDLAB_CHECK(cache.keys.size() == layers && cache.values.size() == layers,
+                 "Llama: the KvCache has {} layers, the model {}", cache.keys.size(), layers);
+  const Tensor& entry = cache.keys.front();
+  SHARDLAB_CHECK(entry.size(0) == hidden.size(0), "Llama: the KvCache holds a batch of {}, the tokens are {}",
+                 entry.size(0), hidden.size(0));
+  SHARDLAB_CHECK(entry.dtype() == hidden.dtype() && entry.device() == hidden.device(),
+                 "Llama: the KvCache is {} on {}, the model computes in {} on {}", dtype_name(entry.dtype()),
+                 entry.device().str(), dtype_name(hidden.dtype()), hidden.device().str());
+}
+
+}  // namespace
+
 Variable LlamaImpl::operator()(const Tensor& input_tokens, const Tensor& padding_mask, KvCache* cache) {
   return with_hooks(
       [this, cache](const Tensor& tokens, const Tensor& padding) {
@@ -376,6 +394,7 @@ Variable LlamaImpl::operator()(const Tensor& input_tokens, const Tensor& padding
             dtype_name(padding.dtype()), shape_str(padding.shape()));
         const std::int64_t offset = cache != nullptr ? cache->length : 0;
         Variable h = model->embed_tokens(tokens);
+        if (cache != nullptr) check_cache_fits(*cache, h.data(), model->layers->size());
         const auto [cos, sin] = model->rotary_emb->rows(offset, tokens.size(1), h.dtype());
         for (std::size_t i = 0; i < model->layers->size(); ++i) {
           h = (*model->layers)[i](h, cos, sin, padding, cache, static_cast<std::int64_t>(i));

@@ -233,8 +233,7 @@ void Optimizer::step() {
       if (step_it == slots.end()) step_it = slots.emplace(kStepSlot, step_tensor(0)).first;
       // The step tensor is a CPU scalar: counting on the host costs no device round trip.
       const std::int64_t step = ++step_it->second.data<std::int64_t>()[0];
-      updates.push_back(
-          {param, grad.dtype() == param.dtype() ? grad : grad.to(param.dtype()), slots, step, g});
+      updates.push_back({param, grad, slots, step, g});  // set_grad keeps grad in param's dtype
     }
   }
   update(updates);

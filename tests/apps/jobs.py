@@ -128,6 +128,6 @@ def check_memory_limit(check, mpirun, program, ranks, args, scratch):
     check(f"{name} np {ranks} --memory-limit 1K is 1024 bytes, refused",
           code == 1 and output.count("over --memory-limit 1024 B (0.0 MiB)") == 1, f"exit {code}\n{output}")
     code, output = run_job(mpirun, program, ranks, args + ["--memory-limit", "2X"])
-    message = f"{name}: '2X' is not a number of bytes (digits with an optional K, M, G or T: 512M, 2G)"
+    message = f"{name}: --memory-limit: got '2X', expected a number of bytes (digits with an optional K, M, G or T: 512M, 2G)"
     check(f"{name} np {ranks} --memory-limit 2X is refused, explained once",
           code == 1 and output.count(message) == 1, f"exit {code}\n{output}")

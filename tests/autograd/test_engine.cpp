@@ -114,6 +114,9 @@ TEST_CASE("a gradient buffer set with set_grad is accumulated into in place", "[
   check_equal(flat, {2, 2, 6, 8, 10});
   CHECK_THROWS_ERROR(a.set_grad(zeros({3}, dtype(DType::f64))),
                      "set_grad: gradient of shape [3] for 'a' of shape [2]");
+  CHECK_THROWS_ERROR(a.set_grad(zeros({2}, dtype(DType::f32))),
+                     "set_grad: gradient of dtype f32 on cpu for 'a' of dtype f64 on cpu");
+  CHECK(a.grad().dtype() == DType::f64);  // the refused gradient left the buffer in place
 }
 
 TEST_CASE("saved tensors follow their Storage when its bytes are freed and refilled", "[engine]") {

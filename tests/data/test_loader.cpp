@@ -213,9 +213,13 @@ TEST_CASE("rank_loader: the ranks' k-th batches together are the 1-rank k-th bat
   for (const bool drop_last : {false, true}) {
     for (int world = 1; world <= 4; ++world) {
       for (const std::int64_t n : {24, 23, 13}) {  // 24 divides by 1..4; 23 and 13 need padding
-        for (const std::int64_t per_rank_batch : {1, 2, 5}) {
-          INFO("drop_last " << drop_last << " world " << world << " n " << n << " batch " << per_rank_batch);
-          const std::int64_t epoch = 4, global_batch = per_rank_batch * world;
+        // Global batches that W divides and ones it does not (5 over 2, 3 and 4; 7 over 2..4).
+        for (const std::int64_t global_batch : {std::int64_t{world}, std::int64_t{5}, std::int64_t{7},
+                                                std::int64_t{2 * world}, std::int64_t{12}}) {
+          if (global_batch < world) continue;
+          INFO("drop_last " << drop_last << " world " << world << " n " << n << " global batch "
+                            << global_batch);
+          const std::int64_t epoch = 4;
           const DataLoader whole(dataset.head(n), global_batch, std::make_shared<RandomSampler>(n, 77),
                                  drop_last);
           const auto global = whole.batch_indices(epoch);
@@ -229,21 +233,37 @@ TEST_CASE("rank_loader: the ranks' k-th batches together are the 1-rank k-th bat
             ranks.push_back(loader.batch_indices(epoch));
             CHECK(static_cast<std::int64_t>(ranks.back().size()) == loader.batches_per_epoch());
           }
-          // Every rank has as many batches as the 1-rank loader: what keeps collectives in step.
-          for (const auto& batches : ranks) REQUIRE(batches.size() == global.size());
+          // Every rank has as many batches as the 1-rank loader (what keeps collectives in step),
+          // and none is empty.
+          for (const auto& batches : ranks) {
+            REQUIRE(batches.size() == global.size());
+            for (const Indices& batch : batches) CHECK(!batch.empty());
+          }
           const Indices p = permutation(n, 77, epoch);
           for (std::size_t k = 0; k < global.size(); ++k) {
-            // Position j * world + r of the joint batch is rank r's j-th row.
+            // Position i of the joint batch is rank i % W's (i / W)-th row.
+            std::int64_t rows = 0;
+            for (const auto& batches : ranks) rows += static_cast<std::int64_t>(batches[k].size());
             Indices joint;
-            for (std::size_t j = 0; j < ranks[0][k].size(); ++j) {
-              for (int rank = 0; rank < world; ++rank) {
-                REQUIRE(ranks[static_cast<std::size_t>(rank)][k].size() == ranks[0][k].size());
-                joint.push_back(ranks[static_cast<std::size_t>(rank)][k][j]);
-              }
+            for (std::int64_t i = 0; i < rows; ++i) {
+              const Indices& mine = ranks[static_cast<std::size_t>(i % world)][k];
+              REQUIRE(static_cast<std::size_t>(i / world) < mine.size());
+              joint.push_back(mine[static_cast<std::size_t>(i / world)]);
             }
-            // The joint batch is the global one, followed (in the last batch only, without
-            // drop_last) by the padding: position q >= n of the padded epoch order repeats p[q - n].
+            if (static_cast<std::int64_t>(global[k].size()) == global_batch) {
+              CHECK(joint == global[k]);  // a complete global batch
+              for (int rank = 0; rank < world; ++rank) {
+                CHECK(static_cast<std::int64_t>(ranks[static_cast<std::size_t>(rank)][k].size()) ==
+                      data::rank_batch_size(global_batch, world, rank));
+              }
+              continue;
+            }
+            // The incomplete last batch (without drop_last) is the global one followed by padding to a
+            // multiple of W, at most the global batch: position q >= n of the epoch order repeats p[q - n].
+            REQUIRE(!drop_last);
             REQUIRE(joint.size() >= global[k].size());
+            CHECK(static_cast<std::int64_t>(joint.size()) ==
+                  std::min(global_batch, (n % global_batch + world - 1) / world * world));
             CHECK(Indices(joint.begin(), joint.begin() + static_cast<std::ptrdiff_t>(global[k].size())) ==
                   global[k]);
             for (std::size_t i = global[k].size(); i < joint.size(); ++i) {
@@ -251,7 +271,6 @@ TEST_CASE("rank_loader: the ranks' k-th batches together are the 1-rank k-th bat
               REQUIRE(q >= n);
               CHECK(joint[i] == p[static_cast<std::size_t>(q - n)]);
             }
-            if (drop_last || n % world == 0) CHECK(joint.size() == global[k].size());
           }
         }
       }
@@ -259,17 +278,47 @@ TEST_CASE("rank_loader: the ranks' k-th batches together are the 1-rank k-th bat
   }
 }
 
-TEST_CASE("per_rank_batch_size splits the global batch and refuses uneven splits",
+TEST_CASE("rank_loader splits a global batch W divides as DistributedSampler does",
+          "[data][loader][distributed]") {
+  // What runs saved before uneven shares existed continue from: the same rows on the same ranks.
+  const auto dataset = numbered_dataset(23);
+  for (const bool drop_last : {false, true}) {
+    for (int world = 1; world <= 4; ++world) {
+      for (int rank = 0; rank < world; ++rank) {
+        const std::int64_t per_rank = 2;
+        const DataLoader loader = data::rank_loader(
+            dataset,
+            {.size = per_rank * world, .world_size = world, .rank = rank, .seed = 3, .drop_last = drop_last});
+        const DataLoader reference(dataset, per_rank,
+                                   std::make_shared<DistributedSampler>(23, world, rank, true, 3, drop_last),
+                                   drop_last);
+        INFO("drop_last " << drop_last << " world " << world << " rank " << rank);
+        CHECK(loader.batch_indices(1) == reference.batch_indices(1));
+      }
+    }
+  }
+}
+
+TEST_CASE("rank_batch_size: ceil((G - r) / W) rows, refusing fewer rows than ranks",
           "[data][loader][distributed][errors]") {
-  CHECK(data::per_rank_batch_size(64, 4) == 16);
-  CHECK(data::per_rank_batch_size(3, 1) == 3);
-  CHECK_THROWS_EXACT(data::per_rank_batch_size(10, 4),
-                     "global batch: 10 does not split evenly over 4 ranks (use a positive multiple of 4)");
-  CHECK_THROWS_EXACT(data::per_rank_batch_size(0, 2),
-                     "global batch: 0 does not split evenly over 2 ranks (use a positive multiple of 2)");
-  CHECK_THROWS_EXACT(data::per_rank_batch_size(8, 0), "global batch: world_size must be positive, got 0");
-  CHECK_THROWS_EXACT(data::rank_loader(numbered_dataset(10), {.size = 6, .world_size = 4}),
-                     "global batch: 6 does not split evenly over 4 ranks (use a positive multiple of 4)");
+  CHECK(data::rank_batch_size(64, 4, 3) == 16);
+  CHECK(data::rank_batch_size(3, 1, 0) == 3);
+  // 64 over 3 ranks: 22, 21, 21.
+  CHECK(data::rank_batch_size(64, 3, 0) == 22);
+  CHECK(data::rank_batch_size(64, 3, 1) == 21);
+  CHECK(data::rank_batch_size(64, 3, 2) == 21);
+  CHECK(data::rank_batch_size(3, 3, 2) == 1);
+  CHECK_THROWS_EXACT(data::rank_batch_size(2, 3, 0),
+                     "global batch: 2 is smaller than the 3 ranks (every rank needs a sample per step)");
+  CHECK_THROWS_EXACT(data::rank_batch_size(0, 1, 0),
+                     "global batch: 0 is smaller than the 1 ranks (every rank needs a sample per step)");
+  CHECK_THROWS_EXACT(data::rank_batch_size(8, 0, 0), "global batch: world_size must be positive, got 0");
+  CHECK_THROWS_EXACT(data::rank_batch_size(8, 2, 2), "global batch: rank 2 is outside [0, 2)");
+  CHECK_THROWS_EXACT(data::rank_loader(numbered_dataset(10), {.size = 3, .world_size = 4}),
+                     "global batch: 3 is smaller than the 4 ranks (every rank needs a sample per step)");
+  CHECK_THROWS_EXACT(DataLoader(numbered_dataset(10), 4, std::make_shared<SequentialSampler>(10), false,
+                                {.world_size = 2, .rank = -1}),
+                     "global batch: rank -1 is outside [0, 2)");
 }
 
 TEST_CASE("DistributedSampler refuses bad world sizes, ranks and sizes",

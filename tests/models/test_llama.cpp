@@ -307,6 +307,19 @@ TEST_CASE("the KV cache gives the logits of the full forward, one token at a tim
                      "with 2 cached positions, feed one token at a time");
   CHECK_THROWS_ERROR(models::KvCache(model->config, 1, 513, {}),
                      "capacity 513 must be in [1, max_position_embeddings = 512]");
+  CHECK_THROWS_ERROR(models::KvCache(model->config, 0, 7, {}), "KvCache: batch 0 must be at least 1");
+  models::KvCache for_two(model->config, 2, 7, {});
+  CHECK_THROWS_ERROR(model(tokens.narrow(1, 0, 2), Tensor(), &for_two),
+                     "Llama: the KvCache holds a batch of 2, the tokens are 1");
+  models::KvCache in_f64(model->config, 1, 7, dtype(DType::f64));
+  CHECK_THROWS_ERROR(model(tokens.narrow(1, 0, 2), Tensor(), &in_f64),
+                     "Llama: the KvCache is f64 on cpu, the model computes in f32 on cpu");
+  models::LlamaConfig deeper = model->config;
+  deeper.num_hidden_layers = 3;
+  models::KvCache too_deep(deeper, 1, 7, {});
+  CHECK_THROWS_ERROR(model(tokens.narrow(1, 0, 2), Tensor(), &too_deep),
+                     "Llama: the KvCache has 3 layers, the model 2");
+  CHECK(for_two.length == 0);  // a refused step leaves the cache as it was
   const GradModeGuard grad(true);
   models::KvCache third(model->config, 1, 7, {});
   CHECK_THROWS_ERROR(model(tokens.narrow(1, 0, 2), Tensor(), &third),

@@ -110,8 +110,7 @@ void check_three_steps(Options options, Ref ref, DType dtype = DType::f64) {
   for (int t = 1; t <= 3; ++t) {
     INFO("step " << t);
     const Vec g = test_grad(p, t);
-    // Gradients arrive in f64 whatever the parameter's dtype: step() casts them.
-    w.set_grad(from_vector<double>(g));
+    w.set_grad(from_vector<double>(g).to(dtype));
     opt.step();
     ref.step(p, g);
     check_close(w.data(), p, tol);

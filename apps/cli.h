@@ -1,0 +1,29 @@
+// apps/cli.h: the command-line conventions of every app: option checks whose errors name the option,
+// the value and the rule, and one parse that prints "program: --option: ..." once.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace shardlab::apps {
+
+// A whole integer >= `minimum`: "got '1.5', expected an integer >= 1".
+CLI::Validator integer_at_least(std::int64_t minimum);
+// A finite number >= `minimum`, or > it where `exclusive`: "got '-1', expected a number >= 0".
+CLI::Validator number_at_least(double minimum, bool exclusive = false);
+
+// "512M", "2G", "1048576": bytes, with an optional K, M, G or T suffix (powers of 1024); nullopt
+// for anything else or a count past int64.
+std::optional<std::int64_t> parse_bytes(std::string_view text);
+// What parse_bytes reads: "got '2X', expected a number of bytes (digits with an optional K, M, G or T: 512M,
+// 2G)".
+CLI::Validator byte_count();
+
+// Parses the command line. On --help or an error, returns the exit status (0 or 1) after printing (when
+// `print`: on one rank of a job) the help or "program: --global-batch: got '0', expected an integer
+// >= 1" with the hint to run --help; nullopt when the program should go on.
+std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv, const char* program, bool print);
+
+}  // namespace shardlab::apps

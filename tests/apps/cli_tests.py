@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""tests/apps/cli_tests.py: every option of every app refuses a bad value with one line naming the
+program, the option, the value and the rule ("train_cnn: --global-batch: got '0', expected an
+integer >= 1"), exits 1 and starts nothing; outputs the run could not write (--save-model,
+--checkpoint-dir, --trace, --metrics) are refused before step 1. Each app's --help is read to check
+that the table below covers every option it has, so an option added without a case fails here.
+
+The apps run as single processes (no mpirun: MPI starts a singleton), since every refusal comes
+before any collective matters; tests/apps/train_*_tests.py check the same under mpirun at 2-4 ranks.
+
+Usage: cli_tests.py <train_cnn> <train_llama> <generate> <checkpoint> <bench_ops> <bench_tokenizer>
+<bench_trace>. Prints one line per check, then "cli: N passed, N failed, N skipped".
+"""
+import os
+import re
+import sys
+import tempfile
+
+from jobs import Checks, run_command
+
+
+def integer(option, value, minimum):
+    return [option, value], f"{option}: got '{value}', expected an integer >= {minimum}"
+
+
+def number(option, value, rule):
+    return [option, value], f"{option}: got '{value}', expected a number {rule}"
+
+
+def training_cases(scratch):
+    """The options train_cnn and train_llama share: (args, message after "program: ")."""
+    a_file = os.path.join(scratch, "a-file")
+    return [
+        integer("--global-batch", "0", 1),
+        integer("--global-batch", "abc", 1),
+        integer("--steps", "1.5", 1),
+        number("--lr", "-1", ">= 0"),
+        number("--lr", "nan", ">= 0"),
+        integer("--seed", "-3", 0),
+        integer("--max-skipped-steps", "-1", 0),
+        integer("--prefetch", "-1", 0),
+        integer("--threads", "-2", 0),
+        integer("--checkpoint-every", "-1", 0),
+        integer("--keep", "0", 1),
+        (["--memory-limit", "2X"],
+         "--memory-limit: got '2X', expected a number of bytes (digits with an optional K, M, G or T: 512M, 2G)"),
+        (["--memory-limit", "99999999T"],  # past int64
+         "--memory-limit: got '99999999T', expected a number of bytes"),
+        (["--sharding", "half"], "sharding 'half' is not one of full, grad_op, none, hybrid:G"),
+        (["--mixed-precision", "fp8"], "--mixed-precision: 'fp8' is not one of none, bf16"),
+        (["--trace-steps", "2:3"], "--trace-steps requires --trace"),
+        (["--trace", os.path.join(scratch, "t"), "--trace-steps", "3:1", "--steps", "4"],
+         "--trace-steps '3:1': expected FIRST:LAST with 1 <= FIRST <= LAST"),
+        (["--trace", os.path.join(a_file, "trace"), "--steps", "4"],
+         f"trace: cannot create the directory '{a_file}/trace': Not a directory"),
+        (["--metrics", os.path.join(a_file, "m.jsonl")],
+         f"cannot write metrics to '{a_file}/m.jsonl': Not a directory"),
+        (["--checkpoint-dir", a_file], f"--checkpoint-dir '{a_file}': cannot create the directory: Not a directory"),
+        (["--resume"], "--resume needs --checkpoint-dir"),
+        (["--bogus"], "The following argument was not expected: --bogus"),
+        (["--explain", "x"], "The following argument was not expected: x"),
+    ]
+
+
+def app_cases(scratch):
+    """{app: [(args, message after "app: ")]}; the training apps' runs get --steps 1 unless given."""
+    a_file = os.path.join(scratch, "a-file")
+    cnn = training_cases(scratch) + [
+        integer("--test-batch-size", "0", 1),
+        integer("--epochs", "-1", 0),
+        number("--gamma", "0", "> 0"),
+        integer("--limit-train", "-1", 0),
+        integer("--limit-test", "x", 0),
+        (["--optimizer", "sgd"], "--optimizer: 'sgd' is not one of adadelta, adam"),
+        (["--global-batch", "3", "--data", "/nonexistent/mnist"],
+         "load_mnist: found neither '/nonexistent/mnist/train-images-idx3-ubyte.gz'"),
+        (["--save-model", scratch], f"--save-model '{scratch}' is a directory, not a file"),
+        (["--save-model", os.path.join(a_file, "m.safetensors")],
+         f"--save-model '{a_file}/m.safetensors': '{a_file}' is not an existing directory"),
+        (["--batch-size", "-4"], "--global-batch: got '-4', expected an integer >= 1"),  # the alias's name
+    ]
+    llama = training_cases(scratch) + [
+        integer("--seq", "0", 1),
+        integer("--limit-documents", "-1", 0),
+        integer("--epochs", "0", 1),
+        integer("--warmup-steps", "-1", 0),
+        number("--weight-decay", "-0.1", ">= 0"),
+        number("--clip", "0", "> 0"),
+        integer("--sample", "-1", 0),
+        integer("--sample-tokens", "0", 1),
+        (["--steps", "2", "--epochs", "1"], "--steps excludes --epochs"),
+        (["--config", "huge"], "LlamaConfig: no preset named 'huge' (tiny, seed, 1b)"),
+        (["--tokenizer", "words"], "make_tokenizer: unknown tokenizer 'words'"),
+        (["--data", "/nonexistent/corpus"], "read_documents: '/nonexistent/corpus' does not exist"),
+        (["--init-from", "/nonexistent/model"], "'/nonexistent/model' has no config.json"),
+        (["--save-model", os.path.join(a_file, "model")],
+         f"--save-model '{a_file}/model': cannot create the directory: Not a directory"),
+    ]
+    generate = [
+        (["/nonexistent/model"], "'/nonexistent/model' has no config.json"),
+        ([], "model is required"),
+        (["m", "--samples", "0"], "--samples: got '0', expected an integer >= 1"),
+        (["m", "--tokens", "0"], "--tokens: got '0', expected an integer >= 1"),
+        (["m", "--temperature", "-1"], "--temperature: got '-1', expected a number >= 0"),
+        (["m", "--top-k", "-1"], "--top-k: got '-1', expected an integer >= 0"),
+        (["m", "--seed", "x"], "--seed: got 'x', expected an integer >= 0"),
+        (["m", "--threads", "-1"], "--threads: got '-1', expected an integer >= 0"),
+        (["/nonexistent/model", "--tokenizer", "/nonexistent/tokenizer.json"],
+         "BpeTokenizer::load: cannot open '/nonexistent/tokenizer.json'"),
+    ]
+    checkpoint = [
+        ([], "a subcommand is required: info, consolidate or convert"),
+        (["info"], "dir is required"),
+        (["info", "/nonexistent"], "checkpoint_info: '/nonexistent': metadata.json is missing"),
+        (["consolidate", "/nonexistent"], "out is required"),
+        (["frobnicate"], "The following argument was not expected: frobnicate"),
+    ]
+    benches = {
+        "bench_ops": [(["--reps", "0"], "--reps: got '0', expected an integer >= 1"),
+                      (["--threads", "-1"], "--threads: got '-1', expected an integer >= 0")],
+        "bench_tokenizer": [(["--vocab", "0"], "--vocab: got '0', expected an integer >= 1"),
+                            (["--passes", "0"], "--passes: got '0', expected an integer >= 1"),
+                            (["--corpus", "/nonexistent/corpus"], "read_documents: '/nonexistent/corpus' does not exist")],
+        "bench_trace": [(["--sites", "0"], "--sites: got '0', expected an integer >= 1")],
+    }
+    return {"train_cnn": cnn, "train_llama": llama, "generate": generate, "checkpoint": checkpoint, **benches}
+
+
+# Options whose every value is valid (free text), or that have no value, per app.
+FREE = {
+    "train_cnn": {"--help", "--explain", "--detect-anomaly", "--resume"},
+    "train_llama": {"--help", "--explain", "--detect-anomaly", "--resume", "--separator", "--no-decay-norms",
+                    "--activation-checkpointing", "--cpu-offload"},
+    "generate": {"--help", "--prompt"},
+    "checkpoint": {"--help"},
+    "bench_ops": {"--help"},
+    "bench_tokenizer": {"--help", "--tokenizer", "--save", "--save-documents"},
+    "bench_trace": {"--help"},
+}
+
+
+def help_options(program):
+    """The long options --help lists."""
+    _, output = run_command([program, "--help"])
+    return set(re.findall(r"^\s+(?:-\w,)?(--[\w-]+)", output, re.M)) | set(
+        re.findall(r",(--[\w-]+)", output))
+
+
+def main(programs):
+    check = Checks()
+    with tempfile.TemporaryDirectory(prefix="cli_tests.") as scratch:
+        with open(os.path.join(scratch, "a-file"), "w", encoding="utf-8") as f:
+            f.write("not a directory\n")
+        for app, cases in app_cases(scratch).items():
+            program = programs[app]
+            covered = {arg for args, _ in cases for arg in args if arg.startswith("--")}
+            missing = sorted(help_options(program) - covered - FREE[app])
+            check(f"{app}: every option of --help has a bad-value case", not missing, f"without one: {missing}")
+            for args, message in cases:
+                if app.startswith("train_") and "--steps" not in args and "--epochs" not in args:
+                    args = args + ["--steps", "1"]
+                code, output = run_command([program] + args)
+                expected = f"{app}: {message}"
+                check(f"{app} {' '.join(args)}: exit 1, '{message}' once",
+                      code == 1 and output.count(expected) == 1, f"exit {code}, expected once: {expected}\n{output}")
+    return check.summary("cli", 0)
+
+
+if __name__ == "__main__":
+    names = ["train_cnn", "train_llama", "generate", "checkpoint", "bench_ops", "bench_tokenizer", "bench_trace"]
+    if len(sys.argv) != len(names) + 1:
+        sys.exit(__doc__)
+    sys.exit(main(dict(zip(names, sys.argv[1:]))))
