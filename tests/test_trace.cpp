@@ -1,6 +1,9 @@
 // tests/test_trace.cpp: the trace recorder (nothing while off; spans, counters, flows and tracks
 // while on) and the overlap figures on a hand-computed synthetic timeline.
+#include <algorithm>
+#include <set>
 #include <thread>
+#include <vector>
 
 #include "core/allocator.h"
 #include "core/tensor.h"
@@ -61,8 +64,40 @@ TEST_CASE("the recorder keeps nothing while off and every event while on", "[tra
   CHECK(other_track != trace::this_thread_track());
   CHECK(other_track != comm);
   bool named = false;
-  for (const trace::Track& track : trace::tracks()) named |= track.id == comm && track.name == "communication: world";
+  for (const trace::Track& track : trace::tracks())
+    named |= track.id == comm && track.name == "communication: world";
   CHECK(named);
+}
+
+TEST_CASE("threads recording at once lose no event and take() returns them in recording order", "[trace]") {
+  // Each thread records into a buffer of its own; take() merges them by a global sequence number.
+  trace::start();
+  constexpr int kThreads = 4, kEach = 2000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([t] {
+      for (int i = 0; i < kEach; ++i)
+        trace::instant("e", "data", {{"thread", std::int64_t{t}}, {"i", std::int64_t{i}}});
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  trace::instant("last", "data");  // after every thread's events
+  trace::stop();
+  const std::vector<trace::Event> events = trace::take();
+  REQUIRE(events.size() == kThreads * kEach + 1);
+  CHECK(events.back().name == "last");
+  // Per thread, the events come back in the order that thread recorded them, each once.
+  std::vector<std::int64_t> next(kThreads, 0);
+  for (std::size_t e = 0; e + 1 < events.size(); ++e) {
+    const auto t = static_cast<std::size_t>(std::get<std::int64_t>(events[e].args[0].value));
+    CHECK(std::get<std::int64_t>(events[e].args[1].value) == next[t]++);
+  }
+  CHECK(std::count(next.begin(), next.end(), kEach) == kThreads);
+  // Each thread had a track of its own.
+  std::set<int> tracks;
+  for (const trace::Event& event : events) tracks.insert(event.track);
+  CHECK(tracks.size() == kThreads + 1);
+  CHECK(trace::take().empty());  // take() keeps nothing
 }
 
 TEST_CASE("overlap: communication, compute, exposed communication on a synthetic timeline", "[trace]") {
