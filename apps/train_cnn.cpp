@@ -57,6 +57,7 @@ struct Options {
   std::string sharding = "full";
   std::string mixed_precision = "none";
   bool explain = false;
+  bool profile = false;
   bool detect_anomaly = false;
   std::int64_t max_skipped_steps = 5;  // non-finite steps in a row before the run stops
   std::string save_model;
@@ -144,6 +145,7 @@ class Training {
   std::optional<apps::PeakPrediction> predicted_;  // with --explain or --memory-limit
   std::optional<apps::MetricsFile> metrics_;
   std::optional<apps::StepTrace> trace_;
+  apps::StepProfile profile_{false};
   apps::CheckpointDir checkpoints_;
   apps::NonFiniteSteps non_finite_;
   nlohmann::json last_saved_;  // the state saved or resumed from: the end need not save it again
@@ -217,6 +219,7 @@ Training::Training(const Options& options, dist::Session& session)
   SHARDLAB_CHECK(!options.resume || !options.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
   if (options.resume) resume();
   if (!options.metrics.empty()) metrics_.emplace(options.metrics, session.cpu_world());
+  profile_ = apps::StepProfile(options.profile);
   trace_.emplace(options.trace,
                  options.trace.empty()
                      ? apps::TraceSteps{}
@@ -296,6 +299,7 @@ bool Training::train_epoch() {
     if (options_.steps > 0 && step_ >= options_.steps) return false;
     const auto step_start = std::chrono::steady_clock::now();
     trace_->begin_step(step_ + 1);
+    profile_.begin_step(step_ + 1);
     const data::Batch batch = [&] {
       const trace::Span span("load batch", "data");
       return loader_->batch(*it);
@@ -316,6 +320,7 @@ bool Training::train_epoch() {
       const trace::Span span("optimizer step", "compute");
       optimizer_->step();
     }
+    profile_.end_step();
     trace_->end_step();
     ++step_;
     const double step_ms =
@@ -454,6 +459,7 @@ void Training::report() {
     dist::log("train_cnn: rank 0 {}", apps::peak_report(*predicted_, peak_bytes_));
   }
   trace_->report("train_cnn", metrics_ ? &*metrics_ : nullptr);
+  profile_.report("train_cnn", metrics_ ? &*metrics_ : nullptr, rank_);
   dist::log("train_cnn: rank 0 collectives of the last step: received {} B, planned {} B",
             step_bytes_received_, plan_.bytes_per_step());
   if (metrics_) {
@@ -506,6 +512,8 @@ int main(int argc, char** argv) {
   app.add_option("--mixed-precision", options.mixed_precision,
                  "none, or bf16 (bf16 gathers and compute, f32 reductions and master shards)");
   app.add_flag("--explain", options.explain, "print the FSDP plan (units, bytes, traffic) before step 1");
+  app.add_flag("--profile", options.profile,
+               "time every kernel per op over the steps after the first and print where a step goes");
   apps::add_numerics_options(app, options.detect_anomaly, options.max_skipped_steps);
   app.add_option("--save-model", options.save_model, "write the trained weights to this safetensors file");
   app.add_option("--metrics", options.metrics, "write JSON lines of every rank's metrics to this file");

@@ -58,6 +58,7 @@ struct Options {
   bool activation_checkpointing = false;
   bool cpu_offload = false;
   bool explain = false;
+  bool profile = false;
   bool detect_anomaly = false;
   std::int64_t max_skipped_steps = 5;  // non-finite steps in a row before the run stops
   std::string metrics;
@@ -172,6 +173,7 @@ class Training {
   std::int64_t peak_bytes_ = 0;                    // while training
   std::optional<apps::MetricsFile> metrics_;
   std::optional<apps::StepTrace> trace_;
+  apps::StepProfile profile_{false};
   apps::CheckpointDir checkpoints_;
   apps::NonFiniteSteps non_finite_;
   std::int64_t total_steps_ = 0, step_ = 0;
@@ -292,6 +294,7 @@ Training::Training(const Options& options, dist::Session& session)
   SHARDLAB_CHECK(!options.resume || !options.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
   if (options.resume) resume();
   if (!options.metrics.empty()) metrics_.emplace(options.metrics, session.cpu_world());
+  profile_ = apps::StepProfile(options.profile);
   trace_.emplace(
       options.trace,
       options.trace.empty() ? apps::TraceSteps{} : apps::parse_trace_steps(options.trace_steps, total_steps_),
@@ -330,11 +333,13 @@ void Training::run() {
     for (auto it = batches.begin() + (step_ - epoch * per_epoch); it != batches.end(); ++it) {
       if (step_ >= total_steps_) break;
       trace_->begin_step(step_ + 1);
+      profile_.begin_step(step_ + 1);
       const data::Batch batch = [&] {
         const trace::Span span("load batch", "data");
         return loader_->batch(*it);
       }();
       const StepResult result = train_step(batch);
+      profile_.end_step();
       trace_->end_step();
       ++step_;
       if (options_.checkpoint_every > 0 && step_ % options_.checkpoint_every == 0) save_checkpoint();
@@ -505,6 +510,7 @@ void Training::report() {
     dist::log("train_llama: rank 0 {}", apps::peak_report(*predicted_, peak_bytes_));
   }
   trace_->report("train_llama", metrics_ ? &*metrics_ : nullptr);
+  profile_.report("train_llama", metrics_ ? &*metrics_ : nullptr, rank_);
   dist::log("train_llama: rank 0 collectives of the last step: received {} B, planned {} B",
             step_bytes_received_, plan_.bytes_per_step());
   if (metrics_) {
@@ -576,6 +582,8 @@ int main(int argc, char** argv) {
                "recompute each decoder layer in backward instead of keeping its activations");
   app.add_flag("--cpu-offload", options.cpu_offload, "keep shards and optimizer state in host memory");
   app.add_flag("--explain", options.explain, "print the FSDP plan (units, bytes, traffic) before step 1");
+  app.add_flag("--profile", options.profile,
+               "time every kernel per op over the steps after the first and print where a step goes");
   apps::add_numerics_options(app, options.detect_anomaly, options.max_skipped_steps);
   app.add_option("--metrics", options.metrics, "write JSON lines of every rank's metrics to this file");
   auto* trace =

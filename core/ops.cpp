@@ -8,19 +8,25 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/kernels.h"
+#include "core/profile.h"
 
 namespace shardlab {
 namespace {
 
-// The device's kernel for `Entry`, or an Error naming the op and device.
+// The device's kernel for `Entry`, or an Error naming the op and device; the call is timed
+// under `op` while the profiler is on.
 template <auto Entry>
 auto kernel(Device device, const char* op) {
   auto fn = kernels_for(device).*Entry;
   SHARDLAB_CHECK(fn != nullptr, "{}: not supported on {} (no kernel for it in this build)", op, device.str());
-  return fn;
+  return [fn, op](auto&&... args) {
+    const profile::KernelTimer timer(op);
+    return fn(std::forward<decltype(args)>(args)...);
+  };
 }
 
 void check_defined(const char* op, const Tensor& t, const char* what = "input") {

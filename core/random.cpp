@@ -2,6 +2,7 @@
 #include "core/random.h"
 
 #include "core/kernels.h"
+#include "core/profile.h"
 
 namespace shardlab {
 namespace {
@@ -25,6 +26,7 @@ void fill_random(const Tensor& out, const RandomSpec& spec) {
   const auto fn = kernels_for(out.device()).random;
   SHARDLAB_CHECK(fn != nullptr, "fill_random: not supported on {} (no kernel for it in this build)",
                  out.device().str());
+  const profile::KernelTimer timer("random");
   fn(spec, out);
 }
 

@@ -8,6 +8,7 @@
 
 #include "core/cuda/runtime.h"
 #include "core/kernels.h"
+#include "core/profile.h"
 
 namespace shardlab {
 
@@ -320,7 +321,9 @@ Tensor Tensor::to(Device device) const {
 }
 
 const Tensor& Tensor::fill_(Scalar value) const {
-  if (numel() > 0) kernels_for(device()).fill(*this, value);
+  if (numel() == 0) return *this;
+  const profile::KernelTimer timer("fill");
+  kernels_for(device()).fill(*this, value);
   return *this;
 }
 
@@ -332,6 +335,7 @@ const Tensor& Tensor::copy_(const Tensor& src) const {
     // Stage through a contiguous copy so the bytes cross the bus once, in one piece.
     expanded = expanded.contiguous().to(device());
   }
+  const profile::KernelTimer timer(src.dtype() == dtype() ? "copy" : "cast");
   kernels_for(device()).copy(*this, expanded);
   return *this;
 }

@@ -15,6 +15,7 @@ checks what its users rely on:
 - --tokenizer bpe:VOCAB: rank 0 learns the tokenizer and every rank uses it (np 2 saves the
   tokenizer.json np 1 saves, with the same losses), --save-model holds it and generate and
   --init-from use it, and --resume refuses another tokenizer;
+- --profile prints where a step goes (kernel time per op) and changes no loss;
 - bad options, a missing corpus and a config that does not fit exit 1 with one clear message;
 - will it fit: the training peak --explain predicts (above the loaded data) is within 10% of the
   measured one on every rank at np 1-4 for every strategy, with and without activation
@@ -65,7 +66,7 @@ def main(mpirun, train_llama, generate):
     check_errors(mpirun, train_llama, check)
     skipped = 0
     if not os.path.isdir(DATA_DIR):
-        skipped = len(PARITY_RUNS) + 1 + 14 + 5 + len(FIT_RUNS) + 1 + 4 + TRACE_CHECKS
+        skipped = len(PARITY_RUNS) + 1 + 14 + 5 + len(FIT_RUNS) + 1 + 4 + TRACE_CHECKS + 1
         print(f"skipped: {skipped} cases that train, {DATA_DIR} is missing (scripts/setup installs fortunes)")
     else:
         with tempfile.TemporaryDirectory(prefix="train_llama_tests.") as scratch:
@@ -77,6 +78,7 @@ def main(mpirun, train_llama, generate):
             check_bpe(mpirun, train_llama, generate, scratch, check)
             check_will_it_fit(mpirun, train_llama, scratch, check)
             check_traces(mpirun, train_llama, scratch, check)
+            check_profile(mpirun, train_llama, scratch, check)
 
     return check.summary("train_llama_app", skipped)
 
@@ -215,6 +217,28 @@ def check_resume(mpirun, program, scratch, check):
     message = f"train_llama: --resume: no complete checkpoint in '{empty}'"
     check("--resume without a checkpoint fails, explained once", code == 1 and output.count(message) == 1,
           f"exit {code}\n{output}")
+
+
+def check_profile(mpirun, program, scratch, check):
+    """--profile: the table on rank 0, and every rank's kernel totals within the profiled steps' time,
+    the same losses as without it (it only reads the clock)."""
+    metrics = os.path.join(scratch, "profile.jsonl")
+    code, output = run_job(mpirun, program, 2, BASE_ARGS + ["--profile", "--metrics", metrics])
+    records = read_metrics(metrics)
+    profiles = {r["rank"]: r for r in records if "kernels" in r}
+    reference = per_step(read_metrics(os.path.join(scratch, "np2_full.jsonl")), 0, "loss")
+    problems = []
+    for rank, r in sorted(profiles.items()):
+        kernel_seconds = sum(k["seconds"] for k in r["kernels"])
+        ops = {k["op"] for k in r["kernels"]}
+        if r["profile_steps"] != STEPS - 1 or not 0 < kernel_seconds <= r["profile_seconds"]:
+            problems.append(f"rank {rank}: {r['profile_steps']} steps, kernels {kernel_seconds} s of {r['profile_seconds']} s")
+        if not {"matmul", "attention_forward", "adam_step"} <= ops:
+            problems.append(f"rank {rank}: ops {sorted(ops)}")
+    ok = (code == 0 and sorted(profiles) == [0, 1] and not problems and output.count("kernel time per step") == 1
+          and "outside kernels" in output and per_step(records, 0, "loss") == reference)
+    check("np 2 --profile: rank 0's table, every rank's kernel totals within the steps' time, the same losses",
+          ok, f"exit {code}; {problems}\n{output}")
 
 
 def check_checkpointing(mpirun, program, scratch, check):
