@@ -531,6 +531,39 @@ TEST_CASE("conv2d on a batch large enough to be split into chunks", "[linalg]") 
   }
 }
 
+TEST_CASE("conv2d split over threads: by images when the batch allows, else by GEMM blocks",
+          "[linalg][threads]") {
+  // Small images (many per chunk) and large ones (one per chunk), stride 2 with padding, batches
+  // below and above the 3 threads. Split by images, each image is computed as on one thread: the
+  // forward and input gradient are bit for bit those of 1 thread, and the weight gradient (image
+  // after image) too.
+  const int original = num_threads();
+  std::uint64_t seed = 3100;
+  for (const ConvShapes& s :
+       {ConvShapes{{7, 3, 9, 11}, {4, 3, 3, 3}, 2, 1}, ConvShapes{{2, 3, 9, 11}, {4, 3, 3, 3}, 1, 1},
+        ConvShapes{{5, 32, 40, 40}, {8, 32, 3, 3}, 1, 1}}) {
+    INFO(describe(s));
+    const Tensor x = random_tensor(s.input, ++seed, DType::f32);
+    const Tensor w = random_tensor(s.weight, ++seed, DType::f32);
+    const Tensor b = random_tensor({s.weight[0]}, ++seed, DType::f32);
+    const Tensor g = random_tensor(s.output(), ++seed, DType::f32);
+    const Conv2dParams p{s.stride, s.padding};
+    std::vector<std::array<Tensor, 3>> results;
+    for (const int threads : {1, 3}) {
+      set_num_threads(threads);
+      results.push_back({conv2d(x, w, b, p), conv2d_backward_input(g, w, s.input, p),
+                         conv2d_backward_weight(g, x, s.weight, p)});
+    }
+    set_num_threads(original);
+    check_close(results[1][0], naive_conv(s, values(x), values(w), values(b)));
+    check_close(results[1][1], naive_conv_backward_input(s, values(g), values(w)));
+    check_close(results[1][2], naive_conv_backward_weight(s, values(g), values(x)), Tolerance{1e-4, 1e-5});
+    if (s.input[0] >= 3) {
+      for (std::size_t i = 0; i < 3; ++i) CHECK(values(results[0][i]) == values(results[1][i]));
+    }
+  }
+}
+
 TEST_CASE("conv2d in bf16 and f16 agrees with f32 on the same values", "[linalg]") {
   std::uint64_t seed = 3000;
   for (const DType dtype : {DType::bf16, DType::f16}) {

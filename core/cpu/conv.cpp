@@ -1,5 +1,8 @@
-// core/cpu/conv.cpp: conv2d forward and its input/weight gradients as im2col + GEMM over
-// chunks of images, so each GEMM is large enough for OpenBLAS's threads.
+// core/cpu/conv.cpp: conv2d forward and its input/weight gradients as im2col + GEMM, a few images
+// at a time: the chunk's column buffer stays in L2 between im2col writing it and the GEMMs reading
+// it, and each image's GEMM reads and writes the NCHW tensors in place (an image's [O, pixels] is
+// GEMM layout), so nothing is transposed. Images are split over the pool's threads (each runs its
+// GEMMs single-threaded) when there are enough of them; else each GEMM is split.
 #include <algorithm>
 #include <memory>
 #include <vector>
@@ -19,10 +22,10 @@ struct ConvGeometry {
   std::int64_t patch() const { return channels * kernel_h * kernel_w; }  // rows of cols
   std::int64_t pixels() const { return out_h * out_w; }
 
-  // Images per chunk: keeps the column buffer near 32 MiB.
+  // Images per chunk: a column buffer of about half a (1 MiB) L2, at least one image.
   std::int64_t chunk(std::size_t element_size) const {
     const std::int64_t per_image = patch() * pixels() * static_cast<std::int64_t>(element_size);
-    return std::clamp<std::int64_t>((32 << 20) / std::max<std::int64_t>(per_image, 1), 1, batch);
+    return std::clamp<std::int64_t>((512 << 10) / std::max<std::int64_t>(per_image, 1), 1, batch);
   }
 };
 
@@ -78,7 +81,8 @@ void im2col(const ConvGeometry& g, const T* images, std::int64_t count, T* cols)
   });
 }
 
-// The adjoint of im2col: adds each column entry back onto its input pixel.
+// The adjoint of im2col: adds each column entry back onto its input pixel. Per tap, the valid
+// output columns are a range, as in im2col: no bounds check per pixel.
 template <typename T>
 void col2im(const ConvGeometry& g, const T* cols, std::int64_t count, T* images) {
   const std::int64_t row_length = count * g.pixels();
@@ -89,12 +93,16 @@ void col2im(const ConvGeometry& g, const T* cols, std::int64_t count, T* images)
       for (std::int64_t kh = 0; kh < g.kernel_h; ++kh) {
         for (std::int64_t kw = 0; kw < g.kernel_w; ++kw) {
           const T* src = cols + ((c * g.kernel_h + kh) * g.kernel_w + kw) * row_length + image * g.pixels();
+          const ValidColumns valid = valid_columns(g, kw);
           for (std::int64_t oh = 0; oh < g.out_h; ++oh) {
             const std::int64_t h = oh * g.stride - g.padding + kh;
             if (h < 0 || h >= g.height) continue;
-            for (std::int64_t ow = 0; ow < g.out_w; ++ow) {
-              const std::int64_t w = ow * g.stride - g.padding + kw;
-              if (w >= 0 && w < g.width) plane[h * g.width + w] += src[oh * g.out_w + ow];
+            T* dst = plane + h * g.width - g.padding + kw;
+            const T* row = src + oh * g.out_w;
+            if (g.stride == 1) {
+              for (std::int64_t ow = valid.first; ow < valid.last; ++ow) dst[ow] += row[ow];
+            } else {
+              for (std::int64_t ow = valid.first; ow < valid.last; ++ow) dst[ow * g.stride] += row[ow];
             }
           }
         }
@@ -103,35 +111,17 @@ void col2im(const ConvGeometry& g, const T* cols, std::int64_t count, T* images)
   });
 }
 
-// Between [image, channel, pixel] (tensor layout) and [channel, image * pixels + pixel]
-// (GEMM layout) for `count` images.
+// The column buffer of one chunk of images, [patch, chunk * pixels], uninitialised (every element
+// is written before it is read); per thread, only growing: fresh buffers on every call cost more in
+// page faults than im2col.
 template <typename T>
-void to_gemm_layout(const T* nchw, std::int64_t count, std::int64_t channels, std::int64_t pixels,
-                    T* gemm_layout) {
-  parallel_for(0, channels, 1, [&](std::int64_t first, std::int64_t last) {
-    for (std::int64_t c = first; c < last; ++c) {
-      for (std::int64_t image = 0; image < count; ++image) {
-        std::copy_n(nchw + (image * channels + c) * pixels, pixels,
-                    gemm_layout + (c * count + image) * pixels);
-      }
-    }
-  });
-}
-
-// A [rows, chunk * pixels] GEMM-layout buffer for one chunk of images, uninitialised
-// (every element is written before it is read). The two slots persist per thread and only
-// grow: fresh multi-megabyte buffers on every call cost more in page faults than im2col.
-enum class Slot { columns, gemm_output };
-
-template <typename T>
-T* chunk_buffer(const ConvGeometry& g, std::int64_t rows, Slot slot) {
+T* column_buffer(const ConvGeometry& g) {
   struct Buffer {
     std::unique_ptr<char[]> bytes;
     std::size_t size = 0;
   };
-  thread_local Buffer buffers[2];
-  Buffer& buffer = buffers[static_cast<int>(slot)];
-  const auto needed = static_cast<std::size_t>(rows * g.chunk(sizeof(T)) * g.pixels()) * sizeof(T);
+  thread_local Buffer buffer;
+  const auto needed = static_cast<std::size_t>(g.patch() * g.chunk(sizeof(T)) * g.pixels()) * sizeof(T);
   if (buffer.size < needed) {
     buffer.bytes = std::make_unique_for_overwrite<char[]>(needed);
     buffer.size = needed;
@@ -139,62 +129,74 @@ T* chunk_buffer(const ConvGeometry& g, std::int64_t rows, Slot slot) {
   return reinterpret_cast<T*>(buffer.bytes.get());
 }
 
-// fn(start, count) for consecutive chunks of the batch.
+// fn(start, count) over consecutive chunks of the batch. With at least as many images as threads,
+// the images are split over the pool and the kernels fn runs (im2col, gemm, col2im) run serially
+// inside each thread (nested parallel_for), so each image's result is computed as on one thread;
+// with fewer, chunk after chunk, each kernel split.
 template <typename T, typename Fn>
-void for_each_chunk(const ConvGeometry& g, Fn fn) {
+void over_image_chunks(const ConvGeometry& g, Fn fn) {
   const std::int64_t chunk = g.chunk(sizeof(T));
-  for (std::int64_t start = 0; start < g.batch; start += chunk) fn(start, std::min(chunk, g.batch - start));
+  const auto chunks = [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t start = first; start < last; start += chunk) fn(start, std::min(chunk, last - start));
+  };
+  if (g.batch >= num_threads() && num_threads() > 1) {
+    parallel_for(0, g.batch, 1, chunks);
+  } else {
+    chunks(0, g.batch);
+  }
 }
 
 template <typename T>
 void conv2d_typed(const ConvGeometry& g, const T* input, const T* weight, const T* bias, T* out) {
-  T* cols = chunk_buffer<T>(g, g.patch(), Slot::columns);
-  T* result = chunk_buffer<T>(g, g.out_channels, Slot::gemm_output);
-  for_each_chunk<T>(g, [&](std::int64_t start, std::int64_t count) {
+  over_image_chunks<T>(g, [&](std::int64_t start, std::int64_t count) {
+    T* cols = column_buffer<T>(g);
     const std::int64_t columns = count * g.pixels();
     im2col(g, input + start * g.channels * g.height * g.width, count, cols);
-    // One GEMM for the whole chunk keeps OpenBLAS busy even when one image is a small
-    // problem; its [O, image, pixel] result is then laid out as [image, O, pixel].
-    gemm<T>(false, false, g.out_channels, columns, g.patch(), T(1), weight, g.patch(), cols, columns, T(0),
-            result, columns);
-    parallel_for(0, count * g.out_channels, 16, [&](std::int64_t first, std::int64_t last) {
-      for (std::int64_t task = first; task < last; ++task) {
-        const std::int64_t image = task / g.out_channels, o = task % g.out_channels;
-        const T* src = result + o * columns + image * g.pixels();
-        T* dst = out + ((start + image) * g.out_channels + o) * g.pixels();
-        const T shift = bias ? bias[o] : T(0);
-        for (std::int64_t p = 0; p < g.pixels(); ++p) dst[p] = src[p] + shift;
+    for (std::int64_t image = 0; image < count; ++image) {
+      // out[image] [O, pixels] = W [O, patch] x the image's columns [patch, pixels] (of a wider buffer).
+      T* result = out + (start + image) * g.out_channels * g.pixels();
+      gemm<T>(false, false, g.out_channels, g.pixels(), g.patch(), T(1), weight, g.patch(),
+              cols + image * g.pixels(), columns, T(0), result, g.pixels());
+      if (bias == nullptr) continue;
+      for (std::int64_t o = 0; o < g.out_channels; ++o) {
+        T* row = result + o * g.pixels();
+        for (std::int64_t p = 0; p < g.pixels(); ++p) row[p] += bias[o];
       }
-    });
+    }
   });
 }
 
 template <typename T>
 void conv2d_backward_input_typed(const ConvGeometry& g, const T* grad_out, const T* weight, T* grad_in) {
-  T* cols = chunk_buffer<T>(g, g.patch(), Slot::columns);
-  T* grad = chunk_buffer<T>(g, g.out_channels, Slot::gemm_output);
-  for_each_chunk<T>(g, [&](std::int64_t start, std::int64_t count) {
+  over_image_chunks<T>(g, [&](std::int64_t start, std::int64_t count) {
+    T* cols = column_buffer<T>(g);
     const std::int64_t columns = count * g.pixels();
-    to_gemm_layout(grad_out + start * g.out_channels * g.pixels(), count, g.out_channels, g.pixels(), grad);
-    // cols = W^T [patch, O] x grad [O, columns]
-    gemm<T>(true, false, g.patch(), columns, g.out_channels, T(1), weight, g.patch(), grad, columns, T(0), cols,
-            columns);
+    for (std::int64_t image = 0; image < count; ++image) {
+      // The image's columns [patch, pixels] = W^T [patch, O] x grad_out[image] [O, pixels].
+      gemm<T>(true, false, g.patch(), g.pixels(), g.out_channels, T(1), weight, g.patch(),
+              grad_out + (start + image) * g.out_channels * g.pixels(), g.pixels(), T(0),
+              cols + image * g.pixels(), columns);
+    }
     col2im(g, cols, count, grad_in + start * g.channels * g.height * g.width);
   });
 }
 
 template <typename T>
 void conv2d_backward_weight_typed(const ConvGeometry& g, const T* grad_out, const T* input, T* grad_weight) {
-  T* cols = chunk_buffer<T>(g, g.patch(), Slot::columns);
-  T* grad = chunk_buffer<T>(g, g.out_channels, Slot::gemm_output);
-  for_each_chunk<T>(g, [&](std::int64_t start, std::int64_t count) {
-    const std::int64_t columns = count * g.pixels();
-    to_gemm_layout(grad_out + start * g.out_channels * g.pixels(), count, g.out_channels, g.pixels(), grad);
+  // Image after image into the one gradient (each GEMM split over the pool): the sum's order is
+  // the images', whatever the thread count.
+  T* cols = column_buffer<T>(g);
+  const std::int64_t chunk = g.chunk(sizeof(T));
+  for (std::int64_t start = 0; start < g.batch; start += chunk) {
+    const std::int64_t count = std::min(chunk, g.batch - start), columns = count * g.pixels();
     im2col(g, input + start * g.channels * g.height * g.width, count, cols);
-    // grad_weight [O, patch] += grad [O, columns] x cols^T [columns, patch]
-    gemm<T>(false, true, g.out_channels, g.patch(), columns, T(1), grad, columns, cols, columns, T(1), grad_weight,
-            g.patch());
-  });
+    for (std::int64_t image = 0; image < count; ++image) {
+      // grad_weight [O, patch] += grad_out[image] [O, pixels] x the image's columns^T [pixels, patch]
+      gemm<T>(false, true, g.out_channels, g.patch(), g.pixels(), T(1),
+              grad_out + (start + image) * g.out_channels * g.pixels(), g.pixels(), cols + image * g.pixels(),
+              columns, T(1), grad_weight, g.patch());
+    }
+  }
 }
 
 template <typename T>

@@ -238,6 +238,9 @@ TEST_CASE("rotary embedding: gradients (f64) and a closed form", "[models][llama
   CHECK_THROWS_ERROR(rotary_embedding(constant(zeros({2, 5})), zeros({2, 5}), zeros({2, 5})), "must be even");
   CHECK_THROWS_ERROR(rotary_embedding(constant(zeros({3, 4})), zeros({2, 4}), zeros({3, 4})),
                      "cos must be [3, 4] for x [3, 4], got [2, 4]");
+  CHECK_THROWS_ERROR(
+      rotary_embedding(constant(zeros({3, 4})), zeros({3, 4}, dtype(DType::f64)), zeros({3, 4})),
+      "rotary_embedding: cos is f64 but x is f32");
 }
 
 TEST_CASE("SwiGLU MLP and a whole decoder layer (GQA, padding) have the gradients of finite differences",
@@ -395,6 +398,22 @@ TEST_CASE(
   CHECK_THROWS_ERROR(models::load_pretrained_weights(dir.path(), shapes),
                      "holds neither model.safetensors nor model.safetensors.index.json");
   CHECK_THROWS_ERROR(models::load_pretrained_config(dir.path()), "has no config.json");
+  // An index without a weight_map object, one naming a non-file, and a non-floating tensor.
+  const std::string bad_index = dir.path() + "/bad_index";
+  std::filesystem::create_directories(bad_index);
+  std::ofstream(bad_index + "/model.safetensors.index.json") << R"({"metadata": {}})";
+  CHECK_THROWS_ERROR(models::load_pretrained_weights(bad_index, shapes), "no weight_map object");
+  std::ofstream(bad_index + "/model.safetensors.index.json") << R"({"weight_map": {"lm_head.weight": 3}})";
+  CHECK_THROWS_ERROR(models::load_pretrained_weights(bad_index, shapes),
+                     "weight_map entry 'lm_head.weight' is not a file name");
+  const std::string integer_weights = dir.path() + "/integer_weights";
+  std::filesystem::create_directories(integer_weights);
+  nn::StateDict integers;
+  for (const auto& [name, shape] : parameter_shapes(*loaded))
+    integers.emplace_back(name, zeros(shape, dtype(DType::i32)));
+  nn::save_safetensors(integer_weights + "/model.safetensors", integers);
+  CHECK_THROWS_ERROR(models::load_pretrained_weights(integer_weights, parameter_shapes(*loaded)),
+                     "is i32, expected a floating dtype");
   std::ofstream(path + "/config.json") << "{\"vocab_size\": ";
   CHECK_THROWS_ERROR(models::load_pretrained_config(path), "config.json' is not valid JSON");
 }
@@ -410,6 +429,7 @@ TEST_CASE("pick_token: argmax at temperature 0 and with top_k 1; draws split by 
   CHECK(models::pick_token(logits, 1.0, 2, 0.9999) == 0);
   CHECK_THROWS_ERROR(models::pick_token(logits, -1.0, 0, 0.5), "temperature must be >= 0, got -1");
   CHECK_THROWS_ERROR(models::pick_token({}, 1.0, 0, 0.5), "pick_token: no logits");
+  CHECK_THROWS_ERROR(models::pick_token(logits, 1.0, -1, 0.5), "pick_token: top_k must be >= 0, got -1");
 }
 
 TEST_CASE("greedy generation with the cache equals the argmax of full forwards; sampling is reproducible",
@@ -432,4 +452,6 @@ TEST_CASE("greedy generation with the cache equals the argmax of full forwards; 
   CHECK(models::generate(*model, {256}, sampled) == models::generate(*model, {256}, sampled));
   CHECK(model->is_training());  // restored
   CHECK_THROWS_ERROR(models::generate(*model, {}, sampled), "generate: the prompt is empty");
+  CHECK_THROWS_ERROR(models::generate(*model, std::vector<std::int64_t>(512, 70), sampled),
+                     "generate: the prompt has 512 tokens, the model at most 512 positions");
 }
