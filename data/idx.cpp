@@ -4,6 +4,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstdint>
@@ -42,11 +43,13 @@ std::vector<std::uint8_t> read_stream(const std::string& path) {
   }
   gzbuffer(file.get(), 1 << 17);  // MNIST's largest file is 47 MB: fewer, larger reads
   std::vector<std::uint8_t> bytes;
-  constexpr std::size_t kChunk = std::size_t{1} << 20;
   for (;;) {
+    // Reads that double what was read (64 KiB first, at most 1 GiB, gzread's count being an
+    // unsigned int): a 16-byte header costs no megabyte, a 47 MB file ten reads.
     const std::size_t used = bytes.size();
-    bytes.resize(used + kChunk);
-    const int got = gzread(file.get(), bytes.data() + used, static_cast<unsigned>(kChunk));
+    const std::size_t chunk = std::clamp<std::size_t>(used, std::size_t{1} << 16, std::size_t{1} << 30);
+    bytes.resize(used + chunk);
+    const int got = gzread(file.get(), bytes.data() + used, static_cast<unsigned>(chunk));
     if (got < 0)
       fail("read_idx: '{}' is not a readable gzip or IDX file: {}", path, zlib_error(file.get(), path));
     bytes.resize(used + static_cast<std::size_t>(got));
