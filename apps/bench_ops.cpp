@@ -98,20 +98,43 @@ Row gemm_row(std::int64_t m, std::int64_t n, std::int64_t k) {
           k};
 }
 
-Row conv_row(const std::string& label, Shape input, Shape weight, Conv2dParams p) {
+// Which of conv2d's three GEMMs a row times.
+enum class ConvPass { forward, backward_input, backward_weight };
+
+Row conv_row(const std::string& label, Shape input, Shape weight, Conv2dParams p,
+             ConvPass pass = ConvPass::forward) {
   const std::int64_t oh = (input[2] + 2 * p.padding - weight[2]) / p.stride + 1;
   const std::int64_t ow = (input[3] + 2 * p.padding - weight[3]) / p.stride + 1;
   const std::int64_t patch = weight[1] * weight[2] * weight[3], columns = input[0] * oh * ow;
-  return {fmt::format("conv2d {} {} * {}", label, shape_str(input), shape_str(weight)),
+  const Shape output{input[0], weight[0], oh, ow};
+  const char* suffix = pass == ConvPass::forward          ? ""
+                       : pass == ConvPass::backward_input ? " grad input"
+                                                          : " grad weight";
+  // The GEMM each pass amounts to: O x columns x patch, patch x columns x O, O x patch x columns.
+  const std::int64_t m = pass == ConvPass::backward_input ? patch : weight[0];
+  const std::int64_t n = pass == ConvPass::backward_weight ? patch : columns;
+  const std::int64_t k = pass == ConvPass::forward          ? patch
+                         : pass == ConvPass::backward_input ? weight[0]
+                                                            : columns;
+  return {fmt::format("conv2d {} {} * {}{}", label, shape_str(input), shape_str(weight), suffix),
           2.0 * weight[0] * patch * columns,
           [=](Device d) -> std::function<void()> {
             const Tensor x = uniform(input, {9, 1}, -1, 1, device(d));
             const Tensor w = uniform(weight, {9, 2}, -1, 1, device(d));
-            return [x, w, p] { (void)conv2d(x, w, {}, p); };
+            const Tensor g = uniform(output, {9, 3}, -1, 1, device(d));
+            switch (pass) {
+              case ConvPass::forward:
+                return [x, w, p] { (void)conv2d(x, w, {}, p); };
+              case ConvPass::backward_input:
+                return [g, w, input, p] { (void)conv2d_backward_input(g, w, input, p); };
+              case ConvPass::backward_weight:
+                break;
+            }
+            return [g, x, weight, p] { (void)conv2d_backward_weight(g, x, weight, p); };
           },
-          weight[0],
-          columns,
-          patch};
+          m,
+          n,
+          k};
 }
 
 using AttentionPath = Variable (*)(const Variable&, const Variable&, const Variable&,
@@ -180,6 +203,10 @@ int main(int argc, char** argv) {
         gemm_row(64, 128, 9216),
         conv_row("mnist conv1", {64, 1, 28, 28}, {32, 1, 3, 3}, {}),
         conv_row("mnist conv2", {64, 32, 26, 26}, {64, 32, 3, 3}, {}),
+        // A rank's share of the CNN's global batch of 64 at 2 ranks, all three passes.
+        conv_row("mnist conv2", {32, 32, 26, 26}, {64, 32, 3, 3}, {}),
+        conv_row("mnist conv2", {32, 32, 26, 26}, {64, 32, 3, 3}, {}, ConvPass::backward_input),
+        conv_row("mnist conv2", {32, 32, 26, 26}, {64, 32, 3, 3}, {}, ConvPass::backward_weight),
         conv_row("resnet 3x3", {8, 64, 56, 56}, {64, 64, 3, 3}, {1, 1}),
         conv_row("stride 2", {8, 64, 56, 56}, {128, 64, 3, 3}, {2, 1}),
     };
