@@ -9,11 +9,12 @@ import subprocess
 LIMIT_S = 300
 
 
-def run_job(mpirun, program, ranks, args):
-    """(exit status or None when killed, output) of `program args` on `ranks` ranks."""
+def run_job(mpirun, program, ranks, args, mpirun_args=()):
+    """(exit status or None when killed, output) of `program args` on `ranks` ranks; mpirun_args
+    go to mpirun (a hostfile, MCA parameters)."""
     # A collective that hangs fails the job in 2 minutes instead of the default 10.
     env = dict(os.environ, SHARDLAB_COLLECTIVE_TIMEOUT="120")
-    command = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(ranks), program] + args
+    command = [mpirun, "--allow-run-as-root", "--oversubscribe", *mpirun_args, "-np", str(ranks), program] + args
     return run_command(command, env)
 
 
