@@ -1,6 +1,7 @@
 // examples/custom_model/custom_model.cpp: a model of your own against the installed shardlab: a
 // residual MLP defined with nn::Module, sharded with one call, trained with AdamW on synthetic data
-// under mpirun. At any number of ranks it prints the losses one process prints (FSDP's promise).
+// under mpirun. At any number of ranks that divides the global batch it prints the losses one process
+// prints, up to float rounding (FSDP's promise).
 //
 //   mpirun -np 2 ./custom_model --steps 30
 #include <cstdint>
