@@ -1,5 +1,5 @@
-// dist/fsdp_unit.h: FSDP's internals, shared by dist/fsdp*.cpp and by no one else: a unit's
-// communicators and parameter slots, the Unit with its hooks, the state of one root's units,
+// dist/fsdp_unit.h: internal to dist/: FSDP's internals, shared by dist/fsdp*.cpp and by no one else:
+// a unit's communicators and parameter slots, the Unit with its hooks, the state of one root's units,
 // and the registry of live units.
 #pragma once
 

@@ -1,5 +1,5 @@
-// core/cpu/gemm.h: one typed entry to OpenBLAS GEMM (row-major) for matmul and conv2d, split
-// across shardlab's thread pool.
+// core/cpu/gemm.h: internal to core/cpu: one typed entry to OpenBLAS GEMM (row-major) for matmul
+// and conv2d, split across shardlab's thread pool.
 //
 // OpenBLAS runs single-threaded (core/parallel.cpp): its own worker threads spin-wait after
 // every call (sched_yield for ~2^28 cycles), which steals the cores from the pool threads

@@ -1,4 +1,5 @@
-// core/cpu/kernels.h: the CPU reference kernels that fill the CPU entries of core/kernels.h.
+// core/cpu/kernels.h: internal to core/cpu: the CPU reference kernels that fill the CPU entries of
+// core/kernels.h.
 #pragma once
 
 #include "core/kernels.h"

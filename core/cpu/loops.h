@@ -1,4 +1,5 @@
-// core/cpu/loops.h: strided loops shared by the CPU kernels: rows of N operands in parallel.
+// core/cpu/loops.h: internal to core/cpu: strided loops shared by the CPU kernels: rows of N operands
+// in parallel.
 #pragma once
 
 #include <array>

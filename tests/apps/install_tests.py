@@ -3,9 +3,10 @@
 would: `meson install` of this build into a scratch directory (DESTDIR), then examples/custom_model
 copied out of the tree and built against the installed files, and checks that:
 
-- the install holds the public headers under include/shardlab/ (none marked "internal to", no test or
-  app headers, every header they include installed too), real (not thin) static archives, the
-  user-facing programs, shardlab.pc and the CMake package;
+- the install holds the public headers under include/shardlab/ (every library header whose first
+  line does not say "internal to" and no other, no test or app headers, every header they include
+  installed too), real (not thin) static archives, the user-facing programs (no bench_*), shardlab.pc
+  and the CMake package;
 - the example builds with Meson through pkg-config (dependency('shardlab')), trains under mpirun at
   np 1 and np 2 with every step's loss within 1e-5 of the other run's, and its loss falls to under
   half its first value;
@@ -32,6 +33,7 @@ EXAMPLE_FILES = ["meson.build", "CMakeLists.txt", "custom_model.cpp"]
 # Every build has these; dist's archive and the MPI programs are checked only where MPI is built
 # (this test is, tests/meson.build registers it with MPI only).
 ARCHIVES = ["models", "dist", "optim", "nn", "autograd", "data", "core"]
+LAYERS = ["core", "autograd", "nn", "optim", "data", "dist", "models"]
 PROGRAMS = ["train_cnn", "train_llama", "generate", "checkpoint"]
 STEP_LINE = re.compile(r"^step (\d+) loss (\S+)$", re.MULTILINE)
 
@@ -51,10 +53,26 @@ def find_one(root, name):
     return found[0] if len(found) == 1 else None
 
 
-def check_layout(check, prefix):
+def public_headers(source_dir):
+    """The library headers of the source tree whose first line does not say "internal to"."""
+    public = set()
+    for layer in LAYERS:
+        for d, _, files in os.walk(os.path.join(source_dir, layer)):
+            for name in files:
+                if name.endswith((".h", ".cuh")):
+                    with open(os.path.join(d, name), encoding="utf-8") as f:
+                        if "internal to" not in f.readline():
+                            public.add(os.path.relpath(os.path.join(d, name), source_dir))
+    return public
+
+
+def check_layout(check, prefix, source_dir):
     include = os.path.join(prefix, "include", "shardlab")
     headers = sorted(os.path.relpath(os.path.join(d, f), include)
                      for d, _, files in os.walk(include) for f in files)
+    forgotten = sorted(public_headers(source_dir) - set(headers))
+    check("every public header is installed (a new one goes in its layer's install_headers)", not forgotten,
+          "\n".join(forgotten))
     check("headers installed under include/shardlab/ as the tree names them",
           {"core/tensor.h", "nn/module.h", "dist/fsdp.h", "optim/optimizer.h", "models/llama.h",
            "data/loader.h", "autograd/variable.h"} <= set(headers), "\n".join(headers))
@@ -121,7 +139,7 @@ def main(mpirun, meson, build_dir, source_dir):
         options = {o["name"]: o["value"] for o in json.loads(
             run_command([meson, "introspect", build_dir, "--buildoptions"])[1])}
         prefix = stage + options["prefix"]
-        pc_file, cmake_config = check_layout(check, prefix)
+        pc_file, cmake_config = check_layout(check, prefix, source_dir)
 
         example = os.path.join(scratch, "custom_model")
         os.makedirs(example)
