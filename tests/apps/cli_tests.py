@@ -128,8 +128,8 @@ def app_cases(scratch):
 
 # Options whose every value is valid (free text), or that have no value, per app.
 FREE = {
-    "train_cnn": {"--help", "--explain", "--detect-anomaly", "--resume"},
-    "train_llama": {"--help", "--explain", "--detect-anomaly", "--resume", "--separator", "--no-decay-norms",
+    "train_cnn": {"--help", "--explain", "--detect-anomaly", "--resume", "--profile"},
+    "train_llama": {"--help", "--explain", "--detect-anomaly", "--resume", "--profile", "--separator", "--no-decay-norms",
                     "--activation-checkpointing", "--cpu-offload"},
     "generate": {"--help", "--prompt"},
     "checkpoint": {"--help"},

@@ -53,8 +53,11 @@ def main(mpirun, program):
               f"exit {shm_code}, {tcp_code}\nshared memory {shm}\ntcp {tcp}\n{output}")
 
         code, output = run_job(mpirun, program, 2, ARGS, nodes + ["--mca", "pml", "ob1", "--mca", "btl", "self"])
+        # Open MPI 4.1's mpirun sometimes crashes (SIGSEGV in show_help) while relaying that message:
+        # then the job still failed before any step, which is what shows the self transport cannot.
+        explained = "unable to reach each other" in output or "show_help" in output
         check("np 2 with the self transport alone fails, the ranks unable to reach each other (so tcp carried them)",
-              code not in (0, None) and "unable to reach each other" in output, f"exit {code}\n{output}")
+              code not in (0, None) and explained and "median step" not in output, f"exit {code}\n{output}")
     return check.summary("multinode", 0)
 
 
