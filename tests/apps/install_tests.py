@@ -8,7 +8,7 @@ copied out of the tree and built against the installed files, and checks that:
   installed too), real (not thin) static archives, the user-facing programs (no bench_*), shardlab.pc
   and the CMake package;
 - the example builds with Meson through pkg-config (dependency('shardlab')), trains under mpirun at
-  np 1 and np 2 with every step's loss within 1e-5 of the other run's, and its loss falls to under
+  np 1, 2 and 3 (an uneven split of its batch) with every step's loss within 1e-5 of np 1's, and its loss falls to under
   half its first value;
 - where cmake is installed, the example builds with CMake through shardlabConfig.cmake
   (find_package(shardlab), shardlab::shardlab) and prints the losses of the Meson-built one;
@@ -107,9 +107,10 @@ def check_layout(check, prefix, source_dir):
 
 
 def check_runs(check, mpirun, program, name, reference):
-    """The losses of `program` at np 1 and np 2; checked against each other, and against reference."""
+    """The losses of `program` at np 1 and np 2 (and 3, an uneven split of its batch of 64, without a
+    reference); checked against each other, and against reference."""
     runs = {}
-    for ranks in (1, 2):
+    for ranks in (1, 2) if reference is not None else (1, 2, 3):
         code, output = run_job(mpirun, program, ranks, ["--steps", str(STEPS)])
         runs[ranks] = losses(output)
         if code != 0 or len(runs[ranks]) != STEPS:
@@ -119,6 +120,8 @@ def check_runs(check, mpirun, program, name, reference):
     if reference is None:
         check(f"{name}: np 2 gives np 1's losses within {RTOL} (first {one[0]:.8f} / {two[0]:.8f}, "
               f"last {one[-1]:.8f} / {two[-1]:.8f})", close(two, one), f"np 1 {one}\nnp 2 {two}")
+        check(f"{name}: np 3 (rows 22/21/21) gives np 1's losses within {RTOL}", close(runs[3], one),
+              f"np 1 {one}\nnp 3 {runs[3]}")
         check(f"{name}: the loss falls to under half ({one[0]:.4f} -> {one[-1]:.4f})", one[-1] < 0.5 * one[0])
     else:
         check(f"{name}: np 1 and np 2 give the Meson-built example's losses within {RTOL}",
