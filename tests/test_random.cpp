@@ -110,6 +110,26 @@ TEST_CASE("random factories reject bad arguments", "[random]") {
                      "fill_random: output must be contiguous");
 }
 
+TEST_CASE("f32 Bernoulli draws, 16 Philox blocks at a time, are the per-element definition", "[random]") {
+  // Starts off a block boundary, lengths around whole groups of 64 values, probabilities whose
+  // thresholds are exact (0.5 * 2^24), tiny, and the ends.
+  const RandomKey key{0xfeedull, 0x1234567890ull};
+  for (const double p : {0.0, 1e-7, 0.3, 0.5, 0.75, 1.0}) {
+    for (const std::int64_t first : {0, 1, 3, 4}) {
+      for (const std::int64_t n : {1, 5, 63, 64, 65, 1000, 5003}) {
+        INFO("p " << p << " first " << first << " n " << n);
+        const std::vector<float> drawn = bernoulli({n}, key, p, {}, first).to_vector<float>();
+        std::int64_t wrong = 0;
+        for (std::int64_t i = 0; i < n; ++i) {
+          const bool kept = philox::bernoulli(key.seed, key.stream, static_cast<std::uint64_t>(first + i), p);
+          wrong += drawn[static_cast<std::size_t>(i)] != (kept ? 1.0f : 0.0f);
+        }
+        CHECK(wrong == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("every dtype's draws follow the definition, element by element", "[random]") {
   // f64 Bernoulli and uniform masks take their own paths in the CPU kernel; each must equal
   // the per-element definition in core/philox.h.
