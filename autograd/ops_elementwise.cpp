@@ -73,7 +73,7 @@ Variable sigmoid(const Variable& x) {
 
 Variable relu(const Variable& x) {
   const Tensor y = relu(x.data());
-  return unary("relu", x, y, [y](const Tensor& g) { return where(gt(y, 0), g, 0); });
+  return unary("relu", x, y, [y](const Tensor& g) { return relu_backward(g, y); });
 }
 
 Variable silu(const Variable& x) {

@@ -53,6 +53,8 @@ const char* op_name(BinaryOp op) {
       return "maximum";
     case BinaryOp::minimum:
       return "minimum";
+    case BinaryOp::relu_backward:
+      return "relu_backward";
     case BinaryOp::eq:
       return "eq";
     case BinaryOp::ne:

@@ -20,7 +20,23 @@ enum class UnaryOp : unsigned char {
   erf,
   isfinite
 };
-enum class BinaryOp : unsigned char { add, sub, mul, div, pow, maximum, minimum, eq, ne, lt, le, gt, ge };
+// relu_backward(g, y) = y > 0 ? g : 0, ReLU's gradient from its output in one pass.
+enum class BinaryOp : unsigned char {
+  add,
+  sub,
+  mul,
+  div,
+  pow,
+  maximum,
+  minimum,
+  relu_backward,
+  eq,
+  ne,
+  lt,
+  le,
+  gt,
+  ge
+};
 enum class ReduceOp : unsigned char { sum, mean, sum_squares, max, min, argmax };
 enum class Distribution : unsigned char { uniform, normal, bernoulli };
 

@@ -207,6 +207,9 @@ Tensor div(const Tensor& a, const Tensor& b) { return binary(BinaryOp::div, a, b
 Tensor pow(const Tensor& a, const Tensor& b) { return binary(BinaryOp::pow, a, b); }
 Tensor maximum(const Tensor& a, const Tensor& b) { return binary(BinaryOp::maximum, a, b); }
 Tensor minimum(const Tensor& a, const Tensor& b) { return binary(BinaryOp::minimum, a, b); }
+Tensor relu_backward(const Tensor& grad, const Tensor& output) {
+  return binary(BinaryOp::relu_backward, grad, output);
+}
 Tensor eq(const Tensor& a, const Tensor& b) { return binary(BinaryOp::eq, a, b); }
 Tensor ne(const Tensor& a, const Tensor& b) { return binary(BinaryOp::ne, a, b); }
 Tensor lt(const Tensor& a, const Tensor& b) { return binary(BinaryOp::lt, a, b); }

@@ -47,6 +47,8 @@ Tensor div(const Tensor& a, const Tensor& b);
 Tensor pow(const Tensor& a, const Tensor& b);
 Tensor maximum(const Tensor& a, const Tensor& b);  // NaN propagates
 Tensor minimum(const Tensor& a, const Tensor& b);
+// ReLU's input gradient from its output: output > 0 ? grad : 0 (NaN outputs pass nothing), one pass.
+Tensor relu_backward(const Tensor& grad, const Tensor& output);
 Tensor add(const Tensor& a, Scalar b);
 Tensor sub(const Tensor& a, Scalar b);
 Tensor mul(const Tensor& a, Scalar b);

@@ -190,10 +190,11 @@ TEST_CASE("cuda matches cpu: neg, abs and relu on integers", "[cuda]") {
 
 // --- binary ------------------------------------------------------------------------------------
 
-constexpr BinaryOp kBinaryOps[] = {BinaryOp::add, BinaryOp::sub,     BinaryOp::mul,     BinaryOp::div,
-                                   BinaryOp::pow, BinaryOp::maximum, BinaryOp::minimum, BinaryOp::eq,
-                                   BinaryOp::ne,  BinaryOp::lt,      BinaryOp::le,      BinaryOp::gt,
-                                   BinaryOp::ge};
+constexpr BinaryOp kBinaryOps[] = {
+    BinaryOp::add, BinaryOp::sub,     BinaryOp::mul,     BinaryOp::div,
+    BinaryOp::pow, BinaryOp::maximum, BinaryOp::minimum, BinaryOp::relu_backward,
+    BinaryOp::eq,  BinaryOp::ne,      BinaryOp::lt,      BinaryOp::le,
+    BinaryOp::gt,  BinaryOp::ge};
 
 Tensor apply_binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   switch (op) {
@@ -211,6 +212,8 @@ Tensor apply_binary(BinaryOp op, const Tensor& a, const Tensor& b) {
       return maximum(a, b);
     case BinaryOp::minimum:
       return minimum(a, b);
+    case BinaryOp::relu_backward:
+      return relu_backward(a, b);
     case BinaryOp::eq:
       return eq(a, b);
     case BinaryOp::ne:

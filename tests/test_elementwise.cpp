@@ -553,6 +553,24 @@ TEST_CASE("maximum and minimum propagate NaN from either side", "[elementwise]")
   check_equal(minimum(p, q), {1, 0, 0, 0});
 }
 
+TEST_CASE("relu_backward passes the gradient where the output is positive, as where(gt(y, 0), g, 0)",
+          "[elementwise]") {
+  for (const DType dtype : kFloatDTypes) {
+    INFO(dtype_name(dtype));
+    const Tensor g = from_vector<double>({1.5, -2.0, 3.0, 4.0, kNaN, 6.0, 7.0}).to(dtype);
+    const Tensor y = from_vector<double>({2.0, 0.5, 0.0, -0.0, 1.0, kNaN, kInf}).to(dtype);
+    check_equal(relu_backward(g, y), {1.5, -2.0, 0.0, 0.0, kNaN, 0.0, 7.0});
+    // Broadcast and strided operands, against the composition it replaces.
+    const Tensor gs = test::random_tensor({6, 5}, 3, dtype).transpose(0, 1);
+    const Tensor ys = test::random_tensor({5, 1}, 4, dtype);
+    check_equal(relu_backward(gs, ys), values(where(gt(ys, 0), gs, 0)));
+  }
+  const Tensor gi = from_vector<std::int32_t>({5, -6, 7});
+  check_equal(relu_backward(gi, from_vector<std::int32_t>({1, 2, 0})), {5, -6, 0});
+  CHECK_THROWS_ERROR(relu_backward(from_vector<bool>({true}), from_vector<bool>({true})),
+                     "relu_backward: not defined for bool tensors");
+}
+
 TEST_CASE("comparisons give bool and treat NaN as unordered", "[elementwise]") {
   std::uint64_t seed = 600;
   struct CompareCase {

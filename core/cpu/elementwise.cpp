@@ -183,6 +183,8 @@ void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& o
       return map2<T, T>(out, a, b, [](C x, C y) { return either_nan(x, y) ? nan : (x < y ? y : x); });
     case BinaryOp::minimum:
       return map2<T, T>(out, a, b, [](C x, C y) { return either_nan(x, y) ? nan : (y < x ? y : x); });
+    case BinaryOp::relu_backward:
+      return map2<T, T>(out, a, b, [](C g, C y) { return y > C(0) ? g : C(0); });
     case BinaryOp::eq:
       return map2<bool, T>(out, a, b, [](C x, C y) { return x == y; });
     case BinaryOp::ne:

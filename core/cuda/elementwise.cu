@@ -289,6 +289,8 @@ __device__ C arithmetic(BinaryOp op, C a, C b) {
       return either_nan(a, b) ? quiet_nan<C>() : a < b ? b : a;
     case BinaryOp::minimum:
       return either_nan(a, b) ? quiet_nan<C>() : b < a ? b : a;
+    case BinaryOp::relu_backward:
+      return b > C(0) ? a : C(0);
     default:
       break;  // comparisons run in compare_kernel
   }
