@@ -36,6 +36,8 @@ def train(rank, args):
     x = ((torch.from_numpy(images.astype(np.float32)) / 255.0 - 0.1307) / 0.3081).unsqueeze(1)
     y = torch.from_numpy(labels.astype(np.int64))
     net = Net()
+    if args.no_dropout:
+        net.dropout1.p = net.dropout2.p = 0.0
     model = torch.nn.parallel.DistributedDataParallel(net)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     per_rank = args.global_batch // args.ranks
@@ -62,6 +64,7 @@ def main():
     parser.add_argument("--global-batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--no-dropout", action="store_true", help="the net without its dropout layers")
     args = parser.parse_args()
     mp.spawn(train, args=(args,), nprocs=args.ranks)
 
