@@ -12,46 +12,16 @@ namespace shardlab::cpu {
 
 namespace {
 
-// f32 Bernoulli draws of `blocks` whole Philox blocks from `first_block` on (4 values each):
-// philox::generate's rounds on 16 blocks at once, as lanes the compiler vectorises, built for AVX-512,
-// AVX2 and the baseline and picked at load. A value is 1 when its word's top 24 bits are below
-// `threshold`, which is philox::bernoulli's (word >> 8) * 2^-24 < p in integers.
+// f32 Bernoulli draws of `blocks` whole Philox blocks from `first_block` on (4 values each), in a
+// loop built for AVX-512, AVX2 and the baseline and picked at load. A value is 1 when its word's top
+// 24 bits are below `threshold`, which is philox::bernoulli's (word >> 8) * 2^-24 < p in integers.
 [[gnu::target_clones("avx512f", "avx2", "default")]] void bernoulli_blocks(
     std::uint64_t seed, std::uint64_t stream, std::uint64_t first_block, std::int64_t blocks,
     std::uint32_t threshold, float* out) {
-  constexpr std::int64_t kLanes = 16;
-  for (std::int64_t group = 0; group < blocks; group += kLanes) {
-    std::uint32_t c0[kLanes], c1[kLanes], c2[kLanes], c3[kLanes];
-    for (std::int64_t lane = 0; lane < kLanes; ++lane) {
-      const std::uint64_t block = first_block + static_cast<std::uint64_t>(group + lane);
-      c0[lane] = static_cast<std::uint32_t>(block);
-      c1[lane] = static_cast<std::uint32_t>(block >> 32);
-      c2[lane] = static_cast<std::uint32_t>(stream);
-      c3[lane] = static_cast<std::uint32_t>(stream >> 32);
-    }
-    std::uint32_t k0 = static_cast<std::uint32_t>(seed), k1 = static_cast<std::uint32_t>(seed >> 32);
-    for (int round = 0; round < 10; ++round) {
-      for (std::int64_t lane = 0; lane < kLanes; ++lane) {
-        const std::uint64_t product0 = std::uint64_t{0xD2511F53u} * c0[lane];
-        const std::uint64_t product1 = std::uint64_t{0xCD9E8D57u} * c2[lane];
-        const std::uint32_t n0 = static_cast<std::uint32_t>(product1 >> 32) ^ c1[lane] ^ k0;
-        const std::uint32_t n2 = static_cast<std::uint32_t>(product0 >> 32) ^ c3[lane] ^ k1;
-        c1[lane] = static_cast<std::uint32_t>(product1);
-        c3[lane] = static_cast<std::uint32_t>(product0);
-        c0[lane] = n0;
-        c2[lane] = n2;
-      }
-      k0 += 0x9E3779B9u;
-      k1 += 0xBB67AE85u;
-    }
-    const std::int64_t lanes = std::min(kLanes, blocks - group);
-    for (std::int64_t lane = 0; lane < lanes; ++lane) {
-      float* values = out + 4 * (group + lane);
-      values[0] = (c0[lane] >> 8) < threshold ? 1.0f : 0.0f;
-      values[1] = (c1[lane] >> 8) < threshold ? 1.0f : 0.0f;
-      values[2] = (c2[lane] >> 8) < threshold ? 1.0f : 0.0f;
-      values[3] = (c3[lane] >> 8) < threshold ? 1.0f : 0.0f;
-    }
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const philox::Block block = philox::generate(seed, stream, first_block + static_cast<std::uint64_t>(b));
+    for (int word = 0; word < 4; ++word)
+      out[4 * b + word] = (block.word[word] >> 8) < threshold ? 1.0f : 0.0f;
   }
 }
 
@@ -80,14 +50,12 @@ void random(const RandomSpec& spec, const Tensor& out) {
           const std::int64_t blocks = (last - first - head) / 4;
           bernoulli_blocks(seed, stream, (start + static_cast<std::uint64_t>(head)) / 4, blocks,
                            bernoulli_threshold(spec.a), data + first + head);
-          for (std::int64_t i = first; i < first + head; ++i)
-            data[i] = philox::bernoulli(seed, stream, first_index + static_cast<std::uint64_t>(i), spec.a)
-                          ? 1.0f
-                          : 0.0f;
-          for (std::int64_t i = first + head + 4 * blocks; i < last; ++i)
-            data[i] = philox::bernoulli(seed, stream, first_index + static_cast<std::uint64_t>(i), spec.a)
-                          ? 1.0f
-                          : 0.0f;
+          const auto draw = [&](std::int64_t i) {
+            const std::uint64_t index = first_index + static_cast<std::uint64_t>(i);
+            data[i] = philox::bernoulli(seed, stream, index, spec.a) ? 1.0f : 0.0f;
+          };
+          for (std::int64_t i = first; i < first + head; ++i) draw(i);
+          for (std::int64_t i = first + head + 4 * blocks; i < last; ++i) draw(i);
           return;
         }
       }

@@ -107,6 +107,10 @@ void reduce_typed(ReduceOp op, const Tensor& in, const Dims& dims, const Tensor&
   Out* result = static_cast<Out*>(out.raw_data());
   const std::int64_t outputs = out.numel();
   const std::int64_t grain = std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(count, 1));
+  // A sum over contiguous innermost rows: sum_row_f32's path (for f32).
+  [[maybe_unused]] const bool contiguous_sum =
+      (op == ReduceOp::sum || op == ReduceOp::mean || op == ReduceOp::sum_squares) && count > 0 &&
+      !block.sizes.empty() && block.strides.back() == esize;
   parallel_for(0, outputs, grain, [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t o = first; o < last; ++o) {
       const char* start = base;
@@ -121,9 +125,8 @@ void reduce_typed(ReduceOp op, const Tensor& in, const Dims& dims, const Tensor&
       A acc = 0;
       std::int64_t best_index = 0;
       bool first_seen = false;
-      const bool summing = op == ReduceOp::sum || op == ReduceOp::mean || op == ReduceOp::sum_squares;
       if constexpr (std::is_same_v<T, float>) {
-        if (summing && count > 0 && !block.sizes.empty() && block.strides.back() == esize) {
+        if (contiguous_sum) {
           block.for_each_row(start, [&](const char* row, std::int64_t length, std::int64_t) {
             acc += sum_row_f32(reinterpret_cast<const float*>(row), length, op == ReduceOp::sum_squares);
           });
