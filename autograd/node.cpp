@@ -1,6 +1,8 @@
 // autograd/node.cpp: graph nodes: sequence numbers, op backward closures, leaf accumulation.
 #include "autograd/node.h"
 
+#include <utility>
+
 #include "core/ops.h"
 
 namespace shardlab::autograd {
@@ -69,7 +71,10 @@ Grads AccumulateGrad::apply(const Tensor& grad_output) {
   Tensor grad = run_grad_hooks(leaf.grad_hooks, grad_output, meta, describe(leaf.name));
   SHARDLAB_CHECK(grad.shape() == meta.shape, "backward: gradient of shape {} for {} of shape {}",
                  shape_str(grad.shape()), describe(leaf.name), shape_str(meta.shape));
-  if (!leaf.grad.defined()) {
+  if (!leaf.grad.defined() && leaf.grad_destination.defined()) {
+    leaf.grad = std::exchange(leaf.grad_destination, Tensor());
+    leaf.grad.copy_(grad);
+  } else if (!leaf.grad.defined()) {
     // A copy the leaf owns: backward closures often hand the same tensor to several inputs.
     leaf.grad = grad.to(meta.dtype).clone();
   } else {

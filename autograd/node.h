@@ -80,6 +80,7 @@ class FunctionNode final : public Node {
 struct VariableImpl {
   Tensor data;
   Tensor grad;
+  Tensor grad_destination;  // leaves: where the first gradient is written (set_grad_destination)
   bool requires_grad = false;
   std::string name;
   std::shared_ptr<Node> grad_fn;               // null for leaves

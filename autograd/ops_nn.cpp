@@ -26,6 +26,20 @@ Tensor batch_summed_matmul(const Tensor& lhs, const Tensor& rhs) {
   return matmul(lhs.permute(rows_first).reshape({lhs.size(-2), inner}), rhs.reshape({inner, rhs.size(-1)}));
 }
 
+// Whether a 2-D operand is a transposed view of a contiguous matrix (a Linear weight used as w.t()).
+bool stored_transposed(const Tensor& t) {
+  return t.dim() == 2 && t.size(0) > 1 && t.size(1) > 1 && t.stride(0) == 1 && t.stride(1) == t.size(0);
+}
+
+// The gradient of a 2-D operand, lhs @ rhs summed over the batch dims, laid out like the operand:
+// for one stored transposed it is computed as (rhs^T @ lhs^T)^T (BLAS takes either layout for
+// free), so the gradient flowing back through the transpose arrives contiguous and accumulating
+// it (or copying it into FSDP's flat buffer) is a straight copy, not a transpose.
+Tensor gradient_in_layout(bool transposed, const Tensor& lhs, const Tensor& rhs) {
+  if (transposed) return batch_summed_matmul(rhs.transpose(-1, -2), lhs.transpose(-1, -2)).transpose(0, 1);
+  return batch_summed_matmul(lhs, rhs);
+}
+
 // Zeros of `shape` in the gradient's dtype and device.
 Tensor zeros_for(const Shape& shape, const Tensor& g) {
   return zeros(shape, TensorOptions{g.dtype(), g.device()});
@@ -40,6 +54,7 @@ Variable matmul(const Variable& a, const Variable& b) {
   // Each gradient needs only the other operand.
   const Tensor saved_x = need_b ? x : Tensor(), saved_y = need_a ? y : Tensor();
   const Shape shape_a = x.shape(), shape_b = y.shape();
+  const bool a_transposed = stored_transposed(x), b_transposed = stored_transposed(y);
   return record("matmul", {a, b}, output, [=](const Tensor& g) -> Grads {
     // 1-D operands as a row (a) or column (b) matrix, and g with the dims they lost restored.
     Tensor g2 = g;
@@ -50,16 +65,16 @@ Variable matmul(const Variable& a, const Variable& b) {
       const Tensor y2 = shape_b.size() == 1 ? saved_y.unsqueeze(1) : saved_y;
       const Shape a2 = shape_a.size() == 1 ? Shape{1, shape_a[0]} : shape_a;
       // dA = dC B^T, summed over the batch dims A was broadcast along.
-      grad_a = a2.size() == 2 && g2.dim() > 2 ? batch_summed_matmul(g2, y2.transpose(-1, -2))
-                                              : sum_to(matmul(g2, y2.transpose(-1, -2)), a2);
+      grad_a = a2.size() == 2 ? gradient_in_layout(a_transposed, g2, y2.transpose(-1, -2))
+                              : sum_to(matmul(g2, y2.transpose(-1, -2)), a2);
       grad_a = grad_a.reshape(shape_a);
     }
     if (need_b) {
       const Tensor x2 = shape_a.size() == 1 ? saved_x.unsqueeze(0) : saved_x;
       const Shape b2 = shape_b.size() == 1 ? Shape{shape_b[0], 1} : shape_b;
       // dB = A^T dC, summed over the batch dims B was broadcast along.
-      grad_b = b2.size() == 2 && g2.dim() > 2 ? batch_summed_matmul(x2.transpose(-1, -2), g2)
-                                              : sum_to(matmul(x2.transpose(-1, -2), g2), b2);
+      grad_b = b2.size() == 2 ? gradient_in_layout(b_transposed, x2.transpose(-1, -2), g2)
+                              : sum_to(matmul(x2.transpose(-1, -2), g2), b2);
       grad_b = grad_b.reshape(shape_b);
     }
     return {grad_a, grad_b};

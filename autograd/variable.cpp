@@ -74,18 +74,28 @@ void Variable::set_data(Tensor data) const {
   impl_->data = std::move(data);
 }
 
+// A gradient buffer must match the data: the engine accumulates into it in place and optimizers
+// read it beside the data, so another dtype or device would be a silent cast or a cross-device
+// access later.
+void Variable::check_gradient_buffer(const char* op, const Tensor& buffer) const {
+  require_defined(op);
+  if (!buffer.defined()) return;
+  SHARDLAB_CHECK(buffer.shape() == impl_->data.shape(), "{}: gradient of shape {} for '{}' of shape {}", op,
+                 shape_str(buffer.shape()), name(), shape_str(impl_->data.shape()));
+  SHARDLAB_CHECK(buffer.dtype() == impl_->data.dtype() && buffer.device() == impl_->data.device(),
+                 "{}: gradient of dtype {} on {} for '{}' of dtype {} on {}", op, dtype_name(buffer.dtype()),
+                 buffer.device().str(), name(), dtype_name(impl_->data.dtype()), impl_->data.device().str());
+}
+
 void Variable::set_grad(Tensor grad) const {
-  require_defined("set_grad");
-  SHARDLAB_CHECK(!grad.defined() || grad.shape() == impl_->data.shape(),
-                 "set_grad: gradient of shape {} for '{}' of shape {}", shape_str(grad.shape()), name(),
-                 shape_str(impl_->data.shape()));
-  // The engine accumulates into this buffer in place and optimizers read it beside the data, so
-  // a gradient of another dtype or device would be a silent cast or a cross-device access later.
-  SHARDLAB_CHECK(
-      !grad.defined() || (grad.dtype() == impl_->data.dtype() && grad.device() == impl_->data.device()),
-      "set_grad: gradient of dtype {} on {} for '{}' of dtype {} on {}", dtype_name(grad.dtype()),
-      grad.device().str(), name(), dtype_name(impl_->data.dtype()), impl_->data.device().str());
+  check_gradient_buffer("set_grad", grad);
   impl_->grad = std::move(grad);
+}
+
+void Variable::set_grad_destination(Tensor buffer) const {
+  check_gradient_buffer("set_grad_destination", buffer);
+  SHARDLAB_CHECK(!buffer.defined() || is_leaf(), "set_grad_destination: '{}' is not a leaf", name());
+  impl_->grad_destination = std::move(buffer);
 }
 
 void Variable::zero_grad(bool set_to_none) const {

@@ -56,6 +56,10 @@ class Variable {
   // Replaces the accumulated gradient (undefined clears it); later backwards accumulate
   // into this tensor in place, so it may be a view into a larger buffer.
   void set_grad(Tensor grad) const;
+  // Where the next gradient goes while grad() is undefined: the engine writes it into `buffer`
+  // (copied, not added, so the buffer need not be zeroed) and makes `buffer` the grad(). FSDP
+  // gathers its parameters' gradients into one flat buffer this way. Undefined clears it.
+  void set_grad_destination(Tensor buffer) const;
   // Clears the gradient: drops it (set_to_none) or fills it with zeros in place.
   void zero_grad(bool set_to_none = true) const;
 
@@ -78,6 +82,7 @@ class Variable {
   static Variable from_impl(std::shared_ptr<autograd::VariableImpl> impl);
 
  private:
+  void check_gradient_buffer(const char* op, const Tensor& buffer) const;
   void require_defined(const char* what) const;
   std::shared_ptr<autograd::VariableImpl> impl_;
 };

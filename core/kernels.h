@@ -41,6 +41,7 @@ struct Kernels {
   void (*conv2d_backward_weight)(const Tensor& grad_out, const Tensor& input, Conv2dParams p,
                                  const Tensor& grad_weight);
   void (*max_pool2d)(const Tensor& input, MaxPool2dParams p, const Tensor& out, const Tensor& indices);
+  // Writes every element of grad_in: zero where no window's argmax lands.
   void (*max_pool2d_backward)(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_in);
   // Fused attention (core/ops.h): q, k, v, grad_out and the forward result contiguous and of one
   // dtype (f32 or f64); params.padding undefined or contiguous; params.scale set. The gradients

@@ -643,8 +643,9 @@ Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices, con
                      grad_output.size(0) == input_shape[0] && grad_output.size(1) == input_shape[1],
                  "{}: grad_output {} and indices {} do not match input {}", op,
                  shape_str(grad_output.shape()), shape_str(indices.shape()), shape_str(input_shape));
-  Tensor grad_input = zeros(input_shape, TensorOptions{grad_output.dtype(), grad_output.device()});
-  if (grad_output.numel() > 0) {
+  // The kernel writes every element: zeros, then each window's gradient at its argmax.
+  Tensor grad_input = empty(input_shape, TensorOptions{grad_output.dtype(), grad_output.device()});
+  if (grad_input.numel() > 0) {
     kernel<&Kernels::max_pool2d_backward>(grad_output.device(), op)(
         grad_output.contiguous(),
         checked_index(op, indices, input_shape[2] * input_shape[3], "an input plane"), grad_input);

@@ -465,8 +465,9 @@ void Unit::pre_backward() {
   prepare_gradients();
 }
 
-// Which parameters train is read now, per backward. Gradients accumulate straight into one flat
-// buffer, which the reduce-scatter then reads without a copy. Without sync it survives from the
+// Which parameters train is read now, per backward. Gradients land straight in one flat buffer,
+// which the reduce-scatter then reads without a copy: a parameter's first gradient is written into
+// its slice (no zero-fill first), later ones add to it. Without sync the buffer survives from the
 // previous micro-step and keeps summing.
 void Unit::prepare_gradients() {
   expected_ = ready_ = 0;
@@ -485,11 +486,33 @@ void Unit::prepare_gradients() {
     });
   }
   if (expected_ == 0) return;  // all frozen: nothing to accumulate or reduce
-  if (!full_grad_.defined())
-    full_grad_ = zeros({padded_}, dtype(options_.mixed_precision.param_dtype).with_device(device_));
+  if (!full_grad_.defined()) {
+    full_grad_ = empty({padded_}, dtype(options_.mixed_precision.param_dtype).with_device(device_));
+    for (const Slot& slot : slots_) slot.variable.set_grad(Tensor());
+  }
   for (const Slot& slot : slots_) {
-    if (slot.variable.requires_grad())
-      slot.variable.set_grad(full_grad_.narrow(0, slot.offset, slot.variable.numel()).view(slot.shape));
+    if (slot.variable.requires_grad() && !slot.variable.grad().defined())
+      slot.variable.set_grad_destination(gradient_slice(slot));
+  }
+}
+
+Tensor Unit::gradient_slice(const Slot& slot) const {
+  return full_grad_.narrow(0, slot.offset, slot.variable.numel()).view(slot.shape);
+}
+
+// Zeros what of the flat gradient no backward wrote: the slices of parameters that got no
+// gradient (frozen, or unused this step on this rank) and the padding.
+void Unit::zero_unwritten_gradients() {
+  for (const Slot& slot : slots_) {
+    if (!slot.variable.grad().defined()) gradient_slice(slot).fill_(0);
+  }
+  if (padded_ > parameters_) full_grad_.narrow(0, parameters_, padded_ - parameters_).fill_(0);
+}
+
+void Unit::drop_gradient_views() {
+  for (const Slot& slot : slots_) {
+    slot.variable.set_grad(Tensor());
+    slot.variable.set_grad_destination(Tensor());
   }
 }
 
@@ -522,15 +545,18 @@ void Unit::trace_backward_end() { trace_unit_span(backward_began_, "backward", n
 void Unit::start_reduction() {
   // A rank whose backward never reached the unit (no parameter of it used here) still joins
   // with zeros: the other ranks' reduce-scatter needs it.
-  if (!full_grad_.defined())
-    full_grad_ = zeros({padded_}, dtype(options_.mixed_precision.param_dtype).with_device(device_));
+  if (!full_grad_.defined()) {
+    full_grad_ = empty({padded_}, dtype(options_.mixed_precision.param_dtype).with_device(device_));
+    drop_gradient_views();
+  }
+  zero_unwritten_gradients();
   reducing_ = true;
   const DType reduce_dtype = options_.mixed_precision.reduce_dtype;
   reduce_input_ = reduce_dtype == options_.mixed_precision.param_dtype
                       ? full_grad_
                       : copy_kernel(cast_name("gradient", reduce_dtype).c_str(), name_,
                                     [&] { return cast(full_grad_, reduce_dtype); });
-  for (const Slot& slot : slots_) slot.variable.set_grad(Tensor());
+  drop_gradient_views();
   full_grad_ = Tensor();
   if (groups_->shard == nullptr) {
     reduce_output_ = reduce_input_;
@@ -593,7 +619,7 @@ void Unit::abandon_backward() {
   // A reduction in flight completes on its own (its Work keeps the buffers alive).
   reduce_work_ = Work();
   reduce_input_ = reduce_output_ = full_grad_ = Tensor();
-  for (const Slot& slot : slots_) slot.variable.set_grad(Tensor());
+  drop_gradient_views();
   std::fill(got_gradient_.begin(), got_gradient_.end(), 0);
   owes_reduction_ = backward_started_ = reduced_ = reducing_ = false;
   inputs_marked_ = inputs_done_ = 0;

@@ -145,6 +145,9 @@ class Unit : public std::enable_shared_from_this<Unit> {
   void prefetch(const std::optional<std::vector<std::weak_ptr<Unit>>>& listed,
                 const std::vector<Unit*>& order, bool recorded, GatherFor purpose);
   void prepare_gradients();
+  Tensor gradient_slice(const Slot& slot) const;
+  void zero_unwritten_gradients();
+  void drop_gradient_views();
   void start_reduction();
   void cast_inputs(nn::ForwardInputs& inputs) const;
   void mark_inputs(nn::ForwardInputs& inputs);
@@ -184,7 +187,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
   std::vector<std::uint8_t> got_gradient_;
   bool owes_reduction_ = false;
   // One backward pass.
-  Tensor full_grad_;  // [padded] in param_dtype; the parameters' .grad are views into it
+  Tensor full_grad_;  // [padded] in param_dtype; the parameters' .grad (or its destination) are views into it
   bool backward_started_ = false, reduced_ = false, reducing_ = false;
   std::vector<std::uint8_t> counted_;  // per slot: its gradient arrived in this backward
   std::int64_t ready_ = 0, expected_ = 0;

@@ -714,6 +714,20 @@ TEST_CASE("max_pool2d picks the first maximum on ties and NaN over everything", 
     check_equal(r.values, {kNaN, kNaN, 4, 6});
     check_equal(r.indices, {1, 6, 13, 15});
   }
+  // Planes wide enough for the vectorised 2x2 path (and its remainder), values from a small set so
+  // that ties are everywhere, with NaNs and infinities sprinkled in.
+  for (const Shape& shape : std::vector<Shape>{{1, 2, 6, 70}, {2, 1, 4, 34}}) {
+    INFO(shape_str(shape));
+    std::vector<double> x(static_cast<std::size_t>(shape_numel(shape)));
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const std::size_t r = i * 2654435761u % 97;
+      x[i] = r < 3 ? kNaN : r < 5 ? kInf : r < 7 ? -kInf : static_cast<double>(r % 4);
+    }
+    const MaxPool2dResult r = max_pool2d(from_vector<double>(x, shape).to(DType::f32), {2, 2, 0});
+    const Pooled e = naive_max_pool(x, shape, 2, 2, 0);
+    check_equal(r.values, e.values);
+    check_equal(r.indices, e.indices);
+  }
 }
 
 TEST_CASE("max_pool2d_backward scatters and accumulates gradients at the maxima", "[linalg]") {

@@ -173,7 +173,9 @@ void launch_max_pool2d(DType dtype, const void* in, void* out, std::int64_t* ind
 void launch_max_pool2d_backward(DType dtype, const void* grad_out, const std::int64_t* indices, void* grad_in,
                                 std::int64_t planes, std::int64_t plane_in, std::int64_t plane_out,
                                 cudaStream_t stream) {
-  if (planes == 0 || plane_out == 0) return;
+  if (planes == 0) return;
+  SHARDLAB_CUDA_CHECK(cudaMemsetAsync(grad_in, 0, planes * plane_in * dtype_size(dtype), stream));
+  if (plane_out == 0) return;
   visit_dtype(dtype, [&]<typename T>() {
     max_pool2d_backward_kernel<T><<<grid_size(planes), kBlockSize, 0, stream>>>(
         static_cast<const T*>(grad_out), indices, static_cast<T*>(grad_in), planes, plane_in, plane_out);

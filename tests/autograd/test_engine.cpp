@@ -119,6 +119,32 @@ TEST_CASE("a gradient buffer set with set_grad is accumulated into in place", "[
   CHECK(a.grad().dtype() == DType::f64);  // the refused gradient left the buffer in place
 }
 
+TEST_CASE("a grad destination receives the first gradient as written, later ones add to it", "[engine]") {
+  // FSDP's flat gradient buffer is not zeroed: whatever it holds is overwritten by the first
+  // gradient, and a leaf used twice in one graph still sums both uses.
+  const Variable a = leaf({1, 2}, "a"), b = leaf({3, 4, 5}, "b"), unused = leaf({7}, "unused");
+  const Tensor flat = full({6}, 99.0, dtype(DType::f64));
+  a.set_grad_destination(flat.narrow(0, 0, 2));
+  b.set_grad_destination(flat.narrow(0, 2, 3));
+  unused.set_grad_destination(flat.narrow(0, 5, 1));
+  add(sum(mul(a, 2.0)), sum(mul(b, b))).backward();
+  check_equal(flat, {2, 2, 6, 8, 10, 99});
+  CHECK(a.grad().raw_data() == flat.raw_data());  // the grad is the destination, not a copy
+  CHECK_FALSE(unused.grad().defined());           // no gradient reached it: the slot is untouched
+
+  // The next backward accumulates: the destination was used up by the first.
+  add(sum(mul(a, 2.0)), sum(mul(a, a))).backward();  // d/da = 2 + 2a
+  check_equal(flat, {6, 8, 6, 8, 10, 99});
+
+  CHECK_THROWS_ERROR(a.set_grad_destination(zeros({3}, dtype(DType::f64))),
+                     "set_grad_destination: gradient of shape [3] for 'a' of shape [2]");
+  CHECK_THROWS_ERROR(a.set_grad_destination(zeros({2}, dtype(DType::f32))),
+                     "set_grad_destination: gradient of dtype f32 on cpu for 'a' of dtype f64 on cpu");
+  const Variable not_leaf = mul(a, 2.0);
+  CHECK_THROWS_ERROR(not_leaf.set_grad_destination(zeros({2}, dtype(DType::f64))),
+                     "set_grad_destination: '' is not a leaf");
+}
+
 TEST_CASE("saved tensors follow their Storage when its bytes are freed and refilled", "[engine]") {
   // The FSDP reshard trick: free a parameter's bytes after forward, gather back into the same
   // Storage before backward; the tensors autograd saved see the gathered values.

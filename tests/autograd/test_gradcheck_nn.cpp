@@ -106,6 +106,39 @@ TEST_CASE("matmul gradients through non-contiguous operands", "[gradcheck_nn][ma
   check_gradients("strided 1-D", mm, {batched, column});
 }
 
+TEST_CASE("matmul through a transposed weight (Linear's x @ w.t()) gives the weight a contiguous gradient",
+          "[gradcheck_nn][matmul]") {
+  // The weight's gradient is computed in the transposed layout, so it reaches the leaf (its hooks
+  // see it before accumulation) contiguous: accumulating it is a plain copy, not a transpose.
+  const auto linear = [](const std::vector<Variable>& x) { return matmul(x[0], transpose(x[1], 0, 1)); };
+  const auto linear_left = [](const std::vector<Variable>& x) { return matmul(transpose(x[1], 0, 1), x[0]); };
+  const auto arrives_contiguous = [](const GradcheckFn& fn, const Variable& x, const Variable& w) {
+    bool contiguous = false;
+    w.register_hook([&](const Tensor& g) {
+      contiguous = g.is_contiguous();
+      return Tensor();
+    });
+    sum(fn({x, w})).backward();
+    return contiguous;
+  };
+  for (const Shape& input : std::vector<Shape>{{3, 4}, {2, 3, 4}}) {
+    INFO(shape_str(input));
+    const Variable x = leaf(input, 32, "x"), w = leaf({5, 4}, 33, "w");
+    check_gradients("x @ w.t()", linear, {x, w});
+    CHECK(arrives_contiguous(linear, x, w));
+    // Against the closed form: d sum(x w^T) / dw [o, i] = the sum over x's rows of x[.., i].
+    const std::vector<double> xs = test::values(x.data());
+    std::vector<double> expected(20, 0.0);
+    for (std::size_t j = 0; j < xs.size(); ++j) {
+      for (std::size_t o = 0; o < 5; ++o) expected[o * 4 + j % 4] += xs[j];
+    }
+    test::check_close(w.grad(), expected);
+  }
+  const Variable x = leaf({5, 3}, 34, "x"), w = leaf({5, 4}, 35, "w");  // the transposed operand on the left
+  check_gradients("w.t() @ x", linear_left, {x, w});
+  CHECK(arrives_contiguous(linear_left, x, w));
+}
+
 // --- softmax ----------------------------------------------------------------------------------
 
 TEST_CASE("softmax and log_softmax gradients along every dim", "[gradcheck_nn][softmax]") {
