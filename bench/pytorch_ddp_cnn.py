@@ -15,11 +15,15 @@ import statistics
 import sys
 import time
 
-import numpy as np
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-import torch.nn.functional as F
+# One thread per rank means OpenBLAS's too (torch.set_num_threads does not reach it): it reads this
+# when torch loads it, and its idle threads would spin on the other rank's core.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from pytorch_train_cnn import Net, read_idx  # noqa: E402
