@@ -56,25 +56,31 @@ struct ReducedBlock {
 
 // The sum (or sum of squares) of a contiguous f32 row in double, in 8 interleaved partial sums
 // added in a fixed order: vectorisable (built for AVX-512, AVX2 and the baseline, picked at load)
-// and the same result on every run and thread count.
-[[gnu::target_clones("avx512f", "avx2", "default")]] double sum_row_f32(const float* row, std::int64_t n,
-                                                                        bool squares) {
+// and the same result on every run and thread count. One loop per mode: with the choice inside,
+// the compiler kept the eight partial sums in scalar registers.
+template <bool kSquares>
+[[gnu::always_inline]] inline double sum_row_lanes(const float* row, std::int64_t n) {
   constexpr std::int64_t kLanes = 8;
   double partial[kLanes] = {};
   const std::int64_t whole = n / kLanes * kLanes;
   for (std::int64_t i = 0; i < whole; i += kLanes) {
     for (std::int64_t lane = 0; lane < kLanes; ++lane) {
       const double v = row[i + lane];
-      partial[lane] += squares ? v * v : v;
+      partial[lane] += kSquares ? v * v : v;
     }
   }
   double total = 0;
   for (const double p : partial) total += p;
   for (std::int64_t i = whole; i < n; ++i) {
     const double v = row[i];
-    total += squares ? v * v : v;
+    total += kSquares ? v * v : v;
   }
   return total;
+}
+
+[[gnu::target_clones("avx512f", "avx2", "default")]] double sum_row_f32(const float* row, std::int64_t n,
+                                                                        bool squares) {
+  return squares ? sum_row_lanes<true>(row, n) : sum_row_lanes<false>(row, n);
 }
 
 template <typename T, typename Out>
