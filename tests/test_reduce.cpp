@@ -261,6 +261,14 @@ TEST_CASE("integer and bool sums give exact i64", "[reduce]") {
       for (const Dims& dims : std::vector<Dims>{{0}, {-1}, {0, 2}, {}}) check_reduction(op, x, dims, true);
     }
   }
+  // Long contiguous rows: min and max of integers run a vectorised loop with a tail.
+  const Tensor long_ints = random_tensor({3, 20011}, 33, DType::f64, -1e9, 1e9).to(DType::i64);
+  for (const DType dtype : {DType::i32, DType::i64}) {
+    for (const Op op : {Op::max, Op::min}) {
+      for (const Dims& dims : std::vector<Dims>{{}, {-1}, {0}})
+        check_reduction(op, long_ints.to(dtype), dims, false);
+    }
+  }
   const Tensor bytes = random_tensor({4, 7}, 32, DType::f64, 0, 256).to(DType::u8);
   for (const Op op : {Op::sum, Op::sum_squares, Op::max, Op::min, Op::argmax}) {
     check_reduction(op, bytes, {1}, false);

@@ -83,6 +83,23 @@ template <bool kSquares>
   return squares ? sum_row_lanes<true>(row, n) : sum_row_lanes<false>(row, n);
 }
 
+// The smallest (kMin) or largest element of a contiguous i64 row folded into acc: no NaN and no
+// index to track, so a plain loop the compiler vectorises (index checks run it over every index;
+// 64-bit integer min/max needs AVX-512 or AVX2's compare-and-blend, hence the clones).
+template <bool kMin>
+[[gnu::always_inline]] inline std::int64_t extreme_of_row(const std::int64_t* row, std::int64_t n,
+                                                          std::int64_t acc) {
+  for (std::int64_t i = 0; i < n; ++i) acc = kMin ? std::min(acc, row[i]) : std::max(acc, row[i]);
+  return acc;
+}
+
+[[gnu::target_clones("avx512f", "avx2", "default")]] std::int64_t extreme_of_i64_row(const std::int64_t* row,
+                                                                                     std::int64_t n,
+                                                                                     std::int64_t acc,
+                                                                                     bool smallest) {
+  return smallest ? extreme_of_row<true>(row, n, acc) : extreme_of_row<false>(row, n, acc);
+}
+
 template <typename T, typename Out>
 void reduce_typed(ReduceOp op, const Tensor& in, const Dims& dims, const Tensor& out) {
   using A = accumulate_t<T>;
@@ -114,9 +131,11 @@ void reduce_typed(ReduceOp op, const Tensor& in, const Dims& dims, const Tensor&
   const std::int64_t outputs = out.numel();
   const std::int64_t grain = std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(count, 1));
   // A sum over contiguous innermost rows: sum_row_f32's path (for f32).
+  const bool contiguous_rows = count > 0 && !block.sizes.empty() && block.strides.back() == esize;
   [[maybe_unused]] const bool contiguous_sum =
-      (op == ReduceOp::sum || op == ReduceOp::mean || op == ReduceOp::sum_squares) && count > 0 &&
-      !block.sizes.empty() && block.strides.back() == esize;
+      (op == ReduceOp::sum || op == ReduceOp::mean || op == ReduceOp::sum_squares) && contiguous_rows;
+  [[maybe_unused]] const bool contiguous_extreme =
+      (op == ReduceOp::min || op == ReduceOp::max) && contiguous_rows;
   parallel_for(0, outputs, grain, [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t o = first; o < last; ++o) {
       const char* start = base;
@@ -137,6 +156,17 @@ void reduce_typed(ReduceOp op, const Tensor& in, const Dims& dims, const Tensor&
             acc += sum_row_f32(reinterpret_cast<const float*>(row), length, op == ReduceOp::sum_squares);
           });
           result[o] = narrow<Out>(op == ReduceOp::mean ? acc / static_cast<double>(count) : acc);
+          continue;
+        }
+      }
+      if constexpr (std::is_same_v<T, std::int64_t>) {
+        if (contiguous_extreme) {
+          std::int64_t extreme = *reinterpret_cast<const std::int64_t*>(start);
+          block.for_each_row(start, [&](const char* row, std::int64_t length, std::int64_t) {
+            extreme = extreme_of_i64_row(reinterpret_cast<const std::int64_t*>(row), length, extreme,
+                                         op == ReduceOp::min);
+          });
+          result[o] = narrow<Out>(extreme);
           continue;
         }
       }
