@@ -261,7 +261,7 @@ TEST_CASE("integer and bool sums give exact i64", "[reduce]") {
       for (const Dims& dims : std::vector<Dims>{{0}, {-1}, {0, 2}, {}}) check_reduction(op, x, dims, true);
     }
   }
-  // Long contiguous rows: min and max of integers run a vectorised loop with a tail.
+  // Long contiguous rows: i64 min and max run a vectorised loop with a tail (i32 the general one).
   const Tensor long_ints = random_tensor({3, 20011}, 33, DType::f64, -1e9, 1e9).to(DType::i64);
   for (const DType dtype : {DType::i32, DType::i64}) {
     for (const Op op : {Op::max, Op::min}) {
