@@ -488,7 +488,7 @@ void Unit::prepare_gradients() {
   if (expected_ == 0) return;  // all frozen: nothing to accumulate or reduce
   if (!full_grad_.defined()) {
     full_grad_ = empty({padded_}, dtype(options_.mixed_precision.param_dtype).with_device(device_));
-    for (const Slot& slot : slots_) slot.variable.set_grad(Tensor());
+    drop_gradient_views();
   }
   for (const Slot& slot : slots_) {
     if (slot.variable.requires_grad() && !slot.variable.grad().defined())

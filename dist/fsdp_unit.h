@@ -187,7 +187,9 @@ class Unit : public std::enable_shared_from_this<Unit> {
   std::vector<std::uint8_t> got_gradient_;
   bool owes_reduction_ = false;
   // One backward pass.
-  Tensor full_grad_;  // [padded] in param_dtype; the parameters' .grad (or its destination) are views into it
+  // [padded] in param_dtype; the parameters' .grad (or, before their first gradient, their grad
+  // destinations) are views into it.
+  Tensor full_grad_;
   bool backward_started_ = false, reduced_ = false, reducing_ = false;
   std::vector<std::uint8_t> counted_;  // per slot: its gradient arrived in this backward
   std::int64_t ready_ = 0, expected_ = 0;

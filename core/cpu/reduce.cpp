@@ -130,8 +130,9 @@ void reduce_typed(ReduceOp op, const Tensor& in, const Dims& dims, const Tensor&
   Out* result = static_cast<Out*>(out.raw_data());
   const std::int64_t outputs = out.numel();
   const std::int64_t grain = std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(count, 1));
-  // A sum over contiguous innermost rows: sum_row_f32's path (for f32).
   const bool contiguous_rows = count > 0 && !block.sizes.empty() && block.strides.back() == esize;
+  // Over contiguous innermost rows, a sum takes sum_row_f32's path (for f32) and a min or max
+  // extreme_of_i64_row's (for i64).
   [[maybe_unused]] const bool contiguous_sum =
       (op == ReduceOp::sum || op == ReduceOp::mean || op == ReduceOp::sum_squares) && contiguous_rows;
   [[maybe_unused]] const bool contiguous_extreme =
