@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cpu/isa.h"
 #include "core/cuda/runtime.h"
 #include "tests/runner.h"
 
@@ -92,6 +93,8 @@ int main(int argc, char* argv[]) {
     config.testsOrTags = {
         with_term_in_every_alternative(config.testsOrTags, std::string("~") + requirement.tag)};
   }
+  // Results may differ in the last bits between processors: the log says which kernels ran.
+  if (test_process->prints_summary()) std::printf("CPU: %s\n", shardlab::cpu::describe_cpu_kernels().c_str());
   const int failed_assertions = session.run();
   test_process.reset();
   return failed_assertions;

@@ -312,8 +312,12 @@ void add_partials(const std::vector<T>& partials, std::int64_t chunks, T* grad_q
 
 // Backward writes dK and dV of key/value head j only from tasks owning (b, j) and some of its key
 // tiles, so they never race. dQ of the group's query heads gets a term from every key tile: with
-// one task per (b, j) it is owned too; when there are fewer (b, j) than threads, the key tiles
+// one task per (b, j) it is owned too; when there are fewer (b, j) than kMinTasks, the key tiles
 // are dealt to `chunks` tasks per (b, j), each adding its dQ terms into its own copy, summed after.
+// The chunks follow from the shape, not the thread count, so dQ has the same bits on any number
+// of threads.
+constexpr std::int64_t kMinTasks = 16;
+
 template <typename T>
 void backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
               const AttentionResult& forward, const AttentionParams& params, const AttentionGrads& grads) {
@@ -321,7 +325,7 @@ void backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Te
   const Layout& l = p.layout;
   const std::vector<T> delta = row_deltas<T>(grad_out, forward.out);
   const std::int64_t owners = l.batch * l.kv_heads, key_tiles = l.key_tiles();
-  const std::int64_t chunks = std::clamp<std::int64_t>((num_threads() + owners - 1) / owners, 1, key_tiles);
+  const std::int64_t chunks = std::clamp<std::int64_t>((kMinTasks + owners - 1) / owners, 1, key_tiles);
   const std::int64_t q_numel = q.numel();
   std::vector<T> partial_q(chunks > 1 ? chunks * q_numel : 0, T(0));
   parallel_for(0, owners * chunks, 1, [&](std::int64_t first, std::int64_t last) {

@@ -131,8 +131,10 @@ T* column_buffer(const ConvGeometry& g) {
 
 // fn(start, count) over consecutive chunks of the batch. With at least as many images as threads,
 // the images are split over the pool and the kernels fn runs (im2col, gemm, col2im) run serially
-// inside each thread (nested parallel_for), so each image's result is computed as on one thread;
-// with fewer, chunk after chunk, each kernel split.
+// inside each thread (nested parallel_for); with fewer, chunk after chunk, each kernel split. Both
+// make the same GEMM calls (core/cpu/gemm.h: an image's GEMM is cut only when very large, as the
+// images share the threads) and sum each pixel in the same order, so the result has the same bits
+// whatever the thread count.
 template <typename T, typename Fn>
 void over_image_chunks(const ConvGeometry& g, Fn fn) {
   const std::int64_t chunk = g.chunk(sizeof(T));
@@ -156,7 +158,7 @@ void conv2d_typed(const ConvGeometry& g, const T* input, const T* weight, const 
       // out[image] [O, pixels] = W [O, patch] x the image's columns [patch, pixels] (of a wider buffer).
       T* result = out + (start + image) * g.out_channels * g.pixels();
       gemm<T>(false, false, g.out_channels, g.pixels(), g.patch(), T(1), weight, g.patch(),
-              cols + image * g.pixels(), columns, T(0), result, g.pixels());
+              cols + image * g.pixels(), columns, T(0), result, g.pixels(), kLargeBlockWork);
       if (bias == nullptr) continue;
       for (std::int64_t o = 0; o < g.out_channels; ++o) {
         T* row = result + o * g.pixels();
@@ -175,7 +177,7 @@ void conv2d_backward_input_typed(const ConvGeometry& g, const T* grad_out, const
       // The image's columns [patch, pixels] = W^T [patch, O] x grad_out[image] [O, pixels].
       gemm<T>(true, false, g.patch(), g.pixels(), g.out_channels, T(1), weight, g.patch(),
               grad_out + (start + image) * g.out_channels * g.pixels(), g.pixels(), T(0),
-              cols + image * g.pixels(), columns);
+              cols + image * g.pixels(), columns, kLargeBlockWork);
     }
     col2im(g, cols, count, grad_in + start * g.channels * g.height * g.width);
   });

@@ -5,6 +5,12 @@
 // every call (sched_yield for ~2^28 cycles), which steals the cores from the pool threads
 // running the elementwise kernels in between GEMMs. Instead each pool thread runs its own
 // single-threaded GEMM on a block of C's rows or columns.
+//
+// The blocks depend on the shape alone, never on the thread count: OpenBLAS's kernels for
+// Haswell, Zen and older processors round an element of C differently depending on where it falls
+// in the call (its driver computes the first panel of rows unlike the later ones), so a block
+// computed on its own does not always have the bits of the same rows inside a larger call. With
+// the same calls whatever the thread count, a product has the same bits on 1 thread or 64.
 #pragma once
 
 #include <cblas.h>
@@ -29,18 +35,24 @@ void gemm_block(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t
   }
 }
 
-// C[m, n] = alpha * op(A)[m, k] op(B)[k, n] + beta * C, row-major with leading dims.
+// Multiply-adds a block must have before a GEMM is cut: the default, and for GEMMs whose caller
+// already splits its work over the threads (conv2d's images), which cut only very large ones.
+inline constexpr std::int64_t kBlockWork = std::int64_t{1} << 20;
+inline constexpr std::int64_t kLargeBlockWork = std::int64_t{1} << 26;
+
+// C[m, n] = alpha * op(A)[m, k] op(B)[k, n] + beta * C, row-major with leading dims, in blocks of
+// C's rows or columns of at least 128 and `min_block_work` multiply-adds. Each call packs all of
+// the operand the blocks share: 128 keeps that to a few percent of a single call's time.
 template <typename T>
 void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
-          const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
-  // Blocks of at least 64 rows or columns and ~1 MFLOP keep each call efficient.
-  constexpr std::int64_t kMinBlock = 64;
+          const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc,
+          std::int64_t min_block_work = kBlockWork) {
+  constexpr std::int64_t kMinBlock = 128;
   const bool split_rows = m >= n;
   const std::int64_t extent = split_rows ? m : n;
-  const std::int64_t by_size = std::max<std::int64_t>(1, m * n * k / (1 << 20));
   const std::int64_t blocks =
-      std::min({static_cast<std::int64_t>(num_threads()), extent / kMinBlock, by_size});
-  if (blocks <= 1) return gemm_block(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      std::max<std::int64_t>(1, std::min(extent / kMinBlock, m * n * k / min_block_work));
+  if (blocks == 1) return gemm_block(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   parallel_for(0, blocks, 1, [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t block = first; block < last; ++block) {
       const std::int64_t lo = extent * block / blocks, hi = extent * (block + 1) / blocks;

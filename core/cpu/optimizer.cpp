@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "core/adam_math.h"
+#include "core/cpu/isa.h"
 #include "core/cpu/kernels.h"
 #include "core/cpu/loops.h"
 
@@ -43,14 +44,15 @@ void adadelta_segment(const AdadeltaSegment& segment) {
 }
 
 // The contiguous f32 rows training runs, as a plain loop the compiler vectorises, built for
-// AVX-512, AVX2 and the baseline and picked when the program loads. Vector lanes do the scalar
+// AVX-512, AVX2 and the baseline (core/cpu/isa.h). Vector lanes do the scalar
 // loop's operations in its order (no FMA contraction: -ffp-contract=off; sqrt and division are
 // exact), so every build rounds alike. The coefficients are read from a local copy, which the
 // arrays cannot alias: read through the reference, its update-rule flags were not loop-invariant
 // and the compiler left the loop scalar.
-[[gnu::target_clones("avx512f", "avx2", "default")]] void adam_rows_f32(const AdamCoefficients<float>& k,
-                                                                        float* w, const float* g, float* m,
-                                                                        float* v, std::int64_t n) {
+SHARDLAB_CPU_CLONES(void, adam_rows_f32,
+                    (const AdamCoefficients<float>& k, float* w, const float* g, float* m, float* v,
+                     std::int64_t n),
+                    (k, w, g, m, v, n)) {
   const AdamCoefficients<float> c = k;
   for (std::int64_t i = 0; i < n; ++i) adam_element(c, w[i], g[i], m[i], v[i]);
 }

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "core/cpu/isa.h"
 #include "core/cpu/kernels.h"
 #include "core/parallel.h"
 
@@ -38,10 +39,11 @@ template <typename T>
   }
 }
 
-// The f32 instance compiled for the widest vectors the machine has.
-[[gnu::target_clones("avx512f", "avx2", "default")]] void pool_2x2_f32(const float* src, std::int64_t width,
-                                                                       std::int64_t out_h, std::int64_t out_w,
-                                                                       float* values, std::int64_t* where) {
+// The f32 instance compiled for AVX-512, AVX2 and the baseline (core/cpu/isa.h).
+SHARDLAB_CPU_CLONES(void, pool_2x2_f32,
+                    (const float* src, std::int64_t width, std::int64_t out_h, std::int64_t out_w,
+                     float* values, std::int64_t* where),
+                    (src, width, out_h, out_w, values, where)) {
   pool_2x2(src, width, out_h, out_w, values, where);
 }
 

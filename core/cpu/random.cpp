@@ -4,6 +4,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "core/cpu/isa.h"
 #include "core/cpu/kernels.h"
 #include "core/parallel.h"
 #include "core/philox.h"
@@ -13,11 +14,12 @@ namespace shardlab::cpu {
 namespace {
 
 // f32 Bernoulli draws of `blocks` whole Philox blocks from `first_block` on (4 values each), in a
-// loop built for AVX-512, AVX2 and the baseline and picked at load. A value is 1 when its word's top
+// loop built for AVX-512, AVX2 and the baseline (core/cpu/isa.h). A value is 1 when its word's top
 // 24 bits are below `threshold`, which is philox::bernoulli's (word >> 8) * 2^-24 < p in integers.
-[[gnu::target_clones("avx512f", "avx2", "default")]] void bernoulli_blocks(
-    std::uint64_t seed, std::uint64_t stream, std::uint64_t first_block, std::int64_t blocks,
-    std::uint32_t threshold, float* out) {
+SHARDLAB_CPU_CLONES(void, bernoulli_blocks,
+                    (std::uint64_t seed, std::uint64_t stream, std::uint64_t first_block, std::int64_t blocks,
+                     std::uint32_t threshold, float* out),
+                    (seed, stream, first_block, blocks, threshold, out)) {
   for (std::int64_t b = 0; b < blocks; ++b) {
     const philox::Block block = philox::generate(seed, stream, first_block + static_cast<std::uint64_t>(b));
     for (int word = 0; word < 4; ++word)

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "core/cpu/isa.h"
 #include "core/cpu/kernels.h"
 #include "core/cpu/loops.h"
 
@@ -55,7 +56,7 @@ struct ReducedBlock {
 };
 
 // The sum (or sum of squares) of a contiguous f32 row in double, in 8 interleaved partial sums
-// added in a fixed order: vectorisable (built for AVX-512, AVX2 and the baseline, picked at load)
+// added in a fixed order: vectorisable (built for AVX-512, AVX2 and the baseline: core/cpu/isa.h)
 // and the same result on every run and thread count. One loop per mode: with the choice inside,
 // the compiler kept the eight partial sums in scalar registers.
 template <bool kSquares>
@@ -78,8 +79,8 @@ template <bool kSquares>
   return total;
 }
 
-[[gnu::target_clones("avx512f", "avx2", "default")]] double sum_row_f32(const float* row, std::int64_t n,
-                                                                        bool squares) {
+SHARDLAB_CPU_CLONES(double, sum_row_f32, (const float* row, std::int64_t n, bool squares),
+                    (row, n, squares)) {
   return squares ? sum_row_lanes<true>(row, n) : sum_row_lanes<false>(row, n);
 }
 
@@ -93,10 +94,9 @@ template <bool kMin>
   return acc;
 }
 
-[[gnu::target_clones("avx512f", "avx2", "default")]] std::int64_t extreme_of_i64_row(const std::int64_t* row,
-                                                                                     std::int64_t n,
-                                                                                     std::int64_t acc,
-                                                                                     bool smallest) {
+SHARDLAB_CPU_CLONES(std::int64_t, extreme_of_i64_row,
+                    (const std::int64_t* row, std::int64_t n, std::int64_t acc, bool smallest),
+                    (row, n, acc, smallest)) {
   return smallest ? extreme_of_row<true>(row, n, acc) : extreme_of_row<false>(row, n, acc);
 }
 

@@ -92,7 +92,7 @@ void check_paths_agree(const Shape& q_shape, const Shape& kv_shape, const Attent
   }
 }
 
-// Sets the CPU thread count for a scope (the fused backward splits work differently by it).
+// Sets the CPU thread count for a scope.
 class ThreadCount {
  public:
   explicit ThreadCount(int threads) : saved_(num_threads()) { set_num_threads(threads); }
@@ -117,9 +117,8 @@ TEST_CASE("fused attention gradients: causal, padding, GQA, partial tiles", "[at
   check_gradients("T = 5 < S = 70, padding keys, Dv = 3 != D, not causal", detail::fused_attention,
                   {.padding = padding_after({66}, 70), .scale = 0.7},
                   {leaf({1, 4, 5, 2}, 7), leaf({1, 2, 70, 2}, 8), leaf({1, 2, 70, 3}, 9)});
-  // One batch row and one key/value head: backward deals key tiles to several threads, each
+  // One batch row and one key/value head: backward deals the key tiles to several tasks, each
   // with its own dq.
-  const ThreadCount threads(4);
   check_gradients("MQA, B = 1, key tiles split", detail::fused_attention,
                   {.causal = true, .padding = padding_after({67}, 70)},
                   {leaf({1, 2, 70, 2}, 10), leaf({1, 1, 70, 2}, 11), leaf({1, 1, 70, 2}, 12)});
@@ -151,10 +150,35 @@ TEST_CASE("fused attention equals the composed one", "[attention]") {
   }
   // Fewer queries than keys (queries are not padding then).
   check_paths_agree({3, 4, 37, 16}, {3, 2, 130, 16}, {.causal = true, .padding = padding}, 300);
-  // One sequence and one key/value head: backward deals the key tiles to several threads.
-  const ThreadCount threads(4);
+  // One sequence and one key/value head: backward deals the key tiles to several tasks.
   check_paths_agree({1, 4, 130, 32}, {1, 1, 130, 32}, {.causal = true, .padding = padding_after({120}, 130)},
                     310);
+}
+
+TEST_CASE("fused attention gives the same bits on any number of threads", "[attention][threads]") {
+  // One sequence and one key/value head (dq summed from copies, one per task of key tiles), and
+  // six (b, j) pairs (one task each, fewer than the tasks backward wants: copies again).
+  const Tensor weights_1 = test::random_tensor({1, 4, 130, 32}, 402);
+  const Tensor weights_2 = test::random_tensor({3, 4, 100, 16}, 403);
+  for (const auto& [q_shape, kv_shape, weights] :
+       {std::tuple{Shape{1, 4, 130, 32}, Shape{1, 1, 130, 32}, weights_1},
+        std::tuple{Shape{3, 4, 100, 16}, Shape{3, 2, 100, 16}, weights_2}}) {
+    INFO("q " << shape_str(q_shape) << ", k " << shape_str(kv_shape));
+    const Tensor q = test::random_tensor(q_shape, 400, DType::f32, -2, 2);
+    const Tensor k = test::random_tensor(kv_shape, 401, DType::f32, -2, 2);
+    const Tensor v = test::random_tensor(kv_shape, 404);
+    std::vector<Run> runs;
+    for (const int threads : {1, 2, 3, 5}) {
+      const ThreadCount count(threads);
+      runs.push_back(run(detail::fused_attention, q, k, v, {.causal = true}, weights));
+    }
+    for (std::size_t i = 1; i < runs.size(); ++i) {
+      CHECK(values(runs[i].out) == values(runs[0].out));
+      CHECK(values(runs[i].grad_q) == values(runs[0].grad_q));
+      CHECK(values(runs[i].grad_k) == values(runs[0].grad_k));
+      CHECK(values(runs[i].grad_v) == values(runs[0].grad_v));
+    }
+  }
 }
 
 TEST_CASE("a query that sees no key outputs zeros and passes no gradient, on both paths", "[attention]") {
