@@ -1,4 +1,4 @@
-// apps/train_cnn: trains the seed CNN (models/cnn.h) on MNIST-format data with FSDP over the
+// apps/train_cnn: trains the tutorial CNN (models/cnn.h) on MNIST-format data with FSDP over the
 // ranks mpirun starts (one process is a world of 1), following the PyTorch FSDP tutorial:
 // Adadelta(lr) + StepLR(gamma), nll_loss summed over the batch, "Train Epoch" and "Test set"
 // lines, plus a progress bar, per-rank JSON-lines metrics, step timing, sharded checkpoints to
@@ -487,7 +487,8 @@ int main(int argc, char** argv) {
 
   Options options;
   double lr = 0;
-  CLI::App app{"train_cnn: train the seed CNN on (Fashion-)MNIST, with FSDP over the ranks of mpirun"};
+  CLI::App app{
+      "train_cnn: train the FSDP tutorial's CNN on (Fashion-)MNIST, with FSDP over the ranks of mpirun"};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // later flags win
   app.add_option("--data", options.data_dir, "directory with the four IDX files (.gz or plain)");
   app.add_option("--global-batch,--batch-size", options.global_batch,

@@ -1,6 +1,6 @@
 // apps/train_llama: trains the Llama (models/llama.h) on a text corpus (Debian's fortunes by
 // default) with FSDP over the ranks mpirun starts: one unit per decoder layer plus the root
-// (embedding, final norm and head), as the seed's script shards it. AdamW (0.9, 0.99, wd 0.1),
+// (embedding, final norm and head), as the FSDP2 article's script shards it. AdamW (0.9, 0.99, wd 0.1),
 // linear warm-up from 0.1 then cosine to 0, gradient clipping at 1.0, cross-entropy that ignores
 // [PAD]. Prints a progress bar with loss and tokens/s, writes per-step JSON-lines metrics, saves
 // a Hugging Face directory, and can print a few samples after training.
@@ -121,7 +121,7 @@ nlohmann::json tokenizer_document(const data::Tokenizer& tokenizer) {
   return bpe ? nlohmann::json(bpe->to_json()) : nlohmann::json();
 }
 
-// The seed's schedule: LinearLR from 0.1 over the warm-up, then cosine annealing to 0.
+// The FSDP2 article's schedule: LinearLR from 0.1 over the warm-up, then cosine annealing to 0.
 std::unique_ptr<optim::LRScheduler> make_schedule(optim::Optimizer& optimizer, std::int64_t total_steps,
                                                   std::int64_t warmup_steps) {
   std::vector<std::unique_ptr<optim::LRScheduler>> parts;
@@ -315,7 +315,7 @@ Training::Training(const Options& options, dist::Session& session)
 void Training::run() {
   if (options_.explain) {
     dist::log("{}{}", plan_.str(), predicted_->str());
-    // What the seed prints as param.placements: where rank 0's piece of each parameter lies.
+    // What the FSDP2 article prints as param.placements: where rank 0's piece of each parameter lies.
     std::string shards = "rank 0's shards (parameter, shape: placement):\n";
     for (const auto& [name, shard] : dist::parameter_shards(**model_)) {
       shards += fmt::format("  {} {}: {}\n", name, shape_str(shard.full_shape), shard.placement);
@@ -421,7 +421,7 @@ Training::StepResult Training::train_step(const data::Batch& batch) {
 
 // The loss summed over the batch's targets, and the gradients of `scale` times it.
 Variable Training::forward_backward(const data::Batch& batch, double scale) {
-  // The root's all-gather first, as the seed's model.unshard(): it overlaps preparing the step.
+  // The root's all-gather first, as the FSDP2 article's model.unshard(): it overlaps preparing the step.
   dist::UnshardHandle gathering = dist::unshard(**model_);
   const Tensor padding = eq(batch.inputs, tokenizer_->pad_id());
   optimizer_->zero_grad();
@@ -545,7 +545,7 @@ int main(int argc, char** argv) {
   CLI::App app{"train_llama: train the Llama on a text corpus, with FSDP over the ranks of mpirun"};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // later flags win
   auto* config =
-      app.add_option("--config", options.config, "tiny, seed, 1b, or a Hugging Face config.json file");
+      app.add_option("--config", options.config, "tiny, small, 1b, or a Hugging Face config.json file");
   app.add_option(
       "--tokenizer", options.tokenizer,
       "bytes (256 byte ids + [BOT], [EOT], [PAD]), bpe:VOCAB (byte-level BPE learned from the "

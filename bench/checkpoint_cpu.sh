@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# bench/checkpoint_cpu.sh: what sharded checkpoints cost for the seed Llama (hidden 768, 12 layers,
+# bench/checkpoint_cpu.sh: what sharded checkpoints cost for the small Llama (hidden 768, 12 layers,
 # byte vocab: 103M parameters) trained by 4 ranks on the CPU. One step, then a checkpoint (each
 # rank its pieces of the parameters and of AdamW's two moments) and the consolidated
 # model.safetensors written by every rank in place (--save-model); then --resume at 4 ranks and
 # at 2 ranks, from a warm page cache and, where this user may drop it (root), from a cold one.
 # Next to them, side by side: 4 processes writing the same bytes with dd and fsync, the disk's
-# floor for a save. Prints bytes per rank, each time and the save/dd ratio. With OUT=DIR the
+# floor for a save. Prints bytes per rank, each time and the save/dd ratio. With RESULTS_DIR=DIR the
 # logs stay there. Not a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +13,7 @@ build_dir="${SHARDLAB_BUILD_DIR:-build}"
 source bench/output_dir.sh
 mpirun=(mpirun --oversubscribe)
 [ "$(id -u)" = 0 ] && mpirun+=(--allow-run-as-root)
-train=("$build_dir/apps/train_llama" --config seed --seq 32 --global-batch 4 --threads 1 --limit-documents 200
+train=("$build_dir/apps/train_llama" --config small --seq 32 --global-batch 4 --threads 1 --limit-documents 200
   --checkpoint-dir "$out/ckpt")
 
 drop_caches() {  # true when the page cache was dropped
@@ -52,7 +52,7 @@ dd_seconds=$(echo "$(date +%s.%N) - $dd_start" | bc -l)
 rm -f "$out"/dd-*
 
 save=$(seconds "saved checkpoint" save.log)
-echo "seed Llama, 4 ranks on $(nproc) cores: $(grep -o 'model seed with [0-9]* parameters' "$out/save.log")"
+echo "small Llama, 4 ranks on $(nproc) cores: $(grep -o 'model small with [0-9]* parameters' "$out/save.log")"
 echo "checkpoint: $(ls "$saved" | wc -l) files:"
 ls -l "$saved" | awk 'NR > 1 { printf "  %-26s %12d B\n", $9, $5 }'
 echo "model.safetensors: $(stat -c %s "$out/model/model.safetensors") B"

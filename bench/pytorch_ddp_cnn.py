@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """bench/pytorch_ddp_cnn.py: the PyTorch peer for train_cnn's FSDP step time.
 
-Debian's PyTorch 1.13 cannot import its FSDP on Python 3.11, so the peer is DDP: the seed net
+Debian's PyTorch 1.13 cannot import its FSDP on Python 3.11, so the peer is DDP: the tutorial net
 (dropout included, as train_cnn runs it), gloo over 2 local processes with 1 thread each, global batch 64 (32 per
 rank), Adam, summed nll_loss. Prints the median step time of the steps after the first, the
 number train_cnn reports as "median step". Needs Debian's python3-torch, installed by hand;

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """bench/pytorch_eval_cnn.py: loads a train_cnn --save-model file into PyTorch's version of the
-seed net and evaluates it on the test set, to show the safetensors file is what PyTorch
+tutorial net and evaluates it on the test set, to show the safetensors file is what PyTorch
 expects (names, shapes, dtypes, bytes). Reads the format with struct + json, as the
 `safetensors` package is not in Debian; needs python3-torch, installed by hand.
 

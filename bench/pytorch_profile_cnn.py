@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """bench/pytorch_profile_cnn.py: where PyTorch's time goes in the CNN step that train_cnn's --profile
-splits up: the seed net (dropout included), one thread, a batch of 32 (one rank's share of the global
+splits up: the tutorial net (dropout included), one thread, a batch of 32 (one rank's share of the global
 64), Adam, summed nll_loss; torch.profiler's table of ops by their own time, per step. Needs Debian's
 python3-torch, installed by hand; not a dependency of the project or its tests.
 

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """bench/pytorch_train_cnn.py: the PyTorch reference for apps/train_cnn's throughput.
 
-Trains the seed net (the PyTorch FSDP tutorial's MNIST model) on the same IDX files with the
+Trains the tutorial net (the PyTorch FSDP tutorial's MNIST model) on the same IDX files with the
 same batch size, optimizer (Adadelta lr 1.0) and summed nll_loss, and prints images/s over the
 training loop only, the way train_cnn reports it. Needs Debian's python3-torch, installed by
 hand; it is not a dependency of the project or its tests.

@@ -14,7 +14,7 @@ namespace shardlab::data {
 Tensor read_idx(const std::string& path);
 
 struct ImageSet {
-  Tensor images;  // f32 [N, 1, H, W], normalised as the seed tutorial: (x / 255 - 0.1307) / 0.3081
+  Tensor images;  // f32 [N, 1, H, W], normalised as the FSDP tutorial: (x / 255 - 0.1307) / 0.3081
   Tensor labels;  // i64 [N]
 };
 

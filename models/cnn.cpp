@@ -1,4 +1,4 @@
-// models/cnn.cpp: the seed CNN's layers and forward.
+// models/cnn.cpp: the tutorial CNN's layers and forward.
 #include "models/cnn.h"
 
 namespace shardlab::models {

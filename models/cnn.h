@@ -1,4 +1,4 @@
-// models/cnn.h: the MNIST net of the PyTorch FSDP tutorial (the seed), layer for layer:
+// models/cnn.h: the MNIST net of the PyTorch FSDP tutorial, layer for layer:
 // conv1 1->32 3x3, ReLU, conv2 32->64 3x3, ReLU, max_pool 2, dropout 0.25, flatten,
 // fc1 9216->128, ReLU, dropout 0.5, fc2 128->10, log_softmax. 1,199,882 parameters.
 #pragma once

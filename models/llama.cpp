@@ -50,7 +50,7 @@ std::int64_t LlamaConfig::parameter_count() const {
 }
 
 LlamaConfig LlamaConfig::preset(std::string_view name) {
-  if (name == "seed") return {};
+  if (name == "small" || name == "seed") return {};  // "seed": its earlier name
   if (name == "tiny") {
     // Small enough for gradchecks and golden files; a layer holds 16400 parameters, which 3
     // ranks do not divide (uneven shards).
@@ -71,7 +71,7 @@ LlamaConfig LlamaConfig::preset(std::string_view name) {
             .num_key_value_heads = 4,
             .max_position_embeddings = 2048};
   }
-  fail("LlamaConfig: no preset named '{}' (tiny, seed, 1b)", name);
+  fail("LlamaConfig: no preset named '{}' (tiny, small, 1b)", name);
 }
 
 nlohmann::json LlamaConfig::to_json() const {

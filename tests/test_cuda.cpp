@@ -676,7 +676,7 @@ SHARDLAB_CUDA_VS_CPU("conv2d forward with bias, and both gradients, stride 2 and
                             conv2d_backward_weight(grad, x[0], x[1].shape(), p).flatten()},
                            0);
                      });
-SHARDLAB_CUDA_VS_CPU("conv2d of the seed CNN's second layer shape in bf16",
+SHARDLAB_CUDA_VS_CPU("conv2d of the tutorial CNN's second layer shape in bf16",
                      {random_tensor({2, 32, 26, 26}, 114, DType::bf16),
                       random_tensor({64, 32, 3, 3}, 115, DType::bf16)},
                      [](const Inputs& x) { return conv2d(x[0], x[1]).to(DType::f32); });

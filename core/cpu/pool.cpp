@@ -11,7 +11,7 @@ namespace shardlab::cpu {
 
 namespace {
 
-// The common 2x2, stride 2 window (the seed CNN's) without clipping or loops: the first
+// The common 2x2, stride 2 window (the tutorial CNN's) without clipping or loops: the first
 // maximum of four, NaN winning like the general path. Selects, not branches (a window's maximum
 // is data-dependent: branches mispredict about half the time), so f32 vectorises.
 template <typename T>

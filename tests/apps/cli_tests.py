@@ -89,7 +89,7 @@ def app_cases(scratch):
         integer("--sample", "-1", 0),
         integer("--sample-tokens", "0", 1),
         (["--steps", "2", "--epochs", "1"], "--steps excludes --epochs"),
-        (["--config", "huge"], "LlamaConfig: no preset named 'huge' (tiny, seed, 1b)"),
+        (["--config", "huge"], "LlamaConfig: no preset named 'huge' (tiny, small, 1b)"),
         (["--tokenizer", "words"], "make_tokenizer: unknown tokenizer 'words'"),
         (["--data", "/nonexistent/corpus"], "read_documents: '/nonexistent/corpus' does not exist"),
         (["--init-from", "/nonexistent/model"], "'/nonexistent/model' has no config.json"),

@@ -86,14 +86,14 @@ def main(mpirun, train_llama, generate):
 def check_errors(mpirun, program, check):
     cases = [
         (4, ["--global-batch", "3"], "train_llama: global batch: 3 is smaller than the 4 ranks"),
-        (2, ["--config", "huge"], "train_llama: LlamaConfig: no preset named 'huge' (tiny, seed, 1b)"),
+        (2, ["--config", "huge"], "train_llama: LlamaConfig: no preset named 'huge' (tiny, small, 1b)"),
         (2, ["--tokenizer", "words"], "train_llama: "),
         (2, ["--data", "/nonexistent/corpus"], "/nonexistent/corpus"),
         (1, ["--seq", "600"], "train_llama: --seq 600 exceeds the model's 512 positions"),
         (2, ["--sharding", "half"], "train_llama: sharding 'half' is not one of full, grad_op, none, hybrid:G"),
         (1, ["--config", "/nonexistent/llama.json"], "train_llama: cannot read the config file '/nonexistent/llama.json'"),
         (2, ["--init-from", "/nonexistent/model"], "train_llama: '/nonexistent/model' has no config.json"),
-        (1, ["--init-from", "/nonexistent/model", "--config", "seed"], "--config excludes --init-from"),
+        (1, ["--init-from", "/nonexistent/model", "--config", "small"], "--config excludes --init-from"),
         (2, ["--resume"], "train_llama: --resume needs --checkpoint-dir"),
         (2, ["--tokenizer", "bpe:x"], "train_llama: --tokenizer 'bpe:x': expected bpe:VOCAB with VOCAB a positive integer"),
         (2, ["--tokenizer", "words"], "train_llama: make_tokenizer: unknown tokenizer 'words'"),

@@ -1,4 +1,4 @@
-// tests/models/test_cnn.cpp: the seed CNN's structure (PyTorch's names and sizes), output, and
+// tests/models/test_cnn.cpp: the tutorial CNN's structure (PyTorch's names and sizes), output, and
 // that training steps lower the loss.
 #include "autograd/functional.h"
 #include "models/cnn.h"
@@ -7,7 +7,7 @@
 
 using namespace shardlab;
 
-TEST_CASE("the CNN has the seed's layers, names and 1,199,882 parameters", "[models][cnn]") {
+TEST_CASE("the CNN has the tutorial's layers, names and 1,199,882 parameters", "[models][cnn]") {
   models::Cnn model;
   CHECK(model->parameter_count() == 1199882);
   std::vector<std::string> names;

@@ -133,14 +133,15 @@ TEST_CASE("the Llama has Hugging Face's parameter names and shapes; buffers stay
 
 TEST_CASE("the presets have the documented sizes (TinyLlama's 1,100,048,384 for 1b)", "[models][llama]") {
   CHECK(models::LlamaConfig::preset("1b").parameter_count() == 1100048384);
-  const models::LlamaConfig seed = models::LlamaConfig::preset("seed");
-  CHECK(seed.vocab_size == 50000);
-  CHECK(seed.num_key_value_heads == 3);
-  // The seed's model built with shapes only: its parameters add up to the formula's count.
+  const models::LlamaConfig small = models::LlamaConfig::preset("small");
+  CHECK(small.vocab_size == 50000);
+  CHECK(small.num_key_value_heads == 3);
+  CHECK(models::LlamaConfig::preset("seed").to_json() == small.to_json());  // its earlier name
+  // The small model built with shapes only: its parameters add up to the formula's count.
   const nn::DeferredInitGuard deferred;
-  models::Llama shapes_only(seed);
-  CHECK(shapes_only->parameter_count() == seed.parameter_count());
-  CHECK_THROWS_ERROR(models::LlamaConfig::preset("7b"), "no preset named '7b' (tiny, seed, 1b)");
+  models::Llama shapes_only(small);
+  CHECK(shapes_only->parameter_count() == small.parameter_count());
+  CHECK_THROWS_ERROR(models::LlamaConfig::preset("7b"), "no preset named '7b' (tiny, small, 1b)");
 }
 
 TEST_CASE("inconsistent configs are refused with the fields named", "[models][llama]") {

@@ -184,7 +184,7 @@ TEST_CASE("AdamW: decoupled weight decay", "[optim]") {
 }
 
 TEST_CASE("Adadelta: running averages of squared gradients and updates", "[optim]") {
-  SECTION("defaults (the seed MNIST tutorial's optimizer)") {
+  SECTION("defaults (the FSDP tutorial's optimizer)") {
     check_three_steps<optim::Adadelta>(optim::AdadeltaOptions{},
                                        AdadeltaRef{.lr = 1.0, .rho = 0.9, .eps = 1e-6, .weight_decay = 0});
   }

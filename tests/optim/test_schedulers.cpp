@@ -72,7 +72,7 @@ void check_schedule(optim::LRScheduler& scheduler, const optim::Optimizer& opt, 
 
 Variable parameter() { return Variable(from_vector<double>({1.0, -2.0}), true, "w"); }
 
-TEST_CASE("StepLR: the seed tutorial's gamma 0.7 every epoch, and longer steps", "[optim][scheduler]") {
+TEST_CASE("StepLR: the FSDP tutorial's gamma 0.7 every epoch, and longer steps", "[optim][scheduler]") {
   SECTION("Adadelta(lr = 1), StepLR(step_size = 1, gamma = 0.7)") {
     optim::Adadelta opt({{"w", parameter()}}, {.lr = 1.0});
     optim::StepLR scheduler(opt, 1, 0.7);

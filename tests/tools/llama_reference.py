@@ -1,4 +1,4 @@
-"""tests/tools/llama_reference.py: the seed's Llama in plain PyTorch (1.13 and later), module for
+"""tests/tools/llama_reference.py: the FSDP2 article's Llama in plain PyTorch (1.13 and later), module for
 module and name for name as Hugging Face's LlamaForCausalLM, plus safetensors reading and writing
 without the `safetensors` package. The reference shardlab's models/llama.cpp is checked against
 (make_llama_golden.py), the loader of directories train_llama saves (check_llama_dir.py), and the
