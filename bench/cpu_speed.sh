@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/cpu_speed.sh: the four CPU speed ratios of issue 17, side by side on this machine, shardlab
+# bench/cpu_speed.sh: the four CPU speed ratios, side by side on this machine, shardlab
 # next to its PyTorch peer (Debian's python3-torch, installed by hand) for each:
 #   1. CNN step, FULL_SHARD at 2 ranks (1 thread each, global batch 64, Adam) / PyTorch DDP's (gloo,
 #      the same net with its dropout, batch and optimizer; bench/pytorch_ddp_cnn.py): median step
@@ -11,7 +11,7 @@
 #   4. FULL_SHARD / NO_SHARD step time at 2 ranks; target <= 1.15.
 # A shared machine's speed drifts by 10% and more within minutes, so each ratio is the median of
 # ROUNDS (default 3) rounds, each timing both sides back to back, the order alternating between
-# rounds. Every run does STEPS (default 100) steps. With OUT=DIR the raw outputs stay there. Not a test.
+# rounds. Every run does STEPS (default 100) steps. With RESULTS_DIR=DIR the raw outputs stay there. Not a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir="${SHARDLAB_BUILD_DIR:-build}"

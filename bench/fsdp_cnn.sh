@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/fsdp_cnn.sh: the FSDP benchmark of issue 6, side by side in one run on this machine:
+# bench/fsdp_cnn.sh: the FSDP benchmark, side by side in one run on this machine:
 # train_cnn at 2 ranks with FULL_SHARD and NO_SHARD and in 1 process (Adam, global batch 64,
 # 1 thread per rank, 100 steps), then the PyTorch DDP peer when Debian's python3-torch is there.
 # Prints each run's median step time, persistent model state and training peak per rank, and

@@ -3,7 +3,7 @@
 # train_llama (1 process) and PyTorch (bench/pytorch_train_llama.py, Debian's python3-torch) on
 # the same model (bench/llama_h256_l4.json: H256 L4 heads 8/2 I1024), fortunes as byte tokens,
 # T256 B16, the same optimizer and schedule, 2 threads each, STEPS steps (default 300). Prints
-# both median tokens/s, their ratio, and both loss curves (mean of every 25 steps). With OUT=DIR
+# both median tokens/s, their ratio, and both loss curves (mean of every 25 steps). With RESULTS_DIR=DIR
 # the raw per-step records stay there (shardlab.jsonl, shardlab.log, pytorch.jsonl). Not a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -4,7 +4,7 @@
 # tokenizers' (npm package `tokenizers`, the Rust library) on the same tokenizer.json and the same
 # documents: encode() one document at a time (one thread at a time, as ours) and encodeBatch() (all
 # cores). HF runs when HF_TOKENIZERS_NODE_MODULES names a node_modules folder holding `tokenizers`
-# (e.g. after `cd /tmp/hf && npm install tokenizers`). Prints MB/s and the ratio. With OUT=DIR the
+# (e.g. after `cd /tmp/hf && npm install tokenizers`). Prints MB/s and the ratio. With RESULTS_DIR=DIR the
 # files stay there. Not a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -2,7 +2,7 @@
 // blocking MPI collectives in issue order. A thread (rather than non-blocking MPI calls) is
 // what guarantees progress while the caller computes: Open MPI progresses non-blocking
 // collectives only inside MPI calls. The caller and this thread both call MPI, hence
-// MPI_THREAD_MULTIPLE (dist/mpi.h).
+// MPI_THREAD_MULTIPLE (dist/mpi_support.h).
 #include "dist/mpi_backend.h"
 
 #include <climits>

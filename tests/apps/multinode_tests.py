@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tests/apps/multinode_tests.py: the multi-node recipe of the README on one machine: two "nodes"
+"""tests/apps/multinode_tests.py: the multi-node recipe of docs/multinode.md on one machine: two "nodes"
 from a hostfile naming localhost twice, MPI's bytes over TCP only (--mca pml ob1 --mca btl tcp,self,
 the TCP interfaces named as on a cluster), and checks that:
 
@@ -22,7 +22,7 @@ DATA_DIR = "/usr/share/datasets/fashion-mnist"
 ARGS = ["--steps", "6", "--limit-train", "768", "--global-batch", "64", "--test-batch-size", "1000",
         "--threads", "1"]
 # ob1 is the point-to-point layer that uses the BTLs (UCX, where present, would bypass them); the
-# loopback interface stands for the cluster's network (eth0, ib0) in the README.
+# loopback interface stands for the cluster's network (eth0, ib0) in docs/multinode.md.
 TCP_ONLY = ["--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo",
             "--mca", "oob_tcp_if_include", "lo"]
 
