@@ -1,4 +1,5 @@
-// tests/test_index.cpp: embedding, index_select, gather/scatter/index_add, cat/stack/split, triu, targets.
+// tests/core/test_index.cpp: embedding, index_select, gather/scatter/index_add, cat/stack/split, triu,
+// targets.
 #include <cmath>
 #include <cstdint>
 #include <string>

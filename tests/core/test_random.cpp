@@ -1,4 +1,4 @@
-// tests/test_random.cpp: Philox4x32-10 against the published known-answer vectors, the
+// tests/core/test_random.cpp: Philox4x32-10 against the published known-answer vectors, the
 // bit-exact math it uses, sub-range generation, and the distributions' statistics.
 #include <cmath>
 

@@ -1,4 +1,4 @@
-// tests/test_linalg.cpp: matmul, softmax, conv2d and its gradients, max_pool2d vs naive loops.
+// tests/core/test_linalg.cpp: matmul, softmax, conv2d and its gradients, max_pool2d vs naive loops.
 #include <array>
 #include <cmath>
 #include <cstdint>

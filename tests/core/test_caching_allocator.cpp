@@ -1,4 +1,4 @@
-// tests/test_caching_allocator.cpp: every rule of the caching allocator, on a fake device whose
+// tests/core/test_caching_allocator.cpp: every rule of the caching allocator, on a fake device whose
 // memory budget, streams and event completion the tests control (runs without a GPU).
 #include <algorithm>
 #include <atomic>

@@ -1,4 +1,4 @@
-// tests/test_reduce.cpp: sum, mean, sum_squares, max, min, argmax, logsumexp vs naive loops.
+// tests/core/test_reduce.cpp: sum, mean, sum_squares, max, min, argmax, logsumexp vs naive loops.
 #include <cmath>
 #include <cstdint>
 #include <functional>

@@ -1,4 +1,4 @@
-// tests/test_isa.cpp: the CPU kernels compiled per instruction set give the same bits under every
+// tests/core/test_isa.cpp: the CPU kernels compiled per instruction set give the same bits under every
 // set this processor runs, and SHARDLAB_CPU_ISA's requests are checked.
 #include <cmath>
 #include <limits>

@@ -1,4 +1,4 @@
-// tests/test_optimizer_kernels.cpp: fused optimizer kernels equal their op-by-op formulas, and their
+// tests/core/test_optimizer_kernels.cpp: fused optimizer kernels equal their op-by-op formulas, and their
 // multi-segment forms equal the single-parameter calls.
 #include <cmath>
 #include <iterator>

@@ -1,4 +1,4 @@
-// tests/test_tensor.cpp: Tensor metadata, views (no copies), copies, casts, factories,
+// tests/core/test_tensor.cpp: Tensor metadata, views (no copies), copies, casts, factories,
 // the printer, Storage and the CPU allocator's statistics.
 #include "core/allocator.h"
 #include "tests/check.h"

@@ -1,4 +1,5 @@
-// tests/test_elementwise.cpp: unary/binary elementwise ops, Scalar operands, where, promotion, broadcasting.
+// tests/core/test_elementwise.cpp: unary/binary elementwise ops, Scalar operands, where, promotion,
+// broadcasting.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

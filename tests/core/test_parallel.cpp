@@ -1,4 +1,4 @@
-// tests/test_parallel.cpp: the CPU thread pool: coverage of every index, exceptions, nesting.
+// tests/core/test_parallel.cpp: the CPU thread pool: coverage of every index, exceptions, nesting.
 #include <atomic>
 #include <stdexcept>
 #include <vector>

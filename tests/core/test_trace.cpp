@@ -1,4 +1,4 @@
-// tests/test_trace.cpp: the trace recorder (nothing while off; spans, counters, flows and tracks
+// tests/core/test_trace.cpp: the trace recorder (nothing while off; spans, counters, flows and tracks
 // while on) and the overlap figures on a hand-computed synthetic timeline.
 #include <algorithm>
 #include <set>

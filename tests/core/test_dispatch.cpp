@@ -1,4 +1,4 @@
-// tests/test_dispatch.cpp: the per-device kernel tables: the CPU table is complete, and so is the
+// tests/core/test_dispatch.cpp: the per-device kernel tables: the CPU table is complete, and so is the
 // CUDA one in a CUDA build (empty otherwise) but for the entries it does not have yet.
 #include "core/kernels.h"
 #include "tests/check.h"

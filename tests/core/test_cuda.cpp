@@ -1,4 +1,4 @@
-// tests/test_cuda.cpp: the CUDA kernels against the CPU reference, streams and events, the CUDA
+// tests/core/test_cuda.cpp: the CUDA kernels against the CPU reference, streams and events, the CUDA
 // caching allocator, and how CUDA reports itself on a machine without a usable GPU.
 #include <cstdint>
 #include <cstring>

@@ -1,4 +1,4 @@
-// tests/test_profile.cpp: the kernel profiler: nothing while off; while on, each kernel call counted
+// tests/core/test_profile.cpp: the kernel profiler: nothing while off; while on, each kernel call counted
 // once under its op's name (the outermost only), its time inside the wall time around it.
 #include <chrono>
 #include <thread>

@@ -1,4 +1,4 @@
-// tests/test_dtype.cpp: dtype sizes and names, promotion, and bf16/f16 round-to-nearest-even.
+// tests/core/test_dtype.cpp: dtype sizes and names, promotion, and bf16/f16 round-to-nearest-even.
 #include <cmath>
 #include <cstring>
 #include <limits>
