@@ -417,30 +417,30 @@ void cuda_adam_step(std::span<const AdamSegment> segments) {
 }  // namespace
 
 const Kernels& cuda_kernels() {
-  static const Kernels table = [] {
-    Kernels kernels{};  // entries not set stay null: those ops have no CUDA kernel yet
-    kernels.fill = cuda_fill;
-    kernels.copy = cuda_copy;
-    kernels.unary = cuda_unary;
-    kernels.binary = cuda_binary;
-    kernels.where = cuda_where;
-    kernels.random = cuda_random;
-    kernels.softmax = cuda_softmax;
-    kernels.reduce = cuda_reduce;
-    kernels.matmul = cuda_matmul;
-    kernels.index_select = cuda_index_select;
-    kernels.gather = cuda_gather;
-    kernels.scatter_add = cuda_scatter_add;
-    kernels.index_add = cuda_index_add;
-    kernels.max_pool2d = cuda_max_pool2d;
-    kernels.max_pool2d_backward = cuda_max_pool2d_backward;
-    kernels.adadelta_step = cuda_adadelta_step;
-    kernels.adam_step = cuda_adam_step;
-    kernels.conv2d = cuda_conv2d;
-    kernels.conv2d_backward_input = cuda_conv2d_backward_input;
-    kernels.conv2d_backward_weight = cuda_conv2d_backward_weight;
-    return kernels;
-  }();
+  // Designated in core/kernels.h's order; an entry left out stays null: that op has no CUDA kernel
+  // yet (fused attention: autograd composes it from the other ops on CUDA).
+  static const Kernels table{
+      .fill = cuda_fill,
+      .copy = cuda_copy,
+      .unary = cuda_unary,
+      .binary = cuda_binary,
+      .where = cuda_where,
+      .reduce = cuda_reduce,
+      .matmul = cuda_matmul,
+      .softmax = cuda_softmax,
+      .conv2d = cuda_conv2d,
+      .conv2d_backward_input = cuda_conv2d_backward_input,
+      .conv2d_backward_weight = cuda_conv2d_backward_weight,
+      .max_pool2d = cuda_max_pool2d,
+      .max_pool2d_backward = cuda_max_pool2d_backward,
+      .index_select = cuda_index_select,
+      .gather = cuda_gather,
+      .scatter_add = cuda_scatter_add,
+      .index_add = cuda_index_add,
+      .random = cuda_random,
+      .adadelta_step = cuda_adadelta_step,
+      .adam_step = cuda_adam_step,
+  };
   return table;
 }
 
