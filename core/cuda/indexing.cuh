@@ -1,5 +1,5 @@
 // core/cuda/indexing.cuh: internal to core/cuda: element offsets of strided operands described by
-// a Layout (launch.h), and the grid-stride loop over them, for the elementwise-style kernels.
+// a Layout (launch.h), the grid-stride loop over them, and accumulation as the CPU kernels do it.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +7,12 @@
 #include "core/cuda/launch.h"
 
 namespace shardlab::cuda {
+
+// target += value in the compute type, rounded once to T: the CPU kernels' accumulation.
+template <typename T>
+__device__ void accumulate(T& target, T value) {
+  target = narrow<T>(widen(target) + widen(value));
+}
 
 // The grid-stride loop's start and step for this thread.
 __device__ inline std::int64_t first_thread() {

@@ -131,6 +131,8 @@ void launch_scatter_add(DType dtype, void* out, const std::int64_t* index, const
 void launch_index_add(DType dtype, void* out, const std::int64_t* index, const void* src, std::int64_t outer,
                       std::int64_t picks, std::int64_t size, std::int64_t inner, cudaStream_t stream);
 
+// --- core/cuda/pool.cu -------------------------------------------------------------------------
+
 struct PoolGeometry {
   std::int64_t height = 0, width = 0, out_h = 0, out_w = 0;
   std::int64_t kernel = 2, stride = 2, padding = 0;

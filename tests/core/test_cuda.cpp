@@ -546,7 +546,7 @@ SHARDLAB_CUDA_VS_CPU("matmul with an empty inner dimension gives zeros",
                      {random_tensor({4, 0}, 88), random_tensor({0, 3}, 89)},
                      [](const Inputs& x) { return matmul(x[0], x[1]); });
 
-// --- index and pooling kernels (core/cuda/index.cu) ---------------------------------------------
+// --- index and pooling kernels (core/cuda/index.cu, core/cuda/pool.cu) ---------------------------
 
 namespace {
 Tensor indices(const std::vector<std::int64_t>& values, const Shape& shape) {
