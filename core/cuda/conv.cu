@@ -1,5 +1,5 @@
 // core/cuda/conv.cu: the data-movement kernels of conv2d as im2col + GEMM (the GEMMs are
-// cuBLAS, core/cuda/cublas.cpp): im2col, its adjoint col2im written as a gather (each input
+// cuBLAS, core/cuda/gemm.cpp): im2col, its adjoint col2im written as a gather (each input
 // pixel sums its taps in a fixed order: deterministic, no atomics), and the bias add.
 #include <cstdint>
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/cuda/check.h"
-#include "core/cuda/cublas.h"
+#include "core/cuda/gemm.h"
 #include "core/cuda/launch.h"
 #include "core/cuda/runtime.h"
 #include "core/kernels.h"

@@ -518,7 +518,7 @@ SHARDLAB_CUDA_VS_CPU("max and argmax keep the first NaN",
                        return cat({max(x[0], {1}), argmax(x[0], {1}).to(DType::f32), min(x[0], {0})}, 0);
                      });
 
-// --- matmul (core/cuda/cublas.cpp) -----------------------------------------------------------------
+// --- matmul (core/cuda/gemm.cpp) --------------------------------------------------------------------
 
 // Shapes off every tile size; row-major, transposed (column-major) and strided operands; a
 // broadcast batch; f32 (f32 accumulation on both sides), f64, bf16 and f16.

@@ -1,6 +1,6 @@
-// core/cuda/cublas.cpp: the cuBLAS entry points we use, resolved with dlopen on first use; one
+// core/cuda/gemm.cpp: the cuBLAS entry points we use, resolved with dlopen on first use; one
 // handle per (device, thread), since a cuBLAS handle must not be used by two threads at once.
-#include "core/cuda/cublas.h"
+#include "core/cuda/gemm.h"
 
 #include <cublas_api.h>
 #include <dlfcn.h>

@@ -1,4 +1,4 @@
-// core/cuda/cublas.h: internal to core/cuda: batched GEMM through cuBLAS, loaded at first use
+// core/cuda/gemm.h: internal to core/cuda: batched GEMM through cuBLAS, loaded at first use
 // (dlopen), so binaries still start where the toolkit's shared libraries are absent.
 #pragma once
 
