@@ -116,7 +116,7 @@ void max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Te
     parallel_for(0, planes, 1, [&](std::int64_t first, std::int64_t last) {
       for (std::int64_t plane = first; plane < last; ++plane) {
         // Zeroed plane by plane while it sits in L1, not as a separate pass over the whole tensor.
-        std::fill_n(dst + plane * plane_in, plane_in, T(0));
+        std::fill_n(dst + plane * plane_in, plane_in, T{});  // zero, for bf16/f16 too
         for (std::int64_t j = 0; j < plane_out; ++j) {
           T& target = dst[plane * plane_in + where[plane * plane_out + j]];
           target = narrow<T>(widen(target) + widen(g[plane * plane_out + j]));
