@@ -16,7 +16,7 @@ using namespace shardlab;
 
 namespace {
 
-// One site as dist/fsdp.cpp writes them: a wait span named after a tag, with the unit as argument,
+// One site as dist/fsdp/fsdp.cpp writes them: a wait span named after a tag, with the unit as argument,
 // and the gathered-bytes counter.
 void traced_site(const std::string& tag, std::int64_t bytes) {
   trace::Span span(trace::on() ? "wait all_gather " + tag : std::string(), "wait");
@@ -24,7 +24,7 @@ void traced_site(const std::string& tag, std::int64_t bytes) {
   if (trace::on()) trace::counter("gathered parameters", {{"bytes", bytes}});
 }
 
-// The dearest event a step records: a collective's span as dist/monitor.cpp writes it from the
+// The dearest event a step records: a collective's span as dist/comm/monitor.cpp writes it from the
 // ledger, on its communicator's track, with its ten arguments.
 void collective_event(const std::string& tag, std::int64_t sequence) {
   if (!trace::on()) return;

@@ -1,4 +1,4 @@
-// apps/checkpoint: sharded checkpoints (dist/checkpoint.h) in one process, without mpirun:
+// apps/checkpoint: sharded checkpoints (dist/checkpoint/checkpoint.h) in one process, without mpirun:
 //   checkpoint info DIR                               what it holds
 //   checkpoint consolidate DIR OUT.safetensors [--optimizer]   one safetensors file of it
 //   checkpoint convert DIR OUT_DIR                    a train_llama checkpoint as a Hugging Face directory
@@ -13,7 +13,7 @@
 
 #include "apps/cli.h"
 #include "data/bpe.h"
-#include "dist/checkpoint_reader.h"
+#include "dist/checkpoint/reader.h"
 #include "models/llama.h"
 
 using namespace shardlab;

@@ -1,15 +1,13 @@
 #!/usr/bin/python3
 """bench/pytorch_eval_cnn.py: loads a train_cnn --save-model file into PyTorch's version of the
 tutorial net and evaluates it on the test set, to show the safetensors file is what PyTorch
-expects (names, shapes, dtypes, bytes). Reads the format with struct + json, as the
+expects (names, shapes, dtypes, bytes). Reads it with tests/tools/safetensors_torch.py, as the
 `safetensors` package is not in Debian; needs python3-torch, installed by hand.
 
     build/apps/train_cnn --epochs 1 --save-model /tmp/cnn.safetensors
     /usr/bin/python3 bench/pytorch_eval_cnn.py /tmp/cnn.safetensors
 """
-import json
 import os
-import struct
 import sys
 
 import numpy as np
@@ -17,25 +15,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "tools"))
 from pytorch_train_cnn import Net, read_idx  # noqa: E402
-
-DTYPES = {"F32": torch.float32, "F64": torch.float64, "BF16": torch.bfloat16, "F16": torch.float16,
-          "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8, "BOOL": torch.bool}
-
-
-def load_safetensors(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    (length,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + length])
-    header.pop("__metadata__", None)
-    base = 8 + length
-    tensors = {}
-    for name, entry in header.items():
-        start, end = entry["data_offsets"]
-        raw = bytearray(data[base + start:base + end])
-        tensors[name] = torch.frombuffer(raw, dtype=DTYPES[entry["dtype"]]).reshape(entry["shape"])
-    return tensors
+from safetensors_torch import load_safetensors  # noqa: E402
 
 
 def main():

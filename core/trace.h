@@ -7,7 +7,7 @@
 //   { trace::Span span("optimizer step", "compute"); optimizer.step(); }
 //   trace::counter("memory", {{"in_use", bytes}});
 //   trace::stop();
-//   std::vector<trace::Event> events = trace::take();  // dist/trace.h writes them as JSON
+//   std::vector<trace::Event> events = trace::take();  // dist/fsdp/trace.h writes them as JSON
 #pragma once
 
 #include <atomic>
@@ -64,8 +64,8 @@ struct Track {
 };
 std::vector<Track> tracks();
 
-void complete(std::string name, std::string category, int track, Clock::time_point begin, Clock::time_point end,
-              Args args = {});
+void complete(std::string name, std::string category, int track, Clock::time_point begin,
+              Clock::time_point end, Args args = {});
 void instant(std::string name, std::string category, Args args = {});
 // One sample of each series in `values` (a viewer draws one counter track per name).
 void counter(std::string name, Args values);

@@ -9,7 +9,7 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "core/temp_file.h"
+#include "core/file_io.h"
 #include "data/byte_level.h"
 
 namespace shardlab::data {
@@ -244,7 +244,7 @@ std::string BpeTokenizer::to_json() const {
 
 void BpeTokenizer::save(const std::string& path) const {
   const std::string text = to_json();
-  TempFile file(path, "BpeTokenizer::save");
+  PendingFile file(path, "BpeTokenizer::save");
   file.write(text.data(), text.size());
   file.commit();
 }

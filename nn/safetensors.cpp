@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/temp_file.h"
+#include "core/file_io.h"
 
 namespace shardlab::nn {
 
@@ -250,7 +250,7 @@ void save_safetensors(const std::string& path, const StateDict& tensors,
   for (const auto& [name, tensor] : tensors) host.push_back(tensor.to(Device::cpu()).contiguous());
 
   // The layout lays the tensors end to end in order: written one after the other, each lands at its offset.
-  TempFile file(path, "save_safetensors");
+  PendingFile file(path, "save_safetensors");
   file.write(layout.header.data(), layout.header.size());
   for (const Tensor& tensor : host) {
     if (tensor.numel() > 0)

@@ -17,9 +17,9 @@
 #include "core/ops.h"
 #include "core/random.h"
 #include "data/loader.h"
-#include "dist/fsdp.h"
-#include "dist/init.h"
-#include "dist/log.h"
+#include "dist/comm/init.h"
+#include "dist/comm/log.h"
+#include "dist/fsdp/fsdp.h"
 #include "nn/layers.h"
 #include "optim/optimizer.h"
 

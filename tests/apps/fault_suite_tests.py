@@ -4,7 +4,7 @@ must get from them: the job ends within its time limit with a non-zero exit and 
 names the cause, the previous checkpoint is intact, and resuming it continues the losses of the
 uninterrupted run bit for bit.
 
-Faults (train_cnn at np 2, checkpoints every 2 steps; SHARDLAB_INJECT_FAULT, dist/fault_injection.h,
+Faults (train_cnn at np 2, checkpoints every 2 steps; SHARDLAB_INJECT_FAULT, dist/comm/fault_injection.h,
 picks the collective):
 - SIGKILL of rank 1 inside a collective (its 5th reduce-scatter of fc1: step 5);
 - SIGKILL of rank 1 from outside mid-step (once step 5 is done) and mid-save (once a save of step

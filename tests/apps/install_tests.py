@@ -74,7 +74,7 @@ def check_layout(check, prefix, source_dir):
     check("every public header is installed (a new one goes in its layer's install_headers)", not forgotten,
           "\n".join(forgotten))
     check("headers installed under include/shardlab/ as the tree names them",
-          {"core/tensor.h", "nn/module.h", "dist/fsdp.h", "optim/optimizer.h", "models/llama.h",
+          {"core/tensor.h", "nn/module.h", "dist/fsdp/fsdp.h", "optim/optimizer.h", "models/llama.h",
            "data/loader.h", "autograd/variable.h"} <= set(headers), "\n".join(headers))
     internal, dangling = [], []
     for header in headers:

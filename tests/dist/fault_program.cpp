@@ -13,8 +13,8 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
-#include "dist/init.h"
-#include "dist/log.h"
+#include "dist/comm/init.h"
+#include "dist/comm/log.h"
 
 using namespace shardlab;
 

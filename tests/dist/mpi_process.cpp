@@ -5,7 +5,7 @@
 
 #include <stdexcept>
 
-#include "dist/init.h"
+#include "dist/comm/init.h"
 #include "tests/runner.h"
 
 namespace shardlab::test {

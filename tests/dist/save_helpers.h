@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "autograd/functional.h"
-#include "dist/fsdp.h"
+#include "dist/fsdp/fsdp.h"
 #include "optim/optimizer.h"
 #include "tests/dist/fsdp_models.h"
 #include "tests/dist/world.h"

@@ -4,7 +4,7 @@
 #include <thread>
 
 #include "core/ops.h"
-#include "dist/communicator.h"
+#include "dist/comm/communicator.h"
 #include "tests/dist/world.h"
 
 using namespace shardlab;

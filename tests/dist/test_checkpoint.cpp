@@ -12,8 +12,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "dist/checkpoint.h"
-#include "dist/fsdp.h"
+#include "dist/checkpoint/checkpoint.h"
+#include "dist/fsdp/fsdp.h"
 #include "optim/optimizer.h"
 #include "tests/dist/save_helpers.h"
 

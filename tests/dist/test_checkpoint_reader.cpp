@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "dist/checkpoint.h"
-#include "dist/checkpoint_reader.h"
-#include "dist/full_safetensors.h"
+#include "dist/checkpoint/checkpoint.h"
+#include "dist/checkpoint/full_safetensors.h"
+#include "dist/checkpoint/reader.h"
 #include "nn/safetensors.h"
 #include "tests/dist/save_helpers.h"
 

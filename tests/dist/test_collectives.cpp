@@ -3,7 +3,7 @@
 // byte counters, sub-communicators and the argument errors.
 #include <climits>
 
-#include "dist/communicator.h"
+#include "dist/comm/communicator.h"
 #include "tests/dist/world.h"
 
 using namespace shardlab;

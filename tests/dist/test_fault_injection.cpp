@@ -4,8 +4,8 @@
 #include <cmath>
 
 #include "core/ops.h"
-#include "dist/fault_injection.h"
-#include "dist/init.h"
+#include "dist/comm/fault_injection.h"
+#include "dist/comm/init.h"
 #include "tests/dist/world.h"
 
 using namespace shardlab;

@@ -9,7 +9,7 @@
 #include "autograd/random_context.h"
 #include "core/allocator.h"
 #include "core/random.h"
-#include "dist/fsdp.h"
+#include "dist/fsdp/fsdp.h"
 #include "models/cnn.h"
 #include "optim/optimizer.h"
 #include "tests/dist/fsdp_models.h"

@@ -12,7 +12,7 @@
 
 #include "autograd/engine.h"
 #include "autograd/random_context.h"
-#include "dist/fsdp.h"
+#include "dist/fsdp/fsdp.h"
 #include "optim/optimizer.h"
 #include "tests/dist/fsdp_models.h"
 #include "tests/dist/world.h"

@@ -10,7 +10,7 @@
 #include <set>
 
 #include "core/allocator.h"
-#include "dist/fsdp.h"
+#include "dist/fsdp/fsdp.h"
 #include "optim/optimizer.h"
 #include "tests/dist/fsdp_models.h"
 #include "tests/dist/world.h"

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "autograd/functional.h"
-#include "dist/full_safetensors.h"
+#include "dist/checkpoint/full_safetensors.h"
 #include "models/llama.h"
 #include "nn/safetensors.h"
 #include "tests/dist/save_helpers.h"

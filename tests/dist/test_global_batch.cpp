@@ -1,7 +1,7 @@
 // tests/dist/test_global_batch.cpp (mpirun): each rank's rank_loader batch, gathered over the
 // ranks, is the batch one process would train on with the global batch.
 #include "data/loader.h"
-#include "dist/communicator.h"
+#include "dist/comm/communicator.h"
 #include "tests/dist/world.h"
 
 using namespace shardlab;

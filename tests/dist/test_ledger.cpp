@@ -6,9 +6,9 @@
 #include <chrono>
 #include <thread>
 
-#include "dist/init.h"
-#include "dist/log.h"
-#include "dist/monitor.h"
+#include "dist/comm/init.h"
+#include "dist/comm/log.h"
+#include "dist/comm/monitor.h"
 #include "tests/dist/world.h"
 
 using namespace shardlab;

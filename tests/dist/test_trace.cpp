@@ -4,8 +4,8 @@
 #include <algorithm>
 
 #include "core/ops.h"
-#include "dist/communicator.h"
-#include "dist/trace.h"
+#include "dist/comm/communicator.h"
+#include "dist/fsdp/trace.h"
 #include "tests/dist/world.h"
 
 using namespace shardlab;

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "dist/init.h"
+#include "dist/comm/init.h"
 #include "tests/check.h"
 
 namespace shardlab::test {

@@ -91,7 +91,7 @@ def main(mpirun, train_cnn, train_llama):
                  lambda doc: doc.replace("shard groups of 2, prefetch 1\n", "shard groups of 2, prefetch 2\n", 1),
                  "block")
         tampered(check, figures_path, "a cited function that does not exist",
-                 lambda doc: doc.replace("`dist/fsdp.cpp:Unit::unshard`", "`dist/fsdp.cpp:Unit::unshard_all`", 1),
+                 lambda doc: doc.replace("`dist/fsdp/fsdp.cpp:Unit::unshard`", "`dist/fsdp/fsdp.cpp:Unit::unshard_all`", 1),
                  "location")
     return check.summary("docs_figures", 0)
 

@@ -17,7 +17,7 @@
 #include "data/bpe.h"
 #include "data/idx.h"
 #include "data/text_corpus.h"
-#include "dist/checkpoint_reader.h"
+#include "dist/checkpoint/reader.h"
 #include "nn/safetensors.h"
 
 namespace shardlab::fuzz {

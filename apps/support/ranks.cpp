@@ -1,0 +1,76 @@
+// apps/support/ranks.cpp: sums over ranks, rank 0's work and text, output path checks.
+#include "apps/support/ranks.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/tensor.h"
+
+namespace shardlab::apps {
+
+std::vector<double> sum_over_ranks(dist::Communicator& comm, const std::vector<double>& values) {
+  const Tensor total = from_vector(values);
+  comm.all_reduce(total, dist::ReduceOp::sum, "training").wait();
+  return total.to_vector<double>();
+}
+
+void on_rank_zero(dist::Communicator& comm, std::string_view what, const std::function<void()>& work) {
+  std::string error;
+  if (comm.rank() == 0) {
+    try {
+      work();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  const bool failed = sum_over_ranks(comm, {error.empty() ? 0.0 : 1.0})[0] > 0;
+  if (!failed) return;
+  if (comm.rank() == 0) throw Error(error);
+  fail("{} failed on rank 0", what);
+}
+
+void check_output_path(dist::Communicator& comm, std::string_view option, const std::string& path,
+                       bool is_directory) {
+  on_rank_zero(comm, fmt::format("checking {}", option), [&] {
+    namespace fs = std::filesystem;
+    std::error_code error;
+    fs::path directory = is_directory ? fs::path(path) : fs::path(path).parent_path();
+    if (directory.empty()) directory = ".";
+    if (is_directory) {
+      fs::create_directories(directory, error);
+      SHARDLAB_CHECK(!error, "{} '{}': cannot create the directory: {}", option, path, error.message());
+    } else {
+      SHARDLAB_CHECK(!fs::is_directory(path, error), "{} '{}' is a directory, not a file", option, path);
+      SHARDLAB_CHECK(fs::is_directory(directory, error), "{} '{}': '{}' is not an existing directory", option,
+                     path, directory.string());
+    }
+    SHARDLAB_CHECK(::access(directory.c_str(), W_OK) == 0, "{} '{}': cannot write in '{}': {}", option, path,
+                   directory.string(), std::strerror(errno));
+  });
+}
+
+std::string broadcast_text(dist::Communicator& comm, const std::string& text) {
+  const Tensor size = from_vector(std::vector<std::int64_t>{static_cast<std::int64_t>(text.size())});
+  comm.broadcast(size, 0, "training").wait();
+  const Tensor bytes = empty({size.to_vector<std::int64_t>()[0]}, TensorOptions{.dtype = DType::u8});
+  if (comm.rank() == 0) std::memcpy(bytes.data<std::uint8_t>(), text.data(), text.size());
+  comm.broadcast(bytes, 0, "training").wait();
+  return {reinterpret_cast<const char*>(bytes.data<std::uint8_t>()), static_cast<std::size_t>(bytes.numel())};
+}
+
+std::string rank_shares(std::int64_t global_batch, int world_size) {
+  const std::int64_t larger = global_batch % world_size;  // ranks 0..larger-1 hold one row more
+  const std::int64_t base = global_batch / world_size;
+  if (larger == 0) return fmt::format("{} per rank", base);
+  const auto ranks = [](std::int64_t first, std::int64_t last) {
+    return first == last ? fmt::format("rank {}", first) : fmt::format("ranks {}-{}", first, last);
+  };
+  return fmt::format("{} on {}, {} on {}", base + 1, ranks(0, larger - 1), base,
+                     ranks(larger, world_size - 1));
+}
+
+}  // namespace shardlab::apps

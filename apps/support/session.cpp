@@ -1,0 +1,42 @@
+// apps/support/session.cpp: the CPU session of a training program and its failure report.
+#include "apps/support/session.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+
+namespace shardlab::apps {
+
+int report_failure(const char* program, dist::Session& session, const std::string& message,
+                   bool same_everywhere) {
+  // Long enough for ranks that fail alike to get there (they fail at the same step, but one may
+  // be finishing a save); short next to any collective timeout.
+  constexpr std::chrono::seconds kWaitForOthers{3};
+  const bool alone = session.world_size() > 1 && !session.every_rank_failed(kWaitForOthers);
+  const std::string prefix = session.world_size() > 1 ? fmt::format("[rank {}] ", session.rank()) : "";
+  if (alone) {
+    std::fputs(fmt::format("{}{}: {}\n{}{}: the other ranks did not fail alike: ending the job\n", prefix,
+                           program, message, prefix, program)
+                   .c_str(),
+               stderr);
+    session.abort_job(1);
+  }
+  if (same_everywhere) {
+    if (session.rank() == 0) std::fputs(fmt::format("{}: {}\n", program, message).c_str(), stderr);
+  } else {
+    std::fputs(fmt::format("{}{}: {}\n", prefix, program, message).c_str(), stderr);  // one write per line
+  }
+  return 1;
+}
+
+std::unique_ptr<dist::Session> start_cpu_session(int& argc, char**& argv, const char* program) {
+  try {
+    return dist::init(argc, argv, {.device = dist::DeviceChoice::cpu});
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", program, e.what());
+    return nullptr;
+  }
+}
+
+}  // namespace shardlab::apps

@@ -1,0 +1,45 @@
+// apps/support/session.h: starting a training program's processes, and ending them when building
+// or training fails on some ranks or all.
+#pragma once
+
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "autograd/anomaly.h"
+#include "dist/comm/init.h"
+
+namespace shardlab::apps {
+
+// dist::init on the CPU (even where a GPU answers), for `program`; null, after printing why on
+// stderr, when the processes cannot start.
+std::unique_ptr<dist::Session> start_cpu_session(int& argc, char**& argv, const char* program);
+
+// After a rank's error: when every rank failed (within a few seconds), prints it (on rank 0 only
+// when `same_everywhere`, errors while building being the same on all ranks, else on each rank
+// with its prefix) and returns 1. When only some ranks failed, the others would wait for them in
+// a collective until the watchdog fires: the rank prints its error, saying so, and ends the job.
+int report_failure(const char* program, dist::Session& session, const std::string& message,
+                   bool same_everywhere);
+
+// Builds Training(options, session) on every rank, then runs it; returns the exit status.
+template <typename Training, typename Options>
+int build_and_run(const char* program, dist::Session& session, const Options& options) {
+  std::optional<Training> training;
+  try {
+    training.emplace(options, session);
+  } catch (const std::exception& e) {
+    return report_failure(program, session, e.what(), true);
+  }
+  try {
+    // Only around training: the dry runs of the plan need no checks.
+    const autograd::DetectAnomaly detect(options.detect_anomaly);
+    training->run();
+  } catch (const std::exception& e) {
+    return report_failure(program, session, e.what(), false);
+  }
+  return 0;
+}
+
+}  // namespace shardlab::apps

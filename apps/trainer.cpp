@@ -1,0 +1,259 @@
+// apps/trainer.cpp: the shared flags and the Trainer's epochs, steps, checkpoints and report.
+#include "apps/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "apps/support/fit.h"
+#include "apps/support/ranks.h"
+#include "core/allocator.h"
+#include "core/error.h"
+#include "core/parallel.h"
+#include "core/trace.h"
+#include "dist/comm/log.h"
+
+namespace shardlab::apps {
+
+void add_trainer_options(CLI::App& app, TrainerOptions& options) {
+  app.add_option("--sharding", options.sharding, "full, grad_op, none or hybrid:G (G ranks per shard group)");
+  app.add_option("--prefetch", options.prefetch, "units whose all-gather is issued ahead")
+      ->check(integer_at_least(0));
+  app.add_option("--mixed-precision", options.mixed_precision,
+                 "none, or bf16 (bf16 gathers and compute, f32 reductions and master shards)");
+  app.add_flag("--explain", options.explain, "print the FSDP plan (units, bytes, traffic) before step 1");
+  app.add_flag("--profile", options.profile,
+               "time every kernel per op over the steps after the first and print where a step goes");
+  app.add_flag(
+      "--detect-anomaly", options.detect_anomaly,
+      "check every op's result for NaN and every gradient for NaN/Inf; the first names the op (slow)");
+  app.add_option(
+         "--max-skipped-steps", options.max_skipped_steps,
+         "skip a step whose loss or gradient norm is not finite (no update); stop after more than N in a "
+         "row, naming the checkpoint to resume from (0: stop at the first)")
+      ->check(integer_at_least(0));
+  app.add_option("--metrics", options.metrics, "write JSON lines of every rank's metrics to this file");
+  auto* trace =
+      app.add_option("--trace", options.trace,
+                     "write a Chrome/Perfetto trace per rank and the merged trace.json into this directory");
+  app.add_option("--trace-steps", options.trace_steps,
+                 "the steps --trace records, FIRST:LAST (from 1, both included)")
+      ->needs(trace);
+  app.add_option("--checkpoint-dir", options.checkpoint_dir,
+                 "save sharded checkpoints here (DIR/step-N), at the end and every --checkpoint-every steps");
+  app.add_option("--checkpoint-every", options.checkpoint_every,
+                 "steps between checkpoints (0: only at the end)")
+      ->check(integer_at_least(0));
+  app.add_option("--keep", options.keep, "keep the newest K checkpoints")->check(integer_at_least(1));
+  app.add_flag(
+      "--resume", options.resume,
+      "continue from the newest complete checkpoint in --checkpoint-dir (any world size or sharding)");
+  app.add_option("--memory-limit", options.memory_limit,
+                 "refuse before step 1 a run whose predicted peak per rank exceeds BYTES (512M, 2G)")
+      ->check(byte_count());
+  app.add_option("--threads", options.threads,
+                 "CPU threads per rank (default: the cores this process may use)")
+      ->check(integer_at_least(0));
+}
+
+dist::MixedPrecision parse_mixed_precision(const std::string& text) {
+  if (text == "none") return {};
+  if (text == "bf16") return {.param_dtype = DType::bf16, .reduce_dtype = DType::f32};
+  fail("--mixed-precision: '{}' is not one of none, bf16", text);
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const std::size_t middle = values.size() / 2;
+  return values.size() % 2 == 1 ? values[middle] : (values[middle - 1] + values[middle]) / 2;
+}
+
+Trainer::Trainer(const char* program, const TrainerOptions& options, dist::Session& session,
+                 bool save_model_is_directory)
+    : program_(program),
+      common_(options),
+      session_(session),
+      rank_(session.rank()),
+      world_size_(session.world_size()),
+      checkpoints_(options.checkpoint_dir, options.keep),
+      non_finite_(program, options.max_skipped_steps) {
+  if (options.threads > 0) set_num_threads(options.threads);
+  const auto [sharding, group] = dist::parse_sharding(options.sharding);
+  fsdp_ = {.sharding = sharding,
+           .hybrid_group_size = group,
+           .prefetch = options.prefetch,
+           .mixed_precision = parse_mixed_precision(options.mixed_precision)};
+  if (!options.save_model.empty())
+    check_output_path(session.cpu_world(), "--save-model", options.save_model, save_model_is_directory);
+  if (!options.checkpoint_dir.empty())
+    check_output_path(session.cpu_world(), "--checkpoint-dir", options.checkpoint_dir, /*is_directory=*/true);
+}
+
+void Trainer::start(const Setup& setup) {
+  setup_ = setup;
+  epoch_ = setup.first_epoch;
+  plan_ = dist::explain(*setup.root, setup.optimizer_state_bytes_per_element);
+  if (common_.explain || !common_.memory_limit.empty()) {
+    const std::optional<std::int64_t> limit =
+        common_.memory_limit.empty() ? std::nullopt : parse_bytes(common_.memory_limit);
+    const FitLevers levers{.global_batch = common_.global_batch,
+                           .world_size = world_size_,
+                           .sharding = plan_.sharding,
+                           .checkpointing_available = setup.checkpointing_available,
+                           .checkpointing = setup.checkpointing};
+    predicted_ = will_it_fit(session_.cpu_world(), plan_, model_bytes_baseline_,
+                             data::rank_batch_size(common_.global_batch, world_size_, rank_), limit, levers,
+                             *setup.optimizer, [&](std::int64_t samples) {
+                               const std::vector<std::int64_t> first =
+                                   setup.loader->batch_indices(setup.first_epoch).front();
+                               dry_run(setup.loader->batch({first.begin(), first.begin() + samples}));
+                             });
+  }
+  SHARDLAB_CHECK(!common_.resume || !common_.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
+  if (common_.resume) resume(setup.unchanged);
+  if (!common_.metrics.empty()) metrics_.emplace(common_.metrics, session_.cpu_world());
+  profile_ = StepProfile(common_.profile);
+  trace_.emplace(
+      common_.trace,
+      common_.trace.empty() ? TraceSteps{} : parse_trace_steps(common_.trace_steps, setup.total_steps),
+      session_.cpu_world());
+}
+
+void Trainer::run() {
+  if (common_.explain) dist::log("{}{}", plan_.str(), predicted_->str());
+  begin_training();
+  while (epoch_ <= setup_.last_epoch && step_ < setup_.total_steps) {
+    const bool complete = train_epoch();
+    end_epoch(complete);
+    if (!complete) break;
+    ++epoch_;
+  }
+  if (!common_.checkpoint_dir.empty() && last_saved_ != state()) save_checkpoint();
+  finish();
+  report();
+}
+
+// The rest of epoch_ (a resumed run goes on at the batch where its checkpoint stopped); false
+// when the run's last step came first.
+bool Trainer::train_epoch() {
+  begin_epoch();
+  reset_peak_memory(Device::cpu());
+  const auto batches = setup_.loader->batch_indices(epoch_);
+  const std::int64_t done = step_ - (epoch_ - setup_.first_epoch) * setup_.loader->batches_per_epoch();
+  bool complete = true;
+  for (auto it = batches.begin() + done; it != batches.end(); ++it) {
+    if (step_ >= setup_.total_steps) {
+      complete = false;
+      break;
+    }
+    train_step(*it);
+  }
+  peak_bytes_ = std::max(peak_bytes_, memory_stats(Device::cpu()).peak_bytes);
+  return complete;
+}
+
+void Trainer::train_step(const std::vector<std::int64_t>& indices) {
+  const auto start = std::chrono::steady_clock::now();
+  trace_->begin_step(step_ + 1);
+  profile_.begin_step(step_ + 1);
+  const data::Batch batch = [&] {
+    const trace::Span span("load batch", "data");
+    return setup_.loader->batch(indices);
+  }();
+  StepResult result = compute_step(batch);
+  // The loss and the norm are the same on every rank: every rank skips, or stops, alike.
+  result.skipped = non_finite_.skip(step_ + 1, result.loss, result.grad_norm, checkpoints_);
+  if (!result.skipped) {
+    const trace::Span span("optimizer step", "compute");
+    setup_.optimizer->step();
+  }
+  profile_.end_step();
+  trace_->end_step();
+  ++step_;
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (step_ > 1) step_seconds_.push_back(result.seconds);
+  after_step(result);
+  if (common_.checkpoint_every > 0 && step_ % common_.checkpoint_every == 0) save_checkpoint();
+}
+
+nlohmann::json Trainer::step_record(const StepResult& result) const {
+  return {{"rank", rank_},
+          {"step", step_},
+          {"loss", result.loss},
+          {"grad_norm", result.grad_norm},
+          {"skipped", result.skipped}};
+}
+
+// The step fixes the data cursor, the dropout keys and the schedule; the seed and the global batch
+// must not change between the runs.
+nlohmann::json Trainer::state() const {
+  nlohmann::json state = training_state();
+  state["app"] = program_;
+  state["step"] = step_;
+  state["seed"] = common_.seed;
+  state["global_batch"] = common_.global_batch;
+  return state;
+}
+
+void Trainer::save_checkpoint() {
+  last_saved_ = state();
+  checkpoints_.save(step_, *setup_.root, *setup_.optimizer, last_saved_, program_);
+}
+
+void Trainer::resume(const std::vector<std::string>& unchanged) {
+  std::vector<std::string> fields{"app", "seed", "global_batch"};
+  fields.insert(fields.end(), unchanged.begin(), unchanged.end());
+  const CheckpointDir::Resumed resumed =
+      checkpoints_.resume(session_.cpu_world(), *setup_.root, *setup_.optimizer, state(), fields, program_);
+  step_ = resumed.state["step"].get<std::int64_t>();
+  epoch_ = setup_.first_epoch + step_ / setup_.loader->batches_per_epoch();
+  last_saved_ = resumed.state;
+  restore(resumed.state, resumed.path);
+}
+
+// Step time and memory against the plan, for comparing sharding strategies and world sizes.
+void Trainer::report() const {
+  const double median_seconds = median_step_seconds();
+  dist::log("{}: median step {:.1f} ms{} ({} steps, the first excluded)", program_, 1e3 * median_seconds,
+            throughput(median_seconds), step_seconds_.size());
+  non_finite_.report();
+  report_memory();
+  // What is left between steps: shards, gradient shards and optimizer state (plus the optimizer's
+  // 8-byte step counter per parameter), measured against the plan. Buffers (the Llama's rotary
+  // tables) are replicated, the same on every rank: the plan counts the sharded state only.
+  std::int64_t buffer_bytes = 0;
+  for (const auto& [name, buffer] : setup_.root->named_buffers())
+    buffer_bytes += buffer.numel() * static_cast<std::int64_t>(buffer.element_size());
+  const std::int64_t persistent =
+      memory_stats(Device::cpu()).bytes_in_use - model_bytes_baseline_ - buffer_bytes;
+  const std::size_t counters = dist::sharded_parameters(*setup_.root).size();
+  dist::log("{}: rank 0 persistent model state: measured {} B{}, planned {} B + {} step counters of 8 B",
+            program_, persistent,
+            buffer_bytes > 0 ? fmt::format(" (besides {} B of buffers)", buffer_bytes) : "",
+            plan_.total_persistent_bytes(), counters);
+  dist::log("{}: rank 0 peak of gathered parameters: measured {} B, planned {} B", program_,
+            dist::unsharded_memory().peak_bytes, plan_.peak_unsharded_bytes());
+  if (predicted_) dist::log("{}: rank 0 {}", program_, dist::peak_report(*predicted_, peak_bytes_));
+  const MetricsFile* metrics = metrics_ ? &*metrics_ : nullptr;
+  trace_->report(program_, metrics);
+  profile_.report(program_, metrics, rank_);
+  dist::log("{}: rank 0 collectives of the last step: received {} B, planned {} B", program_,
+            step_bytes_received_, plan_.bytes_per_step());
+  if (!metrics_) return;
+  nlohmann::json summary{
+      {"rank", rank_},
+      {"steps", step_},
+      {"skipped_steps", non_finite_.skipped()},
+      {"train_peak_memory_bytes", peak_bytes_},
+      {"data_bytes", data_bytes_},
+      {"persistent_bytes", plan_.total_persistent_bytes()},
+      {"measured_persistent_bytes", persistent},
+      {"step_bytes_received", step_bytes_received_},
+      {"planned_step_bytes", plan_.bytes_per_step()},
+      {"plan", dist::plan_json(plan_)},
+      {"predicted_peak", predicted_ ? dist::prediction_json(*predicted_) : nlohmann::json()}};
+  add_summary(summary, median_seconds);
+  metrics_->write(summary);
+}
+
+}  // namespace shardlab::apps

@@ -1,0 +1,197 @@
+// apps/trainer.h: the skeleton of both training programs: the flags they share, and a Trainer that
+// runs the epochs and steps (non-finite steps skipped, the optimizer step, checkpoints and
+// --resume, --trace and --profile, --explain and --memory-limit, the final report) around what
+// a program supplies by overriding its hooks: the model, the data and the loss.
+//
+//   class Training : public apps::Trainer { ... };  // builds its model, then calls start()
+//   int main(int argc, char** argv) {
+//     return apps::training_main<Training, Options>(argc, argv, "train_x", "train_x: ...", add_options);
+//   }
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "apps/cli.h"
+#include "apps/support/checkpoint_dir.h"
+#include "apps/support/metrics_file.h"
+#include "apps/support/non_finite.h"
+#include "apps/support/session.h"
+#include "apps/support/step_profile.h"
+#include "apps/support/step_trace.h"
+#include "data/loader.h"
+#include "dist/comm/init.h"
+#include "dist/fsdp/fsdp.h"
+#include "dist/fsdp/memory.h"
+#include "nn/module.h"
+#include "optim/optimizer.h"
+
+namespace shardlab::apps {
+
+// The flags both training programs have. A program's Options derives from it and sets its own
+// defaults (the CNN trains 10 epochs of 64 images, the Llama 1 epoch of 16 sequences).
+struct TrainerOptions {
+  std::int64_t global_batch = 1;
+  std::int64_t epochs = 1;
+  std::int64_t steps = 0;  // 0: --epochs decides
+  std::uint64_t seed = 1;
+  std::string sharding = "full";
+  int prefetch = 1;
+  std::string mixed_precision = "none";
+  bool explain = false;
+  bool profile = false;
+  bool detect_anomaly = false;
+  std::int64_t max_skipped_steps = 5;  // non-finite steps in a row before the run stops
+  std::string metrics;
+  std::string trace, trace_steps = "2:3";
+  std::string save_model;
+  std::string checkpoint_dir;
+  std::int64_t checkpoint_every = 0;  // 0: only at the end, when --checkpoint-dir is given
+  std::int64_t keep = 2;
+  bool resume = false;
+  int threads = 0;
+  std::string memory_limit;  // none by default: the CPU's memory is the host's, shared with everything else
+};
+
+// The TrainerOptions flags whose words are the same in both programs; --global-batch, --epochs,
+// --steps, --seed and --save-model each program words for itself.
+void add_trainer_options(CLI::App& app, TrainerOptions& options);
+
+// --mixed-precision: "none", or "bf16" (bf16 gathers and compute, f32 reductions and master shards).
+dist::MixedPrecision parse_mixed_precision(const std::string& text);
+
+// The median of `values` (0 when empty).
+double median(std::vector<double> values);
+
+// Everything a run needs, built (and checked) on every rank before the first step: errors thrown
+// while building are the same on all ranks.
+class Trainer {
+ public:
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+  virtual ~Trainer() = default;
+
+  // Trains from the step the run stands at until --steps or the last epoch, then saves the final
+  // checkpoint, calls finish() and reports step time, memory and traffic against the plan.
+  void run();
+
+ protected:
+  // A training step's outcome over all ranks.
+  struct StepResult {
+    double loss = 0;       // the global batch's loss, as the program reports it
+    double grad_norm = 0;  // the global gradient norm
+    bool skipped = false;  // not finite: no update (set by the Trainer)
+    double seconds = 0;    // the whole step, the batch's loading included (set by the Trainer)
+  };
+
+  // The run's shape, known once the program has built its model, optimizer and data.
+  struct Setup {
+    nn::Module* root = nullptr;  // sharded (dist::fully_shard)
+    optim::Optimizer* optimizer = nullptr;
+    const data::DataLoader* loader = nullptr;
+    std::int64_t total_steps = 0;  // where training stops, unless the last epoch comes first
+    // The epochs, as the loader's shuffle knows them (batch_indices(epoch)).
+    std::int64_t first_epoch = 0, last_epoch = std::numeric_limits<std::int64_t>::max();
+    std::int64_t optimizer_state_bytes_per_element = 8;           // what the plan counts as optimizer state
+    bool checkpointing_available = false, checkpointing = false;  // for --memory-limit's advice
+    // The fields of training_state() a resumed run must have unchanged.
+    std::vector<std::string> unchanged;
+  };
+
+  // Sets the threads, the FSDP options (fsdp_) and checks --save-model (a file, or a directory
+  // where `save_model_is_directory`) and --checkpoint-dir before anything loads.
+  Trainer(const char* program, const TrainerOptions& options, dist::Session& session,
+          bool save_model_is_directory);
+
+  // Plans the run (--explain, --memory-limit), resumes it (--resume) and opens the metrics file,
+  // the trace and the profile. The program calls it once its model, optimizer and data exist.
+  void start(const Setup& setup);
+
+  // The program's step: forward and backward of `batch` (the gradients left for the update), with
+  // the loss and the gradient norm over all ranks.
+  virtual StepResult compute_step(const data::Batch& batch) = 0;
+  // Forward and backward of `batch` alone, for the prediction of the training peak.
+  virtual void dry_run(const data::Batch& batch) = 0;
+  // What continuing exactly needs besides the shards and the optimizer, beyond the step, the seed
+  // and the global batch, which the Trainer adds.
+  virtual nlohmann::json training_state() const = 0;
+  // Continues from a checkpoint's state (step_ and epoch_ already set from it).
+  virtual void restore(const nlohmann::json& state, const std::string& path) = 0;
+  // After each step: the program's records and progress.
+  virtual void after_step(const StepResult& result) = 0;
+
+  virtual void begin_training() {}
+  virtual void begin_epoch() {}
+  // `complete`: its last batch trained; else --steps stopped it.
+  virtual void end_epoch(bool /*complete*/) {}
+  // After the final checkpoint: the program's outputs (--save-model, samples).
+  virtual void finish() {}
+  // The report's additions: a throughput after the median step time (", 1234 tokens/s"), lines
+  // after the skipped steps', and fields of the summary record.
+  virtual std::string throughput(double /*median_seconds*/) const { return ""; }
+  virtual void report_memory() const {}
+  virtual void add_summary(nlohmann::json& /*summary*/, double /*median_seconds*/) const {}
+
+  // {"rank", "step", "loss", "grad_norm", "skipped"}: what every per-step metrics record holds.
+  nlohmann::json step_record(const StepResult& result) const;
+  // Over the steps after the first, which also builds caches.
+  double median_step_seconds() const { return median(step_seconds_); }
+
+  const char* const program_;
+  const TrainerOptions common_;
+  dist::Session& session_;
+  const int rank_, world_size_;
+  dist::FsdpOptions fsdp_;
+  std::int64_t step_ = 0;                  // optimizer steps taken, skipped ones included
+  std::int64_t epoch_ = 0;                 // the epoch in progress, as the loader numbers it
+  std::int64_t data_bytes_ = 0;            // CPU bytes in use once the data is loaded (the program's)
+  std::int64_t model_bytes_baseline_ = 0;  // before the shards existed (the program's)
+  std::int64_t step_bytes_received_ = 0;   // FSDP's collectives of the last step (the program's)
+  std::int64_t peak_bytes_ = 0;            // while training
+  dist::Plan plan_;
+  std::optional<dist::PeakPrediction> predicted_;  // with --explain or --memory-limit
+  std::optional<MetricsFile> metrics_;
+
+ private:
+  bool train_epoch();
+  void train_step(const std::vector<std::int64_t>& indices);
+  nlohmann::json state() const;
+  void save_checkpoint();
+  void resume(const std::vector<std::string>& unchanged);
+  void report() const;
+
+  Setup setup_;
+  CheckpointDir checkpoints_;
+  NonFiniteSteps non_finite_;
+  std::optional<StepTrace> trace_;
+  StepProfile profile_{false};
+  nlohmann::json last_saved_;  // the state saved or resumed from: the end need not save it again
+  std::vector<double> step_seconds_;
+};
+
+// A training program's main(): starts the processes, parses the program's own flags
+// (`add_own_options`) and the shared ones, builds Training(options, session) on every rank and runs
+// it; returns the exit status.
+template <typename Training, typename Options>
+int training_main(int argc, char** argv, const char* program, const std::string& description,
+                  void (*add_own_options)(CLI::App&, Options&)) {
+  const std::unique_ptr<dist::Session> session = start_cpu_session(argc, argv, program);
+  if (!session) return 1;
+  Options options;
+  CLI::App app{description};
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // later flags win
+  add_own_options(app, options);
+  add_trainer_options(app, options);
+  // --help and usage errors, printed once.
+  if (const std::optional<int> status = parse_command_line(app, argc, argv, program, session->rank() == 0))
+    return *status;
+  return build_and_run<Training>(program, *session, options);
+}
+
+}  // namespace shardlab::apps

@@ -1,0 +1,228 @@
+// dist/comm/mpi_backend.cpp: the MPI backend: a communication thread per communicator that runs
+// blocking MPI collectives in issue order. A thread (rather than non-blocking MPI calls) is
+// what guarantees progress while the caller computes: Open MPI progresses non-blocking
+// collectives only inside MPI calls. The caller and this thread both call MPI, hence
+// MPI_THREAD_MULTIPLE (dist/comm/mpi_support.h).
+#include "dist/comm/mpi_backend.h"
+
+#include <climits>
+#include <deque>
+#include <thread>
+
+#include "core/cuda/runtime.h"
+#include "core/error.h"
+
+namespace shardlab::dist {
+
+void HostWork::complete(std::exception_ptr error) {
+  {
+    std::lock_guard lock(mutex_);
+    completed_ = true;
+    error_ = std::move(error);
+  }
+  done_.notify_all();
+}
+
+void HostWork::wait() {
+  std::unique_lock lock(mutex_);
+  done_.wait(lock, [this] { return completed_; });
+  if (error_) std::rethrow_exception(error_);
+}
+
+bool HostWork::completed() {
+  std::lock_guard lock(mutex_);
+  return completed_;
+}
+
+namespace {
+
+// The element count as MPI's int (launch() checks every tensor before it is queued).
+int mpi_count(const Tensor& tensor, std::string_view op) {
+  SHARDLAB_CHECK(tensor.numel() <= INT_MAX,
+                 "{}: {} elements exceed MPI's count limit of {}; split the buffer", op, tensor.numel(),
+                 INT_MAX);
+  return static_cast<int>(tensor.numel());
+}
+
+// avg = sum / world size, element by element in the dtype's compute type (integers truncate,
+// as NCCL's ncclAvg does).
+void divide_by(const Tensor& tensor, int divisor) {
+  visit_dtype(tensor.dtype(), [&]<typename T>() {
+    if constexpr (std::is_same_v<T, bool>) {
+      fail("reduce avg: bool is not supported");
+    } else {
+      T* data = tensor.data<T>();
+      for (std::int64_t i = 0; i < tensor.numel(); ++i) {
+        data[i] = narrow<T>(widen(data[i]) / static_cast<compute_t<T>>(divisor));
+      }
+    }
+  });
+}
+
+// The tensors MPI reads and writes: the call's own CPU tensors, or host copies of CUDA ones
+// (made on the caller's thread, in order with its stream; copied back by the comm thread).
+struct HostBuffers {
+  Tensor input, output;
+  bool staged = false;
+};
+
+Tensor host_copy(const Tensor& tensor) {
+  return tensor.device().is_cpu() ? tensor : tensor.to(Device::cpu());
+}
+
+HostBuffers stage(const CollectiveCall& call) {
+  if (!call.output.defined() || call.output.device().is_cpu()) return {call.input, call.output, false};
+  if (call.input.raw_data() == call.output.raw_data()) {
+    Tensor both = host_copy(call.input);
+    return {both, both, true};
+  }
+  return {host_copy(call.input), empty(call.output.shape(), dtype(call.output.dtype())), true};
+}
+
+void unstage(const HostBuffers& host, const Tensor& output) {
+  if (!host.staged) return;
+  cuda::copy_bytes(output.raw_data(), true, host.output.raw_data(), false,
+                   static_cast<std::size_t>(output.numel()) * output.element_size(), output.device().index);
+}
+
+// MPI_IN_PLACE when the input already is this rank's slot of the output (the Communicator
+// refuses any other overlap), which MPI requires instead of aliased buffers.
+const void* all_gather_source(const HostBuffers& host, int rank) {
+  const auto* slot = static_cast<const char*>(host.output.raw_data()) +
+                     static_cast<std::size_t>(rank) * host.input.numel() * host.input.element_size();
+  return host.input.raw_data() == slot && host.input.numel() > 0 ? MPI_IN_PLACE : host.input.raw_data();
+}
+
+void run_mpi(const Fingerprint& fingerprint, const HostBuffers& host, const MpiComm& comm, int size) {
+  const std::string_view op = collective_name(fingerprint.op);
+  switch (fingerprint.op) {
+    case Collective::all_gather: {
+      const MPI_Datatype type = mpi_datatype(fingerprint.dtype, op);
+      const int count = mpi_count(host.input, op);
+      SHARDLAB_MPI_CHECK(MPI_Allgather(all_gather_source(host, comm.rank()), count, type,
+                                       host.output.raw_data(), count, type, comm.get()));
+      return;
+    }
+    case Collective::reduce_scatter: {
+      const int count = mpi_count(host.output, op);
+      SHARDLAB_MPI_CHECK(MPI_Reduce_scatter_block(
+          host.input.raw_data(), host.output.raw_data(), count, mpi_datatype(fingerprint.dtype, op),
+          mpi_reduction(fingerprint.reduce, fingerprint.dtype), comm.get()));
+      if (fingerprint.reduce == ReduceOp::avg) divide_by(host.output, size);
+      return;
+    }
+    case Collective::all_reduce:
+      SHARDLAB_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, host.output.raw_data(), mpi_count(host.output, op),
+                                       mpi_datatype(fingerprint.dtype, op),
+                                       mpi_reduction(fingerprint.reduce, fingerprint.dtype), comm.get()));
+      if (fingerprint.reduce == ReduceOp::avg) divide_by(host.output, size);
+      return;
+    case Collective::broadcast:
+      SHARDLAB_MPI_CHECK(MPI_Bcast(host.output.raw_data(), mpi_count(host.output, op),
+                                   mpi_datatype(fingerprint.dtype, op), fingerprint.root, comm.get()));
+      return;
+    case Collective::barrier:
+      SHARDLAB_MPI_CHECK(MPI_Barrier(comm.get()));
+      return;
+  }
+}
+
+class MpiBackend final : public Backend {
+ public:
+  MpiBackend(MpiComm comm, std::shared_ptr<Monitor> monitor)
+      : comm_(std::move(comm)), size_(comm_.size()), monitor_(std::move(monitor)) {
+    worker_ = std::thread([this] { serve(); });
+  }
+
+  ~MpiBackend() override {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    worker_.join();  // runs what is queued first: MPI needs every rank to finish its collectives
+  }
+
+  std::string_view name() const override { return "mpi"; }
+
+  // CPU tensors, and CUDA tensors through host copies: any device works.
+  void check_device(const Tensor&, std::string_view) const override {}
+
+  Work launch(CollectiveCall call) override {
+    try {
+      for (const Tensor* tensor : {&call.input, &call.output}) {
+        if (tensor->defined()) mpi_count(*tensor, collective_name(call.fingerprint.op));
+      }
+    } catch (...) {
+      monitor_->set_state(call.ledger_id, CallState::failed);
+      throw;
+    }
+    auto work = std::make_shared<HostWork>();
+    Task task{std::move(call), {}, work};
+    task.host = stage(task.call);
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(std::move(task));
+    }
+    wake_.notify_all();
+    return Work(work);
+  }
+
+  std::unique_ptr<Backend> split(int color, int key) override {
+    return std::make_unique<MpiBackend>(comm_.split(color, key), monitor_);
+  }
+
+ private:
+  struct Task {
+    CollectiveCall call;
+    HostBuffers host;
+    std::shared_ptr<HostWork> work;
+  };
+
+  void serve() {
+    std::unique_lock lock(mutex_);
+    while (true) {
+      wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and nothing left to run
+      Task task = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      run(task);
+      lock.lock();
+    }
+  }
+
+  void run(Task& task) {
+    monitor_->set_state(task.call.ledger_id, CallState::running);
+    std::exception_ptr error;
+    try {
+      run_mpi(task.call.fingerprint, task.host, comm_, size_);
+      unstage(task.host, task.call.output);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    // Drop this thread's references to the tensors before the caller learns the call is done:
+    // once wait() returns, the caller's memory accounting must not see them.
+    task.call.input = task.call.output = Tensor();
+    task.host = {};
+    monitor_->set_state(task.call.ledger_id, error ? CallState::failed : CallState::completed);
+    task.work->complete(error);
+  }
+
+  MpiComm comm_;
+  int size_;
+  std::shared_ptr<Monitor> monitor_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Task> queue_;
+  bool stopping_ = false;
+  std::thread worker_;  // last: starts once everything it uses exists
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_mpi_backend(const MpiComm& comm, std::shared_ptr<Monitor> monitor) {
+  return std::make_unique<MpiBackend>(MpiComm::duplicate(comm.get()), std::move(monitor));
+}
+
+}  // namespace shardlab::dist

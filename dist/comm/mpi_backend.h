@@ -1,0 +1,16 @@
+// dist/comm/mpi_backend.h: internal to dist/: the MPI backend (CPU tensors; CUDA tensors staged
+// through host memory, so several processes sharing one GPU can still run multi-rank).
+#pragma once
+
+#include <memory>
+
+#include "dist/comm/backend.h"
+#include "dist/comm/mpi_support.h"
+
+namespace shardlab::dist {
+
+// Runs collectives on a communication thread of its own, in issue order, on a duplicate
+// of `comm`, so they overlap with whatever the caller computes meanwhile.
+std::unique_ptr<Backend> make_mpi_backend(const MpiComm& comm, std::shared_ptr<Monitor> monitor);
+
+}  // namespace shardlab::dist

@@ -1,0 +1,190 @@
+// dist/comm/nccl_backend.cpp: the NCCL backend. Collectives run on a communication stream of
+// their own; an event recorded on the caller's compute stream orders them after the kernels
+// that produced their inputs, and Work::wait() makes the caller's stream wait on an event
+// recorded after the collective. Nothing synchronises the device or blocks the host.
+#include "dist/comm/nccl_backend.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "core/cuda/check.h"
+#include "core/cuda/runtime.h"
+#include "core/error.h"
+
+namespace shardlab::dist {
+
+namespace {
+
+void check_nccl(ncclResult_t result, const char* expr, const char* file, int line) {
+  if (result == ncclSuccess) return;
+  fail("NCCL error at {}:{}: {} failed: {} ({})", file, line, expr, ncclGetErrorString(result),
+       ncclGetLastError(nullptr));
+}
+
+#define SHARDLAB_NCCL_CHECK(expr) check_nccl((expr), #expr, __FILE__, __LINE__)
+
+ncclDataType_t nccl_datatype(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return ncclFloat32;
+    case DType::f64:
+      return ncclFloat64;
+    case DType::bf16:
+      return ncclBfloat16;
+    case DType::f16:
+      return ncclFloat16;
+    case DType::i64:
+      return ncclInt64;
+    case DType::i32:
+      return ncclInt32;
+    case DType::u8:
+      return ncclUint8;
+    case DType::boolean:
+      break;
+  }
+  fail("NCCL: dtype {} is not supported by collectives",
+       dtype_name(dtype));  // the Communicator refuses it first
+}
+
+ncclRedOp_t nccl_reduction(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+      return ncclSum;
+    case ReduceOp::avg:
+      return ncclAvg;
+    case ReduceOp::max:
+      return ncclMax;
+  }
+  fail("NCCL: unknown reduction");
+}
+
+// An owned ncclComm_t.
+class NcclComm {
+ public:
+  NcclComm(const MpiComm& bootstrap, int device) {
+    ncclUniqueId id;
+    if (bootstrap.rank() == 0) SHARDLAB_NCCL_CHECK(ncclGetUniqueId(&id));
+    SHARDLAB_MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, bootstrap.get()));
+    cuda::DeviceGuard guard(device);
+    SHARDLAB_NCCL_CHECK(ncclCommInitRank(&comm_, bootstrap.size(), id, bootstrap.rank()));
+  }
+  ~NcclComm() { ncclCommDestroy(comm_); }
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+
+  ncclComm_t get() const { return comm_; }
+
+ private:
+  ncclComm_t comm_ = nullptr;
+};
+
+// Complete when the event recorded after the collective on the communication stream is.
+class StreamWork final : public WorkState {
+ public:
+  explicit StreamWork(int device) : device_(device), done_(device) {}
+  cuda::Event& done() { return done_; }
+  void wait() override { done_.wait(cuda::current_stream(device_)); }
+  bool completed() override { return done_.query(); }
+
+ private:
+  int device_;
+  cuda::Event done_;
+};
+
+class NcclBackend final : public Backend {
+ public:
+  NcclBackend(MpiComm bootstrap, int device, std::shared_ptr<Monitor> monitor)
+      : bootstrap_(std::move(bootstrap)),
+        device_(device),
+        monitor_(std::move(monitor)),
+        comm_(bootstrap_, device),
+        stream_(device),
+        barrier_word_(zeros({1}, dtype(DType::i32).with_device(Device::cuda(device)))) {}
+
+  // Queued collectives finish before the communicator and stream they use are destroyed.
+  ~NcclBackend() override { cudaStreamSynchronize(static_cast<cudaStream_t>(stream_.handle())); }
+
+  std::string_view name() const override { return "nccl"; }
+
+  void check_device(const Tensor& tensor, std::string_view op) const override {
+    SHARDLAB_CHECK(tensor.device() == Device::cuda(device_),
+                   "{}: the NCCL communicator works on cuda:{}, not {}", op, device_, tensor.device().str());
+  }
+
+  Work launch(CollectiveCall call) override {
+    cuda::DeviceGuard guard(device_);
+    try {
+      cuda::Event inputs_ready(device_);
+      inputs_ready.record(cuda::current_stream(device_));
+      inputs_ready.wait(stream_);
+      monitor_->set_state(call.ledger_id, CallState::running);
+      enqueue(call);
+      for (const Tensor* tensor : {&call.input, &call.output}) {
+        if (tensor->defined() && tensor->numel() > 0) cuda::record_stream(tensor->raw_data(), stream_);
+      }
+      auto work = std::make_shared<StreamWork>(device_);
+      work->done().record(stream_);
+      monitor_->poll_until_complete(call.ledger_id, [work] { return work->completed(); });
+      return Work(work);
+    } catch (...) {
+      monitor_->set_state(call.ledger_id, CallState::failed);
+      throw;
+    }
+  }
+
+  std::unique_ptr<Backend> split(int color, int key) override {
+    return std::make_unique<NcclBackend>(bootstrap_.split(color, key), device_, monitor_);
+  }
+
+ private:
+  void enqueue(const CollectiveCall& call) {
+    const Fingerprint& f = call.fingerprint;
+    auto* stream = static_cast<cudaStream_t>(stream_.handle());
+    switch (f.op) {
+      case Collective::all_gather:
+        SHARDLAB_NCCL_CHECK(ncclAllGather(call.input.raw_data(), call.output.raw_data(),
+                                          static_cast<std::size_t>(call.input.numel()),
+                                          nccl_datatype(f.dtype), comm_.get(), stream));
+        return;
+      case Collective::reduce_scatter:
+        SHARDLAB_NCCL_CHECK(ncclReduceScatter(
+            call.input.raw_data(), call.output.raw_data(), static_cast<std::size_t>(call.output.numel()),
+            nccl_datatype(f.dtype), nccl_reduction(f.reduce), comm_.get(), stream));
+        return;
+      case Collective::all_reduce:
+        SHARDLAB_NCCL_CHECK(ncclAllReduce(
+            call.input.raw_data(), call.output.raw_data(), static_cast<std::size_t>(call.output.numel()),
+            nccl_datatype(f.dtype), nccl_reduction(f.reduce), comm_.get(), stream));
+        return;
+      case Collective::broadcast:
+        SHARDLAB_NCCL_CHECK(ncclBroadcast(call.input.raw_data(), call.output.raw_data(),
+                                          static_cast<std::size_t>(call.output.numel()),
+                                          nccl_datatype(f.dtype), f.root, comm_.get(), stream));
+        return;
+      case Collective::barrier:
+        // NCCL has no barrier: a one-word all-reduce completes only once every rank joined.
+        SHARDLAB_NCCL_CHECK(ncclAllReduce(barrier_word_.raw_data(), barrier_word_.raw_data(), 1, ncclInt32,
+                                          ncclSum, comm_.get(), stream));
+        return;
+    }
+  }
+
+  MpiComm bootstrap_;
+  int device_;
+  std::shared_ptr<Monitor> monitor_;
+  NcclComm comm_;
+  cuda::Stream stream_;
+  Tensor barrier_word_;
+};
+
+}  // namespace
+
+bool nccl_built() { return true; }
+
+std::unique_ptr<Backend> make_nccl_backend(const MpiComm& comm, int device,
+                                           std::shared_ptr<Monitor> monitor) {
+  cuda::require_device(device);
+  return std::make_unique<NcclBackend>(MpiComm::duplicate(comm.get()), device, std::move(monitor));
+}
+
+}  // namespace shardlab::dist

@@ -1,0 +1,361 @@
+// dist/fsdp/api.cpp: what users call: fully_shard and the wrapping helpers, the per-parameter
+// shard views for the optimizer and their placements, gradient sync and clipping, the full
+// parameters, and explicit unshard, reshard and prefetch lists.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "core/error.h"
+#include "core/ops.h"
+#include "dist/comm/init.h"
+#include "dist/fsdp/unit.h"
+#include "optim/optimizer.h"
+
+namespace shardlab::dist {
+
+using namespace detail;
+
+std::string_view sharding_name(Sharding sharding) {
+  switch (sharding) {
+    case Sharding::full:
+      return "full";
+    case Sharding::grad_op:
+      return "grad_op";
+    case Sharding::none:
+      return "none";
+    case Sharding::hybrid:
+      return "hybrid";
+  }
+  return "unknown";
+}
+
+std::pair<Sharding, int> parse_sharding(std::string_view text) {
+  if (text == "full") return {Sharding::full, 0};
+  if (text == "grad_op") return {Sharding::grad_op, 0};
+  if (text == "none") return {Sharding::none, 0};
+  if (text.starts_with("hybrid:")) {
+    const std::string digits(text.substr(7));
+    char* end = nullptr;
+    const long group = std::strtol(digits.c_str(), &end, 10);
+    if (!digits.empty() && *end == '\0' && group > 0) return {Sharding::hybrid, static_cast<int>(group)};
+  }
+  fail("sharding '{}' is not one of full, grad_op, none, hybrid:G (G > 0 ranks per shard group)", text);
+}
+
+// --- the API ------------------------------------------------------------------------------------
+
+void fully_shard(nn::Module& module, const FsdpOptions& options) {
+  SHARDLAB_CHECK(options.prefetch >= 0, "fully_shard: prefetch must be >= 0, got {}", options.prefetch);
+  const MixedPrecision& precision = options.mixed_precision;
+  SHARDLAB_CHECK(is_floating(precision.param_dtype) && is_floating(precision.reduce_dtype) &&
+                     (!precision.output_dtype || is_floating(*precision.output_dtype)),
+                 "fully_shard: mixed precision dtypes must be floating, got param_dtype {}, reduce_dtype {}, "
+                 "output_dtype {}",
+                 dtype_name(precision.param_dtype), dtype_name(precision.reduce_dtype),
+                 precision.output_dtype ? dtype_name(*precision.output_dtype) : "none");
+  SHARDLAB_CHECK(unit_of(module) == nullptr, "fully_shard: this {} is already an FSDP unit",
+                 module.type_name());
+  SHARDLAB_CHECK(
+      module.has_forward(),
+      "fully_shard: a {} has no forward of its own, so the hooks that gather its parameters would never "
+      "run; shard the modules in it instead",
+      module.type_name());
+  const auto units = live_units();
+  for (const auto& unit : units) {
+    for (const auto& [path, inner] : unit->module().named_modules()) {
+      SHARDLAB_CHECK(
+          inner.get() != &module,
+          "fully_shard: {} is inside {}, which is already sharded; call fully_shard on inner modules first "
+          "and on the root last",
+          describe_module(path, module), describe_module("", unit->module()));
+    }
+  }
+  // Parameters of inner units stay theirs; a parameter held by an inner unit but also
+  // reached outside that unit's subtree is a tie across units.
+  // A module registered under several names is one unit reached by several paths.
+  struct Claim {
+    std::vector<std::string> unit_paths;
+    std::string held_as;  // the parameter's first name
+  };
+  std::map<const void*, Claim> claimed;
+  for (const auto& [path, inner] : module.named_modules()) {
+    auto unit = unit_of(*inner);
+    if (!unit) continue;
+    for (const Slot& slot : unit->slots()) {
+      Claim& claim = claimed[slot.variable.impl().get()];
+      if (claim.unit_paths.empty()) claim.held_as = join_name(path, slot.names.front());
+      claim.unit_paths.push_back(path);
+    }
+  }
+  std::vector<Slot> slots;
+  std::map<const void*, std::size_t> slot_of;
+  std::map<std::string, nn::Init> inits;
+  for (auto& [name, init] : module.named_inits()) inits.emplace(name, init);
+  for (const auto& [name, variable] : module.named_parameters()) {
+    if (auto it = claimed.find(variable.impl().get()); it != claimed.end()) {
+      const Claim& claim = it->second;
+      const bool inside =
+          std::any_of(claim.unit_paths.begin(), claim.unit_paths.end(),
+                      [&](const std::string& unit_path) { return name.starts_with(unit_path + "."); });
+      SHARDLAB_CHECK(
+          inside,
+          "fully_shard: parameter '{}' is the same tensor as '{}', which the unit '{}' holds; tied "
+          "parameters must share a unit (shard a module that contains both instead)",
+          name, claim.held_as, claim.unit_paths.front());
+      continue;
+    }
+    SHARDLAB_CHECK(is_floating(variable.dtype()),
+                   "fully_shard: parameter '{}' has dtype {}; FSDP shards floating parameters", name,
+                   dtype_name(variable.dtype()));
+    if (auto it = slot_of.find(variable.impl().get()); it != slot_of.end()) {
+      slots[it->second].names.push_back(name);  // tied inside this unit: one slot
+      continue;
+    }
+    if (!slots.empty()) {
+      SHARDLAB_CHECK(variable.device() == slots.front().variable.device(),
+                     "fully_shard: parameter '{}' is on {} but '{}' is on {}; a unit lives on one device",
+                     name, variable.device().str(), slots.front().names.front(),
+                     slots.front().variable.device().str());
+    }
+    slot_of[variable.impl().get()] = slots.size();
+    slots.push_back(
+        {.names = {name}, .variable = variable, .shape = variable.shape(), .init = inits.at(name)});
+  }
+  Communicator& base = options.communicator ? *options.communicator : session().world();
+  auto unit = std::make_shared<Unit>(module, std::move(slots), options,
+                                     groups_for(base, options.sharding, options.hybrid_group_size));
+  unit->install_hooks();
+  register_unit(module, unit);
+}
+
+int shard_by_size(nn::Module& root, std::int64_t min_parameters, const FsdpOptions& options) {
+  auto modules = root.named_modules();
+  std::set<const void*> taken;
+  int units = 0;
+  for (auto it = modules.rbegin(); it != modules.rend(); ++it) {
+    if (it->first.empty() || !it->second->has_forward()) continue;  // containers: their elements may be units
+    std::int64_t own = 0;
+    for (const auto& [name, variable] : it->second->named_parameters()) {
+      if (!taken.contains(variable.impl().get())) own += variable.numel();
+    }
+    if (own < min_parameters) continue;
+    fully_shard(*it->second, options);
+    for (const auto& [name, variable] : it->second->named_parameters()) taken.insert(variable.impl().get());
+    ++units;
+  }
+  fully_shard(root, options);
+  return units + 1;
+}
+
+nn::Named<Variable> sharded_parameters(nn::Module& root) {
+  std::map<const void*, Variable> view_of;  // by the module parameter's identity
+  for (const Unit* unit : ensure_root(root)->units) {
+    for (std::size_t i = 0; i < unit->slots().size(); ++i)
+      view_of.emplace(unit->slots()[i].variable.impl().get(), unit->views()[i]);
+  }
+  nn::Named<Variable> views;
+  for (const auto& [name, parameter] : root.named_parameters()) {
+    const auto it = view_of.find(parameter.impl().get());
+    if (it == view_of.end()) continue;  // a tied parameter's second name
+    views.emplace_back(name, it->second);
+    view_of.erase(it);
+  }
+  return views;
+}
+
+void set_requires_gradient_sync(nn::Module& root, bool sync) { ensure_root(root)->sync = sync; }
+
+double local_gradient_sum_of_squares(nn::Module& root) {
+  // Each unit's sum over its own pieces, counted by one replica only: the sum over all ranks
+  // then holds every element once, whatever mix of sharded and replicated units the root has.
+  double local = 0.0;
+  for (const Unit* unit : ensure_root(root)->units) {
+    if (unit->groups().first_replica()) local += optim::gradient_sum_of_squares(unit->views());
+  }
+  return local;
+}
+
+double clip_grad_norm_(nn::Module& root, double max_norm) {
+  const auto state = ensure_root(root);
+  std::vector<Variable> views;
+  for (const Unit* unit : state->units) views.insert(views.end(), unit->views().begin(), unit->views().end());
+  const double local = local_gradient_sum_of_squares(root);
+  Communicator& all = *state->units.front()->groups().base;
+  double global = local;
+  if (all.size() > 1) {
+    const Tensor total = full({1}, local, dtype(DType::f64).with_device(state->units.front()->device()));
+    all.all_reduce(total, ReduceOp::sum, "clip_grad_norm_").wait();
+    global = total.to(Device::cpu()).item<double>();
+  }
+  return optim::clip_gradients_to_norm(views, max_norm, std::sqrt(global));
+}
+
+namespace {
+
+// Where a module sits: the module of the outermost unit whose subtree holds it (null when none
+// does) and its dotted path from there, which is its name once that unit is the root.
+struct Location {
+  nn::Module* top = nullptr;
+  std::string path;
+};
+
+Location locate(const nn::Module& module) {
+  Location found;
+  std::size_t found_size = 0;
+  for (const auto& unit : live_units()) {
+    const auto modules = unit->module().named_modules();
+    if (modules.size() <= found_size) continue;
+    for (const auto& [path, inner] : modules) {
+      if (inner.get() == &module) {
+        found = {&unit->module(), path};
+        found_size = modules.size();
+        break;
+      }
+    }
+  }
+  return found;
+}
+
+std::string describe_anywhere(const nn::Module& module) {
+  const Location where = locate(module);
+  return where.top ? describe_module(where.path, module) : fmt::format("this {}", module.type_name());
+}
+
+std::shared_ptr<Unit> unit_for(std::string_view call, const nn::Module& module) {
+  auto unit = unit_of(module);
+  SHARDLAB_CHECK(unit != nullptr,
+                 "dist::{}: {} is not an FSDP unit; call it on a module dist::fully_shard made one", call,
+                 describe_anywhere(module));
+  return unit;
+}
+
+std::vector<std::weak_ptr<Unit>> prefetch_list(std::string_view call, const nn::Module& module,
+                                               const std::vector<nn::Module*>& listed) {
+  unit_for(call, module);
+  const nn::Module* root = locate(module).top;
+  std::vector<std::weak_ptr<Unit>> units;
+  for (std::size_t i = 0; i < listed.size(); ++i) {
+    SHARDLAB_CHECK(listed[i] != nullptr, "dist::{}: entry {} of the list is null", call, i);
+    units.push_back(unit_for(call, *listed[i]));
+    SHARDLAB_CHECK(locate(*listed[i]).top == root,
+                   "dist::{}: {} is a unit under another root than {}; a unit prefetches units of its own "
+                   "root only",
+                   call, describe_anywhere(*listed[i]), describe_anywhere(module));
+  }
+  return units;
+}
+
+}  // namespace
+
+void UnshardHandle::wait() {
+  if (auto unit = unit_.lock()) unit->wait_unshard();
+}
+
+UnshardHandle unshard(nn::Module& module) {
+  auto unit = unit_for("unshard", module);
+  if (!unit->root_state()) ensure_root(*locate(module).top);  // names the units, as the first forward does
+  unit->unshard(Unit::GatherFor::caller);
+  return UnshardHandle(unit);
+}
+
+void reshard(nn::Module& module) {
+  auto unit = unit_for("reshard", module);
+  SHARDLAB_CHECK(!unit->in_backward(),
+                 "dist::reshard: the backward of unit {} is running and reads its gathered parameters; "
+                 "reshard it after the backward",
+                 describe_anywhere(module));
+  unit->reshard();
+}
+
+void set_modules_to_forward_prefetch(nn::Module& unit, std::vector<nn::Module*> next) {
+  unit_for("set_modules_to_forward_prefetch", unit)
+      ->set_forward_prefetch(prefetch_list("set_modules_to_forward_prefetch", unit, next));
+}
+
+void set_modules_to_backward_prefetch(nn::Module& unit, std::vector<nn::Module*> previous) {
+  unit_for("set_modules_to_backward_prefetch", unit)
+      ->set_backward_prefetch(prefetch_list("set_modules_to_backward_prefetch", unit, previous));
+}
+
+nn::Named<ParameterShard> parameter_shards(nn::Module& root) {
+  std::map<const void*, ParameterShard> shard_of;  // by the module parameter's identity
+  for (const Unit* unit : ensure_root(root)->units) {
+    const Groups& groups = unit->groups();
+    const bool replicated = unit->options().sharding == Sharding::none;
+    for (std::size_t i = 0; i < unit->slots().size(); ++i) {
+      const Slot& slot = unit->slots()[i];
+      const std::int64_t numel = slot.variable.numel();
+      // This rank's range of the flat buffer, clamped to the parameter's.
+      const std::int64_t begin = groups.shard_rank() * unit->shard_elements() - slot.offset;
+      const std::int64_t first = std::clamp<std::int64_t>(begin, 0, numel),
+                         last = std::clamp<std::int64_t>(begin + unit->shard_elements(), 0, numel);
+      std::string placement = "Replicate";
+      if (!replicated) {
+        placement = fmt::format("Shard(flat) elements [{}, {}) of {}, rank {} of {}", first, last, numel,
+                                groups.shard_rank(), groups.shard_size());
+        if (groups.replica != nullptr)
+          placement += fmt::format(", replicated over {} groups", groups.replica->size());
+      }
+      shard_of.emplace(slot.variable.impl().get(), ParameterShard{.full_shape = slot.shape,
+                                                                  .first = first,
+                                                                  .count = last - first,
+                                                                  .local = unit->views()[i],
+                                                                  .placement = std::move(placement),
+                                                                  .first_replica = groups.first_replica()});
+    }
+  }
+  nn::Named<ParameterShard> shards;
+  for (const auto& [name, parameter] : root.named_parameters()) {
+    const auto it = shard_of.find(parameter.impl().get());
+    if (it == shard_of.end()) continue;  // a tied parameter's second name
+    shards.emplace_back(name, std::move(it->second));
+    shard_of.erase(it);
+  }
+  return shards;
+}
+
+Communicator& root_communicator(nn::Module& root) { return *ensure_root(root)->units.front()->groups().base; }
+
+nn::Named<Tensor> gather_full_parameters(nn::Module& root) {
+  std::map<std::string, Tensor> by_name;
+  for (Unit* unit : ensure_root(root)->units) {
+    const Tensor full = unit->full_shard_values();
+    for (const Slot& slot : unit->slots()) {
+      const Tensor value = full.narrow(0, slot.offset, slot.variable.numel()).view(slot.shape).clone();
+      for (const std::string& name : slot.names) by_name[join_name(unit->name(), name)] = value;
+    }
+  }
+  nn::Named<Tensor> ordered;
+  for (const auto& [name, variable] : root.named_parameters()) ordered.emplace_back(name, by_name.at(name));
+  return ordered;
+}
+
+namespace {
+std::set<Communicator*> unit_communicators(nn::Module& root) {
+  std::set<Communicator*> out;
+  for (Unit* unit : ensure_root(root)->units) {
+    for (Communicator* comm : {unit->groups().base, unit->groups().shard, unit->groups().replica}) {
+      if (comm != nullptr) out.insert(comm);
+    }
+  }
+  return out;
+}
+}  // namespace
+
+CollectiveCounters collective_counters(nn::Module& root) {
+  CollectiveCounters sum;
+  for (Communicator* comm : unit_communicators(root)) {
+    const CollectiveCounters counters = comm->counters();
+    for (std::size_t i = 0; i < sum.by_kind.size(); ++i) sum.by_kind[i] += counters.by_kind[i];
+  }
+  return sum;
+}
+
+void reset_collective_counters(nn::Module& root) {
+  for (Communicator* comm : unit_communicators(root)) comm->reset_counters();
+}
+
+}  // namespace shardlab::dist

@@ -1,0 +1,694 @@
+// dist/fsdp/fsdp.cpp: FSDP units: flattening and sharding, the hooks that gather before forward
+// and backward, reduce gradients and reshard, prefetching, and the per-root bookkeeping. The
+// calls users make are in dist/fsdp/api.cpp, the plan in dist/fsdp_plan.cpp.
+//
+// Saved activations: autograd saves the weight views it needs during forward, and resharding
+// frees the gathered bytes. A unit's gathered buffer is one Storage object for the unit's
+// whole life: resharding calls reallocate(0) on it and gathering reallocates and fills it
+// again, so the saved views (which point at the Storage, not at the bytes) are valid again by
+// the time the unit's backward runs: the pre-backward hook gathers first (FSDP1's trick).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "autograd/engine.h"
+#include "autograd/function.h"
+#include "autograd/ops.h"
+#include "core/error.h"
+#include "core/ops.h"
+#include "core/storage.h"
+#include "dist/comm/init.h"
+#include "dist/fsdp/unit.h"
+
+namespace shardlab::dist {
+
+namespace detail {
+
+std::shared_ptr<Groups> groups_for(Communicator& base, Sharding sharding, int group_size) {
+  static std::mutex mutex;
+  static std::map<std::tuple<Communicator*, Sharding, int>, std::weak_ptr<Groups>> cache;
+  std::lock_guard lock(mutex);
+  auto& slot = cache[{&base, sharding, group_size}];
+  if (auto existing = slot.lock()) return existing;
+  auto groups = std::make_shared<Groups>();
+  groups->base = &base;
+  const int rank = base.rank(), world = base.size();
+  switch (sharding) {
+    case Sharding::full:
+    case Sharding::grad_op:
+      groups->shard = world > 1 ? &base : nullptr;
+      break;
+    case Sharding::none:
+      groups->replica = world > 1 ? &base : nullptr;
+      break;
+    case Sharding::hybrid:
+      SHARDLAB_CHECK(
+          group_size > 0 && world % group_size == 0,
+          "fully_shard: hybrid shard groups of {} ranks do not divide the {} ranks of communicator '{}'",
+          group_size, world, base.name());
+      if (group_size > 1) {
+        groups->owned_shard =
+            base.split(rank / group_size, rank, fmt::format("{}/shard{}", base.name(), rank / group_size));
+        groups->shard = groups->owned_shard.get();
+      }
+      if (world / group_size > 1) {
+        groups->owned_replica =
+            base.split(rank % group_size, rank, fmt::format("{}/replica{}", base.name(), rank % group_size));
+        groups->replica = groups->owned_replica.get();
+      }
+      break;
+  }
+  slot = groups;
+  return groups;
+}
+
+// --- gathered bytes ----------------------------------------------------------------------------
+
+namespace {
+
+std::mutex unsharded_mutex;
+UnshardedMemory unsharded;
+
+void count_unsharded(std::int64_t delta) {
+  std::lock_guard lock(unsharded_mutex);
+  unsharded.bytes += delta;
+  unsharded.peak_bytes = std::max(unsharded.peak_bytes, unsharded.bytes);
+  // Guarded: the argument list is built (allocated) before counter() could look at the flag.
+  if (trace::on()) trace::counter("gathered parameters", {{"bytes", unsharded.bytes}});
+}
+
+// How traces and tags name a unit: the root's own name is empty.
+std::string display_name(const std::string& unit) { return unit.empty() ? "(root)" : unit; }
+
+// A unit's span that began at `began` (if the trace recorded then) and ends now.
+void trace_unit_span(std::optional<trace::Clock::time_point>& began, const char* phase,
+                     const std::string& unit) {
+  if (began && trace::on()) {
+    trace::complete(fmt::format("{} {}", phase, display_name(unit)), "compute", trace::this_thread_track(),
+                    *began, trace::Clock::now(), {{"unit", unit}});
+    trace::memory_counter();
+  }
+  began.reset();
+}
+
+// A copy or cast kernel of the unit's (`what`: "cast parameters to bf16") as a "copy" span on the
+// trace: the bytes FSDP moves on the compute thread besides the collectives.
+template <typename Kernel>
+decltype(auto) copy_kernel(const char* what, const std::string& unit, Kernel&& kernel) {
+  trace::Span span(trace::on() ? fmt::format("{} {}", what, display_name(unit)) : std::string(), "copy");
+  return kernel();
+}
+
+std::string cast_name(const char* what, DType to) {
+  return fmt::format("cast {} to {}", what, dtype_name(to));
+}
+
+}  // namespace
+
+// --- the registry of units -------------------------------------------------------------------
+
+namespace {
+std::mutex registry_mutex;
+std::vector<std::pair<const nn::Module*, std::weak_ptr<Unit>>> registry;
+}  // namespace
+
+void register_unit(const nn::Module& module, const std::shared_ptr<Unit>& unit) {
+  std::lock_guard lock(registry_mutex);
+  registry.emplace_back(&module, unit);
+}
+
+std::shared_ptr<Unit> unit_of(const nn::Module& module) {
+  std::lock_guard lock(registry_mutex);
+  for (const auto& [owner, unit] : registry) {
+    if (owner == &module) {
+      if (auto live = unit.lock()) return live;
+    }
+  }
+  return nullptr;
+}
+
+std::vector<std::shared_ptr<Unit>> live_units() {
+  std::lock_guard lock(registry_mutex);
+  std::erase_if(registry, [](const auto& entry) { return entry.second.expired(); });
+  std::vector<std::shared_ptr<Unit>> units;
+  for (const auto& [owner, unit] : registry) units.push_back(unit.lock());
+  return units;
+}
+
+std::string join_name(const std::string& prefix, const std::string& name) {
+  return prefix.empty() ? name : name.empty() ? prefix : prefix + "." + name;
+}
+
+std::string describe_module(const std::string& path, const nn::Module& module) {
+  return path.empty() ? fmt::format("the root {}", module.type_name())
+                      : fmt::format("'{}' ({})", path, module.type_name());
+}
+
+// Makes `root` the root of the units in its subtree (once): names them by their path.
+std::shared_ptr<RootState> ensure_root(nn::Module& root) {
+  auto root_unit = unit_of(root);
+  SHARDLAB_CHECK(root_unit != nullptr, "FSDP: the root {} is not sharded; call dist::fully_shard on it last",
+                 root.type_name());
+  if (root_unit->root_state()) {
+    SHARDLAB_CHECK(root_unit->root_state()->root == &root,
+                   "FSDP: {} is a unit under another root, not a root of its own", root.type_name());
+    return root_unit->root_state();
+  }
+  // Checked before any unit joins, so that a refusal leaves every unit as it was.
+  std::vector<std::pair<std::string, std::shared_ptr<Unit>>> members;
+  for (const auto& [path, module] : root.named_modules()) {
+    auto unit = unit_of(*module);
+    if (!unit || std::any_of(members.begin(), members.end(), [&](const auto& m) { return m.second == unit; }))
+      continue;  // none, or one module under two names
+    SHARDLAB_CHECK(!unit->root_state(),
+                   "FSDP: unit {} already ran as a root of its own; call the root's forward first",
+                   describe_module(path, *module));
+    SHARDLAB_CHECK(
+        unit->groups().base == root_unit->groups().base,
+        "FSDP: unit {} runs on communicator '{}' but the root {} on '{}'; the units under one root "
+        "share one communicator",
+        describe_module(path, *module), unit->groups().base->name(), root.type_name(),
+        root_unit->groups().base->name());
+    members.emplace_back(path, unit);
+  }
+  auto state = std::make_shared<RootState>();
+  state->root = &root;
+  for (auto& [path, unit] : members) {
+    unit->join_root(state, path);
+    state->units.push_back(unit.get());
+  }
+  return state;
+}
+
+// --- Unit ---------------------------------------------------------------------------------------
+
+Unit::Unit(nn::Module& module, std::vector<Slot> slots, const FsdpOptions& options,
+           std::shared_ptr<Groups> groups)
+    : module_(&module),
+      options_(options),
+      slots_(std::move(slots)),
+      groups_(std::move(groups)),
+      reshard_after_forward_(options.reshard_after_forward.value_or(options.sharding == Sharding::full ||
+                                                                    options.sharding == Sharding::hybrid)) {
+  device_ = slots_.empty() ? Device::cpu() : slots_.front().variable.device();
+  shard_device_ = options.cpu_offload ? Device::cpu() : device_;
+  for (Slot& slot : slots_) {
+    slot.offset = parameters_;
+    parameters_ += slot.variable.numel();
+  }
+  const std::int64_t group = groups_->shard_size();
+  padded_ = (parameters_ + group - 1) / group * group;
+  shard_elements_ = padded_ / group;
+  for (const Slot& slot : slots_) {
+    SHARDLAB_CHECK(
+        nn::deferred(slot.variable.data()) == nn::deferred(slots_.front().variable.data()),
+        "fully_shard: parameter '{}' has {} bytes but '{}' has {}; a unit's parameters are all made under "
+        "nn::DeferredInitGuard or none",
+        slot.names.front(), nn::deferred(slot.variable.data()) ? "no" : "its", slots_.front().names.front(),
+        nn::deferred(slots_.front().variable.data()) ? "none" : "its");
+  }
+  deferred_ = !slots_.empty() && nn::deferred(slots_.front().variable.data());
+  // This rank's shard: the elements [rank * S, (rank + 1) * S) of the flattened parameters,
+  // copied now, or drawn by join_root once the parameters' names from the root are known.
+  shard_ = zeros({shard_elements_}, dtype(DType::f32).with_device(shard_device_));
+  for (const Slot& slot : slots_) {
+    const Piece part = piece(slot);
+    const Tensor target = shard_.narrow(0, part.at, part.count);
+    if (!deferred_ && part.count > 0) {
+      const Tensor flat = slot.variable.data().contiguous().view({slot.variable.numel()});
+      target.copy_(cast(flat.narrow(0, part.from, part.count), DType::f32));
+    }
+    views_.emplace_back(target, slot.variable.requires_grad(), slot.names.front());
+  }
+  hooked_.assign(slots_.size(), false);
+  got_gradient_.assign(slots_.size(), 0);
+  counted_.assign(slots_.size(), 0);
+  // The parameters become views of the gathered buffer, which has no bytes yet.
+  storage_ = std::make_shared<Storage>(device_, 0);
+  for (const Slot& slot : slots_) {
+    slot.variable.set_data(Tensor(storage_, slot.shape, contiguous_strides(slot.shape), slot.offset,
+                                  options_.mixed_precision.param_dtype));
+  }
+}
+
+Unit::~Unit() {
+  if (state_ != Gathered::no) count_unsharded(-static_cast<std::int64_t>(storage_->nbytes()));
+}
+
+bool Unit::trains() const {
+  return std::any_of(slots_.begin(), slots_.end(),
+                     [](const Slot& slot) { return slot.variable.requires_grad(); });
+}
+
+Piece Unit::piece(const Slot& slot) const {
+  const std::int64_t begin = groups_->shard_rank() * shard_elements_, end = begin + shard_elements_;
+  const std::int64_t from = std::max(begin, slot.offset),
+                     to = std::min(end, slot.offset + slot.variable.numel());
+  if (from >= to) return {};
+  return {.from = from - slot.offset, .count = to - from, .at = from - begin};
+}
+
+void Unit::join_root(std::shared_ptr<RootState> root, std::string name) {
+  root_ = std::move(root);
+  name_ = std::move(name);
+  for (std::size_t i = 0; i < slots_.size(); ++i)
+    views_[i].set_name(join_name(name_, slots_[i].names.front()));
+  if (!deferred_) return;
+  // Sharded initialisation: this rank draws only its slice of each parameter, the exact
+  // values nn::initialize(root, seed) gives the whole parameter in one process.
+  const auto seed = root_->root->initialized_seed();
+  SHARDLAB_CHECK(
+      seed.has_value(),
+      "FSDP: unit {}'s parameters were made under nn::DeferredInitGuard, but nn::initialize(root, seed) "
+      "was not called on the root {}",
+      name_.empty() ? "(root)" : "'" + name_ + "'", root_->root->type_name());
+  const NoGradGuard no_grad;
+  for (std::size_t i = 0; i < slots_.size(); ++i) {
+    const Piece part = piece(slots_[i]);
+    if (part.count > 0)
+      slots_[i].init.fill(views_[i].data(), *seed, join_name(name_, slots_[i].names.front()), part.from);
+  }
+}
+
+// The module's hooks own the unit (the module outlives its unit); the parameters' hooks
+// only refer to it, since the unit owns the parameters' Variables.
+void Unit::install_hooks() {
+  auto self = shared_from_this();
+  module_->register_forward_pre_hook(
+      [self](nn::Module&, nn::ForwardInputs& inputs) { self->pre_forward(inputs); });
+  module_->register_forward_hook([self](nn::Module&, Variable& output) { self->post_forward(output); });
+  std::weak_ptr<Unit> weak = self;
+  // A module inside the unit that owns some of its parameters and runs while they are not
+  // gathered (its caller bypassed the unit's forward) would read freed bytes: refuse instead.
+  std::set<const void*> mine;
+  for (const Slot& slot : slots_) mine.insert(slot.variable.impl().get());
+  for (const auto& [path, inner] : module_->named_modules()) {
+    if (inner.get() == module_) continue;
+    bool owns = false;
+    for (const auto& [name, variable] : inner->named_parameters(false))
+      owns |= mine.contains(variable.impl().get());
+    if (!owns) continue;
+    inner->register_forward_pre_hook([weak, path = path](nn::Module& running, nn::ForwardInputs&) {
+      auto unit = weak.lock();
+      if (!unit || unit->state_ == Gathered::yes) return;
+      fail(
+          "FSDP: {} '{}' ran while its parameters, held by the unit {}, were not gathered: the unit's own "
+          "forward did not run first. Call the unit's module, or shard the module that is called",
+          running.type_name(), join_name(unit->name_, path), describe_module(unit->name_, *unit->module_));
+    });
+  }
+}
+
+void Unit::unshard(GatherFor purpose) {
+  if (state_ != Gathered::no) return;
+  const DType param_dtype = options_.mixed_precision.param_dtype;
+  storage_->reallocate(static_cast<std::size_t>(padded_) * dtype_size(param_dtype));
+  count_unsharded(static_cast<std::int64_t>(storage_->nbytes()));
+  const Tensor on_device = shard_device_ == device_ ? shard_
+                                                    : copy_kernel("copy shard to device", name_,
+                                                                  [&] { return shard_.to(device_); });
+  const Tensor source = param_dtype == DType::f32
+                            ? on_device
+                            : copy_kernel(cast_name("parameters", param_dtype).c_str(), name_,
+                                          [&] { return cast(on_device, param_dtype); });
+  if (groups_->shard == nullptr) {
+    copy_kernel("copy shard to gathered", name_, [&] { return gathered().copy_(source); });
+    state_ = Gathered::yes;
+    return;
+  }
+  static constexpr const char* purposes[] = {"pre-forward", "pre-backward", "unshard"};
+  gather_tag_ = fmt::format("{} {}", purposes[static_cast<int>(purpose)], display_name(name_));
+  gather_source_ = source;
+  gather_work_ = groups_->shard->all_gather_into(gathered(), source, gather_tag_);
+  if (trace::on()) {
+    gather_flow_ = trace::next_flow_id();
+    trace::flow_start(gather_flow_, "all_gather " + gather_tag_, "communication");
+  }
+  state_ = Gathered::in_flight;
+}
+
+void Unit::wait_unshard() {
+  if (state_ != Gathered::in_flight) return;
+  trace::Span span(trace::on() ? "wait all_gather " + gather_tag_ : std::string(), "wait");
+  span.arg("unit", name_);
+  gather_work_.wait();
+  if (trace::on()) trace::flow_end(gather_flow_, "all_gather " + gather_tag_, "communication");
+  gather_work_ = Work();
+  gather_source_ = Tensor();
+  state_ = Gathered::yes;
+}
+
+void Unit::reshard() {
+  wait_unshard();  // never free bytes a collective is still writing
+  if (state_ == Gathered::no) return;
+  count_unsharded(-static_cast<std::int64_t>(storage_->nbytes()));
+  storage_->reallocate(0);
+  state_ = Gathered::no;
+}
+
+// The units `listed` by set_modules_to_*_prefetch, from the first step on; otherwise, once the
+// order is recorded, the next options_.prefetch units after this one in it.
+void Unit::prefetch(const std::optional<std::vector<std::weak_ptr<Unit>>>& listed,
+                    const std::vector<Unit*>& order, bool recorded, GatherFor purpose) {
+  if (listed) {
+    for (const auto& weak : *listed) {
+      if (auto unit = weak.lock()) unit->unshard(purpose);
+    }
+    return;
+  }
+  if (!recorded) return;
+  const auto me = std::find(order.begin(), order.end(), this);
+  if (me == order.end()) return;
+  for (auto next = me + 1; next != order.end() && next - me <= options_.prefetch; ++next)
+    (*next)->unshard(purpose);
+}
+
+void Unit::pre_forward(nn::ForwardInputs& inputs) {
+  if (trace::on()) forward_began_ = trace::Clock::now();
+  if (!root_) ensure_root(*module_);  // a forward without sharded_parameters()/explain() first
+  RootState& root = *root_;
+  if (!root.forward_recorded &&
+      std::find(root.forward_order.begin(), root.forward_order.end(), this) == root.forward_order.end()) {
+    root.forward_order.push_back(this);
+  }
+  unshard(GatherFor::forward);
+  wait_unshard();
+  prefetch(forward_prefetch_, root.forward_order, root.forward_recorded, GatherFor::forward);
+  cast_inputs(inputs);
+  mark_inputs(inputs);
+}
+
+// Each input that requires grad passes through an identity whose backward runs once the
+// gradient with respect to that input is complete, that is after every node of the unit that
+// read the gathered parameters (FSDP2's RegisterPostBackwardFunction).
+void Unit::mark_inputs(nn::ForwardInputs& inputs) {
+  if (!is_grad_enabled()) return;
+  std::weak_ptr<Unit> weak = shared_from_this();
+  for (Variable& input : inputs) {
+    if (!input.defined() || !input.requires_grad()) continue;
+    ++inputs_marked_;
+    input = autograd::record("fsdp_post_backward", {input}, input.data(), [weak](const Tensor& grad) {
+      if (auto unit = weak.lock()) unit->on_input_gradient();
+      return autograd::Grads{grad};
+    });
+  }
+}
+
+void Unit::cast_inputs(nn::ForwardInputs& inputs) const {
+  const MixedPrecision& precision = options_.mixed_precision;
+  if (!precision.cast_forward_inputs || precision.param_dtype == DType::f32) return;
+  for (Variable& input : inputs) {
+    if (input.defined() && is_floating(input.dtype()) && input.dtype() != precision.param_dtype)
+      input = copy_kernel(cast_name("input", precision.param_dtype).c_str(), name_,
+                          [&] { return cast(input, precision.param_dtype); });
+  }
+}
+
+void Unit::cast_output(Variable& output) const {
+  const auto& to = options_.mixed_precision.output_dtype;
+  if (to && output.defined() && is_floating(output.dtype()) && output.dtype() != *to)
+    output = copy_kernel(cast_name("output", *to).c_str(), name_, [&] { return cast(output, *to); });
+}
+
+void Unit::post_forward(Variable& output) {
+  if (is_root()) root_->forward_recorded = true;
+  if (is_grad_enabled() && trains()) owes_reduction_ = true;
+  if (is_grad_enabled() && output.defined() && output.requires_grad()) {
+    // The hook sits on the output before cast_output, so it fires when the gradient reaches
+    // the unit itself.
+    auto self = shared_from_this();
+    output.register_hook([self](const Tensor&) {
+      self->pre_backward();
+      return Tensor();
+    });
+    if (reshards_after_forward()) reshard();
+  } else if (is_root()) {
+    root_->reshard_all();  // inference: nothing will gather for backward, so a step ends here
+  } else if (reshard_after_forward_) {
+    reshard();
+  }
+  cast_output(output);
+  trace_unit_span(forward_began_, "forward", name_);
+}
+
+void Unit::pre_backward() {
+  RootState& root = *root_;
+  if (!root.callback_queued) {
+    root.callback_queued = true;
+    // The token outlives the callback: destroyed unrun (the backward threw) or after a
+    // finish_backward that threw, it puts the units back in order, so the exception is all the
+    // caller sees and the next step trains normally.
+    struct Token {
+      std::weak_ptr<RootState> state;
+      bool finished = false;
+      ~Token() {
+        if (auto root_state = state.lock(); root_state && !finished) root_state->abandon_backward();
+      }
+    };
+    auto token = std::make_shared<Token>();  // made in place: a temporary's destructor would fire
+    token->state = root_;
+    autograd::queue_callback([state = root_, token] {
+      state->finish_backward();
+      token->finished = true;
+    });
+  }
+  if (backward_started_) return;  // the unit's forward ran more than once this step
+  backward_started_ = true;
+  if (trace::on()) backward_began_ = trace::Clock::now();
+  if (!root.backward_recorded) root.backward_order.push_back(this);
+  unshard(GatherFor::backward);
+  wait_unshard();
+  prefetch(backward_prefetch_, root.backward_order, root.backward_recorded, GatherFor::backward);
+  prepare_gradients();
+}
+
+// Which parameters train is read now, per backward. Gradients land straight in one flat buffer,
+// which the reduce-scatter then reads without a copy: a parameter's first gradient is written into
+// its slice (no zero-fill first), later ones add to it. Without sync the buffer survives from the
+// previous micro-step and keeps summing.
+void Unit::prepare_gradients() {
+  expected_ = ready_ = 0;
+  std::fill(counted_.begin(), counted_.end(), 0);
+  for (std::size_t i = 0; i < slots_.size(); ++i) {
+    const Variable& parameter = slots_[i].variable;
+    if (views_[i].requires_grad() != parameter.requires_grad())
+      views_[i].set_requires_grad(parameter.requires_grad());
+    if (!parameter.requires_grad()) continue;
+    ++expected_;
+    if (hooked_[i]) continue;
+    hooked_[i] = true;
+    std::weak_ptr<Unit> weak = shared_from_this();
+    parameter.register_post_accumulate_grad_hook([weak, i](const Variable&) {
+      if (auto unit = weak.lock()) unit->on_gradient_accumulated(i);
+    });
+  }
+  if (expected_ == 0) return;  // all frozen: nothing to accumulate or reduce
+  if (!full_grad_.defined()) {
+    full_grad_ = empty({padded_}, dtype(options_.mixed_precision.param_dtype).with_device(device_));
+    drop_gradient_views();
+  }
+  for (const Slot& slot : slots_) {
+    if (slot.variable.requires_grad() && !slot.variable.grad().defined())
+      slot.variable.set_grad_destination(gradient_slice(slot));
+  }
+}
+
+Tensor Unit::gradient_slice(const Slot& slot) const {
+  return full_grad_.narrow(0, slot.offset, slot.variable.numel()).view(slot.shape);
+}
+
+// Zeros what of the flat gradient no backward wrote: the slices of parameters that got no
+// gradient (frozen, or unused this step on this rank) and the padding.
+void Unit::zero_unwritten_gradients() {
+  for (const Slot& slot : slots_) {
+    if (!slot.variable.grad().defined()) gradient_slice(slot).fill_(0);
+  }
+  if (padded_ > parameters_) full_grad_.narrow(0, parameters_, padded_ - parameters_).fill_(0);
+}
+
+void Unit::drop_gradient_views() {
+  for (const Slot& slot : slots_) {
+    slot.variable.set_grad(Tensor());
+    slot.variable.set_grad_destination(Tensor());
+  }
+}
+
+void Unit::on_gradient_accumulated(std::size_t slot) {
+  if (!backward_started_ || reduced_) return;
+  got_gradient_[slot] = 1;
+  if (counted_[slot]) return;
+  counted_[slot] = 1;
+  ++ready_;
+  if (backward_done()) post_backward();
+}
+
+void Unit::on_input_gradient() {
+  ++inputs_done_;
+  if (backward_started_ && backward_done()) post_backward();
+}
+
+void Unit::post_backward() {
+  if (reduced_) return;
+  reduced_ = true;
+  if (root_->sync && expected_ > 0) start_reduction();
+  if (reshards_after_forward()) reshard();
+  if (!is_root()) trace_backward_end();
+}
+
+void Unit::trace_backward_end() { trace_unit_span(backward_began_, "backward", name_); }
+
+// Reduce-scatter (averaged) the full gradient into this rank's slot; the replica all-reduce of
+// hybrid and none waits for it, in finish_backward.
+void Unit::start_reduction() {
+  // A rank whose backward never reached the unit (no parameter of it used here) still joins
+  // with zeros: the other ranks' reduce-scatter needs it.
+  if (!full_grad_.defined()) {
+    full_grad_ = empty({padded_}, dtype(options_.mixed_precision.param_dtype).with_device(device_));
+    drop_gradient_views();
+  }
+  zero_unwritten_gradients();
+  reducing_ = true;
+  const DType reduce_dtype = options_.mixed_precision.reduce_dtype;
+  reduce_input_ = reduce_dtype == options_.mixed_precision.param_dtype
+                      ? full_grad_
+                      : copy_kernel(cast_name("gradient", reduce_dtype).c_str(), name_,
+                                    [&] { return cast(full_grad_, reduce_dtype); });
+  drop_gradient_views();
+  full_grad_ = Tensor();
+  if (groups_->shard == nullptr) {
+    reduce_output_ = reduce_input_;
+    return;
+  }
+  reduce_output_ =
+      empty({shard_elements_}, dtype(options_.mixed_precision.reduce_dtype).with_device(device_));
+  reduce_work_ = groups_->shard->reduce_scatter(reduce_output_, reduce_input_, ReduceOp::avg, name_);
+}
+
+void Unit::flush_backward() {
+  if (backward_started_ && !reduced_) {
+    post_backward();  // parameters that got no gradient this step
+  } else if (!backward_started_ && owes_reduction_ && root_->sync && trains()) {
+    start_reduction();  // the forward ran in grad mode, the backward never came here
+  }
+}
+
+void Unit::finish_backward(const std::uint8_t* agreed_flags) {
+  if (reducing_) {
+    {
+      trace::Span span(trace::on() ? "wait reduce_scatter " + name_ : std::string(), "wait");
+      span.arg("unit", name_);
+      reduce_work_.wait();
+      if (groups_->replica != nullptr)
+        groups_->replica->all_reduce(reduce_output_, ReduceOp::avg, name_).wait();
+    }
+    // Unless it is a cast, the reduced gradient is a buffer of its own (a 1-rank shard group's
+    // is the full-gradient buffer, whose parameter views were dropped): the gradient shard. A
+    // parameter that got a gradient on some rank gets its slice; the others stay without one.
+    const Tensor reduced = reduce_output_.dtype() == DType::f32
+                               ? reduce_output_
+                               : copy_kernel(cast_name("gradient", DType::f32).c_str(), name_,
+                                             [&] { return cast(reduce_output_, DType::f32); });
+    const Tensor gradient =
+        reduced.device() == shard_device_
+            ? reduced
+            : copy_kernel("copy gradient to host", name_, [&] { return reduced.to(shard_device_); });
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+      if (agreed_flags[i] == 0 || !slots_[i].variable.requires_grad()) continue;
+      const Piece part = piece(slots_[i]);
+      const Tensor slice = gradient.narrow(0, part.at, part.count);
+      if (views_[i].grad().defined()) {
+        add_(views_[i].grad(), slice);
+      } else {
+        views_[i].set_grad(slice);
+      }
+    }
+    std::fill(got_gradient_.begin(), got_gradient_.end(), 0);
+    owes_reduction_ = reducing_ = false;
+  }
+  reduce_work_ = Work();
+  reduce_input_ = reduce_output_ = Tensor();
+  backward_started_ = reduced_ = false;
+  inputs_marked_ = inputs_done_ = 0;
+  reshard();
+}
+
+void Unit::abandon_backward() {
+  // A reduction in flight completes on its own (its Work keeps the buffers alive).
+  reduce_work_ = Work();
+  reduce_input_ = reduce_output_ = full_grad_ = Tensor();
+  drop_gradient_views();
+  std::fill(got_gradient_.begin(), got_gradient_.end(), 0);
+  owes_reduction_ = backward_started_ = reduced_ = reducing_ = false;
+  inputs_marked_ = inputs_done_ = 0;
+}
+
+Tensor Unit::full_shard_values() const {
+  Tensor full = empty({padded_}, dtype(DType::f32).with_device(device_));
+  if (groups_->shard == nullptr) {
+    full.copy_(shard_);
+  } else {
+    groups_->shard->all_gather_into(full, shard_.to(device_), name_ + " (full parameters)").wait();
+  }
+  return full.to(Device::cpu());
+}
+
+// --- RootState ----------------------------------------------------------------------------------
+
+void RootState::finish_backward() {
+  for (Unit* unit : units) unit->flush_backward();
+  std::vector<Unit*> reducing;
+  for (Unit* unit : units) {
+    if (unit->reducing()) reducing.push_back(unit);
+  }
+  const std::vector<std::uint8_t> flags = agree_on_gradients(reducing);
+  std::size_t offset = 0;
+  for (Unit* unit : units) {
+    const bool reduced = unit->reducing();
+    unit->finish_backward(reduced ? flags.data() + offset : nullptr);
+    if (reduced) offset += unit->slots().size();
+  }
+  callback_queued = false;
+  if (!backward_order.empty()) backward_recorded = true;
+  units.front()->trace_backward_end();
+}
+
+std::vector<std::uint8_t> RootState::agree_on_gradients(const std::vector<Unit*>& reducing) const {
+  std::vector<std::uint8_t> flags;
+  for (const Unit* unit : reducing)
+    flags.insert(flags.end(), unit->gradient_flags().begin(), unit->gradient_flags().end());
+  Communicator* all = units.front()->groups().base;
+  if (flags.empty() || all->size() == 1) return flags;
+  const auto count = static_cast<std::int64_t>(flags.size());
+  // On the units' device: an NCCL communicator takes device tensors only.
+  const Tensor agreed = from_vector(flags, {count}).to(units.front()->device());
+  all->all_reduce(agreed, ReduceOp::max, "gradient flags").wait();
+  const Tensor on_host = agreed.to(Device::cpu());
+  std::copy_n(on_host.data<std::uint8_t>(), flags.size(), flags.begin());
+  return flags;
+}
+
+void RootState::abandon_backward() {
+  for (Unit* unit : units) unit->abandon_backward();
+  callback_queued = false;
+}
+
+void RootState::reshard_all() {
+  for (Unit* unit : units) unit->reshard();
+}
+
+}  // namespace detail
+
+UnshardedMemory unsharded_memory() {
+  std::lock_guard lock(detail::unsharded_mutex);
+  return detail::unsharded;
+}
+
+void reset_unsharded_peak() {
+  std::lock_guard lock(detail::unsharded_mutex);
+  detail::unsharded.peak_bytes = detail::unsharded.bytes;
+}
+
+}  // namespace shardlab::dist

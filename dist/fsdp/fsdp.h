@@ -1,0 +1,270 @@
+// dist/fsdp/fsdp.h: fully sharded data parallelism (FSDP / ZeRO-3), bottom-up as PyTorch's FSDP2.
+//
+//   for (auto& block : model->blocks) dist::fully_shard(*block);  // inner units first
+//   dist::fully_shard(*model);                                    // the root last
+//   optim::AdamW opt(dist::sharded_parameters(*model), {});        // the optimizer sees shards only
+//   fmt::print("{}", dist::explain(*model).str());                 // the plan, before step 1
+//   loss = ...model(x)...; loss.backward(); opt.step();           // as without FSDP
+//
+// Each fully_shard call makes an FSDP unit of the module's parameters that no inner unit took:
+// one flat f32 shard per rank (rank r of the shard group holds elements [r*S, (r+1)*S) of the
+// flattened parameters, padded with zeros to a multiple of the group size) and its gradient
+// shard. The module's parameters become views of one gathered buffer that holds bytes only
+// between the unit's all-gather and its reshard. The model does not know: the hooks do it.
+//
+// Communication is per unit (one flat buffer), training is per parameter, as in one process:
+// - sharded_parameters() gives each parameter's slice of this rank's shard as a Variable of its
+//   own, under the parameter's name, with its gradient a slice of the unit's gradient shard;
+// - a frozen parameter (set_requires_grad(false) on the module's parameter, before or between
+//   steps) never gets a gradient, so the optimizer skips it and keeps no state for it;
+// - a parameter that got no gradient on any rank in a step has none after it; one that got a
+//   gradient on some ranks has the average over all ranks (zeros from the others). The ranks
+//   agree on these flags with one small all-reduce per root and step.
+// Every unit whose forward runs in a step must run on every rank of its communicator (its
+// collectives are issued by its hooks); parameters inside it may be used on some ranks only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "dist/comm/communicator.h"
+#include "nn/module.h"
+
+namespace shardlab::dist {
+
+enum class Sharding : std::uint8_t {
+  full,     // FULL_SHARD (ZeRO-3): parameters gathered for forward and again for backward
+  grad_op,  // SHARD_GRAD_OP (ZeRO-2): gathered from forward until the end of backward
+  none,     // NO_SHARD (DDP): every rank holds everything; gradients all-reduced
+  hybrid,   // HYBRID_SHARD: FULL_SHARD inside groups of `hybrid_group_size` ranks, replicated across groups
+};
+std::string_view sharding_name(Sharding sharding);  // "full", "grad_op", "none", "hybrid"
+// Parses "full", "grad_op", "none", "hybrid:G" (G > 0 dividing the world size is checked by fully_shard).
+std::pair<Sharding, int> parse_sharding(std::string_view text);
+
+// FSDP2's MixedPrecisionPolicy.
+struct MixedPrecision {
+  DType param_dtype = DType::f32;   // the gathered parameters and the forward/backward compute
+  DType reduce_dtype = DType::f32;  // the gradient reduction; the master shard is always f32
+  // With a param_dtype other than f32, the floating inputs of the unit's forward are cast to it
+  // (their gradients flow back in the inputs' dtype), so an f32 batch feeds a bf16 model.
+  bool cast_forward_inputs = true;
+  // When set, the unit's floating output is cast to it: on the root, f32 logits for the loss.
+  std::optional<DType> output_dtype;
+};
+
+struct FsdpOptions {
+  Sharding sharding = Sharding::full;
+  int hybrid_group_size = 0;  // G, for Sharding::hybrid
+  // Free the gathered parameters after forward (and gather again for backward). Default: true
+  // for full and hybrid, false for grad_op and none; the root always keeps them (its backward
+  // comes right after its forward), as FSDP2.
+  std::optional<bool> reshard_after_forward;
+  // Units whose all-gather is issued ahead, in forward and in backward, in the order recorded in
+  // the first step; set_modules_to_*_prefetch replaces it on a unit with a list of its own.
+  int prefetch = 1;
+  MixedPrecision mixed_precision;
+  // Keep the f32 shards, their gradients and the optimizer state in host memory (GPU runs: the
+  // optimizer steps on the CPU; each gather copies the shard up). On the CPU: nothing to do.
+  bool cpu_offload = false;
+  // Default: dist::session().world().
+  Communicator* communicator = nullptr;
+};
+
+// Makes `module` an FSDP unit. Call it on inner modules first and on the root last; an
+// ancestor sharded before its descendant, a module sharded twice, or a parameter tied to one
+// in another unit is refused with an Error naming them.
+void fully_shard(nn::Module& module, const FsdpOptions& options = {});
+
+// fully_shard on every descendant of type Block (innermost first), then on the root.
+template <typename Block>
+int shard_by_type(nn::Module& root, const FsdpOptions& options = {});
+// fully_shard on every descendant holding at least `min_parameters` parameters not taken by an
+// inner unit (innermost first), then on the root. Returns the number of units.
+int shard_by_size(nn::Module& root, std::int64_t min_parameters, const FsdpOptions& options = {});
+
+// This rank's shard of every parameter under `root`, under the parameter's dotted name, in
+// root.named_parameters() order (a tied parameter once, under its first name): a 1-D f32 view
+// of its contiguous slice of the unit's flat shard (0 elements on ranks that hold none of it),
+// with requires_grad as the parameter's and, after a backward, its gradient as the matching
+// slice of the unit's gradient shard. What the optimizer updates:
+//   optim::AdamW opt({{.parameters = decayed}, {.parameters = norms_and_biases, .weight_decay = 0.0}}, {});
+nn::Named<Variable> sharded_parameters(nn::Module& root);
+
+// Micro-steps of gradient accumulation: with sync off, backward keeps each unit's unsharded
+// gradient buffer (P elements of param_dtype per unit, until the synced step) and accumulates
+// into it; the next backward with sync on reduce-scatters the sum once. The alternative,
+// reduce-scattering every micro-step into the f32 gradient shard, would keep only P / N
+// elements but pay a reduce-scatter per micro-step; this keeps one reduction per optimizer step.
+void set_requires_gradient_sync(nn::Module& root, bool sync);
+
+// Scales the gradient shards so that the global gradient norm is at most max_norm and returns
+// the norm before clipping: one all-reduce of the shards' sums of squares, equal to the norm
+// one process computes over the full gradients, whatever the units' strategies (a replicated
+// unit's gradient counted once). Frozen parameters and parameters without a gradient are skipped.
+double clip_grad_norm_(nn::Module& root, double max_norm);
+
+// This rank's share of the global sum of squared gradients that clip_grad_norm_ all-reduces: its
+// shards' sums, a replicated unit's counted by one replica only. Not a collective: for a caller
+// that adds it to an all-reduce of its own (the CNN's loss sum) and takes the square root.
+double local_gradient_sum_of_squares(nn::Module& root);
+
+// Every parameter's full value (f32, unpadded, by its dotted name under `root`), gathered from
+// the shards on every rank: for checkpoints, evaluation and tests.
+nn::Named<Tensor> gather_full_parameters(nn::Module& root);
+
+// --- explicit gathering and prefetching, FSDP2's FSDPModule calls --------------------------------
+
+namespace detail {
+class Unit;
+}
+
+// The all-gather dist::unshard issued. wait() returns once the unit's parameters are gathered
+// (a second wait returns at once). Dropped without wait(), nothing leaks and nothing blocks: the
+// gather completes on its own, and the unit's next forward, reshard or destruction waits for it.
+class UnshardHandle {
+ public:
+  UnshardHandle() = default;
+  void wait();
+
+ private:
+  friend UnshardHandle unshard(nn::Module& unit);
+  explicit UnshardHandle(std::weak_ptr<detail::Unit> unit) : unit_(std::move(unit)) {}
+  std::weak_ptr<detail::Unit> unit_;
+};
+
+// Issues the all-gather of the unit's parameters now, so that it overlaps what comes next; the
+// unit's forward then uses them without gathering again. A collective: call it on every rank.
+//   dist::UnshardHandle gathering = dist::unshard(*model);  // the root's all-gather ...
+//   const Tensor tokens = batch.tokens.to(device);          // ... overlaps the copy
+//   Variable logits = model(tokens);                        // waits for it, gathers nothing
+// A unit already gathered (the root, or any unit kept gathered through backward, between its
+// forward and the end of its backward) gathers nothing. An error if `unit` is no FSDP unit.
+UnshardHandle unshard(nn::Module& unit);
+// Frees the unit's gathered parameters (once an all-gather in flight has completed); its forward
+// or backward gathers them again when it needs them. An error if `unit` is no FSDP unit, or while
+// its backward runs (its gradients still read them).
+void reshard(nn::Module& unit);
+
+// Explicit prefetching: when set on `unit`, its pre-forward (pre-backward) issues the all-gathers of
+// exactly these units, in this order, from the first step on, instead of the next
+// FsdpOptions::prefetch units of the order recorded in the first step; an empty list prefetches
+// nothing. Each must be a unit under the same root as `unit`.
+//   for (std::size_t i = 0; i + 1 < blocks.size(); ++i) {
+//     dist::set_modules_to_forward_prefetch(*blocks[i], {blocks[i + 1].get()});
+//     dist::set_modules_to_backward_prefetch(*blocks[i + 1], {blocks[i].get()});
+//   }
+void set_modules_to_forward_prefetch(nn::Module& unit, std::vector<nn::Module*> next);
+void set_modules_to_backward_prefetch(nn::Module& unit, std::vector<nn::Module*> previous);
+
+// --- where each parameter lives ---------------------------------------------------------------------
+
+// This rank's part of one parameter: what PyTorch's DTensor tells with placements and to_local().
+struct ParameterShard {
+  Shape full_shape;  // the parameter's own shape
+  // This rank holds elements [first, first + count) of the flattened parameter (count 0: none).
+  std::int64_t first = 0, count = 0;
+  Variable local;  // those elements: the parameter's view in sharded_parameters(), 1-D f32
+  // "Shard(flat) elements [12, 40) of 64, rank 1 of 2" (full, grad_op; hybrid adds ", replicated
+  // over 2 groups"), or "Replicate" (none).
+  std::string placement;
+  // Whether this rank's copy is the one that counts once: always for full and grad_op, on the
+  // first replica for none and hybrid (the others hold the same elements). What a checkpoint writes.
+  bool first_replica = true;
+};
+// Every parameter under `root`, by dotted name in root.named_parameters() order (a tied parameter
+// once, under its first name).
+nn::Named<ParameterShard> parameter_shards(nn::Module& root);
+// The ranks that train the units under `root` (FsdpOptions::communicator, or the world): the
+// ranks of a collective over the whole model, such as a checkpoint's save and load.
+Communicator& root_communicator(nn::Module& root);
+
+// The collectives the units under `root` issued since the last reset, summed over the distinct
+// communicators they use (the base, and for hybrid sharding the shard and replica groups the
+// world's own counters do not see): what Plan::bytes_per_step() predicts for one step.
+CollectiveCounters collective_counters(nn::Module& root);
+void reset_collective_counters(nn::Module& root);
+
+// Bytes of gathered (unsharded) parameters held by all units of this process: now, and the
+// peak since the last reset. What prefetching and resharding bound.
+struct UnshardedMemory {
+  std::int64_t bytes = 0, peak_bytes = 0;
+};
+UnshardedMemory unsharded_memory();
+void reset_unsharded_peak();
+
+// --- the plan -----------------------------------------------------------------------------------
+
+struct UnitPlan {
+  std::string name;                 // dotted module path ("" = root)
+  std::string sharding;             // "full", "hybrid:2", ...
+  int shard_group_size = 1;         // ranks the unit's parameters are sharded over
+  std::int64_t parameters = 0;      // P: elements of the unit's parameters
+  std::int64_t frozen = 0;          // of which frozen: no gradient, no optimizer state
+  std::int64_t padding = 0;         // zeros appended so the flat length divides by the group size
+  std::int64_t shard_elements = 0;  // S per rank
+  // Per rank: f32 shard + f32 gradient shard (none when every parameter is frozen) + optimizer
+  // state for this rank's elements of trainable parameters (none for padding).
+  std::int64_t persistent_bytes = 0;
+  std::int64_t unsharded_bytes = 0;  // the gathered parameters while they exist
+  std::int64_t optimizer_bytes = 0;  // of persistent_bytes, the optimizer state
+  // The unsharded gradient in reduce_dtype, kept from the unit's reduce-scatter to the end of the
+  // backward (0 where the reduction's output is the gradient shard itself: a group of 1 rank).
+  std::int64_t reduce_buffer_bytes = 0;
+  // With reduce_dtype other than param_dtype: the param_dtype gradient while the unit's backward runs.
+  std::int64_t cast_buffer_bytes = 0;
+  // Gathered from forward to the end of backward: the root, grad_op and none units, and units
+  // kept gathered by reshard_after_forward=false.
+  bool gathered_through_backward = false;
+  std::int64_t forward_gather_bytes = 0;   // received per rank per step (traffic_of)
+  std::int64_t backward_gather_bytes = 0;  // 0 when the unit stays gathered for backward
+  std::int64_t reduce_bytes = 0;           // reduce-scatter (and hybrid's replica all-reduce)
+  int forward_gathers = 0, backward_gathers = 0, reduce_scatters = 0,
+      all_reduces = 0;  // collectives per step
+};
+
+struct Plan {
+  std::string sharding;  // the units' strategy ("full", "hybrid:2", ...), or "mixed"
+  int world_size = 1, shard_group_size = 1, prefetch = 1;  // the root's group; the units' largest prefetch
+  std::int64_t optimizer_state_bytes_per_element = 8;      // Adam/AdamW: m and v in f32
+  std::vector<UnitPlan> units;
+  // The all-reduce (max) per step that agrees on which parameters had a gradient on some rank.
+  std::int64_t gradient_flags = 0, flag_bytes = 0;
+  std::string note;  // e.g. what cpu offload does here
+
+  std::int64_t total_persistent_bytes() const;
+  std::int64_t optimizer_state_bytes() const;  // of which the optimizer state (allocated by its first step)
+  // Gathered parameters at once: every unit gathered through backward, and the largest
+  // (1 + prefetch) of the units gathered for forward and again for backward.
+  std::int64_t peak_unsharded_bytes() const;
+  // Unsharded gradients at the end of backward: every unit's reduce buffer, plus the largest cast buffer.
+  std::int64_t gradient_buffer_bytes() const;
+  std::int64_t bytes_per_step() const;  // all collectives, received per rank
+  // What gradient accumulation without sync holds between micro-steps: every unit's unsharded
+  // gradient buffer.
+  std::int64_t accumulation_bytes() const;
+  std::string str() const;  // the table --explain prints
+};
+
+// The plan of the units under `root` (finalises them: call after the last fully_shard).
+Plan explain(nn::Module& root, std::int64_t optimizer_state_bytes_per_element = 8);
+
+template <typename Block>
+int shard_by_type(nn::Module& root, const FsdpOptions& options) {
+  auto modules = root.named_modules();  // preorder: reversed, every module comes after its descendants
+  int units = 0;
+  for (auto it = modules.rbegin(); it != modules.rend(); ++it) {
+    if (!it->first.empty() && dynamic_cast<Block*>(it->second.get()) != nullptr) {
+      fully_shard(*it->second, options);
+      ++units;
+    }
+  }
+  fully_shard(root, options);
+  return units + 1;
+}
+
+}  // namespace shardlab::dist

@@ -1,0 +1,211 @@
+// dist/fsdp/unit.h: internal to dist/: FSDP's internals, shared by the sources of dist/fsdp/ and by no one
+// else: a unit's communicators and parameter slots, the Unit with its hooks, the state of one root's units,
+// and the registry of live units.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/trace.h"
+#include "dist/comm/work.h"
+#include "dist/fsdp/fsdp.h"
+
+namespace shardlab::dist::detail {
+
+// The ranks a unit shards over and the ranks it replicates over (null when a group has one
+// rank), shared by all units made with the same communicator and strategy.
+struct Groups {
+  Communicator* base = nullptr;  // every rank that trains the unit: shard groups x replicas
+  Communicator* shard = nullptr;
+  Communicator* replica = nullptr;
+  std::unique_ptr<Communicator> owned_shard, owned_replica;
+
+  int shard_size() const { return shard ? shard->size() : 1; }
+  int shard_rank() const { return shard ? shard->rank() : 0; }
+  // Whether this rank's copy of the unit's shard is the one that counts in sums over all ranks
+  // (a replicated shard would be counted once per replica otherwise).
+  bool first_replica() const { return replica == nullptr || replica->rank() == 0; }
+};
+
+// The groups of `sharding` over `base`, shared by the units made with the same arguments.
+std::shared_ptr<Groups> groups_for(Communicator& base, Sharding sharding, int group_size);
+
+// One parameter's place in the flat buffer; tied parameters have several names.
+struct Slot {
+  std::vector<std::string> names;  // dotted, relative to the unit's module
+  Variable variable;
+  Shape shape;
+  nn::Init init;
+  std::int64_t offset = 0;
+};
+
+class Unit;
+
+// The units under one root, in preorder of the module tree (the root's first), and what the
+// steps of that root share: execution orders for prefetching and the end-of-backward callback.
+struct RootState {
+  nn::Module* root = nullptr;
+  std::vector<Unit*> units;
+  std::vector<Unit*> forward_order, backward_order;
+  bool forward_recorded = false, backward_recorded = false;
+  bool callback_queued = false;
+  bool sync = true;
+
+  void finish_backward();
+  // A backward that threw before its end (its callbacks never ran): the units drop its partial
+  // gradients, as zero_grad would, and are ready for the next step.
+  void abandon_backward();
+  // One all-reduce (max) over all ranks of the flags "this parameter got a gradient since the
+  // last reduction" of every unit reducing now; returns them, agreed, in unit and slot order.
+  std::vector<std::uint8_t> agree_on_gradients(const std::vector<Unit*>& reducing) const;
+  void reshard_all();
+};
+
+// The part of one parameter in this rank's shard: its elements [from, from + count), at `at` in
+// the shard; count 0 when the rank holds none of them.
+struct Piece {
+  std::int64_t from = 0, count = 0, at = 0;
+};
+
+enum class Gathered : std::uint8_t { no, in_flight, yes };
+
+class Unit : public std::enable_shared_from_this<Unit> {
+ public:
+  Unit(nn::Module& module, std::vector<Slot> slots, const FsdpOptions& options,
+       std::shared_ptr<Groups> groups);
+  // A unit may die gathered (a forward without backward, then the model goes): its gathered
+  // bytes leave the count with it. An all-gather still in flight keeps its buffers alive itself.
+  ~Unit();
+  Unit(const Unit&) = delete;
+  Unit& operator=(const Unit&) = delete;
+
+  nn::Module& module() const { return *module_; }
+  const std::vector<Slot>& slots() const { return slots_; }
+  // This rank's piece of each slot as a trainable Variable (sharded_parameters), slot order.
+  const std::vector<Variable>& views() const { return views_; }
+  const std::string& name() const { return name_; }
+  const Tensor& shard() const { return shard_; }
+  const std::shared_ptr<RootState>& root_state() const { return root_; }
+  bool is_root() const { return root_ && root_->root == module_; }
+  std::int64_t parameters() const { return parameters_; }
+  std::int64_t padded() const { return padded_; }
+  std::int64_t shard_elements() const { return shard_elements_; }
+  const Groups& groups() const { return *groups_; }
+  const MixedPrecision& precision() const { return options_.mixed_precision; }
+  const FsdpOptions& options() const { return options_; }
+  Device device() const { return device_; }
+  // Whether the parameters are gathered again for backward (FULL_SHARD's second all-gather).
+  bool reshards_after_forward() const { return reshard_after_forward_ && !is_root(); }
+  // Whether some parameter trains (requires grad): read from the module's parameters each time,
+  // since users freeze and unfreeze between steps.
+  bool trains() const;
+  Piece piece(const Slot& slot) const;
+  bool reducing() const { return reducing_; }
+  // This rank's "got a gradient since the last reduction" flags, one per slot.
+  const std::vector<std::uint8_t>& gradient_flags() const { return got_gradient_; }
+  // Between its pre-backward and its post-backward: its gradients still read the gathered parameters.
+  bool in_backward() const { return backward_started_ && !reduced_; }
+  // set_modules_to_forward_prefetch / set_modules_to_backward_prefetch.
+  void set_forward_prefetch(std::vector<std::weak_ptr<Unit>> units) { forward_prefetch_ = std::move(units); }
+  void set_backward_prefetch(std::vector<std::weak_ptr<Unit>> units) {
+    backward_prefetch_ = std::move(units);
+  }
+  bool has_prefetch_lists() const { return forward_prefetch_.has_value() || backward_prefetch_.has_value(); }
+
+  void join_root(std::shared_ptr<RootState> root, std::string name);
+  void install_hooks();
+
+  void pre_forward(nn::ForwardInputs& inputs);
+  void post_forward(Variable& output);
+  void pre_backward();
+  void on_gradient_accumulated(std::size_t slot);
+  void on_input_gradient();
+  void post_backward();
+  void flush_backward();  // from the root's end-of-backward callback, before finish_backward
+  void finish_backward(const std::uint8_t* agreed_flags);
+  void abandon_backward();
+  // Why an all-gather runs: it names the collective (ledger tag, trace span) "pre-forward fc1",
+  // "pre-backward fc1" or "unshard fc1" (dist::unshard), so the two gathers of a step differ.
+  enum class GatherFor { forward, backward, caller };
+  void unshard(GatherFor purpose);
+  void wait_unshard();
+  void reshard();
+  // The unit's backward span on the trace, from its pre-backward to now: at post-backward, or for
+  // the root (whose span holds the others') once the whole backward finished.
+  void trace_backward_end();
+  Tensor full_shard_values() const;  // the flat f32 parameters [padded], gathered from the shards
+
+ private:
+  Tensor gathered() const {
+    return Tensor(storage_, {padded_}, {1}, 0, options_.mixed_precision.param_dtype);
+  }
+  void prefetch(const std::optional<std::vector<std::weak_ptr<Unit>>>& listed,
+                const std::vector<Unit*>& order, bool recorded, GatherFor purpose);
+  void prepare_gradients();
+  Tensor gradient_slice(const Slot& slot) const;
+  void zero_unwritten_gradients();
+  void drop_gradient_views();
+  void start_reduction();
+  void cast_inputs(nn::ForwardInputs& inputs) const;
+  void mark_inputs(nn::ForwardInputs& inputs);
+  void cast_output(Variable& output) const;
+  // The unit's backward is over, and its gathered parameters no longer read, once every
+  // trainable parameter's gradient has arrived and every marked input's gradient too: a frozen
+  // weight is still read for its input's gradient after the trainable ones have theirs.
+  bool backward_done() const { return ready_ == expected_ && inputs_done_ == inputs_marked_; }
+
+  nn::Module* module_;
+  FsdpOptions options_;
+  std::vector<Slot> slots_;
+  std::shared_ptr<Groups> groups_;
+  bool reshard_after_forward_;
+  std::int64_t parameters_ = 0, padded_ = 0, shard_elements_ = 0;
+  Device device_;        // where the parameters are gathered and computed with
+  Device shard_device_;  // where the shards and the optimizer state live (the CPU when offloaded)
+  bool deferred_ = false;
+  std::string name_;
+  std::shared_ptr<RootState> root_;
+  Tensor shard_;                      // f32 [S]: the views_ are its pieces
+  std::vector<Variable> views_;       // per slot
+  std::shared_ptr<Storage> storage_;  // the gathered parameters, bytes only while gathered
+  Gathered state_ = Gathered::no;
+  // Explicit prefetch lists; unset: the next options_.prefetch units of the recorded order.
+  std::optional<std::vector<std::weak_ptr<Unit>>> forward_prefetch_, backward_prefetch_;
+  Work gather_work_;
+  std::uint64_t gather_flow_ = 0;  // the trace's arrow from the all-gather's issue to its wait
+  std::string gather_tag_;         // the in-flight all-gather's tag
+  // When the trace records: the start of this unit's forward and backward spans.
+  std::optional<trace::Clock::time_point> forward_began_, backward_began_;
+  Tensor gather_source_;      // the shard cast to param_dtype, alive until its all-gather completed
+  std::vector<bool> hooked_;  // per slot: its post-accumulate hook is registered
+  // Until the next reduction (several backwards without gradient sync): per slot, whether its
+  // gradient was accumulated; and whether the forward ran in grad mode with a parameter that
+  // trains, which obliges this rank to join the unit's reduction even if no gradient came.
+  std::vector<std::uint8_t> got_gradient_;
+  bool owes_reduction_ = false;
+  // One backward pass.
+  // [padded] in param_dtype; the parameters' .grad (or, before their first gradient, their grad
+  // destinations) are views into it.
+  Tensor full_grad_;
+  bool backward_started_ = false, reduced_ = false, reducing_ = false;
+  std::vector<std::uint8_t> counted_;  // per slot: its gradient arrived in this backward
+  std::int64_t ready_ = 0, expected_ = 0;
+  std::int64_t inputs_marked_ = 0, inputs_done_ = 0;  // since the last finish_backward
+  Work reduce_work_;
+  Tensor reduce_input_, reduce_output_;
+};
+
+// --- the registry of units -------------------------------------------------------------------
+
+std::shared_ptr<Unit> unit_of(const nn::Module& module);  // null when the module is no unit
+std::vector<std::shared_ptr<Unit>> live_units();
+void register_unit(const nn::Module& module, const std::shared_ptr<Unit>& unit);
+std::string join_name(const std::string& prefix, const std::string& name);
+std::string describe_module(const std::string& path, const nn::Module& module);  // for messages
+// Makes `root` the root of the units in its subtree (once): names them by their path.
+std::shared_ptr<RootState> ensure_root(nn::Module& root);
+
+}  // namespace shardlab::dist::detail
