@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -121,10 +122,14 @@ void CachingAllocator::reset_peak() {
 
 void CachingAllocator::record_stream(void* data, void* stream) {
   const std::lock_guard lock(mutex_);
-  const auto found = blocks_.find(data);
-  SHARDLAB_CHECK(found != blocks_.end() && !is_cached(found->second.get(), idle_, held_back_),
+  // The block that starts at or before `data`, if `data` lies inside it.
+  auto found = blocks_.upper_bound(data);
+  const bool inside = found != blocks_.begin() &&
+                      static_cast<const char*>(data) <
+                          static_cast<const char*>(std::prev(found)->first) + std::prev(found)->second->size;
+  SHARDLAB_CHECK(inside && !is_cached(std::prev(found)->second.get(), idle_, held_back_),
                  "{}: record_stream({}) of a pointer this allocator has not handed out", device_name_, data);
-  Block& block = *found->second;
+  Block& block = *std::prev(found)->second;
   // Its own stream is ordered with its reuse already; another stream is recorded once.
   const bool known =
       stream == block.stream || std::ranges::find(block.other_streams, stream) != block.other_streams.end();

@@ -3,11 +3,11 @@
 #pragma once
 
 #include <cstddef>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "core/allocator.h"
@@ -44,7 +44,8 @@ class CachingAllocator final : public Allocator {
   MemoryStats stats() const override;
   void reset_peak() override;
 
-  // `data` (from allocate) is also read or written by work queued on `stream`.
+  // The block that holds `data` (any address inside memory handed out by allocate: a view's data at
+  // an offset too) is also read or written by work queued on `stream`.
   void record_stream(void* data, void* stream);
   // Returns every idle cached block to the device.
   void empty_cache();
@@ -70,7 +71,7 @@ class CachingAllocator final : public Allocator {
   std::string device_name_;
   std::unique_ptr<DeviceMemory> memory_;
   mutable std::mutex mutex_;
-  std::unordered_map<void*, std::unique_ptr<Block>> blocks_;  // every block we own
+  std::map<void*, std::unique_ptr<Block>> blocks_;  // every block we own, by address
   std::set<Block*, BlockOrder> idle_;
   std::vector<Block*> held_back_;
   StatsCounter stats_;

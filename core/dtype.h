@@ -4,6 +4,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string_view>
 #include <type_traits>
 
@@ -168,6 +169,19 @@ SHARDLAB_HD inline compute_t<T> widen(T value) {
   }
 }
 
+// A floating value as the integer type T, the same on every device: toward zero, saturating at T's
+// limits, NaN to 0, as CUDA's cvt.rzi converts (C++'s static_cast is undefined out of range: g++
+// gives 253 for uint8(-3.7) where CUDA gives 0).
+template <typename T, typename From>
+SHARDLAB_HD inline T saturating_integer(From value) {
+  constexpr T lowest = std::numeric_limits<T>::lowest(), highest = std::numeric_limits<T>::max();
+  if (value != value) return T(0);
+  // lowest is a power of two (or 0), exact in From; highest + 1 is the first value out of range.
+  if (value <= static_cast<From>(lowest)) return lowest;
+  if (value >= static_cast<From>(highest) + From(1)) return highest;
+  return static_cast<T>(value);
+}
+
 template <typename T, typename From>
 SHARDLAB_HD inline T narrow(From value) {
   if constexpr (std::is_same_v<T, bf16>) {
@@ -176,6 +190,8 @@ SHARDLAB_HD inline T narrow(From value) {
     return float_to_f16(static_cast<float>(value));
   } else if constexpr (std::is_same_v<T, bool>) {
     return value != From(0);
+  } else if constexpr (std::is_integral_v<T> && std::is_floating_point_v<From>) {
+    return saturating_integer<T>(value);
   } else {
     return static_cast<T>(value);
   }

@@ -1,8 +1,10 @@
 // tests/main.cpp: Catch2 runner for every shardlab test binary. Tests tagged [cuda] need a
 // GPU, tests tagged [fortunes-corpus] Debian's fortunes (/usr/share/games/fortunes, which
 // scripts/setup installs): without what they need they are not run and are reported as skipped,
-// never as passed. The last line is "<binary>: N passed, N failed, N skipped" (test cases), which
-// scripts/test adds up; under mpirun (tests/runner.h) rank 0 prints it for all ranks.
+// never as passed. CUDA-vs-CPU comparisons, tagged [cuda-vs-cpu], run their CPU half without a GPU
+// (tests/cuda_compare.h), as the log's first lines say. The last line is "<binary>: N passed, N failed, N
+// skipped" (test cases), which scripts/test adds up; under mpirun (tests/runner.h) rank 0 prints it for all
+// ranks.
 #define CATCH_CONFIG_RUNNER
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -92,6 +94,19 @@ int main(int argc, char* argv[]) {
     skipped_cases += skipped;
     config.testsOrTags = {
         with_term_in_every_alternative(config.testsOrTags, std::string("~") + requirement.tag)};
+  }
+  // CUDA-vs-CPU comparisons (tests/cuda_compare.h) run their CPU half everywhere.
+  if (!shardlab::cuda::available()) {
+    auto probe = session.configData();
+    probe.testsOrTags = {with_term_in_every_alternative(probe.testsOrTags, "[cuda-vs-cpu]")};
+    const Catch::Config probe_config(probe);
+    const auto halves =
+        Catch::filterTests(Catch::getAllTestCasesSorted(probe_config), probe_config.testSpec(), probe_config)
+            .size();
+    if (halves > 0) {
+      std::printf("running the CPU half only of %zu [cuda-vs-cpu] test case(s): %s\n", halves,
+                  shardlab::cuda::unavailable_reason().c_str());
+    }
   }
   // Results may differ in the last bits between processors: the log says which kernels ran.
   if (test_process->prints_summary()) std::printf("CPU: %s\n", shardlab::cpu::describe_cpu_kernels().c_str());

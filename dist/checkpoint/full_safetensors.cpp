@@ -23,8 +23,6 @@ static_assert(std::endian::native == std::endian::little, "safetensors files hol
 
 namespace {
 
-constexpr std::uint64_t kElementBytes = 4;  // f32: the dtype of every parameter shard
-
 // What the file must hold besides the parameters: nothing, since persistent buffers are refused.
 void refuse_persistent_buffers(nn::Module& root, std::string_view where) {
   std::set<std::string> buffers;
@@ -54,8 +52,9 @@ void write_elements(const std::string& temp, const nn::Named<ParameterShard>& sh
   for (const std::size_t i : mine) {
     const ParameterShard& shard = shards[i].second;
     const Tensor host = shard.local.data().to(Device::cpu()).contiguous();
-    file.pwrite_all(host.raw_data(), static_cast<std::size_t>(shard.count) * kElementBytes,
-                    layout.offsets[i] + static_cast<std::uint64_t>(shard.first) * kElementBytes, where);
+    const std::size_t element = host.element_size();  // f32: the dtype of every parameter shard
+    file.pwrite_all(host.raw_data(), static_cast<std::size_t>(shard.count) * element,
+                    layout.offsets[i] + static_cast<std::uint64_t>(shard.first) * element, where);
   }
   file.sync(where);
   file.close(where);

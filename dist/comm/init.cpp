@@ -44,13 +44,23 @@ std::chrono::milliseconds timeout_from_env() {
   return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
 }
 
-Device choose_device(DeviceChoice choice, int local_rank) {
-  const bool want_cuda =
-      choice == DeviceChoice::cuda || (choice == DeviceChoice::automatic && cuda::available());
-  if (!want_cuda) return Device::cpu();
-  SHARDLAB_CHECK(cuda::available(), "dist::init: device cuda was requested but {}",
-                 cuda::unavailable_reason());
-  return Device::cuda(local_rank % cuda::device_count());
+// The same kind of device on every rank: CUDA when asked for, or, automatically, when every rank
+// has a GPU; then one GPU per rank by local rank, several ranks on one GPU only with share_gpu.
+Device choose_device(const InitOptions& options, const MpiComm& world, int local_rank, int local_size) {
+  if (options.device == DeviceChoice::cpu) return Device::cpu();
+  const bool mine = cuda::available();
+  int every_rank = mine ? 1 : 0;
+  SHARDLAB_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &every_rank, 1, MPI_INT, MPI_MIN, world.get()));
+  if (options.device == DeviceChoice::automatic && every_rank == 0) return Device::cpu();
+  SHARDLAB_CHECK(every_rank == 1, "dist::init: device cuda was requested but {}",
+                 mine ? "another rank has no usable GPU" : cuda::unavailable_reason());
+  const int gpus = cuda::device_count();
+  SHARDLAB_CHECK(local_size <= gpus || options.share_gpu,
+                 "dist::init: {} ranks on this machine and {} GPU{}: one GPU per rank, unless the ranks "
+                 "are to share them (InitOptions::share_gpu; --share-gpu in the training programs), "
+                 "when their collectives go through MPI and host memory",
+                 local_size, gpus, gpus == 1 ? "" : "s");
+  return Device::cuda(local_rank % gpus);
 }
 
 bool use_nccl(BackendChoice choice, Device device, int local_size) {
@@ -85,7 +95,7 @@ Session::Session(int& argc, char**& argv, const InitOptions& options)
   const MpiComm machine = world.split_by_machine();
   local_rank_ = machine.rank();
   local_size_ = machine.size();
-  device_ = choose_device(options.device, local_rank_);
+  device_ = choose_device(options, world, local_rank_, local_size_);
   monitor_ = std::make_shared<Monitor>(
       MonitorOptions{.rank = rank_, .timeout = options.collective_timeout.value_or(timeout_from_env())});
   const bool debug = options.debug.value_or(debug_from_env());

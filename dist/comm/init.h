@@ -20,7 +20,7 @@ namespace shardlab::dist {
 class MpiEnvironment;
 class MpiComm;
 
-enum class DeviceChoice { automatic, cpu, cuda };  // automatic: CUDA when a GPU answers
+enum class DeviceChoice { automatic, cpu, cuda };  // automatic: CUDA when every rank has a GPU
 enum class BackendChoice {
   automatic,
   mpi,
@@ -30,6 +30,9 @@ enum class BackendChoice {
 struct InitOptions {
   DeviceChoice device = DeviceChoice::automatic;
   BackendChoice backend = BackendChoice::automatic;
+  // With CUDA, more ranks on a machine than its GPUs share them (collectives through MPI and host
+  // memory: a testing mode); otherwise such a job is refused, naming both counts.
+  bool share_gpu = false;
   // Fingerprint comparison before every collective. Default: env SHARDLAB_DIST_DEBUG=1.
   std::optional<bool> debug;
   // The watchdog's limit per collective. Default: env SHARDLAB_COLLECTIVE_TIMEOUT (seconds),

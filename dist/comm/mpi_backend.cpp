@@ -6,6 +6,7 @@
 #include "dist/comm/mpi_backend.h"
 
 #include <climits>
+#include <cstring>
 #include <deque>
 #include <thread>
 
@@ -60,29 +61,47 @@ void divide_by(const Tensor& tensor, int divisor) {
 }
 
 // The tensors MPI reads and writes: the call's own CPU tensors, or host copies of CUDA ones
-// (made on the caller's thread, in order with its stream; copied back by the comm thread).
+// (made on the caller's thread, in order with its stream; copied back by the comm thread). With
+// MpiStaging::every_tensor CPU tensors are copied as well, so that the staging runs, under the
+// sanitizers, where there is no GPU.
 struct HostBuffers {
   Tensor input, output;
   bool staged = false;
 };
 
-Tensor host_copy(const Tensor& tensor) {
-  return tensor.device().is_cpu() ? tensor : tensor.to(Device::cpu());
+bool inside(const Tensor& part, const Tensor& whole) {
+  const auto* begin = static_cast<const char*>(whole.raw_data());
+  const auto* at = static_cast<const char*>(part.raw_data());
+  return at >= begin && at < begin + static_cast<std::size_t>(whole.numel()) * whole.element_size();
 }
 
-HostBuffers stage(const CollectiveCall& call) {
-  if (!call.output.defined() || call.output.device().is_cpu()) return {call.input, call.output, false};
-  if (call.input.raw_data() == call.output.raw_data()) {
-    Tensor both = host_copy(call.input);
-    return {both, both, true};
-  }
-  return {host_copy(call.input), empty(call.output.shape(), dtype(call.output.dtype())), true};
+HostBuffers stage(const CollectiveCall& call, MpiStaging staging) {
+  if (!call.output.defined() || (call.output.device().is_cpu() && staging == MpiStaging::device_tensors))
+    return {call.input, call.output, false};
+  // One host buffer of the output's size; an input inside the output (the same tensor for
+  // all-reduce and broadcast, this rank's slot for an in-place all-gather) is the same part of it,
+  // so that MPI sees the aliasing it is told of (MPI_IN_PLACE) and writes within the buffer.
+  const Tensor output = empty({call.output.numel()}, dtype(call.output.dtype()));
+  const bool in_place = call.input.numel() > 0 && inside(call.input, call.output);
+  const std::int64_t offset = in_place ? (static_cast<const char*>(call.input.raw_data()) -
+                                          static_cast<const char*>(call.output.raw_data())) /
+                                             static_cast<std::int64_t>(call.output.element_size())
+                                       : 0;
+  const Tensor input = in_place ? output.narrow(0, offset, call.input.numel())
+                                : empty({call.input.numel()}, dtype(call.input.dtype()));
+  input.copy_(call.input.reshape({call.input.numel()}));
+  return {input, output, true};
 }
 
+// The staged output back into the caller's tensor.
 void unstage(const HostBuffers& host, const Tensor& output) {
-  if (!host.staged) return;
-  cuda::copy_bytes(output.raw_data(), true, host.output.raw_data(), false,
-                   static_cast<std::size_t>(output.numel()) * output.element_size(), output.device().index);
+  const std::size_t bytes = static_cast<std::size_t>(output.numel()) * output.element_size();
+  if (!host.staged || bytes == 0) return;  // an empty tensor's data may be null
+  if (output.device().is_cpu()) {
+    std::memcpy(output.raw_data(), host.output.raw_data(), bytes);
+  } else {
+    cuda::copy_bytes(output.raw_data(), true, host.output.raw_data(), false, bytes, output.device().index);
+  }
 }
 
 // MPI_IN_PLACE when the input already is this rank's slot of the output (the Communicator
@@ -129,8 +148,8 @@ void run_mpi(const Fingerprint& fingerprint, const HostBuffers& host, const MpiC
 
 class MpiBackend final : public Backend {
  public:
-  MpiBackend(MpiComm comm, std::shared_ptr<Monitor> monitor)
-      : comm_(std::move(comm)), size_(comm_.size()), monitor_(std::move(monitor)) {
+  MpiBackend(MpiComm comm, std::shared_ptr<Monitor> monitor, MpiStaging staging)
+      : comm_(std::move(comm)), size_(comm_.size()), monitor_(std::move(monitor)), staging_(staging) {
     worker_ = std::thread([this] { serve(); });
   }
 
@@ -159,7 +178,7 @@ class MpiBackend final : public Backend {
     }
     auto work = std::make_shared<HostWork>();
     Task task{std::move(call), {}, work};
-    task.host = stage(task.call);
+    task.host = stage(task.call, staging_);
     {
       std::lock_guard lock(mutex_);
       queue_.push_back(std::move(task));
@@ -169,7 +188,7 @@ class MpiBackend final : public Backend {
   }
 
   std::unique_ptr<Backend> split(int color, int key) override {
-    return std::make_unique<MpiBackend>(comm_.split(color, key), monitor_);
+    return std::make_unique<MpiBackend>(comm_.split(color, key), monitor_, staging_);
   }
 
  private:
@@ -212,6 +231,7 @@ class MpiBackend final : public Backend {
   MpiComm comm_;
   int size_;
   std::shared_ptr<Monitor> monitor_;
+  MpiStaging staging_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Task> queue_;
@@ -221,8 +241,9 @@ class MpiBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_mpi_backend(const MpiComm& comm, std::shared_ptr<Monitor> monitor) {
-  return std::make_unique<MpiBackend>(MpiComm::duplicate(comm.get()), std::move(monitor));
+std::unique_ptr<Backend> make_mpi_backend(const MpiComm& comm, std::shared_ptr<Monitor> monitor,
+                                          MpiStaging staging) {
+  return std::make_unique<MpiBackend>(MpiComm::duplicate(comm.get()), std::move(monitor), staging);
 }
 
 }  // namespace shardlab::dist

@@ -46,12 +46,15 @@ ncclDataType_t nccl_datatype(DType dtype) {
        dtype_name(dtype));  // the Communicator refuses it first
 }
 
-ncclRedOp_t nccl_reduction(ReduceOp op) {
+// The average over a one-rank communicator is its input: NCCL computes it as a sum there, because
+// NCCL before 2.29.7 skips the last n % blocks elements of a one-rank ncclAvg of floating values
+// (NVIDIA/nccl#1950, oneRankReduce), which an H100 run of shardlab's tests met at world size 1.
+ncclRedOp_t nccl_reduction(ReduceOp op, int ranks) {
   switch (op) {
     case ReduceOp::sum:
       return ncclSum;
     case ReduceOp::avg:
-      return ncclAvg;
+      return ranks == 1 ? ncclSum : ncclAvg;
     case ReduceOp::max:
       return ncclMax;
   }
@@ -120,7 +123,8 @@ class NcclBackend final : public Backend {
       monitor_->set_state(call.ledger_id, CallState::running);
       enqueue(call);
       for (const Tensor* tensor : {&call.input, &call.output}) {
-        if (tensor->defined() && tensor->numel() > 0) cuda::record_stream(tensor->raw_data(), stream_);
+        // By the block that holds it: a view (rank r's slot of an in-place all-gather) starts inside one.
+        if (tensor->defined() && tensor->numel() > 0) cuda::record_stream(tensor->storage()->data(), stream_);
       }
       auto work = std::make_shared<StreamWork>(device_);
       work->done().record(stream_);
@@ -149,12 +153,12 @@ class NcclBackend final : public Backend {
       case Collective::reduce_scatter:
         SHARDLAB_NCCL_CHECK(ncclReduceScatter(
             call.input.raw_data(), call.output.raw_data(), static_cast<std::size_t>(call.output.numel()),
-            nccl_datatype(f.dtype), nccl_reduction(f.reduce), comm_.get(), stream));
+            nccl_datatype(f.dtype), nccl_reduction(f.reduce, bootstrap_.size()), comm_.get(), stream));
         return;
       case Collective::all_reduce:
         SHARDLAB_NCCL_CHECK(ncclAllReduce(
             call.input.raw_data(), call.output.raw_data(), static_cast<std::size_t>(call.output.numel()),
-            nccl_datatype(f.dtype), nccl_reduction(f.reduce), comm_.get(), stream));
+            nccl_datatype(f.dtype), nccl_reduction(f.reduce, bootstrap_.size()), comm_.get(), stream));
         return;
       case Collective::broadcast:
         SHARDLAB_NCCL_CHECK(ncclBroadcast(call.input.raw_data(), call.output.raw_data(),

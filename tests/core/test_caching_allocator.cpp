@@ -192,6 +192,38 @@ TEST_CASE("caching allocator: record_stream holds a freed block back until the s
   f.allocator.deallocate(while_pending, 2048);
 }
 
+TEST_CASE("caching allocator: record_stream takes any address inside a block, as a view's data") {
+  Fixture f;
+  void* data = f.allocator.allocate(4096);
+  void* other = f.allocator.allocate(512);
+  // Rank 1's slot of an in-place all-gather: its data starts inside the output's block.
+  char* slot = static_cast<char*>(data) + 2048;
+  f.allocator.record_stream(slot, kStreamB);
+  f.allocator.record_stream(static_cast<char*>(data) + 4095, kStreamB);  // the last byte: the same block
+  f.allocator.deallocate(data, 4096);
+  CHECK(f.device->recorded_events == 1);  // one block, recorded once, held back for stream B
+  void* while_pending = f.allocator.allocate(4096);
+  CHECK(while_pending != data);
+  f.device->finish(kStreamB);
+  void* after = f.allocator.allocate(4096);
+  CHECK(after == data);
+  f.allocator.deallocate(while_pending, 4096);
+
+  // Past the end of a block, or before the first, is no block's: refused, naming the pointer.
+  char* past = static_cast<char*>(after) + 4096;
+  if (past != other) {
+    CHECK_THROWS_ERROR(f.allocator.record_stream(past, kStreamB),
+                       "of a pointer this allocator has not handed out");
+  }
+  int on_the_host = 0;
+  CHECK_THROWS_ERROR(f.allocator.record_stream(&on_the_host, kStreamB), "has not handed out");
+  // A freed block's addresses are refused as well.
+  f.allocator.deallocate(other, 512);
+  CHECK_THROWS_ERROR(f.allocator.record_stream(static_cast<char*>(other) + 8, kStreamB),
+                     "has not handed out");
+  f.allocator.deallocate(after, 4096);
+}
+
 TEST_CASE("caching allocator: events are recorded at free time, not at record_stream time") {
   Fixture f;
   void* data = f.allocator.allocate(512);

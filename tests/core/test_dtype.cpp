@@ -1,4 +1,5 @@
-// tests/core/test_dtype.cpp: dtype sizes and names, promotion, and bf16/f16 round-to-nearest-even.
+// tests/core/test_dtype.cpp: dtype sizes and names, promotion, bf16/f16 round-to-nearest-even, and
+// float-to-integer conversion at the edges.
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -129,6 +130,42 @@ TEST_CASE("f16 conversion agrees with the compiler's _Float16", "[dtype]") {
       std::memcpy(&expected, &rounded, sizeof expected);
       REQUIRE(float_to_f16(scaled).bits == expected);
     }
+  }
+}
+
+TEST_CASE("float to integer conversions go toward zero, saturate at the limits, NaN to 0", "[dtype]") {
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  // f64 sources: every edge of every integer type, exactly representable or just past it.
+  const std::vector<double> values{-inf,          -1e300,        -9223372036854775808.0,
+                                   -2147483649.0, -2147483648.5, -3.7,
+                                   -0.5,          -0.0,          0.5,
+                                   3.7,           255.5,         256.0,
+                                   2147483647.5,  2147483648.0,  9223372036854775808.0,
+                                   1e300,         inf,           std::nan("")};
+  const Tensor source = from_vector(values);
+  const std::int64_t i64_max = std::numeric_limits<std::int64_t>::max();
+  const std::int64_t i64_min = std::numeric_limits<std::int64_t>::min();
+  CHECK(source.to(DType::i64).to_vector<std::int64_t>() ==
+        std::vector<std::int64_t>{i64_min, i64_min, i64_min, -2147483649, -2147483648, -3, 0, 0, 0, 3, 255,
+                                  256, 2147483647, 2147483648, i64_max, i64_max, i64_max, 0});
+  const std::int32_t i32_max = std::numeric_limits<std::int32_t>::max();
+  const std::int32_t i32_min = std::numeric_limits<std::int32_t>::min();
+  CHECK(source.to(DType::i32).to_vector<std::int32_t>() ==
+        std::vector<std::int32_t>{i32_min, i32_min, i32_min, i32_min, i32_min, -3, 0, 0, 0, 3, 255, 256,
+                                  i32_max, i32_max, i32_max, i32_max, i32_max, 0});
+  CHECK(source.to(DType::u8).to_vector<std::uint8_t>() ==
+        std::vector<std::uint8_t>{0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 255, 255, 255, 255, 255, 255, 255, 0});
+  // From f32, bf16 and f16 (widened to f32 first): the same rules, where f32's rounding of the
+  // limits (2^31 - 1 is 2^31 in f32) must not overflow either.
+  const std::vector<float> floats{-INFINITY,     -3e38f, -2147483648.0f, -3.7f, 3.7f,
+                                  2147483648.0f, 3e38f,  INFINITY,       NAN};
+  CHECK(from_vector(floats).to(DType::i32).to_vector<std::int32_t>() ==
+        std::vector<std::int32_t>{i32_min, i32_min, i32_min, -3, 3, i32_max, i32_max, i32_max, 0});
+  for (const DType half : {DType::bf16, DType::f16}) {
+    CHECK(from_vector(std::vector<float>{-INFINITY, -300.0f, -3.75f, 3.75f, 300.0f, INFINITY, NAN})
+              .to(half)
+              .to(DType::u8)
+              .to_vector<std::uint8_t>() == std::vector<std::uint8_t>{0, 0, 0, 3, 255, 255, 0});
   }
 }
 

@@ -77,7 +77,10 @@ int main(int argc, char** argv) {
   const std::string scenario = argc > 1 ? argv[1] : "";
   try {
     dist::InitOptions options;
-    if (scenario == "want-cuda") options.device = dist::DeviceChoice::cuda;
+    if (scenario == "want-cuda") {
+      options.device = dist::DeviceChoice::cuda;
+      options.share_gpu = true;  // the test's ranks may outnumber the GPUs
+    }
     if (scenario == "want-nccl")
       options = {.device = dist::DeviceChoice::cpu, .backend = dist::BackendChoice::nccl};
     auto session = dist::init(argc, argv, options);

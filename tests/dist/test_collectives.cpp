@@ -2,8 +2,12 @@
 // patterns, counts that do not divide by the world size, empty and multi-megabyte buffers,
 // byte counters, sub-communicators and the argument errors.
 #include <climits>
+#include <memory>
 
 #include "dist/comm/communicator.h"
+#include "dist/comm/monitor.h"
+#include "dist/comm/mpi_backend.h"
+#include "dist/comm/mpi_support.h"
 #include "tests/dist/world.h"
 
 using namespace shardlab;
@@ -19,6 +23,9 @@ const std::vector<DType> kDTypes = {DType::f32, DType::f64, DType::bf16, DType::
                                     DType::i64, DType::i32, DType::u8};
 // Elements per rank: empty, one, prime (never a multiple of the world size), ~1 MiB of f32.
 const std::vector<std::int64_t> kCounts = {0, 1, 7, 262147};
+// What the staging tests use: every case of the copies (empty, one element, a prime count) without
+// the multi-megabyte buffers, which add time and nothing a buffer of 1000 does not show.
+const std::vector<std::int64_t> kSmallCounts = {0, 1, 7, 1000};
 
 // Rank r contributes W * (i % 5) + 2r to element i, so over W ranks the sum is
 // W^2 (i % 5) + W (W - 1), the average W (i % 5) + (W - 1) and the maximum W (i % 5) + 2 (W - 1):
@@ -38,10 +45,11 @@ double reduced(Reduce op, int world_size, std::int64_t i) {
   return 0;
 }
 
-void check_all_gather(dist::Communicator& comm, Device device) {
+void check_all_gather(dist::Communicator& comm, Device device,
+                      const std::vector<std::int64_t>& counts = kCounts) {
   const int r = comm.rank(), w = comm.size();
   for (const DType type : kDTypes) {
-    for (const std::int64_t n : kCounts) {
+    for (const std::int64_t n : counts) {
       INFO(comm.name() << " " << device.str() << " " << dtype_name(type) << " x " << n << " per rank");
       const auto value = [](int rank, std::int64_t i) { return static_cast<double>((rank * 7 + i) % 97); };
       const Tensor input = pattern(type, n, [&](std::int64_t i) { return value(r, i); }).to(device);
@@ -55,19 +63,24 @@ void check_all_gather(dist::Communicator& comm, Device device) {
 
 void check_all_gather_in_place(dist::Communicator& comm, Device device) {
   const int r = comm.rank(), w = comm.size();
-  const std::int64_t n = 5;
-  const Tensor output = full({w * n}, -1, dtype(DType::f32).with_device(device));
-  const Tensor slot = output.narrow(0, r * n, n);
-  slot.copy_(pattern(DType::f32, n, [&](std::int64_t i) { return 10.0 * r + i; }).to(device));
-  comm.all_gather_into(output, slot).wait();
-  CHECK(wrong_on_any_rank(output, [&](std::int64_t j) { return 10.0 * (j / n) + j % n; }) == 0);
+  // 1000 elements: a buffer of one slot where the whole output belongs overflows by far more than
+  // the CPU allocator's 64-byte rounding, at any world size above 1.
+  for (const std::int64_t n : {std::int64_t{5}, std::int64_t{1000}}) {
+    INFO(comm.name() << " " << device.str() << " " << n << " per rank");
+    const Tensor output = full({w * n}, -1, dtype(DType::f32).with_device(device));
+    const Tensor slot = output.narrow(0, r * n, n);
+    slot.copy_(pattern(DType::f32, n, [&](std::int64_t i) { return 10.0 * r + i; }).to(device));
+    comm.all_gather_into(output, slot).wait();
+    CHECK(wrong_on_any_rank(output, [&](std::int64_t j) { return 10.0 * (j / n) + j % n; }) == 0);
+  }
 }
 
-void check_reduce_scatter(dist::Communicator& comm, Device device) {
+void check_reduce_scatter(dist::Communicator& comm, Device device,
+                          const std::vector<std::int64_t>& counts = kCounts) {
   const int r = comm.rank(), w = comm.size();
   for (const Reduce op : {Reduce::sum, Reduce::avg, Reduce::max}) {
     for (const DType type : kDTypes) {
-      for (const std::int64_t n : kCounts) {
+      for (const std::int64_t n : counts) {
         INFO(comm.name() << " " << device.str() << " " << dist::reduce_op_name(op) << " " << dtype_name(type)
                          << " x " << n << " per rank");
         const Tensor input =
@@ -80,12 +93,12 @@ void check_reduce_scatter(dist::Communicator& comm, Device device) {
   }
 }
 
-void check_all_reduce(dist::Communicator& comm, Device device) {
+void check_all_reduce(dist::Communicator& comm, Device device,
+                      const std::vector<std::int64_t>& counts = {0, 1, 7, std::int64_t{1} << 20}) {
   const int r = comm.rank(), w = comm.size();
   for (const Reduce op : {Reduce::sum, Reduce::avg, Reduce::max}) {
     for (const DType type : kDTypes) {
-      for (const std::int64_t n :
-           {std::int64_t{0}, std::int64_t{1}, std::int64_t{7}, std::int64_t{1} << 20}) {
+      for (const std::int64_t n : counts) {
         INFO(comm.name() << " " << device.str() << " " << dist::reduce_op_name(op) << " " << dtype_name(type)
                          << " x " << n);
         const Tensor tensor =
@@ -97,10 +110,11 @@ void check_all_reduce(dist::Communicator& comm, Device device) {
   }
 }
 
-void check_broadcast(dist::Communicator& comm, Device device) {
+void check_broadcast(dist::Communicator& comm, Device device,
+                     const std::vector<std::int64_t>& counts = {0, 7, std::int64_t{1} << 20}) {
   for (int root = 0; root < comm.size(); ++root) {
     for (const DType type : kDTypes) {
-      for (const std::int64_t n : {std::int64_t{0}, std::int64_t{7}, std::int64_t{1} << 20}) {
+      for (const std::int64_t n : counts) {
         INFO(comm.name() << " " << device.str() << " root " << root << " " << dtype_name(type) << " x " << n);
         const auto value = [&](std::int64_t i) { return static_cast<double>((root * 11 + i) % 101); };
         const Tensor tensor = comm.rank() == root ? pattern(type, n, value).to(device)
@@ -140,6 +154,22 @@ TEST_CASE("all_reduce sums, averages and maximises in place", "[dist][collective
 
 TEST_CASE("broadcast copies the root's tensor to every rank, from every root", "[dist][collectives]") {
   check_broadcast(world(), Device::cpu());
+}
+
+TEST_CASE("the MPI backend's host staging (what CUDA tensors take), run with CPU tensors",
+          "[dist][collectives]") {
+  // Copies of CPU tensors through the very staging CUDA tensors take, so that the sanitizer build
+  // checks its buffers (an in-place all-gather's above all) where there is no GPU.
+  const auto monitor = std::make_shared<dist::Monitor>(dist::MonitorOptions{.rank = world().rank()});
+  const dist::MpiComm comm = dist::MpiComm::duplicate(MPI_COMM_WORLD);
+  dist::Communicator staged("staged", dist::MpiComm::duplicate(MPI_COMM_WORLD),
+                            dist::make_mpi_backend(comm, monitor, dist::MpiStaging::every_tensor), monitor,
+                            /*debug=*/false);
+  check_all_gather(staged, Device::cpu(), kSmallCounts);
+  check_all_gather_in_place(staged, Device::cpu());
+  check_reduce_scatter(staged, Device::cpu(), kSmallCounts);
+  check_all_reduce(staged, Device::cpu(), kSmallCounts);
+  check_broadcast(staged, Device::cpu(), kSmallCounts);
 }
 
 TEST_CASE(

@@ -880,7 +880,7 @@ Tensor three_steps_on(const test::Inputs& inputs, Options options) {
   return w.data();
 }
 
-TEST_CASE("cuda matches cpu: optimizer steps and clip_grad_norm_", "[cuda][optim]") {
+TEST_CASE("cuda matches cpu: optimizer steps and clip_grad_norm_", "[cuda-vs-cpu][optim]") {
   const test::Inputs inputs = {test::random_tensor({37, 5}, 1), test::random_tensor({37, 5}, 2),
                                test::random_tensor({37, 5}, 3), test::random_tensor({37, 5}, 4)};
   test::compare_cuda_with_cpu(inputs, [](const test::Inputs& x) {
