@@ -213,7 +213,7 @@ void Trainer::resume(const std::vector<std::string>& unchanged) {
 
 // Step time and memory against the plan, for comparing sharding strategies and world sizes.
 void Trainer::report() const {
-  const double median_seconds = median_step_seconds();
+  const double median_seconds = median(step_seconds_);  // the first step, which builds caches, excluded
   dist::log("{}: median step {:.1f} ms{} ({} steps, the first excluded)", program_, 1e3 * median_seconds,
             throughput(median_seconds), step_seconds_.size());
   non_finite_.report();

@@ -140,8 +140,6 @@ class Trainer {
 
   // {"rank", "step", "loss", "grad_norm", "skipped"}: what every per-step metrics record holds.
   nlohmann::json step_record(const StepResult& result) const;
-  // Over the steps after the first, which also builds caches.
-  double median_step_seconds() const { return median(step_seconds_); }
 
   const char* const program_;
   const TrainerOptions common_;
