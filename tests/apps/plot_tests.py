@@ -13,9 +13,9 @@ Fashion-MNIST (np 1 to 3, full, grad_op and none, a few steps) and checks what i
 - a missing file, metrics without loss records or without a plan, a step not traced and gnuplot
   missing each exit 1 with one message.
 
-Usage: plot_tests.py <mpirun> <train_cnn> <scripts/plot>. Needs the data set from scripts/setup
-(/usr/share/datasets/fashion-mnist); without it every case is skipped. Prints one line per check,
-then "plot: N passed, N failed, N skipped".
+Usage: plot_tests.py <mpirun> <train_cnn> <scripts/plot>. Needs the data set and gnuplot from
+scripts/setup (/usr/share/datasets/fashion-mnist, gnuplot-nox); without either every case is
+skipped. Prints one line per check, then "plot: N passed, N failed, N skipped".
 """
 import glob
 import json
@@ -86,6 +86,9 @@ def main(mpirun, program, plot):
     check = Checks()
     if not os.path.isdir(DATA_DIR):
         print(f"plot: {DATA_DIR} not found (scripts/setup installs dataset-fashion-mnist): skipped")
+        return check.summary("plot", CHECKS)
+    if shutil.which("gnuplot") is None:
+        print("plot: gnuplot not found on PATH (scripts/setup installs gnuplot-nox): skipped")
         return check.summary("plot", CHECKS)
     scratch = tempfile.mkdtemp(prefix="plot-tests-")
     try:

@@ -76,11 +76,9 @@ int run(dist::Session& session, const std::string& scenario) {
 int main(int argc, char** argv) {
   const std::string scenario = argc > 1 ? argv[1] : "";
   try {
-    dist::InitOptions options;
-    if (scenario == "want-cuda") {
-      options.device = dist::DeviceChoice::cuda;
-      options.share_gpu = true;  // the test's ranks may outnumber the GPUs
-    }
+    // The test's ranks may outnumber the GPUs: where the device is a GPU, they share it.
+    dist::InitOptions options{.share_gpu = true};
+    if (scenario == "want-cuda") options.device = dist::DeviceChoice::cuda;
     if (scenario == "want-nccl")
       options = {.device = dist::DeviceChoice::cpu, .backend = dist::BackendChoice::nccl};
     auto session = dist::init(argc, argv, options);
