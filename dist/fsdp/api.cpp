@@ -97,9 +97,9 @@ void fully_shard(nn::Module& module, const FsdpOptions& options) {
   for (const auto& [name, variable] : module.named_parameters()) {
     if (auto it = claimed.find(variable.impl().get()); it != claimed.end()) {
       const Claim& claim = it->second;
-      const bool inside =
-          std::any_of(claim.unit_paths.begin(), claim.unit_paths.end(),
-                      [&](const std::string& unit_path) { return name.starts_with(unit_path + "."); });
+      const bool inside = std::any_of(
+          claim.unit_paths.begin(), claim.unit_paths.end(),
+          [&path = name](const std::string& unit_path) { return path.starts_with(unit_path + "."); });
       SHARDLAB_CHECK(
           inside,
           "fully_shard: parameter '{}' is the same tensor as '{}', which the unit '{}' holds; tied "

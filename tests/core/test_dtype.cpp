@@ -108,19 +108,20 @@ TEST_CASE("f16 conversion agrees with the compiler's _Float16", "[dtype]") {
     const f16 value{static_cast<std::uint16_t>(bits)};
     const float f = f16_to_float(value);
     if (std::isnan(f)) continue;
-    _Float16 reference = static_cast<_Float16>(f);
-    REQUIRE(static_cast<float>(reference) == f);
+#ifdef __FLT16_MANT_DIG__
+    REQUIRE(static_cast<float>(static_cast<_Float16>(f)) == f);
+#endif
     REQUIRE(float_to_f16(f).bits == bits);
-    // The midpoint to the next value up must round to the even neighbour, like _Float16.
+    // The midpoint to the next value up must round to whichever of the two patterns is even.
     const float next = f16_to_float(f16{static_cast<std::uint16_t>(bits + 1)});
     if (std::isfinite(f) && std::isfinite(next) && (bits & 0x7fff) < 0x7bff) {
       const float mid = f + (next - f) / 2;
-      std::uint16_t expected;
-      const _Float16 rounded = static_cast<_Float16>(mid);
-      std::memcpy(&expected, &rounded, sizeof expected);
-      REQUIRE(float_to_f16(mid).bits == expected);
+      REQUIRE(float_to_f16(mid).bits == ((bits & 1) != 0 ? bits + 1 : bits));
     }
   }
+#ifdef __FLT16_MANT_DIG__
+  // Random values over the whole range and below it, against the compiler's conversion (g++ has
+  // _Float16 on x86-64; clang only from version 15).
   const std::vector<float> samples =
       test::random_tensor({5000}, 4, DType::f32, -70000.0, 70000.0).to_vector<float>();
   for (float f : samples) {
@@ -131,6 +132,9 @@ TEST_CASE("f16 conversion agrees with the compiler's _Float16", "[dtype]") {
       REQUIRE(float_to_f16(scaled).bits == expected);
     }
   }
+#else
+  WARN("this compiler has no _Float16: random values are not compared with it");
+#endif
 }
 
 TEST_CASE("float to integer conversions go toward zero, saturate at the limits, NaN to 0", "[dtype]") {

@@ -258,7 +258,10 @@ TEST_CASE("SwiGLU MLP and a whole decoder layer (GQA, padding) have the gradient
   for (auto& [name, p] : model->named_parameters())
     p.set_data(mul(p.data(), 10.0));  // beyond the linear regime
   models::LlamaDecoderLayerImpl& layer = (*model->model->layers)[0];
-  const auto [cos, sin] = model->model->rotary_emb->rows(0, 5, DType::f64);
+  // Named tensors, not a structured binding: lambdas below capture them (clang before 16 cannot).
+  const std::pair<Tensor, Tensor> rotary = model->model->rotary_emb->rows(0, 5, DType::f64);
+  const Tensor& cos = rotary.first;
+  const Tensor& sin = rotary.second;
   // Row 1 ends in two padding tokens.
   const Tensor padding = from_vector(
       std::vector<bool>{false, false, false, false, false, false, false, false, true, true}, {2, 5});

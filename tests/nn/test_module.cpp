@@ -102,7 +102,7 @@ TEST_CASE("load_state_dict copies values; strict checks name every problem", "[n
   for (const auto& [name, t] : source->state_dict()) {
     const auto own = target->state_dict();
     const auto it =
-        std::find_if(own.begin(), own.end(), [&](const auto& entry) { return entry.first == name; });
+        std::find_if(own.begin(), own.end(), [&key = name](const auto& entry) { return entry.first == key; });
     REQUIRE(it != own.end());
     CHECK(it->second.to_vector<double>() == t.to_vector<double>());
   }
