@@ -183,16 +183,23 @@ int main(int argc, char** argv) {
   CLI::App app{"bench_ops: GEMM and conv2d GFLOP/s of shardlab next to OpenBLAS sgemm"};
   int reps = 10;
   int threads = 0;
+  std::string device = "auto";
   app.add_option("--reps", reps, "timed rounds per row (medians reported)")->check(apps::integer_at_least(1));
   app.add_option("--threads", threads, "CPU threads (default: the cores this process has)")
       ->check(apps::integer_at_least(0));
+  app.add_option("--device", device,
+                 "the CUDA column: auto (where a GPU answers), cuda (required) or cpu (left out)")
+      ->check(apps::one_of({"auto", "cpu", "cuda"}));
   if (const std::optional<int> status = apps::parse_command_line(app, argc, argv, "bench_ops", true))
     return *status;
   try {
     if (threads > 0) set_num_threads(threads);
-    const bool with_cuda = cuda::available();
+    const DeviceChoice choice = parse_device_choice(device);
+    const bool with_cuda = device_for(choice).is_cuda();
     fmt::print("bench_ops: {} CPU threads; CUDA: {}\n", num_threads(),
-               with_cuda ? "available" : cuda::unavailable_reason());
+               with_cuda                     ? "available"
+               : choice == DeviceChoice::cpu ? "left out (--device cpu)"
+                                             : cuda::unavailable_reason());
     fmt::print("{:<52} {:>12} {:>14} {:>8} {:>14}\n", "op (f32)", "ours GFLOP/s", "OpenBLAS GF/s", "ratio",
                "CUDA GFLOP/s");
     const std::vector<Row> rows = {

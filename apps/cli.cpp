@@ -2,13 +2,16 @@
 #include "apps/cli.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <system_error>
+#include <utility>
 
 namespace shardlab::apps {
 
@@ -38,6 +41,16 @@ CLI::Validator number_at_least(double minimum, bool exclusive) {
         return {};
       },
       fmt::format("{} {:g}", exclusive ? ">" : ">=", minimum));
+}
+
+CLI::Validator one_of(std::vector<std::string> choices) {
+  const std::string listed = fmt::format("{}", fmt::join(choices, ", "));
+  return CLI::Validator(
+      [choices = std::move(choices), listed](std::string& text) -> std::string {
+        if (std::find(choices.begin(), choices.end(), text) != choices.end()) return {};
+        return fmt::format("got '{}', expected one of {}", text, listed);
+      },
+      fmt::format("{{{}}}", listed));
 }
 
 std::optional<std::int64_t> parse_bytes(std::string_view text) {

@@ -5,7 +5,9 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace shardlab::apps {
 
@@ -13,6 +15,9 @@ namespace shardlab::apps {
 CLI::Validator integer_at_least(std::int64_t minimum);
 // A finite number >= `minimum`, or > it where `exclusive`: "got '-1', expected a number >= 0".
 CLI::Validator number_at_least(double minimum, bool exclusive = false);
+
+// One of `choices`: "got 'gpu', expected one of auto, cpu, cuda".
+CLI::Validator one_of(std::vector<std::string> choices);
 
 // "512M", "2G", "1048576": bytes, with an optional K, M, G or T suffix (powers of 1024); nullopt
 // for anything else or a count past int64.

@@ -1,6 +1,6 @@
 // apps/generate: prints text a saved Llama directory (train_llama --save-model, or a Hugging
 // Face LlamaForCausalLM with a byte-level vocabulary) writes after a prompt: greedy, or sampled
-// with temperature and top-k, through the KV cache. One process, no MPI.
+// with temperature and top-k, through the KV cache, on the CPU or a GPU. One process, no MPI.
 #include "models/generate.h"
 
 #include <CLI/CLI.hpp>
@@ -22,10 +22,12 @@ struct Options {
   std::int64_t samples = 3;
   models::SamplingOptions sampling;
   int threads = 0;
+  std::string device = "auto";
 };
 
 void run(const Options& options) {
   if (options.threads > 0) set_num_threads(options.threads);
+  const Device device = device_for(parse_device_choice(options.device));
   const std::unique_ptr<data::Tokenizer> tokenizer = data::make_tokenizer(
       options.tokenizer.empty() ? data::directory_tokenizer(options.model_dir) : options.tokenizer);
   const models::LlamaConfig config = models::load_pretrained_config(options.model_dir);
@@ -42,6 +44,7 @@ void run(const Options& options) {
     shapes.emplace_back(name, p.shape());
   }
   model->load_state_dict(models::load_pretrained_weights(options.model_dir, shapes));
+  model->to(device);
 
   std::vector<std::int64_t> prompt{tokenizer->bot_id()};
   for (const std::int64_t id : tokenizer->encode(options.prompt)) prompt.push_back(id);
@@ -75,6 +78,8 @@ int main(int argc, char** argv) {
   app.add_option("--seed", options.sampling.seed, "seed of the draws")->check(apps::integer_at_least(0));
   app.add_option("--threads", options.threads, "CPU threads (default: the cores this process may use)")
       ->check(apps::integer_at_least(0));
+  app.add_option("--device", options.device, "auto (a GPU where one answers, else the CPU), cpu or cuda")
+      ->check(apps::one_of({"auto", "cpu", "cuda"}));
   if (const std::optional<int> status = apps::parse_command_line(app, argc, argv, "generate", true))
     return *status;
   try {

@@ -138,7 +138,7 @@ Training::Training(const Options& options, dist::Session& session)
       model_(shapes_only_cnn(options.seed)) {
   train_ = data::load_mnist(options.data_dir, true);
   test_ = data::load_mnist(options.data_dir, false);
-  data_bytes_ = memory_stats(Device::cpu()).bytes_in_use;
+  data_bytes_ = memory_stats(device_).bytes_in_use;
   data::TensorDataset train_set(train_.images, train_.labels);
   if (options.limit_train > 0) train_set = train_set.head(std::min(options.limit_train, train_set.size()));
   training_images_ = train_set.size();
@@ -149,12 +149,13 @@ Training::Training(const Options& options, dist::Session& session)
                                                 .seed = options.seed}));
   test_total_ = test_.images.size(0);
   if (options.limit_test > 0) test_total_ = std::min(options.limit_test, test_total_);
-  test_images_ = test_.images.slice(0, rank_, test_total_, world_size_).contiguous();
-  test_labels_ = test_.labels.slice(0, rank_, test_total_, world_size_).contiguous();
+  test_images_ = test_.images.slice(0, rank_, test_total_, world_size_).contiguous().to(device_);
+  test_labels_ = test_.labels.slice(0, rank_, test_total_, world_size_).contiguous().to(device_);
 
   // The big layers are units of their own, the root (conv1 and fc2) last. Each rank draws only
   // its shards of the parameters (the values one process would draw): no rank holds the model.
-  model_bytes_baseline_ = memory_stats(Device::cpu()).bytes_in_use;
+  model_bytes_baseline_ = memory_stats(device_).bytes_in_use;
+  model_->to(device_);  // still without bytes: the units draw their shards there
   dist::fully_shard(*model_->conv2, fsdp_);
   dist::fully_shard(*model_->fc1, fsdp_);
   dist::fully_shard(*model_, fsdp_);
@@ -256,7 +257,7 @@ void Training::end_epoch(bool complete) {
          {"test_loss", tested.average_loss},
          {"accuracy", accuracy},
          {"images_per_second", static_cast<double>(epoch_progress_.images - images_before_) / seconds},
-         {"peak_memory_bytes", memory_stats(Device::cpu()).peak_bytes}});
+         {"peak_memory_bytes", memory_stats(device_).peak_bytes}});
   }
   scheduler_->step();
   epoch_progress_ = {};
@@ -305,7 +306,8 @@ TestResult Training::evaluate() {
   for (std::int64_t start = 0; start < most_rows; start += batch_size) {
     const std::int64_t count = std::clamp<std::int64_t>(rows - start, 0, batch_size);
     if (count == 0) {
-      model_(constant(rows > 0 ? test_images_.narrow(0, rows - 1, 1) : test_.images.narrow(0, 0, 1)));
+      model_(constant(rows > 0 ? test_images_.narrow(0, rows - 1, 1)
+                               : test_.images.narrow(0, 0, 1).to(device_)));
       continue;
     }
     const Tensor targets = test_labels_.narrow(0, start, count);

@@ -114,10 +114,10 @@ std::unique_ptr<optim::LRScheduler> make_schedule(optim::Optimizer& optimizer, s
 
 bool is_norm(const std::string& name) { return name.ends_with("norm.weight"); }
 
-// The model, drawn shard by shard (no rank holds the whole model), or loaded from a directory
-// (each rank reads it and keeps its shards).
+// The model on `device`, drawn shard by shard there (no rank holds the whole model), or loaded
+// from a directory (each rank reads it and keeps its shards).
 models::Llama sharded_llama(const Options& options, const models::LlamaConfig& config,
-                            const dist::FsdpOptions& fsdp) {
+                            const dist::FsdpOptions& fsdp, Device device) {
   auto build = [&] {
     if (!options.init_from.empty()) {
       models::Llama model(config, options.seed);
@@ -130,6 +130,7 @@ models::Llama sharded_llama(const Options& options, const models::LlamaConfig& c
     return models::Llama(config, options.seed);
   };
   models::Llama model = build();
+  model->to(device);
   apps::parallelize_llama(model, fsdp, options.activation_checkpointing);
   return model;
 }
@@ -196,15 +197,15 @@ Training::Training(const Options& options, dist::Session& session)
                                                          .rank = rank_,
                                                          .shuffle = true,
                                                          .seed = options.seed}));
-  data_bytes_ = memory_stats(Device::cpu()).bytes_in_use;
+  data_bytes_ = memory_stats(device_).bytes_in_use;
   total_steps_ = options.steps > 0 ? options.steps : options.epochs * loader_->batches_per_epoch();
   SHARDLAB_CHECK(total_steps_ > 0, "nothing to train: {} documents give no batch of {}", documents.size(),
                  options.global_batch);
   const std::int64_t warmup =
       options.warmup_steps >= 0 ? options.warmup_steps : std::max<std::int64_t>(1, total_steps_ / 10);
 
-  model_bytes_baseline_ = memory_stats(Device::cpu()).bytes_in_use;
-  model_.emplace(sharded_llama(options, config_, fsdp_));
+  model_bytes_baseline_ = memory_stats(device_).bytes_in_use;
+  model_.emplace(sharded_llama(options, config_, fsdp_, device_));
   nn::Named<Variable> decayed, undecayed;
   for (auto& [name, shard] : dist::sharded_parameters(**model_)) {
     (options.no_decay_norms && is_norm(name) ? undecayed : decayed).emplace_back(name, shard);
@@ -301,7 +302,7 @@ Variable Training::forward_backward(const data::Batch& batch, double scale) {
 void Training::after_step(const StepResult& result) {
   scheduler_->step();
   if (metrics_) {
-    const MemoryStats memory = memory_stats(Device::cpu());
+    const MemoryStats memory = memory_stats(device_);
     nlohmann::json record = step_record(result);
     record.update({{"lr", optimizer_->lr()},
                    {"tokens_per_second", tokens_per_second(result.seconds)},
@@ -362,7 +363,7 @@ std::string Training::throughput(double median_seconds) const {
 void Training::add_summary(nlohmann::json& summary, double median_seconds) const {
   summary.update({{"median_step_seconds", median_seconds},
                   {"tokens_per_second", tokens_per_second(median_seconds)},
-                  {"peak_memory_bytes", memory_stats(Device::cpu()).peak_bytes},
+                  {"peak_memory_bytes", memory_stats(device_).peak_bytes},
                   {"step_counters", dist::sharded_parameters(**model_).size()},
                   {"unsharded_peak_bytes", dist::unsharded_memory().peak_bytes},
                   {"planned_unsharded_peak_bytes", plan_.peak_unsharded_bytes()}});

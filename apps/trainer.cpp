@@ -53,6 +53,16 @@ void add_trainer_options(CLI::App& app, TrainerOptions& options) {
   app.add_option("--threads", options.threads,
                  "CPU threads per rank (default: the cores this process may use)")
       ->check(integer_at_least(0));
+  app.add_option("--device", options.device,
+                 "auto (a GPU per rank where every rank has one, else the CPU), cpu or cuda")
+      ->check(one_of({"auto", "cpu", "cuda"}));
+  app.add_flag("--share-gpu", options.share_gpu,
+               "let more ranks than GPUs share them, their collectives through MPI and host memory (for "
+               "testing on one GPU)");
+}
+
+dist::InitOptions init_options(const TrainerOptions& options) {
+  return {.device = parse_device_choice(options.device), .share_gpu = options.share_gpu};
 }
 
 dist::MixedPrecision parse_mixed_precision(const std::string& text) {
@@ -75,6 +85,7 @@ Trainer::Trainer(const char* program, const TrainerOptions& options, dist::Sessi
       session_(session),
       rank_(session.rank()),
       world_size_(session.world_size()),
+      device_(session.device()),
       checkpoints_(options.checkpoint_dir, options.keep),
       non_finite_(program, options.max_skipped_steps) {
   if (options.threads > 0) set_num_threads(options.threads);
@@ -100,13 +111,14 @@ void Trainer::start(const Setup& setup) {
                            .world_size = world_size_,
                            .sharding = plan_.sharding,
                            .checkpointing_available = setup.checkpointing_available,
-                           .checkpointing = setup.checkpointing};
+                           .checkpointing = setup.checkpointing,
+                           .device = device_};
     predicted_ = will_it_fit(session_.cpu_world(), plan_, model_bytes_baseline_,
                              data::rank_batch_size(common_.global_batch, world_size_, rank_), limit, levers,
                              *setup.optimizer, [&](std::int64_t samples) {
                                const std::vector<std::int64_t> first =
                                    setup.loader->batch_indices(setup.first_epoch).front();
-                               dry_run(setup.loader->batch({first.begin(), first.begin() + samples}));
+                               dry_run(batch_on_device({first.begin(), first.begin() + samples}));
                              });
   }
   SHARDLAB_CHECK(!common_.resume || !common_.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
@@ -137,7 +149,7 @@ void Trainer::run() {
 // when the run's last step came first.
 bool Trainer::train_epoch() {
   begin_epoch();
-  reset_peak_memory(Device::cpu());
+  reset_peak_memory(device_);
   const auto batches = setup_.loader->batch_indices(epoch_);
   const std::int64_t done = step_ - (epoch_ - setup_.first_epoch) * setup_.loader->batches_per_epoch();
   bool complete = true;
@@ -148,8 +160,15 @@ bool Trainer::train_epoch() {
     }
     train_step(*it);
   }
-  peak_bytes_ = std::max(peak_bytes_, memory_stats(Device::cpu()).peak_bytes);
+  peak_bytes_ = std::max(peak_bytes_, memory_stats(device_).peak_bytes);
   return complete;
+}
+
+data::Batch Trainer::batch_on_device(const std::vector<std::int64_t>& indices) const {
+  data::Batch batch = setup_.loader->batch(indices);
+  batch.inputs = batch.inputs.to(device_);
+  batch.targets = batch.targets.to(device_);
+  return batch;
 }
 
 void Trainer::train_step(const std::vector<std::int64_t>& indices) {
@@ -158,7 +177,7 @@ void Trainer::train_step(const std::vector<std::int64_t>& indices) {
   profile_.begin_step(step_ + 1);
   const data::Batch batch = [&] {
     const trace::Span span("load batch", "data");
-    return setup_.loader->batch(indices);
+    return batch_on_device(indices);
   }();
   StepResult result = compute_step(batch);
   // The loss and the norm are the same on every rank: every rank skips, or stops, alike.
@@ -224,8 +243,7 @@ void Trainer::report() const {
   std::int64_t buffer_bytes = 0;
   for (const auto& [name, buffer] : setup_.root->named_buffers())
     buffer_bytes += buffer.numel() * static_cast<std::int64_t>(buffer.element_size());
-  const std::int64_t persistent =
-      memory_stats(Device::cpu()).bytes_in_use - model_bytes_baseline_ - buffer_bytes;
+  const std::int64_t persistent = memory_stats(device_).bytes_in_use - model_bytes_baseline_ - buffer_bytes;
   const std::size_t counters = dist::sharded_parameters(*setup_.root).size();
   dist::log("{}: rank 0 persistent model state: measured {} B{}, planned {} B + {} step counters of 8 B",
             program_, persistent,

@@ -57,11 +57,16 @@ struct TrainerOptions {
   bool resume = false;
   int threads = 0;
   std::string memory_limit;  // none by default: the CPU's memory is the host's, shared with everything else
+  std::string device = "auto";
+  bool share_gpu = false;
 };
 
 // The TrainerOptions flags whose words are the same in both programs; --global-batch, --epochs,
 // --steps, --seed and --save-model each program words for itself.
 void add_trainer_options(CLI::App& app, TrainerOptions& options);
+
+// What dist::init gets from --device and --share-gpu.
+dist::InitOptions init_options(const TrainerOptions& options);
 
 // --mixed-precision: "none", or "bf16" (bf16 gathers and compute, f32 reductions and master shards).
 dist::MixedPrecision parse_mixed_precision(const std::string& text);
@@ -145,11 +150,12 @@ class Trainer {
   const TrainerOptions common_;
   dist::Session& session_;
   const int rank_, world_size_;
+  const Device device_;  // the session's: the model, the batches and the measured memory
   dist::FsdpOptions fsdp_;
   std::int64_t step_ = 0;                  // optimizer steps taken, skipped ones included
   std::int64_t epoch_ = 0;                 // the epoch in progress, as the loader numbers it
-  std::int64_t data_bytes_ = 0;            // CPU bytes in use once the data is loaded (the program's)
-  std::int64_t model_bytes_baseline_ = 0;  // before the shards existed (the program's)
+  std::int64_t data_bytes_ = 0;            // device_'s bytes in use once the data is loaded (the program's)
+  std::int64_t model_bytes_baseline_ = 0;  // device_'s, before the shards existed (the program's)
   std::int64_t step_bytes_received_ = 0;   // FSDP's collectives of the last step (the program's)
   std::int64_t peak_bytes_ = 0;            // while training
   dist::Plan plan_;
@@ -158,6 +164,8 @@ class Trainer {
 
  private:
   bool train_epoch();
+  // The loader's batch of these samples, on device_ (the data set stays in host memory).
+  data::Batch batch_on_device(const std::vector<std::int64_t>& indices) const;
   void train_step(const std::vector<std::int64_t>& indices);
   nlohmann::json state() const;
   void save_checkpoint();
@@ -173,22 +181,23 @@ class Trainer {
   std::vector<double> step_seconds_;
 };
 
-// A training program's main(): starts the processes, parses the program's own flags
-// (`add_own_options`) and the shared ones, builds Training(options, session) on every rank and runs
-// it; returns the exit status.
+// A training program's main(): parses the program's own flags (`add_own_options`) and the shared
+// ones (before the processes start, which needs --device), starts them, builds Training(options,
+// session) on every rank and runs it; returns the exit status.
 template <typename Training, typename Options>
 int training_main(int argc, char** argv, const char* program, const std::string& description,
                   void (*add_own_options)(CLI::App&, Options&)) {
-  const std::unique_ptr<dist::Session> session = start_cpu_session(argc, argv, program);
-  if (!session) return 1;
   Options options;
   CLI::App app{description};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // later flags win
   add_own_options(app, options);
   add_trainer_options(app, options);
   // --help and usage errors, printed once.
-  if (const std::optional<int> status = parse_command_line(app, argc, argv, program, session->rank() == 0))
+  if (const std::optional<int> status =
+          parse_command_line(app, argc, argv, program, dist::launcher_rank() == 0))
     return *status;
+  const std::unique_ptr<dist::Session> session = start_session(argc, argv, program, init_options(options));
+  if (!session) return 1;
   return build_and_run<Training>(program, *session, options);
 }
 

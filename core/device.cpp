@@ -1,8 +1,9 @@
-// core/device.cpp: parsing and printing devices.
+// core/device.cpp: parsing and printing devices, and the device a program is asked to run on.
 #include "core/device.h"
 
 #include <charconv>
 
+#include "core/cuda/runtime.h"
 #include "core/error.h"
 
 namespace shardlab {
@@ -19,6 +20,21 @@ Device Device::parse(std::string_view text) {
     }
   }
   fail("device: cannot parse '{}' (expected cpu, cuda or cuda:N)", text);
+}
+
+DeviceChoice parse_device_choice(std::string_view text) {
+  if (text == "auto") return DeviceChoice::automatic;
+  if (text == "cpu") return DeviceChoice::cpu;
+  if (text == "cuda") return DeviceChoice::cuda;
+  fail("device: '{}' is not a device choice (expected auto, cpu or cuda)", text);
+}
+
+Device device_for(DeviceChoice choice) {
+  if (choice == DeviceChoice::cpu) return Device::cpu();
+  if (cuda::available()) return Device::cuda(0);
+  SHARDLAB_CHECK(choice == DeviceChoice::automatic, "device cuda was requested but {}",
+                 cuda::unavailable_reason());
+  return Device::cpu();
 }
 
 std::string Device::str() const { return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index); }

@@ -23,4 +23,15 @@ struct Device {
   bool operator==(const Device&) const = default;
 };
 
+// What a program is asked to run on (--device): automatic takes a GPU where one answers (in a
+// job of several processes, where every rank has one), else the CPU.
+enum class DeviceChoice : unsigned char { automatic, cpu, cuda };
+
+// Parses "auto", "cpu" and "cuda"; throws Error naming the text otherwise.
+DeviceChoice parse_device_choice(std::string_view text);
+
+// The device of a program of one process: cuda:0 for cuda, and for automatic where a GPU
+// answers; the CPU otherwise. cuda where no GPU answers throws Error saying why.
+Device device_for(DeviceChoice choice);
+
 }  // namespace shardlab

@@ -172,8 +172,19 @@ void Module::train(bool on) {
   for (const auto& [name, child] : children_) child->train(on);
 }
 
+namespace {
+
+// A deferred parameter moves without bytes, as it is: its owner draws it on the new device.
+Tensor moved(const Tensor& data, Device device) {
+  if (!deferred(data) || data.device() == device) return data.to(device);
+  return Tensor(std::make_shared<Storage>(device, 0), data.shape(), data.strides(), data.offset(),
+                data.dtype());
+}
+
+}  // namespace
+
 void Module::to(Device device) {
-  for (auto& p : parameters_) p.variable.set_data(p.variable.data().to(device));
+  for (auto& p : parameters_) p.variable.set_data(moved(p.variable.data(), device));
   for (auto& [name, b] : buffers_) b = b.to(device);
   for (const auto& [name, child] : children_) child->to(device);
 }

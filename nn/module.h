@@ -121,7 +121,8 @@ class Module : public std::enable_shared_from_this<Module> {
   void train(bool on = true);
   void eval() { train(false); }
   bool is_training() const { return training_; }
-  // Moves every parameter and buffer (set_data: the Variables stay the same objects).
+  // Moves every parameter and buffer (set_data: the Variables stay the same objects). Deferred
+  // parameters (made under DeferredInitGuard) stay deferred, on `device`: their owner draws them there.
   void to(Device device);
   // Casts floating parameters and buffers.
   void to(DType dtype);

@@ -1,4 +1,4 @@
-// apps/support/session.cpp: the CPU session of a training program and its failure report.
+// apps/support/session.cpp: the session of a training program and its failure report.
 #include "apps/support/session.h"
 
 #include <fmt/format.h>
@@ -30,11 +30,13 @@ int report_failure(const char* program, dist::Session& session, const std::strin
   return 1;
 }
 
-std::unique_ptr<dist::Session> start_cpu_session(int& argc, char**& argv, const char* program) {
+std::unique_ptr<dist::Session> start_session(int& argc, char**& argv, const char* program,
+                                             const dist::InitOptions& options) {
   try {
-    return dist::init(argc, argv, {.device = dist::DeviceChoice::cpu});
+    return dist::init(argc, argv, options);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: %s\n", program, e.what());
+    // Every rank fails alike (the device is agreed on before any rank goes on).
+    if (dist::launcher_rank() == 0) std::fprintf(stderr, "%s: %s\n", program, e.what());
     return nullptr;
   }
 }

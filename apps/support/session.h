@@ -12,9 +12,10 @@
 
 namespace shardlab::apps {
 
-// dist::init on the CPU (even where a GPU answers), for `program`; null, after printing why on
-// stderr, when the processes cannot start.
-std::unique_ptr<dist::Session> start_cpu_session(int& argc, char**& argv, const char* program);
+// dist::init for `program`; null, after printing why on stderr once per job (by the launcher's
+// rank 0: "train_cnn: dist::init: device cuda was requested but ..."), when it cannot start.
+std::unique_ptr<dist::Session> start_session(int& argc, char**& argv, const char* program,
+                                             const dist::InitOptions& options);
 
 // After a rank's error: when every rank failed (within a few seconds), prints it (on rank 0 only
 // when `same_everywhere`, errors while building being the same on all ranks, else on each rank

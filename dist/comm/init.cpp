@@ -1,12 +1,17 @@
 // dist/comm/init.cpp: the session: MPI, ranks, the device choice, the monitor and the world.
 #include "dist/comm/init.h"
 
+#include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <thread>
+#include <vector>
 
 #include "core/cuda/runtime.h"
 #include "core/error.h"
@@ -44,16 +49,32 @@ std::chrono::milliseconds timeout_from_env() {
   return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
 }
 
+// "rank 2" or "ranks 1, 3": the ranks whose flag is 0.
+std::string ranks_without(const std::vector<int>& flags) {
+  std::string out;
+  int count = 0;
+  for (std::size_t rank = 0; rank < flags.size(); ++rank) {
+    if (flags[rank] != 0) continue;
+    out += (count++ == 0 ? "" : ", ") + std::to_string(rank);
+  }
+  return (count == 1 ? "rank " : "ranks ") + out;
+}
+
 // The same kind of device on every rank: CUDA when asked for, or, automatically, when every rank
 // has a GPU; then one GPU per rank by local rank, several ranks on one GPU only with share_gpu.
 Device choose_device(const InitOptions& options, const MpiComm& world, int local_rank, int local_size) {
   if (options.device == DeviceChoice::cpu) return Device::cpu();
   const bool mine = cuda::available();
-  int every_rank = mine ? 1 : 0;
-  SHARDLAB_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &every_rank, 1, MPI_INT, MPI_MIN, world.get()));
-  if (options.device == DeviceChoice::automatic && every_rank == 0) return Device::cpu();
-  SHARDLAB_CHECK(every_rank == 1, "dist::init: device cuda was requested but {}",
-                 mine ? "another rank has no usable GPU" : cuda::unavailable_reason());
+  std::vector<int> has_gpu(static_cast<std::size_t>(world.size()));
+  int flag = mine ? 1 : 0;
+  SHARDLAB_MPI_CHECK(MPI_Allgather(&flag, 1, MPI_INT, has_gpu.data(), 1, MPI_INT, world.get()));
+  const bool every_rank = std::find(has_gpu.begin(), has_gpu.end(), 0) == has_gpu.end();
+  if (options.device == DeviceChoice::automatic && !every_rank) return Device::cpu();
+  // A rank without a GPU names its own reason; the others name the ranks that lack one.
+  SHARDLAB_CHECK(every_rank, "dist::init: device cuda was requested but {}",
+                 mine
+                     ? ranks_without(has_gpu) + " of " + std::to_string(world.size()) + " found no usable GPU"
+                     : cuda::unavailable_reason());
   const int gpus = cuda::device_count();
   SHARDLAB_CHECK(local_size <= gpus || options.share_gpu,
                  "dist::init: {} ranks on this machine and {} GPU{}: one GPU per rank, unless the ranks "
@@ -78,6 +99,19 @@ bool use_nccl(BackendChoice choice, Device device, int local_size) {
 }  // namespace
 
 int process_rank() { return rank_for_logs.load(); }
+
+int launcher_rank() {
+  // Open MPI, PMIx launchers, MPICH/Hydra (and Intel MPI), Slurm's srun.
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}) {
+    const char* value = std::getenv(name);
+    if (value == nullptr) continue;
+    int rank = -1;
+    const std::string_view text(value);
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), rank);
+    if (error == std::errc() && end == text.data() + text.size() && rank >= 0) return rank;
+  }
+  return 0;
+}
 void set_process_rank(int rank) { rank_for_logs.store(rank); }
 
 void write_line(std::string_view line) {

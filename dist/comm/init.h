@@ -20,7 +20,7 @@ namespace shardlab::dist {
 class MpiEnvironment;
 class MpiComm;
 
-enum class DeviceChoice { automatic, cpu, cuda };  // automatic: CUDA when every rank has a GPU
+using shardlab::DeviceChoice;  // automatic: CUDA when every rank has a GPU
 enum class BackendChoice {
   automatic,
   mpi,
@@ -80,6 +80,11 @@ class Session {
 
 // Initialises MPI (once per process) and returns the session; errors are thrown as Error.
 std::unique_ptr<Session> init(int& argc, char**& argv, const InitOptions& options = {});
+
+// This process's rank as its launcher (mpirun, srun) wrote it in the environment, known before
+// dist::init: what prints a bad command line, or init's own error, once per job. 0 for a process
+// started alone.
+int launcher_rank();
 
 // The live session, for code that needs the world without being handed it; throws when
 // dist::init has not been called (or its session ended).

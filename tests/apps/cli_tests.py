@@ -4,6 +4,8 @@ program, the option, the value and the rule ("train_cnn: --global-batch: got '0'
 integer >= 1"), exits 1 and starts nothing; outputs the run could not write (--save-model,
 --checkpoint-dir, --trace, --metrics) are refused before step 1. Each app's --help is read to check
 that the table below covers every option it has, so an option added without a case fails here.
+Where no GPU answers, --device cuda ends train_cnn, train_llama, generate and bench_ops at once in
+exactly one line naming why (skipped where one does).
 
 The apps run as single processes (no mpirun: MPI starts a singleton), since every refusal comes
 before any collective matters; tests/apps/train_*_tests.py check the same under mpirun at 2-4 ranks.
@@ -57,6 +59,7 @@ def training_cases(scratch):
          f"cannot write metrics to '{a_file}/m.jsonl': Not a directory"),
         (["--checkpoint-dir", a_file], f"--checkpoint-dir '{a_file}': cannot create the directory: Not a directory"),
         (["--resume"], "--resume needs --checkpoint-dir"),
+        (["--device", "gpu"], "--device: got 'gpu', expected one of auto, cpu, cuda"),
         (["--bogus"], "The following argument was not expected: --bogus"),
         (["--explain", "x"], "The following argument was not expected: x"),
     ]
@@ -105,6 +108,7 @@ def app_cases(scratch):
         (["m", "--top-k", "-1"], "--top-k: got '-1', expected an integer >= 0"),
         (["m", "--seed", "x"], "--seed: got 'x', expected an integer >= 0"),
         (["m", "--threads", "-1"], "--threads: got '-1', expected an integer >= 0"),
+        (["m", "--device", "tpu"], "--device: got 'tpu', expected one of auto, cpu, cuda"),
         (["/nonexistent/model", "--tokenizer", "/nonexistent/tokenizer.json"],
          "BpeTokenizer::load: cannot open '/nonexistent/tokenizer.json'"),
     ]
@@ -117,7 +121,8 @@ def app_cases(scratch):
     ]
     benches = {
         "bench_ops": [(["--reps", "0"], "--reps: got '0', expected an integer >= 1"),
-                      (["--threads", "-1"], "--threads: got '-1', expected an integer >= 0")],
+                      (["--threads", "-1"], "--threads: got '-1', expected an integer >= 0"),
+                      (["--device", "gpu"], "--device: got 'gpu', expected one of auto, cpu, cuda")],
         "bench_tokenizer": [(["--vocab", "0"], "--vocab: got '0', expected an integer >= 1"),
                             (["--passes", "0"], "--passes: got '0', expected an integer >= 1"),
                             (["--corpus", "/nonexistent/corpus"], "read_documents: '/nonexistent/corpus' does not exist")],
@@ -128,8 +133,9 @@ def app_cases(scratch):
 
 # Options whose every value is valid (free text), or that have no value, per app.
 FREE = {
-    "train_cnn": {"--help", "--explain", "--detect-anomaly", "--resume", "--profile"},
-    "train_llama": {"--help", "--explain", "--detect-anomaly", "--resume", "--profile", "--separator", "--no-decay-norms",
+    "train_cnn": {"--help", "--explain", "--detect-anomaly", "--resume", "--profile", "--share-gpu"},
+    "train_llama": {"--help", "--explain", "--detect-anomaly", "--resume", "--profile", "--share-gpu", "--separator",
+                    "--no-decay-norms",
                     "--activation-checkpointing", "--cpu-offload"},
     "generate": {"--help", "--prompt"},
     "checkpoint": {"--help"},
@@ -163,7 +169,31 @@ def main(programs):
                 expected = f"{app}: {message}"
                 check(f"{app} {' '.join(args)}: exit 1, '{message}' once",
                       code == 1 and output.count(expected) == 1, f"exit {code}, expected once: {expected}\n{output}")
-    return check.summary("cli", 0)
+        skipped = check_cuda_refused(check, programs)
+    return check.summary("cli", skipped)
+
+
+# Where no GPU answers, --device cuda: "<app>: [dist::init: ]device cuda was requested but <why>".
+CUDA_REFUSALS = {
+    "generate": (["/nonexistent/model"], "generate: device cuda was requested but "),
+    "train_cnn": (["--steps", "1"], "train_cnn: dist::init: device cuda was requested but "),
+    "train_llama": (["--steps", "1"], "train_llama: dist::init: device cuda was requested but "),
+    "bench_ops": (["--reps", "1"], "bench_ops: device cuda was requested but "),
+}
+
+
+def check_cuda_refused(check, programs):
+    """--device cuda without a GPU ends each app at once in exactly one line naming why; on a machine
+    whose GPU answers (generate then goes on to the missing model) the cases are skipped."""
+    for app, (args, expected) in CUDA_REFUSALS.items():
+        code, output = run_command([programs[app], "--device", "cuda"] + args)
+        if app == "generate" and code == 1 and "has no config.json" in output:
+            print("cli: a GPU answers here: the --device cuda refusals are skipped")
+            return len(CUDA_REFUSALS)
+        lines = [line for line in output.splitlines() if line.strip()]
+        check(f"{app} --device cuda without a GPU: exit 1 in one line, '{expected}...'",
+              code == 1 and len(lines) == 1 and lines[0].startswith(expected), f"exit {code}\n{output}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -230,6 +230,22 @@ TEST_CASE("DeferredInitGuard: parameters without bytes; initialize names streams
   CHECK_FALSE(nn::deferred(empty({0})));
 }
 
+TEST_CASE("to(device) keeps deferred parameters without bytes, on the new device",
+          "[cuda][module][deferred]") {
+  std::shared_ptr<nn::SequentialImpl> model;
+  {
+    const nn::DeferredInitGuard deferred;
+    model = std::make_shared<nn::SequentialImpl>(nn::Linear(nn::LinearOptions(3, 4)));
+  }
+  model->to(Device::cuda(0));
+  for (const auto& [name, variable] : model->named_parameters()) {
+    INFO(name);
+    CHECK(nn::deferred(variable.data()));
+    CHECK(variable.device() == Device::cuda(0));
+    CHECK(variable.shape() == (name == "0.weight" ? Shape{4, 3} : Shape{4}));
+  }
+}
+
 namespace {
 
 // x + scale * fc2(dropout(gelu(fc1(x)))) (+ shift where given): a block with an optional Tensor
