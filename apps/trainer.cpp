@@ -165,10 +165,7 @@ bool Trainer::train_epoch() {
 }
 
 data::Batch Trainer::batch_on_device(const std::vector<std::int64_t>& indices) const {
-  data::Batch batch = setup_.loader->batch(indices);
-  batch.inputs = batch.inputs.to(device_);
-  batch.targets = batch.targets.to(device_);
-  return batch;
+  return data::to_device(setup_.loader->batch(indices), device_);
 }
 
 void Trainer::train_step(const std::vector<std::int64_t>& indices) {

@@ -8,16 +8,21 @@
 
 namespace shardlab {
 
+class Allocator;
+
 // Tensors share a Storage through std::shared_ptr; the bytes go back to the device's
 // allocator when the last tensor viewing them is gone.
 class Storage {
  public:
-  Storage(Device device, std::size_t nbytes);
+  // `pinned` takes page-locked host memory (device must be the CPU) from
+  // cuda::pinned_host_allocator().
+  Storage(Device device, std::size_t nbytes, bool pinned = false);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
   Device device() const { return device_; }
+  bool pinned() const { return pinned_; }
   std::size_t nbytes() const { return nbytes_; }
   void* data() const { return data_; }
 
@@ -28,7 +33,10 @@ class Storage {
   void reallocate(std::size_t nbytes);
 
  private:
+  Allocator& allocator() const;
+
   Device device_;
+  bool pinned_;
   std::size_t nbytes_ = 0;
   void* data_ = nullptr;
 };

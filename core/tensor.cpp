@@ -60,6 +60,8 @@ std::int64_t Tensor::stride(std::int64_t dim) const { return strides_[wrap_dim(d
 std::int64_t Tensor::numel() const { return shape_numel(shape_); }
 Device Tensor::device() const { return storage_ ? storage_->device() : Device::cpu(); }
 
+bool Tensor::is_pinned() const { return storage_ && storage_->pinned(); }
+
 bool Tensor::is_contiguous() const {
   if (numel() == 0) return true;  // no element to misplace
   std::int64_t expected = 1;
@@ -304,7 +306,7 @@ Tensor Tensor::to(DType dtype) const {
   return out;
 }
 
-Tensor Tensor::to(Device device) const {
+Tensor Tensor::to(Device device, bool non_blocking) const {
   if (device == this->device()) return *this;
   SHARDLAB_CHECK(device.is_cpu() || this->device().is_cpu(),
                  "to: copies between {} and {} go through the host: use .to(cpu) first", this->device().str(),
@@ -312,11 +314,24 @@ Tensor Tensor::to(Device device) const {
   const Tensor source = contiguous();
   Tensor out = empty(shape_, TensorOptions{dtype_, device});
   const std::size_t nbytes = static_cast<std::size_t>(numel()) * element_size();
-  if (nbytes > 0) {
+  if (nbytes == 0) return out;
+  if (non_blocking && device.is_cuda() && source.is_pinned()) {
+    cuda::copy_to_device_async(out.raw_data(), source.raw_data(), nbytes, device.index);
+  } else {
     const int cuda_index = device.is_cuda() ? device.index : this->device().index;
     cuda::copy_bytes(out.raw_data(), device.is_cuda(), source.raw_data(), this->device().is_cuda(), nbytes,
                      cuda_index);
   }
+  return out;
+}
+
+Tensor Tensor::pin_memory() const {
+  SHARDLAB_CHECK(defined(), "pin_memory: tensor is undefined");
+  SHARDLAB_CHECK(device().is_cpu(), "pin_memory: the tensor is on {}; only CPU tensors can be pinned",
+                 device().str());
+  if (is_pinned()) return *this;
+  Tensor out = empty(shape_, TensorOptions{dtype_, Device::cpu(), true});
+  out.copy_(*this);
   return out;
 }
 
@@ -378,7 +393,7 @@ Tensor empty(const Shape& shape, TensorOptions options) {
                                              static_cast<std::int64_t>(dtype_size(options.dtype)), &nbytes),
                  "empty: shape {} of {} has more elements or bytes than int64 can count", shape_str(shape),
                  dtype_name(options.dtype));
-  auto storage = std::make_shared<Storage>(options.device, static_cast<std::size_t>(nbytes));
+  auto storage = std::make_shared<Storage>(options.device, static_cast<std::size_t>(nbytes), options.pinned);
   return Tensor(std::move(storage), shape, contiguous_strides(shape), 0, options.dtype);
 }
 

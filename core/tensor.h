@@ -34,6 +34,9 @@ bool shape_addressable(const Shape& shape);
 struct TensorOptions {
   DType dtype = DType::f32;
   Device device = Device::cpu();
+  // Page-locked host memory (CPU tensors only; needs a usable GPU): copies from it to a GPU can
+  // run while the host goes on (Tensor::to with non_blocking).
+  bool pinned = false;
 
   TensorOptions& with_dtype(DType value) {
     dtype = value;
@@ -41,6 +44,10 @@ struct TensorOptions {
   }
   TensorOptions& with_device(Device value) {
     device = value;
+    return *this;
+  }
+  TensorOptions& with_pinned(bool value) {
+    pinned = value;
     return *this;
   }
 };
@@ -64,6 +71,7 @@ class Tensor {
   Device device() const;
   std::size_t element_size() const { return dtype_size(dtype_); }
   bool is_contiguous() const;
+  bool is_pinned() const;  // in page-locked host memory (TensorOptions::pinned, pin_memory())
   const std::shared_ptr<Storage>& storage() const { return storage_; }
 
   // Address of element [0, 0, ...]; typed access checks the dtype.
@@ -96,8 +104,15 @@ class Tensor {
   // --- copies ----------------------------------------------------------------------------
   Tensor contiguous() const;  // itself when already contiguous
   Tensor clone() const;       // always a fresh contiguous copy
-  Tensor to(Device device) const;
+  // A copy on `device`. From pinned host memory to a GPU with non_blocking, the copy is queued on
+  // the device's current stream and this returns at once: later work on that stream sees the
+  // values, and the pinned bytes stay reserved until the copy has read them, but writing into
+  // this tensor meanwhile races with the copy. Every other copy returns once it is done.
+  Tensor to(Device device, bool non_blocking = false) const;
   Tensor to(DType dtype) const;
+  // A contiguous copy in pinned host memory (itself when already pinned); throws for a tensor
+  // that is not on the CPU, or when no GPU is usable.
+  Tensor pin_memory() const;
 
   // In place: fill with a value; copy from src (broadcast to this shape, any dtype). They
   // change the elements, not the handle, so they work on const tensors and views.

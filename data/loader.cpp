@@ -47,6 +47,23 @@ Batch TensorDataset::gather(const std::vector<std::int64_t>& indices) const {
                index_select(targets_, 0, rows.to(targets_.device())), indices};
 }
 
+namespace {
+
+Tensor sent_to(const Tensor& tensor, Device device) {
+  if (tensor.device() == device) return tensor;
+  if (tensor.device().is_cpu() && device.is_cuda())
+    return tensor.pin_memory().to(device, /*non_blocking=*/true);
+  return tensor.to(device);
+}
+
+}  // namespace
+
+Batch to_device(Batch batch, Device device) {
+  batch.inputs = sent_to(batch.inputs, device);
+  batch.targets = sent_to(batch.targets, device);
+  return batch;
+}
+
 TensorDataset TensorDataset::head(std::int64_t n) const {
   SHARDLAB_CHECK(n >= 0 && n <= size(), "TensorDataset::head: n = {} is outside [0, {}] (the dataset size)",
                  n, size());

@@ -17,6 +17,12 @@ struct Batch {
   std::vector<std::int64_t> sample_indices;  // dataset index of each row
 };
 
+// The batch with its tensors on `device`. To a GPU each CPU tensor is copied once into pinned
+// host memory and sent from there without the host waiting (Tensor::to with non_blocking): the
+// copy runs on the device's current stream ahead of the step's kernels while the host goes on
+// queueing them. Throws, as Tensor::to does, when the device is not usable.
+Batch to_device(Batch batch, Device device);
+
 // Samples are rows (dim 0) of `inputs` and `targets`.
 class TensorDataset {
  public:

@@ -1,5 +1,6 @@
-// core/cuda/allocator.cpp: CUDA device memory behind the caching allocator, one allocator per
-// device (device_allocator), and record_stream.
+// core/cuda/allocator.cpp: CUDA device memory and pinned host memory behind the caching
+// allocator (device_allocator, pinned_host_allocator), record_stream, and copies from pinned
+// memory that the host does not wait for.
 #include <cuda_runtime_api.h>
 
 #include <mutex>
@@ -9,36 +10,19 @@
 #include "core/cuda/check.h"
 #include "core/cuda/runtime.h"
 #include "core/device.h"
+#include "core/error.h"
 
 namespace shardlab::cuda {
 namespace {
 
-// DeviceMemory over the CUDA runtime for one device: streams and events are their CUDA handles.
-class CudaMemory final : public DeviceMemory {
+// Events on CUDA streams, for memory of any kind that CUDA streams use.
+class StreamEvents : public DeviceMemory {
  public:
-  explicit CudaMemory(int device) : device_(device) {}
-
-  void* malloc(std::size_t nbytes) override {
-    const DeviceGuard guard(device_);
-    void* data = nullptr;
-    const cudaError_t malloc_status = cudaMalloc(&data, nbytes);
-    if (malloc_status == cudaErrorMemoryAllocation) {
-      cudaGetLastError();  // an answer the allocator handles (free its cache, retry, or throw)
-      return nullptr;
-    }
-    SHARDLAB_CUDA_CHECK(malloc_status);
-    return data;
-  }
-
-  void free(void* data) override {
-    const DeviceGuard guard(device_);
-    SHARDLAB_CUDA_CHECK(cudaFree(data));
-  }
-
-  void* current_stream() override { return cuda::current_stream(device_).handle(); }
-
   void* record_event(void* stream) override {
-    const DeviceGuard guard(device_);
+    // An event is created and recorded on its stream's device.
+    int device = 0;
+    SHARDLAB_CUDA_CHECK(cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &device));
+    const DeviceGuard guard(device);
     cudaEvent_t event = nullptr;
     SHARDLAB_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
     const cudaError_t record_status = cudaEventRecord(event, static_cast<cudaStream_t>(stream));
@@ -60,9 +44,56 @@ class CudaMemory final : public DeviceMemory {
   void destroy_event(void* event) override {
     SHARDLAB_CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(event)));
   }
+};
+
+// An out-of-memory answer is the allocator's to handle (free its cache, retry, or throw).
+void* null_when_out_of_memory(cudaError_t status, void* data) {
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  SHARDLAB_CUDA_CHECK(status);
+  return data;
+}
+
+// Memory of one device: streams are that device's CUDA streams.
+class CudaMemory final : public StreamEvents {
+ public:
+  explicit CudaMemory(int device) : device_(device) {}
+
+  void* malloc(std::size_t nbytes) override {
+    const DeviceGuard guard(device_);
+    void* data = nullptr;
+    return null_when_out_of_memory(cudaMalloc(&data, nbytes), data);
+  }
+
+  void free(void* data) override {
+    const DeviceGuard guard(device_);
+    SHARDLAB_CUDA_CHECK(cudaFree(data));
+  }
+
+  void* current_stream() override { return cuda::current_stream(device_).handle(); }
 
  private:
   int device_;
+};
+
+// The host reads and writes pinned blocks in program order, so all host use is one stream to the
+// policy: a block the host frees is at once the host's to reuse, unless a copy queued on a device
+// stream was recorded on it, which holds the block back until that copy has run.
+char host_stream;  // its address names the host's stream
+
+// Page-locked host memory, portable: a copy from it to any device is a direct DMA.
+class PinnedMemory final : public StreamEvents {
+ public:
+  void* malloc(std::size_t nbytes) override {
+    void* data = nullptr;
+    return null_when_out_of_memory(cudaHostAlloc(&data, nbytes, cudaHostAllocPortable), data);
+  }
+
+  void free(void* data) override { SHARDLAB_CUDA_CHECK(cudaFreeHost(data)); }
+
+  void* current_stream() override { return &host_stream; }
 };
 
 struct Allocators {
@@ -84,12 +115,31 @@ CachingAllocator& caching_allocator(int index) {
   return *allocator;
 }
 
+// Never destroyed, for the same reason as the device allocators.
+CachingAllocator& pinned_allocator() {
+  SHARDLAB_CHECK(available(), "pinned host memory needs a usable GPU: {}", unavailable_reason());
+  static auto* allocator = new CachingAllocator("pinned host memory", std::make_unique<PinnedMemory>());
+  return *allocator;
+}
+
 }  // namespace
 
 Allocator& device_allocator(int index) { return caching_allocator(index); }
 
+Allocator& pinned_host_allocator() { return pinned_allocator(); }
+
 void record_stream(void* data, const Stream& stream) {
   caching_allocator(stream.device()).record_stream(data, stream.handle());
+}
+
+void copy_to_device_async(void* dst, const void* pinned_src, std::size_t nbytes, int device) {
+  if (nbytes == 0) return;
+  const Stream& stream = current_stream(device);
+  // Recorded first: it also checks that the source is pinned memory of ours.
+  pinned_allocator().record_stream(const_cast<void*>(pinned_src), stream.handle());
+  const DeviceGuard guard(device);
+  SHARDLAB_CUDA_CHECK(cudaMemcpyAsync(dst, pinned_src, nbytes, cudaMemcpyHostToDevice,
+                                      static_cast<cudaStream_t>(stream.handle())));
 }
 
 }  // namespace shardlab::cuda

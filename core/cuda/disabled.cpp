@@ -26,6 +26,7 @@ bool available() { return false; }
 int device_count() { return 0; }
 std::string unavailable_reason() { return kReason; }
 void require_device(int index) { fail_unavailable(index); }
+void set_current_device(int index) { fail_unavailable(index); }
 
 Stream::Stream(int device) : device_(device) { fail_unavailable(device); }
 Stream::~Stream() = default;  // never reached: no Stream can be constructed
@@ -48,6 +49,8 @@ StreamGuard::~StreamGuard() = default;  // never reached: no Stream exists to gu
 void copy_bytes(void*, bool, const void*, bool, std::size_t, int device) { fail_unavailable(device); }
 
 Allocator& device_allocator(int index) { fail_unavailable(index); }
+Allocator& pinned_host_allocator() { fail("pinned host memory needs a usable GPU: {}", kReason); }
+void copy_to_device_async(void*, const void*, std::size_t, int device) { fail_unavailable(device); }
 void record_stream(void*, const Stream& stream) { fail_unavailable(stream.device()); }
 
 }  // namespace cuda

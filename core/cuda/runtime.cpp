@@ -112,6 +112,11 @@ void require_device(int index) {
                  state.device_count);
 }
 
+void set_current_device(int index) {
+  require_device(index);
+  SHARDLAB_CUDA_CHECK(cudaSetDevice(index));
+}
+
 // --- Stream ----------------------------------------------------------------------------------
 
 Stream::Stream(int device) : device_(device) {
@@ -128,7 +133,12 @@ Stream::~Stream() {
   if (cudaStreamDestroy(raw(*this)) != cudaSuccess) cudaGetLastError();
 }
 
-void Stream::synchronize() const { SHARDLAB_CUDA_CHECK(cudaStreamSynchronize(raw(*this))); }
+// Waiting and querying run under the object's device too: a thread that never chose one (the
+// collective watchdog) would otherwise open a context on device 0 just to ask.
+void Stream::synchronize() const {
+  const DeviceGuard guard(device_);
+  SHARDLAB_CUDA_CHECK(cudaStreamSynchronize(raw(*this)));
+}
 
 // --- Event -----------------------------------------------------------------------------------
 
@@ -155,6 +165,7 @@ void Event::wait(const Stream& stream) const {
 }
 
 bool Event::query() const {
+  const DeviceGuard guard(device_);
   const cudaError_t status = cudaEventQuery(raw_event(handle_));
   if (status == cudaErrorNotReady) {
     cudaGetLastError();  // "not ready" is an answer, not a failure: keep it out of later checks
@@ -164,7 +175,10 @@ bool Event::query() const {
   return true;
 }
 
-void Event::synchronize() const { SHARDLAB_CUDA_CHECK(cudaEventSynchronize(raw_event(handle_))); }
+void Event::synchronize() const {
+  const DeviceGuard guard(device_);
+  SHARDLAB_CUDA_CHECK(cudaEventSynchronize(raw_event(handle_)));
+}
 
 // --- current stream --------------------------------------------------------------------------
 

@@ -19,6 +19,10 @@ std::string unavailable_reason();
 
 // Throws Error naming the device and the reason when `index` is not a usable device.
 void require_device(int index);
+// Makes `index` the calling thread's current device, where CUDA work outside any device guard
+// goes (pinned host memory, for one): a process that runs on one GPU sets it once, so it never
+// opens a context on another GPU. dist::init sets each rank's.
+void set_current_device(int index);
 
 // An owned cudaStream_t (non-blocking with respect to the legacy default stream).
 class Stream {
@@ -80,6 +84,15 @@ void copy_bytes(void* dst, bool dst_on_device, const void* src, bool src_on_devi
 // The caching allocator of device `index` (core/caching_allocator.h); throws when the
 // device is not usable.
 Allocator& device_allocator(int index);
+// Page-locked host memory (cudaHostAlloc, portable to every device) behind a caching allocator:
+// a copy from it to a device runs without the host waiting. A block freed while a copy queued on
+// a stream still reads it is handed out again only once that copy has run. Throws Error saying
+// why when no GPU is usable.
+Allocator& pinned_host_allocator();
+// Queues a copy of nbytes from pinned host memory (pinned_host_allocator, any address inside one
+// of its blocks) to memory of `device` on that device's current stream and returns at once.
+void copy_to_device_async(void* dst, const void* pinned_src, std::size_t nbytes, int device);
+
 // Tells device `index`'s allocator that `data` is also used by work queued on `stream`, so
 // it is not reused by another stream before that work completes.
 void record_stream(void* data, const Stream& stream);

@@ -130,6 +130,7 @@ Session::Session(int& argc, char**& argv, const InitOptions& options)
   local_rank_ = machine.rank();
   local_size_ = machine.size();
   device_ = choose_device(options, world, local_rank_, local_size_);
+  if (device_.is_cuda()) cuda::set_current_device(device_.index);
   monitor_ = std::make_shared<Monitor>(
       MonitorOptions{.rank = rank_, .timeout = options.collective_timeout.value_or(timeout_from_env())});
   const bool debug = options.debug.value_or(debug_from_env());

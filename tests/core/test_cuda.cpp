@@ -51,12 +51,28 @@ TEST_CASE("an unusable CUDA device is refused with an Error naming it and the re
     CHECK_THROWS_ERROR(cuda::Event(0), reason);
     CHECK_THROWS_ERROR(cuda::current_stream(0), reason);
     CHECK_THROWS_ERROR(cuda::device_allocator(0), reason);
+    CHECK_THROWS_ERROR(cuda::set_current_device(0), reason);
+    CHECK_THROWS_ERROR(cuda::pinned_host_allocator(), "pinned host memory needs a usable GPU: " + reason);
+    CHECK_THROWS_ERROR(ones({4}).pin_memory(), reason);
+    // Without bytes too: a pinned tensor that exists only where pinning works.
+    CHECK_THROWS_ERROR(empty({0}, TensorOptions{}.with_pinned(true)), reason);
   }
   // With or without a GPU, an index past the last device is refused by name.
   const int missing = cuda::device_count();
   const std::string name = Device::cuda(missing).str();
   CHECK_THROWS_ERROR(cuda::Stream(missing), name);
   CHECK_THROWS_ERROR(empty({2}, device(Device::cuda(missing))), name);
+}
+
+TEST_CASE("only host memory can be pinned, and only a CPU tensor pinned") {
+  CHECK_THROWS_ERROR(empty({2}, TensorOptions{DType::f32, kCuda, true}),
+                     "pinned memory is host memory: it cannot be on cuda:0");
+  // A tensor without elements sits on cuda:0 as pure metadata, GPU or not.
+  CHECK_THROWS_ERROR(empty({0}, device(kCuda)).pin_memory(),
+                     "pin_memory: the tensor is on cuda:0; only CPU tensors can be pinned");
+  CHECK_THROWS_ERROR(Tensor().pin_memory(), "pin_memory: tensor is undefined");
+  CHECK_FALSE(ones({3}).is_pinned());
+  CHECK_FALSE(Tensor().is_pinned());
 }
 
 // --- helpers ---------------------------------------------------------------------------------
@@ -464,6 +480,55 @@ TEST_CASE("record_stream holds a CUDA block back until the other stream's work r
   side.synchronize();
   const Tensor again = empty(shape, TensorOptions{DType::f32, kCuda});
   CHECK(again.storage()->data() == first);  // collected once side's work completed
+}
+
+// --- pinned host memory (core/cuda/allocator.cpp) -------------------------------------------------
+
+TEST_CASE("pin_memory copies a CPU tensor, strided too, into pinned memory", "[cuda]") {
+  const Tensor source = random_tensor({6, 5}, 81).transpose(0, 1);
+  const Tensor pinned = source.pin_memory();
+  CHECK(pinned.is_pinned());
+  CHECK(pinned.device() == kCpu);
+  CHECK(pinned.is_contiguous());
+  CHECK(pinned.storage() != source.storage());
+  check_same_bits(pinned, source);
+  CHECK(pinned.pin_memory().storage() == pinned.storage());  // already pinned: itself
+  CHECK_FALSE((pinned + 1.0).is_pinned());                   // results of ops are ordinary memory
+  CHECK(empty({0}, TensorOptions{}.with_pinned(true)).is_pinned());
+}
+
+TEST_CASE("a non-blocking copy from pinned memory is seen by later work on the stream", "[cuda]") {
+  const Tensor host = random_tensor({1 << 20}, 82);
+  const Tensor from_pinned = host.pin_memory().to(kCuda, /*non_blocking=*/true);
+  const Tensor from_pageable = host.to(kCuda, /*non_blocking=*/true);  // pageable: waits, still right
+  check_same_bits((from_pinned * 2.0).to(kCpu), host * 2.0);
+  check_same_bits(from_pageable, host);
+  check_same_bits(from_pinned.to(kCpu, /*non_blocking=*/true), host);  // to the host it always waits
+}
+
+TEST_CASE("a pinned block freed while its copy is queued is not reused until the copy ran", "[cuda]") {
+  auto& allocator = dynamic_cast<CachingAllocator&>(cuda::pinned_host_allocator());
+  allocator.empty_cache();
+  const Shape shape = {16, 1 << 20};  // 64 MiB
+  const Tensor expected = random_tensor(shape, 83);
+  // Work queued ahead of the copy, long enough that the copy is still waiting below.
+  Tensor busy = random_tensor({1 << 24}, 84).to(kCuda);
+  for (int i = 0; i < 200; ++i) busy = busy * 1.0001 + 0.5;
+  Tensor on_gpu;
+  void* first = nullptr;
+  {
+    const Tensor pinned = expected.pin_memory();
+    first = pinned.storage()->data();
+    on_gpu = pinned.to(kCuda, /*non_blocking=*/true);
+  }  // freed at once; the copy has not run yet
+  CHECK(allocator.stats().bytes_cached >= static_cast<std::int64_t>(CachingAllocator::round_size(64 << 20)));
+  {
+    const Tensor scribble = full(shape, -1.0, TensorOptions{}.with_pinned(true));
+    CHECK(scribble.storage()->data() != first);  // held back, not handed out while read
+  }
+  check_same_bits(on_gpu, expected);  // to(kCpu) waits for the stream: the copy read the values
+  const Tensor again = empty(shape, TensorOptions{}.with_pinned(true));
+  CHECK(again.storage()->data() == first);  // collected once the copy had run
 }
 
 // --- softmax (core/cuda/softmax.cu) ---------------------------------------------------------------

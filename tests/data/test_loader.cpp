@@ -1,19 +1,23 @@
 // tests/data/test_loader.cpp: permutation, the samplers (DistributedSampler against a transcription
-// of PyTorch's algorithm and the rank/batch-split property), DataLoader batching, TensorDataset.
+// of PyTorch's algorithm and the rank/batch-split property), DataLoader batching, TensorDataset,
+// batches sent to a device.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
+#include "core/cuda/runtime.h"
 #include "data/loader.h"
 #include "tests/check.h"
 
 using namespace shardlab;
+using data::Batch;
 using data::DataLoader;
 using data::DistributedSampler;
 using data::permutation;
 using data::RandomSampler;
 using data::SequentialSampler;
 using data::TensorDataset;
+using data::to_device;
 using test::check_equal;
 using Indices = std::vector<std::int64_t>;
 
@@ -376,6 +380,25 @@ TEST_CASE("TensorDataset gathers rows in the order asked, and head keeps the fir
   CHECK(dataset.head(10).size() == 10);
 }
 
+TEST_CASE("to_device keeps a batch already there as it is", "[data][loader]") {
+  const Batch batch = numbered_dataset(6).gather({4, 1});
+  const Batch same = to_device(batch, Device::cpu());
+  CHECK(same.inputs.storage() == batch.inputs.storage());
+  CHECK(same.targets.storage() == batch.targets.storage());
+  CHECK(same.sample_indices == batch.sample_indices);
+}
+
+TEST_CASE("to_device sends a batch to a GPU through pinned host memory", "[data][loader][cuda]") {
+  const Batch batch = numbered_dataset(6).gather({4, 1, 5});
+  const Batch sent = to_device(batch, Device::cuda(0));
+  CHECK(sent.inputs.device() == Device::cuda(0));
+  CHECK(sent.targets.device() == Device::cuda(0));
+  CHECK(sent.sample_indices == batch.sample_indices);
+  CHECK(sent.inputs.to(Device::cpu()).to_vector<float>() == batch.inputs.to_vector<float>());
+  CHECK(sent.targets.to(Device::cpu()).to_vector<std::int64_t>() == batch.targets.to_vector<std::int64_t>());
+  check_batch_rows(to_device(sent, Device::cpu()), {4, 1, 5});
+}
+
 TEST_CASE("DataLoader and TensorDataset refuse bad arguments", "[data][loader][errors]") {
   const TensorDataset dataset = numbered_dataset(10);
   CHECK_THROWS_EXACT(DataLoader(dataset, 0, std::make_shared<SequentialSampler>(10)),
@@ -398,5 +421,8 @@ TEST_CASE("DataLoader and TensorDataset refuse bad arguments", "[data][loader][e
                      "TensorDataset::gather: index 10 is out of range for 10 samples");
   CHECK_THROWS_EXACT(dataset.gather({-1}), "TensorDataset::gather: index -1 is out of range for 10 samples");
   CHECK_THROWS_EXACT(dataset.head(11), "TensorDataset::head: n = 11 is outside [0, 10] (the dataset size)");
+  if (!cuda::available()) {
+    CHECK_THROWS_ERROR(to_device(dataset.gather({1}), Device::cuda(0)), cuda::unavailable_reason());
+  }
   CHECK_THROWS_EXACT(dataset.head(-1), "TensorDataset::head: n = -1 is outside [0, 10] (the dataset size)");
 }
