@@ -159,7 +159,8 @@ Training::Training(const Options& options, dist::Session& session)
   dist::fully_shard(*model_->conv2, fsdp_);
   dist::fully_shard(*model_->fc1, fsdp_);
   dist::fully_shard(*model_, fsdp_);
-  optimizer_ = make_optimizer(optimizer_kind_, options.lr, dist::sharded_parameters(*model_));
+  // After fully_shard the model's parameters are this rank's shards: the optimizer holds those.
+  optimizer_ = make_optimizer(optimizer_kind_, options.lr, model_->named_parameters());
   scheduler_.emplace(*optimizer_, 1, options.gamma);
   // The loader numbers the epochs from 1, as the tutorial prints them.
   start({.root = &*model_,

@@ -207,7 +207,7 @@ Training::Training(const Options& options, dist::Session& session)
   model_bytes_baseline_ = memory_stats(device_).bytes_in_use;
   model_.emplace(sharded_llama(options, config_, fsdp_, device_));
   nn::Named<Variable> decayed, undecayed;
-  for (auto& [name, shard] : dist::sharded_parameters(**model_)) {
+  for (auto& [name, shard] : (*model_)->named_parameters()) {  // this rank's shards, after fully_shard
     (options.no_decay_norms && is_norm(name) ? undecayed : decayed).emplace_back(name, shard);
   }
   std::vector<optim::ParamGroup> groups{{.parameters = decayed}};
@@ -282,7 +282,8 @@ Training::StepResult Training::compute_step(const data::Batch& batch) {
   step_bytes_received_ = dist::collective_counters(**model_).total().bytes_received;
   const double loss = apps::sum_over_ranks(session_.cpu_world(), {loss_sum.data().item<double>()})[0] /
                       std::max(targets, 1.0);
-  return {.loss = loss, .grad_norm = dist::clip_grad_norm_(**model_, options_.clip)};
+  // Over the shards, the norm of the whole gradient: their sums of squares are added over the ranks.
+  return {.loss = loss, .grad_norm = optim::clip_grad_norm_((*model_)->parameters(), options_.clip)};
 }
 
 // The loss summed over the batch's targets, and the gradients of `scale` times it.
@@ -364,7 +365,7 @@ void Training::add_summary(nlohmann::json& summary, double median_seconds) const
   summary.update({{"median_step_seconds", median_seconds},
                   {"tokens_per_second", tokens_per_second(median_seconds)},
                   {"peak_memory_bytes", memory_stats(device_).peak_bytes},
-                  {"step_counters", dist::sharded_parameters(**model_).size()},
+                  {"step_counters", (*model_)->named_parameters().size()},
                   {"unsharded_peak_bytes", dist::unsharded_memory().peak_bytes},
                   {"planned_unsharded_peak_bytes", plan_.peak_unsharded_bytes()}});
 }

@@ -241,7 +241,7 @@ void Trainer::report() const {
   for (const auto& [name, buffer] : setup_.root->named_buffers())
     buffer_bytes += buffer.numel() * static_cast<std::int64_t>(buffer.element_size());
   const std::int64_t persistent = memory_stats(device_).bytes_in_use - model_bytes_baseline_ - buffer_bytes;
-  const std::size_t counters = dist::sharded_parameters(*setup_.root).size();
+  const std::size_t counters = setup_.root->named_parameters().size();
   dist::log("{}: rank 0 persistent model state: measured {} B{}, planned {} B + {} step counters of 8 B",
             program_, persistent,
             buffer_bytes > 0 ? fmt::format(" (besides {} B of buffers)", buffer_bytes) : "",

@@ -8,6 +8,14 @@ namespace shardlab::autograd {
 
 Variable record(const char* name, const std::vector<Variable>& inputs, Tensor output, BackwardFn backward,
                 Recording when) {
+  for (const Variable& input : inputs) {
+    const ShardInfo* shard = input.shard_info();
+    SHARDLAB_CHECK(shard == nullptr,
+                   "{}: '{}' is this rank's shard of a parameter of shape {} ({}), not the parameter: its "
+                   "module's forward computes with the gathered whole; outside it, gather the values "
+                   "(dist::gather_full_parameters) or update the shard's elements through data()",
+                   name, input.name(), shape_str(shard->full_shape), shard->placement);
+  }
   if (anomaly_detection_on()) check_forward(name, output);
   auto impl = std::make_shared<VariableImpl>();
   impl->data = std::move(output);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -87,6 +88,8 @@ struct VariableImpl {
   std::weak_ptr<Node> grad_accumulator;        // leaves: shared by every graph that uses them
   std::vector<Variable::GradHook> grad_hooks;  // leaves (non-leaf hooks live on grad_fn)
   std::vector<Variable::PostAccumulateHook> post_accumulate_hooks;
+  std::shared_ptr<const ShardInfo> shard;    // set when this leaf is one rank's part of a parameter
+  std::optional<std::string> not_trainable;  // why an optimizer must not take it (set_not_trainable)
 };
 
 // The sink of a leaf's gradient: runs the leaf's hooks, adds into .grad(), then runs its

@@ -1,6 +1,8 @@
 // autograd/variable.cpp: Variable's accessors, hooks, detach/set_data, and grad mode.
 #include "autograd/variable.h"
 
+#include <fmt/format.h>
+
 #include "autograd/engine.h"
 #include "autograd/node.h"
 #include "core/ops.h"
@@ -40,6 +42,41 @@ const Tensor& Variable::grad() const {
   require_defined("grad");
   return impl_->grad;
 }
+const Shape& Variable::shape() const {
+  require_defined("shape");
+  return impl_->shard ? impl_->shard->full_shape : impl_->data.shape();
+}
+
+std::int64_t Variable::size(std::int64_t dim) const {
+  const Shape& dims = shape();
+  return dims[static_cast<std::size_t>(wrap_dim(dim, static_cast<std::int64_t>(dims.size()), "size"))];
+}
+
+const ShardInfo* Variable::shard_info() const { return impl_ ? impl_->shard.get() : nullptr; }
+
+void Variable::set_shard_info(ShardInfo info) const {
+  require_defined("set_shard_info");
+  SHARDLAB_CHECK(is_leaf(), "set_shard_info: '{}' is not a leaf", name());
+  SHARDLAB_CHECK(info.ranks != nullptr, "set_shard_info: '{}' needs the ranks that hold its parts", name());
+  SHARDLAB_CHECK(
+      impl_->data.dim() == 1 && impl_->data.numel() == info.count && info.first >= 0 &&
+          info.first + info.count <= shape_numel(info.full_shape),
+      "set_shard_info: '{}' holds {} elements of shape {}, not elements [{}, {}) of a parameter of "
+      "shape {}",
+      name(), impl_->data.numel(), shape_str(impl_->data.shape()), info.first, info.first + info.count,
+      shape_str(info.full_shape));
+  impl_->shard = std::make_shared<const ShardInfo>(std::move(info));
+}
+
+void Variable::set_not_trainable(std::string reason) const {
+  require_defined("set_not_trainable");
+  impl_->not_trainable = std::move(reason);
+}
+
+const std::string* Variable::not_trainable_reason() const {
+  return impl_ && impl_->not_trainable ? &*impl_->not_trainable : nullptr;
+}
+
 bool Variable::requires_grad() const { return impl_ != nullptr && impl_->requires_grad; }
 bool Variable::is_leaf() const { return impl_ == nullptr || impl_->grad_fn == nullptr; }
 const std::string& Variable::name() const {
@@ -109,7 +146,9 @@ void Variable::zero_grad(bool set_to_none) const {
 
 Variable Variable::detach() const {
   require_defined("detach");
-  return Variable(impl_->data, false, impl_->name);
+  Variable out(impl_->data, false, impl_->name);
+  out.impl_->shard = impl_->shard;  // still a part of the same parameter
+  return out;
 }
 
 void Variable::backward(const Tensor& gradient, bool retain_graph) const {
@@ -117,8 +156,24 @@ void Variable::backward(const Tensor& gradient, bool retain_graph) const {
   autograd::backward({*this}, {gradient}, retain_graph);
 }
 
+namespace {
+
+// A shard's gradient is written by its owner (FSDP's reduction), never by the backward engine, so
+// its hooks would never run.
+void refuse_shard_hook(const char* call, const Variable& variable) {
+  const ShardInfo* shard = variable.shard_info();
+  SHARDLAB_CHECK(shard == nullptr,
+                 "{}: '{}' is this rank's shard of a parameter ({}): no backward reaches it, its gradient is "
+                 "set when the unit's reduction completes, so the hook would never run; read grad() after "
+                 "backward, or hook the module's forward",
+                 call, variable.name(), shard->placement);
+}
+
+}  // namespace
+
 void Variable::register_hook(GradHook hook) const {
   require_defined("register_hook");
+  refuse_shard_hook("register_hook", *this);
   SHARDLAB_CHECK(requires_grad(), "register_hook: '{}' does not require grad, so no gradient will reach it",
                  name());
   if (is_leaf()) {
@@ -130,6 +185,7 @@ void Variable::register_hook(GradHook hook) const {
 
 void Variable::register_post_accumulate_grad_hook(PostAccumulateHook hook) const {
   require_defined("register_post_accumulate_grad_hook");
+  refuse_shard_hook("register_post_accumulate_grad_hook", *this);
   SHARDLAB_CHECK(is_leaf() && requires_grad(),
                  "register_post_accumulate_grad_hook: '{}' is not a leaf that requires grad", name());
   impl_->post_accumulate_hooks.push_back(std::move(hook));
@@ -143,6 +199,9 @@ std::string Variable::str() const {
     head += " grad_fn=" + impl_->grad_fn->name();
   else if (impl_->requires_grad)
     head += " requires_grad";
+  if (impl_->shard)
+    head += fmt::format(" (shard of a parameter of shape {}: {})", shape_str(impl_->shard->full_shape),
+                        impl_->shard->placement);
   return head + " " + impl_->data.str();
 }
 

@@ -18,6 +18,28 @@ class Node;
 struct VariableImpl;
 }  // namespace autograd
 
+// The ranks that hold the parts of a sharded parameter (dist implements it over a communicator).
+class ShardRanks {
+ public:
+  virtual ~ShardRanks() = default;
+  // `value` summed over those ranks: a collective, which each of them calls in the same order.
+  virtual double sum(double value) const = 0;
+};
+
+// What a Variable holding one rank's part of a larger parameter knows of the whole: FSDP's
+// parameters after fully_shard (dist/fsdp/fsdp.h), as PyTorch's DTensor. Its data() and grad()
+// are this rank's elements, 1-D, while shape(), dim(), size() and numel() answer for the whole.
+struct ShardInfo {
+  Shape full_shape;
+  std::int64_t first = 0, count = 0;  // elements [first, first + count) of the flattened parameter
+  // "Shard(flat) elements [12, 40) of 64, rank 1 of 2", or "Replicate" (every rank holds all).
+  std::string placement;
+  // Whether this rank's elements are the copy that counts in sums over the ranks (replicated
+  // parts are held by several).
+  bool counts_once = true;
+  std::shared_ptr<const ShardRanks> ranks;  // never null
+};
+
 class Variable {
  public:
   // Runs when the gradient with respect to this variable has been computed, before it is
@@ -40,16 +62,29 @@ class Variable {
   const std::string& name() const;
   const std::shared_ptr<autograd::Node>& grad_fn() const;
 
-  const Shape& shape() const { return data().shape(); }
-  std::int64_t dim() const { return data().dim(); }
-  std::int64_t size(std::int64_t dim) const { return data().size(dim); }
-  std::int64_t numel() const { return data().numel(); }
+  // The variable's shape: the whole parameter's for a shard (shard_info()), else data()'s.
+  const Shape& shape() const;
+  std::int64_t dim() const { return static_cast<std::int64_t>(shape().size()); }
+  std::int64_t size(std::int64_t dim) const;
+  std::int64_t numel() const { return shape_numel(shape()); }
   DType dtype() const { return data().dtype(); }
   Device device() const { return data().device(); }
 
   // Leaves only: whether gradients are accumulated for this variable.
   Variable& set_requires_grad(bool requires_grad);
   Variable& set_name(std::string name);
+  // Null unless this variable is one rank's part of a larger parameter. A shard takes part in no
+  // op (they throw, naming it): its values are computed with inside its module's forward, where
+  // the owner gathers the whole; data() and grad() are for elementwise updates.
+  const ShardInfo* shard_info() const;
+  // Leaves only: marks this variable as a shard (its data() must hold info.count elements, 1-D).
+  void set_shard_info(ShardInfo info) const;
+  // Marks a Variable a module computes with but that is not the parameter to train: FSDP's
+  // gathered parameters, whose shard is the parameter. Optimizers and clipping refuse it, giving
+  // `reason` (what it is and what to pass instead).
+  void set_not_trainable(std::string reason) const;
+  // The reason given to set_not_trainable, or null.
+  const std::string* not_trainable_reason() const;
   // Swaps the tensor behind this variable without touching the graph or the gradient
   // (FSDP points parameters at gathered buffers and back).
   void set_data(Tensor data) const;

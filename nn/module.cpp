@@ -131,6 +131,26 @@ Named<Init> Module::named_inits() const {
   return out;
 }
 
+void Module::replace_parameter(const std::string& name, Variable variable) {
+  SHARDLAB_CHECK(variable.defined(), "{}: replace_parameter: the replacement for '{}' is undefined",
+                 type_name_, name);
+  if (const auto dot = name.find('.'); dot != std::string::npos) {
+    const std::string child_name = name.substr(0, dot);
+    for (const auto& [child_path, child] : children_) {
+      if (child_path == child_name)
+        return child->replace_parameter(name.substr(dot + 1), std::move(variable));
+    }
+    fail("{}: replace_parameter: no child named '{}' (for '{}')", type_name_, child_name, name);
+  }
+  for (auto& p : parameters_) {
+    if (p.name == name) {
+      p.variable = std::move(variable);
+      return;
+    }
+  }
+  fail("{}: replace_parameter: no parameter named '{}'", type_name_, name);
+}
+
 void Module::set_init(const std::string& name, Init init) {
   for (auto& p : parameters_) {
     if (p.name == name) {
@@ -183,7 +203,24 @@ Tensor moved(const Tensor& data, Device device) {
 
 }  // namespace
 
+namespace {
+
+// Moving or casting a shard alone would leave its owner's copy behind.
+void refuse_shards(const Module& module, const char* call) {
+  for (const auto& [name, variable] : module.named_parameters()) {
+    const ShardInfo* shard = variable.shard_info();
+    SHARDLAB_CHECK(shard == nullptr,
+                   "{}.{}: parameter '{}' is this rank's shard ({}) and its FSDP unit holds the rest; {} the "
+                   "model before dist::fully_shard",
+                   module.type_name(), call, name, shard->placement,
+                   std::string_view(call) == "to(device)" ? "move" : "cast");
+  }
+}
+
+}  // namespace
+
 void Module::to(Device device) {
+  refuse_shards(*this, "to(device)");
   for (auto& p : parameters_) p.variable.set_data(moved(p.variable.data(), device));
   for (auto& [name, b] : buffers_) b = b.to(device);
   for (const auto& [name, child] : children_) child->to(device);
@@ -192,6 +229,7 @@ void Module::to(Device device) {
 void Module::to(DType dtype) {
   SHARDLAB_CHECK(is_floating(dtype), "{}.to: parameters are cast to floating dtypes only, not {}",
                  type_name(), dtype_name(dtype));
+  refuse_shards(*this, "to(dtype)");
   for (auto& p : parameters_) {
     if (is_floating(p.variable.dtype())) p.variable.set_data(p.variable.data().to(dtype));
   }
@@ -220,26 +258,42 @@ void Module::load_state_dict(const StateDict& state, bool strict) {
   for (const auto& [name, t] : state) {
     SHARDLAB_CHECK(given.emplace(name, &t).second, "load_state_dict: key '{}' appears twice", name);
   }
+  std::map<std::string, const ShardInfo*> shards;
+  for (const auto& [name, variable] : named_parameters()) {
+    if (variable.shard_info() != nullptr) shards.emplace(name, variable.shard_info());
+  }
   const StateDict own = state_dict();
-  std::vector<std::pair<Tensor, const Tensor*>> copies;
+  std::vector<std::pair<Tensor, Tensor>> copies;
   for (const auto& [name, target] : own) {
     const auto it = given.find(name);
+    const auto shard = shards.find(name);
+    const Shape& expected = shard == shards.end() ? target.shape() : shard->second->full_shape;
     if (it == given.end()) {
       SHARDLAB_CHECK(!strict, "load_state_dict: missing key '{}' (expected shape {})", name,
-                     shape_str(target.shape()));
+                     shape_str(expected));
       continue;
     }
-    SHARDLAB_CHECK(it->second->shape() == target.shape(),
-                   "load_state_dict: key '{}' has shape {} in the state dict but {} in the module", name,
-                   shape_str(it->second->shape()), shape_str(target.shape()));
-    copies.emplace_back(target, it->second);
+    const Tensor& source = *it->second;
+    if (shard != shards.end() && source.shape() == expected) {
+      // The whole parameter: this rank keeps its elements.
+      const ShardInfo& info = *shard->second;
+      copies.emplace_back(target, source.reshape({source.numel()}).narrow(0, info.first, info.count));
+    } else {
+      SHARDLAB_CHECK(source.shape() == target.shape(),
+                     "load_state_dict: key '{}' has shape {} in the state dict but {} in the module{}", name,
+                     shape_str(source.shape()), shape_str(expected),
+                     shard == shards.end()
+                         ? std::string()
+                         : fmt::format(" (or {} as this rank's shard)", shape_str(target.shape())));
+      copies.emplace_back(target, source);
+    }
     given.erase(it);
   }
   SHARDLAB_CHECK(!strict || given.empty(), "load_state_dict: unexpected key '{}' (shape {})",
                  given.empty() ? "" : given.begin()->first,
                  given.empty() ? "" : shape_str(given.begin()->second->shape()));
   const NoGradGuard no_grad;
-  for (const auto& [target, source] : copies) target.copy_(*source);
+  for (const auto& [target, source] : copies) target.copy_(source);
 }
 
 void Module::render(std::string& out, const std::string& name, int depth) const {
@@ -277,6 +331,12 @@ void Module::initialize_subtree(const std::string& prefix, std::uint64_t seed) {
 }
 
 void initialize(Module& root, std::uint64_t seed) {
+  for (const auto& [name, variable] : root.named_parameters()) {  // before anything is drawn
+    SHARDLAB_CHECK(variable.shard_info() == nullptr,
+                   "nn::initialize: parameter '{}' is this rank's shard ({}); initialize the model before "
+                   "dist::fully_shard (a model made under DeferredInitGuard has each rank draw its own part)",
+                   name, variable.shard_info()->placement);
+  }
   const NoGradGuard no_grad;
   root.initialized_seed_ = seed;
   root.initialize_subtree("", seed);

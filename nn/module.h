@@ -113,6 +113,11 @@ class Module : public std::enable_shared_from_this<Module> {
   std::int64_t parameter_count() const;
   // The Init of each parameter, by the same dotted names.
   Named<Init> named_inits() const;
+  // Makes `variable` what named_parameters(), parameters() and state_dict() give under the
+  // parameter `name` (dotted: "fc1.weight" names fc1's own `weight`); the forward keeps computing
+  // with the Variable register_parameter returned. FSDP registers each parameter's shard so
+  // (dist/fsdp/fsdp.h), as FSDP2 registers DTensors. An unknown name is an error.
+  void replace_parameter(const std::string& name, Variable variable);
   // Replaces how initialize() draws this module's own parameter `name` (a model's N(0, 0.02) in
   // place of a layer's default); an unknown name is an error.
   void set_init(const std::string& name, Init init);
@@ -123,16 +128,19 @@ class Module : public std::enable_shared_from_this<Module> {
   bool is_training() const { return training_; }
   // Moves every parameter and buffer (set_data: the Variables stay the same objects). Deferred
   // parameters (made under DeferredInitGuard) stay deferred, on `device`: their owner draws them there.
+  // Both moves refuse a module with sharded parameters (move it before sharding).
   void to(Device device);
   // Casts floating parameters and buffers.
   void to(DType dtype);
 
   // --- state dicts -----------------------------------------------------------------------------
   // Each module's parameters, then its persistent buffers, then its children's, depth first
-  // (PyTorch's order), as tensors (not copies).
+  // (PyTorch's order), as tensors (not copies); a sharded parameter (Variable::shard_info) gives
+  // this rank's elements, 1-D.
   StateDict state_dict() const;
   // Copies values in. Strict: every key must exist on both sides. Any mismatch of shape is an
-  // error naming the key and both shapes; nothing is copied unless everything matches.
+  // error naming the key and both shapes; nothing is copied unless everything matches. A sharded
+  // parameter takes either the whole parameter (this rank's elements are copied) or its shard.
   void load_state_dict(const StateDict& state, bool strict = true);
 
   // --- hooks -------------------------------------------------------------------------------------

@@ -133,6 +133,18 @@ std::vector<ParamGroup> one_group(nn::Named<Variable> parameters) {
 
 // --- Optimizer -------------------------------------------------------------------------------
 
+namespace {
+
+// A Variable the model only computes with (FSDP's gathered parameter) never receives the gradient
+// the step needs: updating it would silently do nothing.
+void check_trainable(const std::string& where, const std::string& name, const Variable& variable) {
+  const std::string* reason = variable.not_trainable_reason();
+  SHARDLAB_CHECK(reason == nullptr, "{}: parameter '{}' cannot be trained here: {}", where, name,
+                 reason == nullptr ? "" : *reason);
+}
+
+}  // namespace
+
 Optimizer::Optimizer(std::vector<ParamGroup> groups, HyperParameters hyper, std::string type_name)
     : type_name_(std::move(type_name)), hyper_(std::move(hyper)) {
   std::map<const autograd::VariableImpl*, std::string> variables;  // to refuse a Variable passed twice
@@ -149,6 +161,7 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, HyperParameters hyper, std:
                      name, dtype_name(variable.dtype()));
       // A non-leaf never receives a .grad(): optimizing it would silently do nothing.
       SHARDLAB_CHECK(variable.is_leaf(), "{}: parameter '{}' is not a leaf of the graph", type_name_, name);
+      check_trainable(type_name_, name, variable);
       const auto [seen, first] = variables.emplace(variable.impl().get(), name);
       SHARDLAB_CHECK(first, "{}: parameters '{}' and '{}' are the same Variable", type_name_, seen->second,
                      name);
@@ -214,11 +227,12 @@ void Optimizer::step() {
   // Every gradient is checked before any parameter or counter changes.
   for (const Group& group : groups_) {
     for (const auto& [name, variable] : group.parameters) {
+      check_trainable(type_name_ + ".step", name, variable);  // made trainable-only after construction
       const Tensor& grad = variable.grad();
       // set_grad checks the shape, but FSDP may swap the data (set_data) after the gradient.
-      SHARDLAB_CHECK(!grad.defined() || grad.shape() == variable.shape(),
+      SHARDLAB_CHECK(!grad.defined() || grad.shape() == variable.data().shape(),
                      "{}.step: gradient of '{}' has shape {} but the parameter has shape {}", type_name_,
-                     name, shape_str(grad.shape()), shape_str(variable.shape()));
+                     name, shape_str(grad.shape()), shape_str(variable.data().shape()));
     }
   }
   ++steps_;
@@ -349,7 +363,7 @@ void Optimizer::load_state_dict(const nn::StateDict& state) {
     std::vector<std::string> slots = slot_names(hyper[group_of_.at(name)]);
     slots.emplace_back(kStepSlot);
     std::sort(slots.begin(), slots.end());
-    const Shape& shape = by_name.at(name)->shape();
+    const Shape& shape = by_name.at(name)->data().shape();  // a shard's state is its elements'
     for (const auto& [slot, tensor] : present) {
       const std::string key = name + "." + slot;
       SHARDLAB_CHECK(std::binary_search(slots.begin(), slots.end(), slot),
@@ -600,10 +614,37 @@ double clip_gradients_to_norm(const std::vector<Variable>& parameters, double ma
   return norm;
 }
 
+namespace {
+
+double global_sum_of_squares(const std::vector<Variable>& parameters,
+                             const std::function<double(double)>& combine) {
+  // A shard's part is summed over the ranks that hold its parameter, a replicated copy once; one
+  // sum per set of ranks, in the order the parameters name them, which every rank shares.
+  std::vector<Variable> whole;
+  std::vector<std::pair<const ShardRanks*, std::vector<Variable>>> sharded;
+  for (const Variable& variable : parameters) {
+    check_trainable("clip_grad_norm_", variable.name(), variable);
+    const ShardInfo* shard = variable.shard_info();
+    if (shard == nullptr) {
+      whole.push_back(variable);
+      continue;
+    }
+    auto it = std::find_if(sharded.begin(), sharded.end(),
+                           [&](const auto& entry) { return entry.first == shard->ranks.get(); });
+    if (it == sharded.end()) it = sharded.insert(sharded.end(), {shard->ranks.get(), {}});
+    if (shard->counts_once) it->second.push_back(variable);
+  }
+  double global = combine(gradient_sum_of_squares(whole));
+  for (const auto& [ranks, counted] : sharded) global += ranks->sum(gradient_sum_of_squares(counted));
+  return global;
+}
+
+}  // namespace
+
 double clip_grad_norm_(const std::vector<Variable>& parameters, double max_norm,
                        const std::function<double(double)>& combine) {
   SHARDLAB_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be > 0, got {}", max_norm);
-  const double global = combine(gradient_sum_of_squares(parameters));
+  const double global = global_sum_of_squares(parameters, combine);
   SHARDLAB_CHECK(!(global < 0), "clip_grad_norm_: combine returned a negative sum of squares {}", global);
   return clip_gradients_to_norm(parameters, max_norm, std::sqrt(global));
 }

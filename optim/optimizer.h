@@ -233,17 +233,19 @@ class Adadelta final : public OptimizerWith<AdadeltaOptions> {
 
 // Scales all gradients so their global norm is at most max_norm and returns the norm before
 // clipping. As PyTorch: the factor is max_norm / (norm + 1e-6), applied when below 1; the sum
-// of squares is accumulated in double; variables without a gradient are skipped; max_norm > 0. `combine`
-// turns the local sum of squared gradients into the global one: the identity for one process; FSDP passes an
-// all-reduce over the shards. It is called exactly once, also when no gradient is defined, so that every rank
-// joins the collective.
+// of squares is accumulated in double; variables without a gradient are skipped; max_norm > 0.
+// Sharded parameters (a sharded module's named_parameters()) count with their whole gradient:
+// the shards' sums are added over the ranks that hold them (a collective, which every such rank
+// must call with the same list). `combine` turns the local sum over the other, whole, parameters
+// into the global one: the identity for one process or replicas (DDP passes an average). Both are
+// called also when no gradient is defined, so that every rank joins the collectives.
 double clip_grad_norm_(
     const std::vector<Variable>& parameters, double max_norm,
     const std::function<double(double)>& combine = [](double local) { return local; });
 
-// clip_grad_norm_'s two halves, for callers that combine sums their own way (FSDP counts each
-// replicated shard once). The sum of the squared gradients of the variables that have one, in
-// double (bf16/f16 gradients reduced in f32):
+// clip_grad_norm_'s two halves, for callers that combine sums their own way (the CNN adds it to
+// its loss's all-reduce). The sum of the squared gradients of the variables that have one, here,
+// in double (bf16/f16 gradients reduced in f32):
 double gradient_sum_of_squares(const std::vector<Variable>& parameters);
 // Scales the gradients by max_norm / (norm + 1e-6) when that is below 1 (a NaN norm makes them
 // NaN, as in PyTorch) and returns norm; max_norm > 0.

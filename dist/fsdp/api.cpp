@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 #include <map>
 #include <set>
 
@@ -84,10 +83,16 @@ void fully_shard(nn::Module& module, const FsdpOptions& options) {
   for (const auto& [path, inner] : module.named_modules()) {
     auto unit = unit_of(*inner);
     if (!unit) continue;
-    for (const Slot& slot : unit->slots()) {
-      Claim& claim = claimed[slot.variable.impl().get()];
-      if (claim.unit_paths.empty()) claim.held_as = join_name(path, slot.names.front());
-      claim.unit_paths.push_back(path);
+    // By what the modules register (the shard) and by what they compute with, which a module
+    // outside the unit may also hold (a tie the inner fully_shard could not see).
+    for (std::size_t i = 0; i < unit->slots().size(); ++i) {
+      const Slot& slot = unit->slots()[i];
+      for (const void* identity : {static_cast<const void*>(slot.variable.impl().get()),
+                                   static_cast<const void*>(unit->views()[i].impl().get())}) {
+        Claim& claim = claimed[identity];
+        if (claim.unit_paths.empty()) claim.held_as = join_name(path, slot.names.front());
+        claim.unit_paths.push_back(path);
+      }
     }
   }
   std::vector<Slot> slots;
@@ -129,6 +134,17 @@ void fully_shard(nn::Module& module, const FsdpOptions& options) {
                                      groups_for(base, options.sharding, options.hybrid_group_size));
   unit->install_hooks();
   register_unit(module, unit);
+  // From now on the module's parameters are the shards, as FSDP2's are DTensors; what its layers
+  // compute with is gathered for them, and an optimizer given it (built before sharding, or from a
+  // layer's member) would update nothing: refused.
+  for (std::size_t i = 0; i < unit->slots().size(); ++i) {
+    const Slot& slot = unit->slots()[i];
+    for (const std::string& name : slot.names) module.replace_parameter(name, unit->views()[i]);
+    slot.variable.set_not_trainable(fmt::format(
+        "it is what the layers compute with, gathered by FSDP; since dist::fully_shard the parameter '{}' of "
+        "this {} is its shard: build the optimizer from named_parameters() after sharding",
+        slot.names.front(), module.type_name()));
+  }
 }
 
 int shard_by_size(nn::Module& root, std::int64_t min_parameters, const FsdpOptions& options) {
@@ -151,19 +167,13 @@ int shard_by_size(nn::Module& root, std::int64_t min_parameters, const FsdpOptio
 }
 
 nn::Named<Variable> sharded_parameters(nn::Module& root) {
-  std::map<const void*, Variable> view_of;  // by the module parameter's identity
-  for (const Unit* unit : ensure_root(root)->units) {
-    for (std::size_t i = 0; i < unit->slots().size(); ++i)
-      view_of.emplace(unit->slots()[i].variable.impl().get(), unit->views()[i]);
-  }
-  nn::Named<Variable> views;
+  ensure_root(root);  // names the shards by their paths from the root, and refuses a root that is no unit
+  std::set<const void*> seen;
+  nn::Named<Variable> shards;
   for (const auto& [name, parameter] : root.named_parameters()) {
-    const auto it = view_of.find(parameter.impl().get());
-    if (it == view_of.end()) continue;  // a tied parameter's second name
-    views.emplace_back(name, it->second);
-    view_of.erase(it);
+    if (seen.insert(parameter.impl().get()).second) shards.emplace_back(name, parameter);  // tied: once
   }
-  return views;
+  return shards;
 }
 
 void set_requires_gradient_sync(nn::Module& root, bool sync) { ensure_root(root)->sync = sync; }
@@ -179,18 +189,9 @@ double local_gradient_sum_of_squares(nn::Module& root) {
 }
 
 double clip_grad_norm_(nn::Module& root, double max_norm) {
-  const auto state = ensure_root(root);
-  std::vector<Variable> views;
-  for (const Unit* unit : state->units) views.insert(views.end(), unit->views().begin(), unit->views().end());
-  const double local = local_gradient_sum_of_squares(root);
-  Communicator& all = *state->units.front()->groups().base;
-  double global = local;
-  if (all.size() > 1) {
-    const Tensor total = full({1}, local, dtype(DType::f64).with_device(state->units.front()->device()));
-    all.all_reduce(total, ReduceOp::sum, "clip_grad_norm_").wait();
-    global = total.to(Device::cpu()).item<double>();
-  }
-  return optim::clip_gradients_to_norm(views, max_norm, std::sqrt(global));
+  std::vector<Variable> shards;
+  for (const auto& [name, shard] : sharded_parameters(root)) shards.push_back(shard);
+  return optim::clip_grad_norm_(shards, max_norm);
 }
 
 namespace {
@@ -281,38 +282,15 @@ void set_modules_to_backward_prefetch(nn::Module& unit, std::vector<nn::Module*>
 }
 
 nn::Named<ParameterShard> parameter_shards(nn::Module& root) {
-  std::map<const void*, ParameterShard> shard_of;  // by the module parameter's identity
-  for (const Unit* unit : ensure_root(root)->units) {
-    const Groups& groups = unit->groups();
-    const bool replicated = unit->options().sharding == Sharding::none;
-    for (std::size_t i = 0; i < unit->slots().size(); ++i) {
-      const Slot& slot = unit->slots()[i];
-      const std::int64_t numel = slot.variable.numel();
-      // This rank's range of the flat buffer, clamped to the parameter's.
-      const std::int64_t begin = groups.shard_rank() * unit->shard_elements() - slot.offset;
-      const std::int64_t first = std::clamp<std::int64_t>(begin, 0, numel),
-                         last = std::clamp<std::int64_t>(begin + unit->shard_elements(), 0, numel);
-      std::string placement = "Replicate";
-      if (!replicated) {
-        placement = fmt::format("Shard(flat) elements [{}, {}) of {}, rank {} of {}", first, last, numel,
-                                groups.shard_rank(), groups.shard_size());
-        if (groups.replica != nullptr)
-          placement += fmt::format(", replicated over {} groups", groups.replica->size());
-      }
-      shard_of.emplace(slot.variable.impl().get(), ParameterShard{.full_shape = slot.shape,
-                                                                  .first = first,
-                                                                  .count = last - first,
-                                                                  .local = unit->views()[i],
-                                                                  .placement = std::move(placement),
-                                                                  .first_replica = groups.first_replica()});
-    }
-  }
   nn::Named<ParameterShard> shards;
-  for (const auto& [name, parameter] : root.named_parameters()) {
-    const auto it = shard_of.find(parameter.impl().get());
-    if (it == shard_of.end()) continue;  // a tied parameter's second name
-    shards.emplace_back(name, std::move(it->second));
-    shard_of.erase(it);
+  for (const auto& [name, shard] : sharded_parameters(root)) {
+    const ShardInfo& info = *shard.shard_info();
+    shards.emplace_back(name, ParameterShard{.full_shape = info.full_shape,
+                                             .first = info.first,
+                                             .count = info.count,
+                                             .local = shard,
+                                             .placement = info.placement,
+                                             .first_replica = info.counts_once});
   }
   return shards;
 }

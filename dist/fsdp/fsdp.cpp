@@ -13,6 +13,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <tuple>
 
 #include "autograd/engine.h"
 #include "autograd/function.h"
@@ -63,6 +64,37 @@ std::shared_ptr<Groups> groups_for(Communicator& base, Sharding sharding, int gr
   }
   slot = groups;
   return groups;
+}
+
+namespace {
+
+class CommunicatorSum final : public ShardRanks {
+ public:
+  CommunicatorSum(Communicator& base, Device device) : base_(&base), device_(device) {}
+
+  double sum(double value) const override {
+    if (base_->size() == 1) return value;
+    const Tensor total = full({1}, value, dtype(DType::f64).with_device(device_));
+    base_->all_reduce(total, ReduceOp::sum, "clip_grad_norm_").wait();
+    return total.to(Device::cpu()).item<double>();
+  }
+
+ private:
+  Communicator* base_;
+  Device device_;
+};
+
+}  // namespace
+
+std::shared_ptr<const ShardRanks> ranks_of(Communicator& base, Device device) {
+  static std::mutex mutex;
+  static std::map<std::tuple<Communicator*, DeviceType, int>, std::weak_ptr<const ShardRanks>> cache;
+  std::lock_guard lock(mutex);
+  auto& slot = cache[{&base, device.type, device.index}];
+  if (auto existing = slot.lock()) return existing;
+  auto ranks = std::make_shared<const CommunicatorSum>(base, device);
+  slot = ranks;
+  return ranks;
 }
 
 // --- gathered bytes ----------------------------------------------------------------------------
@@ -222,6 +254,8 @@ Unit::Unit(nn::Module& module, std::vector<Slot> slots, const FsdpOptions& optio
       target.copy_(cast(flat.narrow(0, part.from, part.count), DType::f32));
     }
     views_.emplace_back(target, slot.variable.requires_grad(), slot.names.front());
+    views_.back().set_shard_info(shard_info(slot));
+    computes_with_grad_.push_back(slot.variable.requires_grad() ? 1 : 0);
   }
   hooked_.assign(slots_.size(), false);
   got_gradient_.assign(slots_.size(), 0);
@@ -239,8 +273,48 @@ Unit::~Unit() {
 }
 
 bool Unit::trains() const {
-  return std::any_of(slots_.begin(), slots_.end(),
-                     [](const Slot& slot) { return slot.variable.requires_grad(); });
+  return std::any_of(views_.begin(), views_.end(), [](const Variable& view) { return view.requires_grad(); });
+}
+
+ShardInfo Unit::shard_info(const Slot& slot) const {
+  const Piece part = piece(slot);
+  std::string placement = "Replicate";
+  if (options_.sharding != Sharding::none) {
+    placement =
+        fmt::format("Shard(flat) elements [{}, {}) of {}, rank {} of {}", part.from, part.from + part.count,
+                    slot.variable.numel(), groups_->shard_rank(), groups_->shard_size());
+    if (groups_->replica != nullptr)
+      placement += fmt::format(", replicated over {} groups", groups_->replica->size());
+  }
+  return ShardInfo{.full_shape = slot.shape,
+                   .first = part.from,
+                   .count = part.count,
+                   .placement = std::move(placement),
+                   .counts_once = groups_->first_replica(),
+                   .ranks = ranks_of(*groups_->base, device_)};
+}
+
+// Users freeze and unfreeze the registered shards; the Variables the forward computes with follow
+// before each forward. A change made on one of those instead (a module's member after sharding)
+// would be overwritten here without effect, and one pointed at other memory would be computed with
+// in place of the parameter: both refused.
+void Unit::sync_computed_with() {
+  for (std::size_t i = 0; i < slots_.size(); ++i) {
+    Variable& computes = slots_[i].variable;
+    SHARDLAB_CHECK(
+        computes.data().storage() == storage_,
+        "FSDP: the Variable the layers compute with for '{}' was given other memory (set_data) after "
+        "dist::fully_shard; the parameter is its shard: change values through named_parameters() "
+        "(the shard's data()) or load_state_dict",
+        views_[i].name());
+    SHARDLAB_CHECK(computes.requires_grad() == (computes_with_grad_[i] != 0),
+                   "FSDP: requires_grad of '{}' was changed on the Variable its module computes with; after "
+                   "dist::fully_shard the parameter is what named_parameters() gives: set it there",
+                   views_[i].name());
+    const bool wanted = views_[i].requires_grad();
+    computes.set_requires_grad(wanted);
+    computes_with_grad_[i] = wanted ? 1 : 0;
+  }
 }
 
 Piece Unit::piece(const Slot& slot) const {
@@ -283,8 +357,9 @@ void Unit::install_hooks() {
   std::weak_ptr<Unit> weak = self;
   // A module inside the unit that owns some of its parameters and runs while they are not
   // gathered (its caller bypassed the unit's forward) would read freed bytes: refuse instead.
-  std::set<const void*> mine;
+  std::set<const void*> mine;  // what its modules compute with, and what they register after fully_shard
   for (const Slot& slot : slots_) mine.insert(slot.variable.impl().get());
+  for (const Variable& view : views_) mine.insert(view.impl().get());
   for (const auto& [path, inner] : module_->named_modules()) {
     if (inner.get() == module_) continue;
     bool owns = false;
@@ -369,6 +444,7 @@ void Unit::prefetch(const std::optional<std::vector<std::weak_ptr<Unit>>>& liste
 void Unit::pre_forward(nn::ForwardInputs& inputs) {
   if (trace::on()) forward_began_ = trace::Clock::now();
   if (!root_) ensure_root(*module_);  // a forward without sharded_parameters()/explain() first
+  sync_computed_with();
   RootState& root = *root_;
   if (!root.forward_recorded &&
       std::find(root.forward_order.begin(), root.forward_order.end(), this) == root.forward_order.end()) {
@@ -474,8 +550,6 @@ void Unit::prepare_gradients() {
   std::fill(counted_.begin(), counted_.end(), 0);
   for (std::size_t i = 0; i < slots_.size(); ++i) {
     const Variable& parameter = slots_[i].variable;
-    if (views_[i].requires_grad() != parameter.requires_grad())
-      views_[i].set_requires_grad(parameter.requires_grad());
     if (!parameter.requires_grad()) continue;
     ++expected_;
     if (hooked_[i]) continue;

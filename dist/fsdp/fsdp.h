@@ -2,21 +2,23 @@
 //
 //   for (auto& block : model->blocks) dist::fully_shard(*block);  // inner units first
 //   dist::fully_shard(*model);                                    // the root last
-//   optim::AdamW opt(dist::sharded_parameters(*model), {});        // the optimizer sees shards only
+//   optim::AdamW opt(model->named_parameters(), {});              // now this rank's shards, as FSDP2
 //   fmt::print("{}", dist::explain(*model).str());                 // the plan, before step 1
 //   loss = ...model(x)...; loss.backward(); opt.step();           // as without FSDP
 //
 // Each fully_shard call makes an FSDP unit of the module's parameters that no inner unit took:
 // one flat f32 shard per rank (rank r of the shard group holds elements [r*S, (r+1)*S) of the
 // flattened parameters, padded with zeros to a multiple of the group size) and its gradient
-// shard. The module's parameters become views of one gathered buffer that holds bytes only
+// shard. What the layers compute with becomes views of one gathered buffer that holds bytes only
 // between the unit's all-gather and its reshard. The model does not know: the hooks do it.
 //
 // Communication is per unit (one flat buffer), training is per parameter, as in one process:
-// - sharded_parameters() gives each parameter's slice of this rank's shard as a Variable of its
-//   own, under the parameter's name, with its gradient a slice of the unit's gradient shard;
-// - a frozen parameter (set_requires_grad(false) on the module's parameter, before or between
-//   steps) never gets a gradient, so the optimizer skips it and keeps no state for it;
+// - the module's parameters (named_parameters(), parameters(), state_dict()) become each
+//   parameter's slice of this rank's shard, a Variable of its own under the parameter's name,
+//   with its gradient a slice of the unit's gradient shard; its shape(), dim() and numel() answer
+//   for the whole parameter and shard_info() says which elements it holds, as a DTensor would;
+// - a frozen parameter (set_requires_grad(false) on what named_parameters() gives, before or
+//   between steps) never gets a gradient, so the optimizer skips it and keeps no state for it;
 // - a parameter that got no gradient on any rank in a step has none after it; one that got a
 //   gradient on some ranks has the average over all ranks (zeros from the others). The ranks
 //   agree on these flags with one small all-reduce per root and step.
@@ -87,12 +89,10 @@ int shard_by_type(nn::Module& root, const FsdpOptions& options = {});
 // inner unit (innermost first), then on the root. Returns the number of units.
 int shard_by_size(nn::Module& root, std::int64_t min_parameters, const FsdpOptions& options = {});
 
-// This rank's shard of every parameter under `root`, under the parameter's dotted name, in
-// root.named_parameters() order (a tied parameter once, under its first name): a 1-D f32 view
-// of its contiguous slice of the unit's flat shard (0 elements on ranks that hold none of it),
-// with requires_grad as the parameter's and, after a backward, its gradient as the matching
-// slice of the unit's gradient shard. What the optimizer updates:
-//   optim::AdamW opt({{.parameters = decayed}, {.parameters = norms_and_biases, .weight_decay = 0.0}}, {});
+// root.named_parameters() with a tied parameter once, under its first name: after fully_shard,
+// this rank's shard of every parameter (data() is a 1-D f32 view of its contiguous slice of the
+// unit's flat shard, 0 elements on ranks that hold none of it; after a backward, grad() is the
+// matching slice of the unit's gradient shard). Refuses a root that is no FSDP unit.
 nn::Named<Variable> sharded_parameters(nn::Module& root);
 
 // Micro-steps of gradient accumulation: with sync off, backward keeps each unit's unsharded
@@ -106,6 +106,7 @@ void set_requires_gradient_sync(nn::Module& root, bool sync);
 // the norm before clipping: one all-reduce of the shards' sums of squares, equal to the norm
 // one process computes over the full gradients, whatever the units' strategies (a replicated
 // unit's gradient counted once). Frozen parameters and parameters without a gradient are skipped.
+// The same as optim::clip_grad_norm_(root.parameters(), max_norm) after sharding.
 double clip_grad_norm_(nn::Module& root, double max_norm);
 
 // This rank's share of the global sum of squared gradients that clip_grad_norm_ all-reduces: its

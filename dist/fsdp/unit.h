@@ -32,6 +32,9 @@ struct Groups {
 
 // The groups of `sharding` over `base`, shared by the units made with the same arguments.
 std::shared_ptr<Groups> groups_for(Communicator& base, Sharding sharding, int group_size);
+// Sums over every rank of `base` (an all-reduce of one f64 on `device`): the ranks of the shards
+// of every unit trained by `base` on this device, shared so that clipping sums once for them all.
+std::shared_ptr<const ShardRanks> ranks_of(Communicator& base, Device device);
 
 // One parameter's place in the flat buffer; tied parameters have several names.
 struct Slot {
@@ -84,7 +87,8 @@ class Unit : public std::enable_shared_from_this<Unit> {
 
   nn::Module& module() const { return *module_; }
   const std::vector<Slot>& slots() const { return slots_; }
-  // This rank's piece of each slot as a trainable Variable (sharded_parameters), slot order.
+  // This rank's piece of each slot as a trainable Variable, slot order: what the module registers
+  // under the parameter's names after fully_shard (Variable::shard_info says what it is part of).
   const std::vector<Variable>& views() const { return views_; }
   const std::string& name() const { return name_; }
   const Tensor& shard() const { return shard_; }
@@ -99,7 +103,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
   Device device() const { return device_; }
   // Whether the parameters are gathered again for backward (FULL_SHARD's second all-gather).
   bool reshards_after_forward() const { return reshard_after_forward_ && !is_root(); }
-  // Whether some parameter trains (requires grad): read from the module's parameters each time,
+  // Whether some parameter trains (requires grad): read from the registered shards each time,
   // since users freeze and unfreeze between steps.
   bool trains() const;
   Piece piece(const Slot& slot) const;
@@ -144,6 +148,8 @@ class Unit : public std::enable_shared_from_this<Unit> {
   }
   void prefetch(const std::optional<std::vector<std::weak_ptr<Unit>>>& listed,
                 const std::vector<Unit*>& order, bool recorded, GatherFor purpose);
+  ShardInfo shard_info(const Slot& slot) const;
+  void sync_computed_with();
   void prepare_gradients();
   Tensor gradient_slice(const Slot& slot) const;
   void zero_unwritten_gradients();
@@ -168,8 +174,10 @@ class Unit : public std::enable_shared_from_this<Unit> {
   bool deferred_ = false;
   std::string name_;
   std::shared_ptr<RootState> root_;
-  Tensor shard_;                      // f32 [S]: the views_ are its pieces
-  std::vector<Variable> views_;       // per slot
+  Tensor shard_;                 // f32 [S]: the views_ are its pieces
+  std::vector<Variable> views_;  // per slot
+  // Per slot: requires_grad as last given to the Variable the forward computes with, from its view.
+  std::vector<std::uint8_t> computes_with_grad_;
   std::shared_ptr<Storage> storage_;  // the gathered parameters, bytes only while gathered
   Gathered state_ = Gathered::no;
   // Explicit prefetch lists; unset: the next options_.prefetch units of the recorded order.

@@ -133,7 +133,8 @@ void train(const dist::Session& session, std::int64_t steps) {
   for (const auto& [name, parameter] : model->named_parameters()) parameters += parameter.numel();
   // The one call: every ResidualBlock a unit of its own, then the root (stem, norm, head).
   const int units = dist::shard_by_type<ResidualBlockImpl>(*model);
-  optim::AdamW optimizer(dist::sharded_parameters(*model), {.lr = 3e-3});
+  // As with FSDP2: after sharding, the model's own parameters are this rank's shards.
+  optim::AdamW optimizer(model->named_parameters(), {.lr = 3e-3});
   dist::log("custom_model: {} parameters in {} FSDP units over {} rank{}, {} rows each", parameters, units,
             world, world == 1 ? "" : "s", rows);
 

@@ -13,99 +13,21 @@
 #include "models/cnn.h"
 #include "optim/optimizer.h"
 #include "tests/dist/fsdp_models.h"
+#include "tests/dist/fsdp_parity.h"
 #include "tests/dist/world.h"
 
 using namespace shardlab;
 using test::kGlobalBatch;
 using test::kSeed;
 using test::mean_over_ranks;
+using test::mismatches_on_any_rank;
 using test::Nested;
+using test::Run;
+using test::strategies;
 using test::token_batch;
+using test::train_alone;
+using test::train_sharded;
 using test::world;
-
-namespace {
-
-struct Run {
-  std::vector<double> losses;
-  nn::Named<Tensor> parameters;
-  dist::Plan plan;
-};
-
-// One process, no FSDP: the reference every rank computes for itself.
-Run train_alone(std::int64_t vocab, int steps) {
-  Nested model(vocab, kSeed);
-  optim::AdamW optimizer(model->named_parameters(), {.lr = 1e-2});
-  Run run;
-  for (int step = 0; step < steps; ++step) {
-    const auto batch = token_batch(step, kGlobalBatch, vocab);
-    Variable loss = cross_entropy(model(batch.tokens), batch.targets);
-    run.losses.push_back(loss.data().item<float>());
-    optimizer.zero_grad();
-    loss.backward();
-    optimizer.step();
-  }
-  for (const auto& [name, variable] : model->named_parameters())
-    run.parameters.emplace_back(name, variable.data().clone());
-  return run;
-}
-
-// Trains an already sharded model on this rank's rows of the global batches.
-Run train_sharded(Nested& model, std::int64_t vocab, int steps) {
-  optim::AdamW optimizer(dist::sharded_parameters(*model), {.lr = 1e-2});
-  Run run;
-  const int r = world().rank(), w = world().size();
-  for (int step = 0; step < steps; ++step) {
-    const auto batch = token_batch(step, kGlobalBatch, vocab, r, w);
-    Variable loss = cross_entropy(model(batch.tokens), batch.targets);
-    run.losses.push_back(mean_over_ranks(loss.data().item<float>()));
-    optimizer.zero_grad();
-    loss.backward();
-    optimizer.step();
-  }
-  run.parameters = dist::gather_full_parameters(*model);
-  return run;
-}
-
-Run train_sharded(std::int64_t vocab, int steps, const dist::FsdpOptions& options) {
-  Nested model(vocab, kSeed);
-  for (const auto& block : *model->blocks) dist::fully_shard(*block, options);
-  dist::fully_shard(*model, options);
-  return train_sharded(model, vocab, steps);
-}
-
-// Elements beyond atol + rtol * |expected|, summed over ranks.
-std::int64_t mismatches_on_any_rank(const Run& actual, const Run& expected, double rtol, double atol) {
-  std::int64_t wrong = 0;
-  for (std::size_t k = 0; k < expected.losses.size(); ++k) {
-    if (!(std::abs(actual.losses[k] - expected.losses[k]) <= atol + rtol * std::abs(expected.losses[k]))) {
-      UNSCOPED_INFO("step " << k << " loss " << actual.losses[k] << " vs " << expected.losses[k]);
-      ++wrong;
-    }
-  }
-  REQUIRE(actual.parameters.size() == expected.parameters.size());
-  for (std::size_t i = 0; i < expected.parameters.size(); ++i) {
-    REQUIRE(actual.parameters[i].first == expected.parameters[i].first);
-    const auto got = actual.parameters[i].second.to_vector<double>();
-    const auto want = expected.parameters[i].second.to_vector<double>();
-    const std::int64_t bad = test::count_mismatches(got, want, {.atol = atol, .rtol = rtol});
-    if (bad > 0) UNSCOPED_INFO(expected.parameters[i].first << ": " << bad << " elements differ");
-    wrong += bad;
-  }
-  return test::sum_over_ranks(wrong);
-}
-
-std::vector<std::pair<std::string, dist::FsdpOptions>> strategies(int world_size) {
-  const int group = world_size % 2 == 0 ? 2 : world_size;
-  return {{"full", {.sharding = dist::Sharding::full}},
-          {"grad_op", {.sharding = dist::Sharding::grad_op}},
-          {"none", {.sharding = dist::Sharding::none}},
-          {fmt::format("hybrid:{}", group), {.sharding = dist::Sharding::hybrid, .hybrid_group_size = group}},
-          {"full, cpu offload (nothing to move on the CPU)", {.cpu_offload = true}},
-          {"full, no prefetch, keep gathered",
-           {.sharding = dist::Sharding::full, .reshard_after_forward = false, .prefetch = 0}}};
-}
-
-}  // namespace
 
 TEST_CASE("FSDP training equals one process on the same global batches, for every strategy",
           "[dist][fsdp][parity]") {
@@ -128,12 +50,17 @@ TEST_CASE("sharded_parameters: each parameter's piece of this rank's ceil(P / N)
   CHECK(block_parameters == 247);
   for (const auto& block : *model->blocks) dist::fully_shard(*block);
   dist::fully_shard(*model);
-  // The parameters hold no bytes between steps: they are views of freed gathered buffers.
-  for (const auto& [name, variable] : model->named_parameters()) {
-    INFO(name);
-    CHECK(variable.data().storage()->nbytes() == 0);
+  // What the layers compute with holds no bytes between steps: views of freed gathered buffers.
+  const auto& block = (*model->blocks)[0];
+  for (const Variable& computed_with : {block.up->weight, block.up->bias, block.down->weight}) {
+    CHECK(computed_with.data().storage()->nbytes() == 0);
+    CHECK(computed_with.shard_info() == nullptr);
   }
+  // The module's parameters are the shards, dist::sharded_parameters an alias of them.
   const auto views = dist::sharded_parameters(*model);
+  const auto registered = model->named_parameters();
+  REQUIRE(registered.size() == views.size());
+  for (std::size_t i = 0; i < views.size(); ++i) CHECK(registered[i].second.same(views[i].second));
   const auto originals = alone->named_parameters();
   REQUIRE(views.size() == originals.size());
   // blocks.0 flattens up.weight [16, 7], up.bias [16], down.weight [7, 16], down.bias [7]; rank r
@@ -144,13 +71,18 @@ TEST_CASE("sharded_parameters: each parameter's piece of this rank's ceil(P / N)
     const auto& [name, view] = views[i];
     INFO(name);
     REQUIRE(name == originals[i].first);
-    CHECK(view.dim() == 1);
+    CHECK(view.data().dim() == 1);
+    CHECK(view.shape() == originals[i].second.shape());  // shape queries answer for the whole parameter
+    REQUIRE(view.shard_info() != nullptr);
+    CHECK(view.shard_info()->full_shape == originals[i].second.shape());
     CHECK(view.dtype() == DType::f32);
     CHECK(view.requires_grad());
     if (!name.starts_with("blocks.0.")) continue;
     const std::int64_t numel = originals[i].second.numel();
     const std::int64_t from = std::max(offset, r * shard), to = std::min(offset + numel, (r + 1) * shard);
-    CHECK(view.numel() == std::max<std::int64_t>(0, to - from));
+    CHECK(view.data().numel() == std::max<std::int64_t>(0, to - from));
+    CHECK(view.shard_info()->count == view.data().numel());
+    if (to > from) CHECK(view.shard_info()->first == from - offset);
     if (to > from) {
       const auto expected = originals[i].second.data().view({numel}).narrow(0, from - offset, to - from);
       wrong += test::count_mismatches(view.data().to_vector<double>(), expected.to_vector<double>(), {0, 0});
@@ -159,7 +91,7 @@ TEST_CASE("sharded_parameters: each parameter's piece of this rank's ceil(P / N)
   }
   CHECK(test::sum_over_ranks(wrong) == 0);  // the one-process values, bit for bit
   std::int64_t total = 0;
-  for (const auto& [name, view] : views) total += view.numel();
+  for (const auto& [name, view] : views) total += view.data().numel();
   CHECK(test::sum_over_ranks(total) == alone->parameter_count());  // every element on exactly one rank
   optim::AdamW optimizer(views, {.lr = 1e-2});
   std::vector<std::vector<float>> before;
@@ -261,7 +193,7 @@ TEST_CASE("persistent memory per rank is the plan's: f32 shard, gradient shard a
     // elements of each parameter.
     std::int64_t shard_elements = 0, held = 0;
     for (const auto& unit : plan.units) shard_elements += unit.shard_elements;
-    for (const auto& [name, view] : dist::sharded_parameters(*model)) held += view.numel();
+    for (const auto& [name, view] : dist::sharded_parameters(*model)) held += view.data().numel();
     CHECK(plan.total_persistent_bytes() == 8 * shard_elements + 8 * held);
     // What is left after a step: the plan's bytes, plus AdamW's i64 step counter per parameter.
     const std::int64_t in_use = memory_stats(Device::cpu()).bytes_in_use - baseline;
@@ -350,23 +282,29 @@ TEST_CASE("fully_shard refuses top-down order, double sharding and ties across u
                      "fully_shard: parameter 'head.bias' has dtype i64; FSDP shards floating parameters");
 }
 
-TEST_CASE("clip_grad_norm_ over the shards equals the one-process norm", "[dist][fsdp]") {
+TEST_CASE("clip_grad_norm_ over the shards equals the one-process norm, for every strategy", "[dist][fsdp]") {
   const int r = world().rank(), w = world().size();
   const std::int64_t vocab = 4 * w + 1;
   Nested alone(vocab, kSeed);
   const auto whole = token_batch(0, kGlobalBatch, vocab);
   cross_entropy(alone(whole.tokens), whole.targets).backward();
-  const double expected = optim::clip_grad_norm_(alone->parameters(), 0.05);
-
-  Nested model(vocab, kSeed);
-  for (const auto& block : *model->blocks) dist::fully_shard(*block);
-  dist::fully_shard(*model);
-  const auto mine = token_batch(0, kGlobalBatch, vocab, r, w);
-  cross_entropy(model(mine.tokens), mine.targets).backward();
-  const double norm = dist::clip_grad_norm_(*model, 0.05);
-  CHECK(test::sum_over_ranks(std::abs(norm - expected) <= 1e-5 * expected ? 0 : 1) == 0);
-  // Clipped: the shards' global norm is now max_norm.
-  CHECK(std::abs(dist::clip_grad_norm_(*model, 1e9) - 0.05) < 1e-6);
+  const double expected = optim::clip_grad_norm_(alone->parameters(), 1e9);
+  for (const auto& [name, options] : strategies(w)) {
+    for (const bool fsdp2_habit : {false, true}) {
+      INFO(name << " at " << w << " ranks, " << (fsdp2_habit ? "optim::" : "dist::") << "clip_grad_norm_");
+      Nested model(vocab, kSeed);
+      for (const auto& block : *model->blocks) dist::fully_shard(*block, options);
+      dist::fully_shard(*model, options);
+      const auto mine = token_batch(0, kGlobalBatch, vocab, r, w);
+      cross_entropy(model(mine.tokens), mine.targets).backward();
+      // The FSDP2 habit: the model's own parameters, its shards since fully_shard.
+      const double norm = fsdp2_habit ? optim::clip_grad_norm_(model->parameters(), 0.05)
+                                      : dist::clip_grad_norm_(*model, 0.05);
+      CHECK(test::sum_over_ranks(std::abs(norm - expected) <= 1e-5 * expected ? 0 : 1) == 0);
+      // Clipped: the shards' global norm is now max_norm.
+      CHECK(std::abs(dist::clip_grad_norm_(*model, 1e9) - 0.05) < 1e-6);
+    }
+  }
 }
 
 TEST_CASE(
@@ -391,6 +329,9 @@ TEST_CASE(
   CHECK(std::abs(total[0] - expected) <= 1e-5 * expected);
   // The norm clip_grad_norm_ reports is the square root of that sum.
   CHECK(std::abs(dist::clip_grad_norm_(*model, 1e9) - std::sqrt(total[0])) <= 1e-9 * std::sqrt(total[0]));
+  // So does optim::clip_grad_norm_ over the model's parameters (its shards), replicas counted once.
+  CHECK(std::abs(optim::clip_grad_norm_(model->parameters(), 1e9) - std::sqrt(total[0])) <=
+        1e-9 * std::sqrt(total[0]));
 }
 
 TEST_CASE("k micro-steps without gradient sync then one with equal one step on the k-times batch",

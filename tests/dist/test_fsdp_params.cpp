@@ -331,7 +331,8 @@ TEST_CASE("the plan's persistent memory with frozen parameters is what the alloc
       const auto views = dist::sharded_parameters(*model);
       for (const auto& unit : plan.units)
         expected += unit.shard_elements * (unit.frozen < unit.parameters ? 8 : 4);
-      for (const auto& [view_name, view] : views) expected += view.requires_grad() ? 8 * view.numel() : 0;
+      for (const auto& [view_name, view] : views)
+        expected += view.requires_grad() ? 8 * view.data().numel() : 0;
       CHECK(plan.total_persistent_bytes() == expected);
       optim::AdamW optimizer(views, {.lr = 1e-2});
       for (int batch = 0; batch < 2; ++batch) {

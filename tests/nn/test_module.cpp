@@ -1,5 +1,7 @@
 // tests/nn/test_module.cpp: Module's registry, names, modes, moves, state dicts, hooks,
 // printer, name-keyed initialisation and activation checkpointing by module.
+#include <fmt/format.h>
+
 #include "autograd/engine.h"
 #include "autograd/node.h"
 #include "autograd/random_context.h"
@@ -139,6 +141,93 @@ TEST_CASE("load_state_dict copies values; strict checks name every problem", "[n
   // Non-strict skips missing and unexpected keys but still refuses wrong shapes.
   target->load_state_dict(extra, false);
   target->load_state_dict(missing, false);
+}
+
+namespace {
+
+class AloneRanks final : public ShardRanks {
+ public:
+  double sum(double value) const override { return value; }
+};
+
+// Registers, in place of head.weight [4, 3], a shard holding its elements [first, first + count),
+// as FSDP does; the layer keeps computing with its own member.
+Variable shard_head_weight(TwoLevel& model, std::int64_t first, std::int64_t count) {
+  const Tensor whole = model->head->weight.data().reshape({12});
+  const Variable shard(whole.narrow(0, first, count).clone(), true, "head.weight");
+  shard.set_shard_info({.full_shape = {4, 3},
+                        .first = first,
+                        .count = count,
+                        .placement = fmt::format("Shard(flat) elements [{}, {}) of 12", first, first + count),
+                        .ranks = std::make_shared<AloneRanks>()});
+  model->replace_parameter("head.weight", shard);
+  return shard;
+}
+
+}  // namespace
+
+TEST_CASE("replace_parameter changes what a name registers; the forward keeps its member", "[nn][module]") {
+  TwoLevel model;
+  const Variable member = model->head->weight;
+  const Variable replacement(zeros({4, 3}), true, "other");
+  model->replace_parameter("head.weight", replacement);
+  CHECK(model->named_parameters()[0].second.same(replacement));
+  CHECK(model->head->named_parameters()[0].second.same(replacement));
+  CHECK(model->head->weight.same(member));  // the forward still computes with the member
+  CHECK(model->state_dict()[1].second.storage() == replacement.data().storage());
+  model->head->replace_parameter("bias", Variable(ones({4}), true));
+  CHECK(model->named_parameters()[1].second.data().to_vector<float>() == std::vector<float>(4, 1.0f));
+  CHECK_THROWS_ERROR(model->replace_parameter("head.nothing", replacement),
+                     "Linear: replace_parameter: no parameter named 'nothing'");
+  CHECK_THROWS_ERROR(model->replace_parameter("tail.weight", replacement),
+                     "TwoLevel: replace_parameter: no child named 'tail' (for 'tail.weight')");
+  CHECK_THROWS_ERROR(model->replace_parameter("head.weight", Variable()),
+                     "TwoLevel: replace_parameter: the replacement for 'head.weight' is undefined");
+}
+
+TEST_CASE("a module with a sharded parameter: state dicts of its shard, whole or sharded loads",
+          "[nn][module][shard]") {
+  TwoLevel model;
+  const Variable shard = shard_head_weight(model, 5, 4);
+  CHECK(model->state_dict()[1].second.shape() == Shape{4});  // this rank's elements
+  CHECK(model->parameter_count() == 3 * 4 + 4 + 4 * 2);      // counted whole
+  CHECK(model->str().find("weight [4, 3] f32") != std::string::npos);
+
+  TwoLevel source;
+  nn::StateDict whole = source->state_dict();
+  model->load_state_dict(whole);  // the whole parameter: elements [5, 9) kept
+  CHECK(shard.data().to_vector<float>() ==
+        source->head->weight.data().reshape({12}).narrow(0, 5, 4).to_vector<float>());
+  whole[1].second = from_vector<float>({1, 2, 3, 4});  // this rank's shard itself
+  model->load_state_dict(whole);
+  CHECK(shard.data().to_vector<float>() == std::vector<float>{1, 2, 3, 4});
+  whole[1].second = zeros({12});
+  CHECK_THROWS_ERROR(model->load_state_dict(whole),
+                     "load_state_dict: key 'head.weight' has shape [12] in the state dict but [4, 3] in the "
+                     "module (or [4] as this rank's shard)");
+  CHECK(shard.data().to_vector<float>() == std::vector<float>{1, 2, 3, 4});  // nothing copied
+  whole.erase(whole.begin() + 1);
+  CHECK_THROWS_ERROR(model->load_state_dict(whole),
+                     "load_state_dict: missing key 'head.weight' (expected shape [4, 3])");
+}
+
+TEST_CASE("to() and initialize refuse a module with a sharded parameter, changing nothing",
+          "[nn][module][shard][errors]") {
+  TwoLevel model;
+  const Variable shard = shard_head_weight(model, 0, 12);
+  const std::vector<float> kept = shard.data().to_vector<float>();
+  CHECK_THROWS_ERROR(
+      model->to(Device::cpu()),
+      "TwoLevel.to(device): parameter 'head.weight' is this rank's shard (Shard(flat) elements [0, "
+      "12) of 12) and its FSDP unit holds the rest; move the model before dist::fully_shard");
+  CHECK_THROWS_ERROR(model->to(DType::f64),
+                     "TwoLevel.to(dtype): parameter 'head.weight' is this rank's shard");
+  CHECK_THROWS_ERROR(model->to(DType::f64), "cast the model before dist::fully_shard");
+  CHECK(model->head->bias.dtype() == DType::f32);  // refused before anything moved
+  CHECK_THROWS_ERROR(nn::initialize(*model, 3),
+                     "nn::initialize: parameter 'head.weight' is this rank's shard");
+  CHECK(shard.data().to_vector<float>() == kept);
+  CHECK(model->initialized_seed() != std::optional<std::uint64_t>(3));
 }
 
 TEST_CASE("forward hooks run before and after every call, in registration order", "[nn][module][hooks]") {

@@ -1,5 +1,7 @@
 // tests/optim/test_optimizers.cpp: SGD, Adam, AdamW and Adadelta against naive per-element
 // re-implementations, their state dicts, argument errors, and clip_grad_norm_.
+#include <fmt/format.h>
+
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -990,6 +992,78 @@ TEST_CASE("clip_grad_norm_: global norm, scaling above max_norm, combine hook", 
                        "clip_grad_norm_: combine returned a negative sum of squares -2");
     check_equal(a.grad(), {3.0, -4.0});
   }
+}
+
+// Stands for the ranks holding the other parts of some parameters: they add `others` to every sum.
+class OtherRanks final : public ShardRanks {
+ public:
+  OtherRanks(double others, std::vector<std::string>& log, std::string name)
+      : others_(others), log_(&log), name_(std::move(name)) {}
+  double sum(double value) const override {
+    log_->push_back(fmt::format("{} {}", name_, value));
+    return value + others_;
+  }
+
+ private:
+  double others_;
+  std::vector<std::string>* log_;
+  std::string name_;
+};
+
+// A 1-D shard of `count` elements of a parameter of `full` elements, its gradient set.
+Variable shard_with_grad(std::vector<double> grad, std::int64_t full, std::shared_ptr<const ShardRanks> ranks,
+                         bool counts_once = true) {
+  const auto count = static_cast<std::int64_t>(grad.size());
+  Variable shard(zeros({count}, dtype(DType::f64)), true);
+  shard.set_shard_info({.full_shape = {full},
+                        .first = 0,
+                        .count = count,
+                        .placement = "test",
+                        .counts_once = counts_once,
+                        .ranks = std::move(ranks)});
+  shard.set_grad(from_vector<double>(grad));
+  return shard;
+}
+
+TEST_CASE("clip_grad_norm_ adds the shards' sums over their ranks, a replicated copy once",
+          "[optim][shard]") {
+  std::vector<std::string> log;
+  const auto first_ranks = std::make_shared<OtherRanks>(11.0, log, "first");
+  const auto second_ranks = std::make_shared<OtherRanks>(20.0, log, "second");
+  Variable whole(zeros({2}, dtype(DType::f64)), true);
+  whole.set_grad(from_vector<double>({3.0, 4.0}));                         // 25, combined by `combine`
+  const Variable a = shard_with_grad({1.0, 2.0}, 8, second_ranks);         // 5
+  const Variable b = shard_with_grad({2.0}, 4, first_ranks);               // 4
+  const Variable replica = shard_with_grad({9.0}, 4, first_ranks, false);  // another rank counts it
+  const Variable no_grad = shard_with_grad({0.0}, 4, second_ranks);
+  no_grad.set_grad(Tensor());
+  // 25 * 2 (combine) + (5 + 20) + (4 + 11) = 90, one sum per set of ranks in order of first use.
+  const double norm =
+      optim::clip_grad_norm_({a, whole, replica, b, no_grad}, 1e9, [](double local) { return 2 * local; });
+  CHECK(norm == Approx(std::sqrt(90.0)).epsilon(1e-12));
+  CHECK(log == std::vector<std::string>{"second 5", "first 4"});
+  check_equal(replica.grad(), {9.0});  // below max_norm: untouched
+  // The sums are called even when no shard of theirs has a gradient, so every rank joins.
+  log.clear();
+  CHECK(optim::clip_grad_norm_({no_grad}, 1.0) == Approx(std::sqrt(20.0)).epsilon(1e-12));
+  CHECK(log == std::vector<std::string>{"second 0"});
+}
+
+TEST_CASE("optimizers and clipping refuse a Variable marked not trainable, with its reason",
+          "[optim][errors]") {
+  Variable gathered(zeros({2}), true, "w");
+  gathered.set_not_trainable("it is a gathered copy; use the shard");
+  CHECK_THROWS_ERROR(optim::SGD(nn::Named<Variable>{{"w", gathered}}, {.lr = 0.1}),
+                     "SGD: parameter 'w' cannot be trained here: it is a gathered copy; use the shard");
+  CHECK_THROWS_ERROR(optim::clip_grad_norm_({gathered}, 1.0),
+                     "clip_grad_norm_: parameter 'w' cannot be trained here: it is a gathered copy");
+  // Marked after the optimizer was built: its first step refuses, before anything changes.
+  Variable later(ones({2}), true, "v");
+  optim::SGD sgd(nn::Named<Variable>{{"v", later}}, {.lr = 0.1});
+  later.set_grad(ones({2}));
+  later.set_not_trainable("sharded since");
+  CHECK_THROWS_ERROR(sgd.step(), "SGD.step: parameter 'v' cannot be trained here: sharded since");
+  check_equal(later.data(), {1.0, 1.0});
 }
 
 }  // namespace
