@@ -15,7 +15,9 @@
 namespace shardlab::apps {
 
 void add_trainer_options(CLI::App& app, TrainerOptions& options) {
-  app.add_option("--sharding", options.sharding, "full, grad_op, none or hybrid:G (G ranks per shard group)");
+  app.add_option("--sharding", options.sharding,
+                 "full (ZeRO-3), grad_op (ZeRO-2), optimizer (ZeRO-1), none (DDP) or hybrid:G (G ranks per "
+                 "shard group)");
   app.add_option("--prefetch", options.prefetch, "units whose all-gather is issued ahead")
       ->check(integer_at_least(0));
   app.add_option("--mixed-precision", options.mixed_precision,

@@ -77,8 +77,10 @@ void check_memory_limit(dist::Communicator& comm, const PeakPrediction& predicti
     // Full sharding over the whole world: the persistent state of one shard group spread over all
     // ranks, and only 1 + prefetch units gathered at once.
     dist::Plan resharded = plan;
-    for (std::size_t i = 1; i < resharded.units.size(); ++i)
+    for (std::size_t i = 1; i < resharded.units.size(); ++i) {
       resharded.units[i].gathered_through_backward = false;
+      resharded.units[i].gathered_between_steps = false;
+    }
     const std::int64_t group = levers.sharding == "none" ? 1 : plan.shard_group_size;
     suggest("--sharding full", worst_total - peak.persistent + peak.persistent * group / levers.world_size -
                                    plan.peak_unsharded_bytes() + resharded.peak_unsharded_bytes());

@@ -27,6 +27,8 @@ std::string_view sharding_name(Sharding sharding) {
       return "none";
     case Sharding::hybrid:
       return "hybrid";
+    case Sharding::optimizer:
+      return "optimizer";
   }
   return "unknown";
 }
@@ -35,13 +37,15 @@ std::pair<Sharding, int> parse_sharding(std::string_view text) {
   if (text == "full") return {Sharding::full, 0};
   if (text == "grad_op") return {Sharding::grad_op, 0};
   if (text == "none") return {Sharding::none, 0};
+  if (text == "optimizer") return {Sharding::optimizer, 0};
   if (text.starts_with("hybrid:")) {
     const std::string digits(text.substr(7));
     char* end = nullptr;
     const long group = std::strtol(digits.c_str(), &end, 10);
     if (!digits.empty() && *end == '\0' && group > 0) return {Sharding::hybrid, static_cast<int>(group)};
   }
-  fail("sharding '{}' is not one of full, grad_op, none, hybrid:G (G > 0 ranks per shard group)", text);
+  fail("sharding '{}' is not one of full, grad_op, optimizer, none, hybrid:G (G > 0 ranks per shard group)",
+       text);
 }
 
 // --- the API ------------------------------------------------------------------------------------

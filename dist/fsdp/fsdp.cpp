@@ -40,6 +40,7 @@ std::shared_ptr<Groups> groups_for(Communicator& base, Sharding sharding, int gr
   switch (sharding) {
     case Sharding::full:
     case Sharding::grad_op:
+    case Sharding::optimizer:
       groups->shard = world > 1 ? &base : nullptr;
       break;
     case Sharding::none:
@@ -378,10 +379,12 @@ void Unit::install_hooks() {
 }
 
 void Unit::unshard(GatherFor purpose) {
-  if (state_ != Gathered::no) return;
+  if (state_ == Gathered::in_flight || state_ == Gathered::yes) return;
   const DType param_dtype = options_.mixed_precision.param_dtype;
-  storage_->reallocate(static_cast<std::size_t>(padded_) * dtype_size(param_dtype));
-  count_unsharded(static_cast<std::int64_t>(storage_->nbytes()));
+  if (state_ == Gathered::no) {  // a stale buffer is refreshed in place
+    storage_->reallocate(static_cast<std::size_t>(padded_) * dtype_size(param_dtype));
+    count_unsharded(static_cast<std::int64_t>(storage_->nbytes()));
+  }
   const Tensor on_device = shard_device_ == device_ ? shard_
                                                     : copy_kernel("copy shard to device", name_,
                                                                   [&] { return shard_.to(device_); });
@@ -422,6 +425,12 @@ void Unit::reshard() {
   count_unsharded(-static_cast<std::int64_t>(storage_->nbytes()));
   storage_->reallocate(0);
   state_ = Gathered::no;
+}
+
+void Unit::end_step() {
+  if (!whole_between_steps()) return reshard();
+  wait_unshard();
+  if (state_ == Gathered::yes) state_ = Gathered::stale;  // the optimizer step changes the shard next
 }
 
 // The units `listed` by set_modules_to_*_prefetch, from the first step on; otherwise, once the
@@ -502,7 +511,7 @@ void Unit::post_forward(Variable& output) {
     });
     if (reshards_after_forward()) reshard();
   } else if (is_root()) {
-    root_->reshard_all();  // inference: nothing will gather for backward, so a step ends here
+    root_->end_step();  // inference: nothing will gather for backward, so a step ends here
   } else if (reshard_after_forward_) {
     reshard();
   }
@@ -631,7 +640,10 @@ void Unit::start_reduction() {
                       : copy_kernel(cast_name("gradient", reduce_dtype).c_str(), name_,
                                     [&] { return cast(full_grad_, reduce_dtype); });
   drop_gradient_views();
-  full_grad_ = Tensor();
+  // ZeRO-1 keeps it and writes the next step's gradient into it, unless it is itself the reduced
+  // gradient (one rank, no cast), which the gradient shard's views go on reading.
+  const bool is_the_result = groups_->shard == nullptr && reduce_input_.storage() == full_grad_.storage();
+  if (!whole_between_steps() || is_the_result) full_grad_ = Tensor();
   if (groups_->shard == nullptr) {
     reduce_output_ = reduce_input_;
     return;
@@ -686,7 +698,7 @@ void Unit::finish_backward(const std::uint8_t* agreed_flags) {
   reduce_input_ = reduce_output_ = Tensor();
   backward_started_ = reduced_ = false;
   inputs_marked_ = inputs_done_ = 0;
-  reshard();
+  end_step();
 }
 
 void Unit::abandon_backward() {
@@ -749,8 +761,8 @@ void RootState::abandon_backward() {
   callback_queued = false;
 }
 
-void RootState::reshard_all() {
-  for (Unit* unit : units) unit->reshard();
+void RootState::end_step() {
+  for (Unit* unit : units) unit->end_step();
 }
 
 }  // namespace detail

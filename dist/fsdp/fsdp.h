@@ -43,9 +43,17 @@ enum class Sharding : std::uint8_t {
   grad_op,  // SHARD_GRAD_OP (ZeRO-2): gathered from forward until the end of backward
   none,     // NO_SHARD (DDP): every rank holds everything; gradients all-reduced
   hybrid,   // HYBRID_SHARD: FULL_SHARD inside groups of `hybrid_group_size` ranks, replicated across groups
+  // ZeRO-1: the parameters and the unsharded gradient stay whole on every rank between steps, and
+  // only the optimizer state (with the f32 master shard and the gradient shard it steps on) is
+  // sharded. The gradient is reduce-scattered, not all-reduced: each rank steps its slice only, so
+  // it needs only that slice of the average, and a reduce-scatter moves half an all-reduce's bytes;
+  // the updated slices are all-gathered into the whole parameters before the next forward, so a
+  // step moves what DDP's all-reduce moves.
+  optimizer,
 };
-std::string_view sharding_name(Sharding sharding);  // "full", "grad_op", "none", "hybrid"
-// Parses "full", "grad_op", "none", "hybrid:G" (G > 0 dividing the world size is checked by fully_shard).
+std::string_view sharding_name(Sharding sharding);  // "full", "grad_op", "none", "hybrid", "optimizer"
+// Parses "full", "grad_op", "optimizer", "none", "hybrid:G" (G > 0 dividing the world size is checked
+// by fully_shard).
 std::pair<Sharding, int> parse_sharding(std::string_view text);
 
 // FSDP2's MixedPrecisionPolicy.
@@ -63,7 +71,7 @@ struct FsdpOptions {
   Sharding sharding = Sharding::full;
   int hybrid_group_size = 0;  // G, for Sharding::hybrid
   // Free the gathered parameters after forward (and gather again for backward). Default: true
-  // for full and hybrid, false for grad_op and none; the root always keeps them (its backward
+  // for full and hybrid, false for grad_op, optimizer and none; the root always keeps them (its backward
   // comes right after its forward), as FSDP2.
   std::optional<bool> reshard_after_forward;
   // Units whose all-gather is issued ahead, in forward and in backward, in the order recorded in
@@ -221,6 +229,9 @@ struct UnitPlan {
   // Gathered from forward to the end of backward: the root, grad_op and none units, and units
   // kept gathered by reshard_after_forward=false.
   bool gathered_through_backward = false;
+  // Sharding::optimizer: the gathered parameters and the unsharded gradient stay between steps
+  // (both in persistent_bytes).
+  bool gathered_between_steps = false;
   std::int64_t forward_gather_bytes = 0;   // received per rank per step (traffic_of)
   std::int64_t backward_gather_bytes = 0;  // 0 when the unit stays gathered for backward
   std::int64_t reduce_bytes = 0;           // reduce-scatter (and hybrid's replica all-reduce)
@@ -238,6 +249,9 @@ struct Plan {
   std::string note;  // e.g. what cpu offload does here
 
   std::int64_t total_persistent_bytes() const;
+  // Of which the gathered parameters kept between steps (Sharding::optimizer), which
+  // peak_unsharded_bytes() counts too.
+  std::int64_t persistent_unsharded_bytes() const;
   std::int64_t optimizer_state_bytes() const;  // of which the optimizer state (allocated by its first step)
   // Gathered parameters at once: every unit gathered through backward, and the largest
   // (1 + prefetch) of the units gathered for forward and again for backward.

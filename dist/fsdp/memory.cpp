@@ -58,11 +58,12 @@ nlohmann::json plan_json(const Plan& plan) {
 }
 
 PeakPrediction planned_peak(const Plan& plan, std::int64_t data_bytes, std::int64_t micro_batch) {
-  return {.data = data_bytes,
-          .persistent = plan.total_persistent_bytes(),
-          .gathered = plan.peak_unsharded_bytes(),
-          .gradients = plan.gradient_buffer_bytes(),
-          .micro_batch = micro_batch};
+  return {
+      .data = data_bytes,
+      .persistent = plan.total_persistent_bytes(),
+      .gathered = plan.peak_unsharded_bytes() - plan.persistent_unsharded_bytes(),  // those are persistent
+      .gradients = plan.gradient_buffer_bytes(),
+      .micro_batch = micro_batch};
 }
 
 PeakPrediction predict_peak(const Plan& plan, std::int64_t data_bytes, std::int64_t micro_batch,

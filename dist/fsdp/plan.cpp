@@ -41,10 +41,23 @@ UnitPlan plan_unit(const Unit& unit, std::int64_t optimizer_state_bytes_per_elem
   row.optimizer_bytes = trained_here * optimizer_state_bytes_per_element;
   row.persistent_bytes = row.shard_elements * (trains ? 4 + 4 : 4) + row.optimizer_bytes;
   row.unsharded_bytes = unit.padded() * static_cast<std::int64_t>(dtype_size(precision.param_dtype));
-  if (trains && shard_size > 1)  // Unit::start_reduction's input, dropped by finish_backward
-    row.reduce_buffer_bytes = unit.padded() * static_cast<std::int64_t>(dtype_size(precision.reduce_dtype));
-  if (trains && precision.reduce_dtype != precision.param_dtype) row.cast_buffer_bytes = row.unsharded_bytes;
+  const bool cast = precision.reduce_dtype != precision.param_dtype;
+  const std::int64_t reduce_input =
+      trains && (shard_size > 1 || cast)
+          ? unit.padded() * static_cast<std::int64_t>(dtype_size(precision.reduce_dtype))
+          : 0;
   row.gathered_through_backward = !unit.reshards_after_forward();
+  if (unit.whole_between_steps()) {
+    // ZeRO-1: the gathered parameters and the param_dtype gradient stay (a 1-rank group's
+    // uncast gradient is the gradient shard itself); a cast's reduce input is the only buffer more.
+    row.gathered_between_steps = true;
+    row.persistent_bytes +=
+        row.unsharded_bytes + (trains && (shard_size > 1 || cast) ? row.unsharded_bytes : 0);
+    if (trains && cast && shard_size > 1) row.reduce_buffer_bytes = reduce_input;
+  } else {
+    if (trains && shard_size > 1) row.reduce_buffer_bytes = reduce_input;  // Unit::start_reduction's input
+    if (trains && cast) row.cast_buffer_bytes = row.unsharded_bytes;
+  }
   const Fingerprint gather{
       .op = Collective::all_gather, .dtype = precision.param_dtype, .count = unit.padded()};
   if (shard_size > 1) {
@@ -121,6 +134,12 @@ std::int64_t Plan::total_persistent_bytes() const {
   return total;
 }
 
+std::int64_t Plan::persistent_unsharded_bytes() const {
+  std::int64_t total = 0;
+  for (const UnitPlan& unit : units) total += unit.gathered_between_steps ? unit.unsharded_bytes : 0;
+  return total;
+}
+
 std::int64_t Plan::optimizer_state_bytes() const {
   std::int64_t total = 0;
   for (const UnitPlan& unit : units) total += unit.optimizer_bytes;
@@ -142,7 +161,7 @@ std::int64_t Plan::peak_unsharded_bytes() const {
   std::int64_t total = 0;
   std::vector<std::int64_t> sizes;
   for (const UnitPlan& unit : units) {
-    if (unit.gathered_through_backward) {
+    if (unit.gathered_through_backward || unit.gathered_between_steps) {
       total += unit.unsharded_bytes;
     } else {
       sizes.push_back(unit.unsharded_bytes);
@@ -194,8 +213,8 @@ std::string Plan::str() const {
 std::int64_t Plan::accumulation_bytes() const {
   std::int64_t total = 0;
   for (const UnitPlan& unit : units) {
-    if (unit.frozen < unit.parameters)
-      total += unit.unsharded_bytes;  // the gradient has the parameters' dtype
+    if (unit.frozen < unit.parameters && !unit.gathered_between_steps)
+      total += unit.unsharded_bytes;  // the gradient has the parameters' dtype; ZeRO-1 keeps it anyway
   }
   return total;
 }

@@ -64,7 +64,7 @@ struct RootState {
   // One all-reduce (max) over all ranks of the flags "this parameter got a gradient since the
   // last reduction" of every unit reducing now; returns them, agreed, in unit and slot order.
   std::vector<std::uint8_t> agree_on_gradients(const std::vector<Unit*>& reducing) const;
-  void reshard_all();
+  void end_step();  // every unit's Unit::end_step
 };
 
 // The part of one parameter in this rank's shard: its elements [from, from + count), at `at` in
@@ -73,7 +73,9 @@ struct Piece {
   std::int64_t from = 0, count = 0, at = 0;
 };
 
-enum class Gathered : std::uint8_t { no, in_flight, yes };
+// stale: the bytes are there, but the shard changed since they were gathered (Sharding::optimizer
+// between steps): the next gather refreshes them in place.
+enum class Gathered : std::uint8_t { no, in_flight, yes, stale };
 
 class Unit : public std::enable_shared_from_this<Unit> {
  public:
@@ -137,6 +139,10 @@ class Unit : public std::enable_shared_from_this<Unit> {
   void unshard(GatherFor purpose);
   void wait_unshard();
   void reshard();
+  // The step's end: frees the gathered parameters, or with Sharding::optimizer keeps them, stale.
+  void end_step();
+  // Sharding::optimizer: parameters and unsharded gradient stay whole between steps.
+  bool whole_between_steps() const { return options_.sharding == Sharding::optimizer; }
   // The unit's backward span on the trace, from its pre-backward to now: at post-backward, or for
   // the root (whose span holds the others') once the whole backward finished.
   void trace_backward_end();

@@ -48,7 +48,7 @@ def training_cases(scratch):
          "--memory-limit: got '2X', expected a number of bytes (digits with an optional K, M, G or T: 512M, 2G)"),
         (["--memory-limit", "99999999T"],  # past int64
          "--memory-limit: got '99999999T', expected a number of bytes"),
-        (["--sharding", "half"], "sharding 'half' is not one of full, grad_op, none, hybrid:G"),
+        (["--sharding", "half"], "sharding 'half' is not one of full, grad_op, optimizer, none, hybrid:G"),
         (["--mixed-precision", "fp8"], "--mixed-precision: 'fp8' is not one of none, bf16"),
         (["--trace-steps", "2:3"], "--trace-steps requires --trace"),
         (["--trace", os.path.join(scratch, "t"), "--trace-steps", "3:1", "--steps", "4"],

@@ -45,7 +45,7 @@ PARITY_ARGS = ["--steps", str(STEPS), "--limit-train", "768", "--global-batch", 
                "--test-batch-size", "1000", "--threads", "1"]
 # (ranks, sharding) for the parity runs; (1, "full") is the reference.
 PARITY_RUNS = [(1, "full"), (2, "full"), (3, "full"), (4, "full"), (2, "none"), (2, "grad_op"), (2, "hybrid:1"),
-               (4, "hybrid:2")]
+               (4, "hybrid:2"), (2, "optimizer"), (3, "optimizer")]
 RTOL = 1e-5
 # Saved at one world size and resumed at another: the gradient sums' order differs at every step, and
 # the rounding differences grow with training (1.1e-5 by step 14 with OpenBLAS's AVX-512 sgemm).
@@ -75,7 +75,7 @@ def main(mpirun, program):
           f"exit {code}\n{output}")
 
     code, output = run_job(mpirun, program, 2, ["--sharding", "half", "--steps", "1"])
-    message = "train_cnn: sharding 'half' is not one of full, grad_op, none, hybrid:G"
+    message = "train_cnn: sharding 'half' is not one of full, grad_op, optimizer, none, hybrid:G"
     check("np 2 --sharding half exits 1, naming the value once", code == 1 and output.count(message) == 1,
           f"exit {code}\n{output}")
 
@@ -282,7 +282,7 @@ def check_kill_during_save(mpirun, program, scratch, check):
 
 # (ranks, sharding) of the predicted-peak runs: every strategy at np 1-4.
 FIT_RUNS = [(ranks, sharding) for ranks in (1, 2, 3, 4)
-            for sharding in ("full", "grad_op", "none", "hybrid:2" if ranks % 2 == 0 else "hybrid:1")]
+            for sharding in ("full", "grad_op", "optimizer", "none", "hybrid:2" if ranks % 2 == 0 else "hybrid:1")]
 FIT_ARGS = ["--steps", "2", "--limit-train", "96", "--limit-test", "100", "--global-batch", "24", "--threads", "1"]
 
 

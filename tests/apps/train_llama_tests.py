@@ -3,7 +3,7 @@
 checks what its users rely on:
 
 - exact parity: 10 steps of the tiny config (uneven shards at 3 ranks) give every step's loss
-  within 1e-5 of the 1-process run at 1, 2, 3 and 4 ranks for full, grad_op, none and hybrid, and a
+  within 1e-5 of the 1-process run at 1, 2, 3 and 4 ranks for full, grad_op, optimizer, none and hybrid, and a
   global batch of 10 split unevenly over 3 and 4 ranks gives its 1-process run's losses;
 - prefetching 2 units and CPU offload change nothing; bf16 mixed precision follows the f32 curve;
 - activation checkpointing gives the same losses and gradient norms as without, bit for bit;
@@ -48,7 +48,7 @@ UNEVEN_RUNS = [(1, "full", UNEVEN), (3, "full", UNEVEN), (4, "full", UNEVEN)]
 PARITY_RUNS = [(1, "full", ()), (1, "grad_op", ()), (2, "full", ()), (2, "grad_op", ()), (2, "none", ()),
                (2, "hybrid:1", ()), (2, "full", ("--prefetch", "2", "--cpu-offload")), (3, "full", ()),
                (3, "grad_op", ()), (3, "none", ()), (4, "full", ()), (4, "grad_op", ()), (4, "none", ()),
-               (4, "hybrid:2", ()), *UNEVEN_RUNS]
+               (4, "hybrid:2", ()), (1, "optimizer", ()), (2, "optimizer", ()), (4, "optimizer", ()), *UNEVEN_RUNS]
 RTOL = 1e-5
 
 
@@ -90,7 +90,7 @@ def check_errors(mpirun, program, check):
         (2, ["--tokenizer", "words"], "train_llama: "),
         (2, ["--data", "/nonexistent/corpus"], "/nonexistent/corpus"),
         (1, ["--seq", "600"], "train_llama: --seq 600 exceeds the model's 512 positions"),
-        (2, ["--sharding", "half"], "train_llama: sharding 'half' is not one of full, grad_op, none, hybrid:G"),
+        (2, ["--sharding", "half"], "train_llama: sharding 'half' is not one of full, grad_op, optimizer, none, hybrid:G"),
         (1, ["--config", "/nonexistent/llama.json"], "train_llama: cannot read the config file '/nonexistent/llama.json'"),
         (2, ["--init-from", "/nonexistent/model"], "train_llama: '/nonexistent/model' has no config.json"),
         (1, ["--init-from", "/nonexistent/model", "--config", "small"], "--config excludes --init-from"),
@@ -132,8 +132,8 @@ def check_parity_and_memory(mpirun, program, scratch, check):
         check(f"np {ranks} {flags}: {STEPS} step losses equal the 1-process run's within {RTOL:g}",
               code == 0 and expected and not wrong, f"exit {code}; " + "; ".join(wrong[:4]) + "\n" + output)
 
-    # Memory against the plan, on every rank of the uneven 3-rank run and the 4-rank hybrid run.
-    for key in ((3, "full", ()), (4, "hybrid:2", ())):
+    # Memory against the plan, on every rank of the uneven 3-rank run and the 4-rank hybrid and ZeRO-1 runs.
+    for key in ((3, "full", ()), (4, "hybrid:2", ()), (4, "optimizer", ())):
         code, output, records = runs[key]
         finals = [r for r in records if "measured_persistent_bytes" in r]
         problems = []
@@ -318,7 +318,7 @@ def check_bpe(mpirun, program, generate, scratch, check):
 # (ranks, sharding, extra flags) of the predicted-peak runs: every strategy at np 1-4, with and
 # without activation checkpointing.
 FIT_RUNS = [(ranks, sharding, extra) for ranks in (1, 2, 3, 4)
-            for sharding in ("full", "grad_op", "none", "hybrid:2" if ranks % 2 == 0 else "hybrid:1")
+            for sharding in ("full", "grad_op", "optimizer", "none", "hybrid:2" if ranks % 2 == 0 else "hybrid:1")
             for extra in ((), ("--activation-checkpointing",))]
 FIT_ARGS = ["--config", "tiny", "--seq", "48", "--global-batch", "12", "--limit-documents", "240",
             "--steps", "2", "--threads", "1"]

@@ -40,21 +40,24 @@ inline Run train_alone(std::int64_t vocab, int steps) {
   return run;
 }
 
+// One step of a sharded model on this rank's rows of global batch `step`; returns this rank's loss.
+inline float train_step(Nested& model, optim::Optimizer& optimizer, std::int64_t vocab, int step) {
+  const auto batch = token_batch(step, kGlobalBatch, vocab, world().rank(), world().size());
+  Variable loss = cross_entropy(model(batch.tokens), batch.targets);
+  optimizer.zero_grad();
+  loss.backward();
+  optimizer.step();
+  return loss.data().item<float>();
+}
+
 // Trains an already sharded model on this rank's rows of the global batches, with AdamW over
 // `parameters` (the model's, after sharding).
 inline Run train_sharded(Nested& model, std::int64_t vocab, int steps,
                          const nn::Named<Variable>& parameters) {
   optim::AdamW optimizer(parameters, {.lr = 1e-2});
   Run run;
-  const int r = world().rank(), w = world().size();
-  for (int step = 0; step < steps; ++step) {
-    const auto batch = token_batch(step, kGlobalBatch, vocab, r, w);
-    Variable loss = cross_entropy(model(batch.tokens), batch.targets);
-    run.losses.push_back(mean_over_ranks(loss.data().item<float>()));
-    optimizer.zero_grad();
-    loss.backward();
-    optimizer.step();
-  }
+  for (int step = 0; step < steps; ++step)
+    run.losses.push_back(mean_over_ranks(train_step(model, optimizer, vocab, step)));
   run.parameters = dist::gather_full_parameters(*model);
   return run;
 }
@@ -96,6 +99,7 @@ inline std::vector<std::pair<std::string, dist::FsdpOptions>> strategies(int wor
   return {{"full", {.sharding = dist::Sharding::full}},
           {"grad_op", {.sharding = dist::Sharding::grad_op}},
           {"none", {.sharding = dist::Sharding::none}},
+          {"optimizer", {.sharding = dist::Sharding::optimizer}},
           {fmt::format("hybrid:{}", group), {.sharding = dist::Sharding::hybrid, .hybrid_group_size = group}},
           {"full, cpu offload (nothing to move on the CPU)", {.cpu_offload = true}},
           {"full, no prefetch, keep gathered",

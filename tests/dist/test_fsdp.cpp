@@ -96,13 +96,7 @@ TEST_CASE("sharded_parameters: each parameter's piece of this rank's ceil(P / N)
   optim::AdamW optimizer(views, {.lr = 1e-2});
   std::vector<std::vector<float>> before;
   for (const auto& [name, view] : views) before.push_back(view.data().to_vector<float>());
-  for (int step = 0; step < 2; ++step) {
-    const auto batch = token_batch(step, kGlobalBatch, vocab, r, w);
-    Variable loss = cross_entropy(model(batch.tokens), batch.targets);
-    optimizer.zero_grad();
-    loss.backward();
-    optimizer.step();
-  }
+  for (int step = 0; step < 2; ++step) (void)test::train_step(model, optimizer, vocab, step);
   std::int64_t unchanged = 0;
   for (std::size_t i = 0; i < views.size(); ++i) {
     const std::vector<float> after = views[i].second.data().to_vector<float>();
@@ -115,12 +109,14 @@ TEST_CASE("sharded_parameters: each parameter's piece of this rank's ceil(P / N)
   CHECK(views[1].second.grad().storage() == views[3].second.grad().storage());
 }
 
-TEST_CASE("communication per step matches the plan: FULL_SHARD moves 3(N-1)/N P, NO_SHARD 2(N-1)/N P",
-          "[dist][fsdp]") {
+TEST_CASE(
+    "communication per step matches the plan: FULL_SHARD moves 3(N-1)/N P, ZeRO-1 and NO_SHARD 2(N-1)/N P",
+    "[dist][fsdp]") {
   const int r = world().rank(), w = world().size();
   const std::int64_t vocab = 4 * w + 1;
   std::map<std::string, std::int64_t> received;
-  for (const dist::Sharding sharding : {dist::Sharding::full, dist::Sharding::none}) {
+  for (const dist::Sharding sharding :
+       {dist::Sharding::full, dist::Sharding::optimizer, dist::Sharding::none}) {
     Nested model(vocab, kSeed);
     const std::int64_t parameters = model->parameter_count();
     for (const auto& block : *model->blocks) dist::fully_shard(*block, {.sharding = sharding});
@@ -146,6 +142,11 @@ TEST_CASE("communication per step matches the plan: FULL_SHARD moves 3(N-1)/N P,
         CHECK(counters[dist::Collective::all_gather].calls == 2 * units - 1);
         CHECK(counters[dist::Collective::reduce_scatter].calls == units);
         CHECK(counters[dist::Collective::all_reduce].calls == 1);
+      } else if (sharding == dist::Sharding::optimizer && w > 1) {
+        // The whole parameters kept, but refreshed once per step; the gradient reduce-scattered.
+        CHECK(counters[dist::Collective::all_gather].calls == units);
+        CHECK(counters[dist::Collective::reduce_scatter].calls == units);
+        CHECK(counters[dist::Collective::all_reduce].calls == 1);
       } else if (w > 1) {
         CHECK(counters[dist::Collective::all_gather].calls == 0);
         CHECK(counters[dist::Collective::all_reduce].calls == units + 1);
@@ -162,6 +163,8 @@ TEST_CASE("communication per step matches the plan: FULL_SHARD moves 3(N-1)/N P,
     if (sharding == dist::Sharding::full) {
       const std::int64_t root = plan.units[0].parameters + plan.units[0].padding;
       CHECK(received["full"] == 4 * (3 * (w - 1) * padded / w - (w - 1) * root / w));
+    } else if (sharding == dist::Sharding::optimizer) {
+      CHECK(received["optimizer"] == 4 * 2 * (w - 1) * padded / w);  // all-gather + reduce-scatter
     } else {
       std::int64_t expected = 0;
       for (const auto& unit : plan.units) expected += 2 * (w - 1) * 4 * (unit.shard_elements) / w;
@@ -172,44 +175,50 @@ TEST_CASE("communication per step matches the plan: FULL_SHARD moves 3(N-1)/N P,
 
 TEST_CASE("persistent memory per rank is the plan's: f32 shard, gradient shard and Adam state",
           "[dist][fsdp]") {
-  const int r = world().rank(), w = world().size();
+  const int w = world().size();
   const std::int64_t vocab = 4 * w + 1;
-  const std::int64_t baseline = memory_stats(Device::cpu()).bytes_in_use;
-  {
-    Nested model(vocab, kSeed);
-    for (const auto& block : *model->blocks) dist::fully_shard(*block);
-    dist::fully_shard(*model);
-    const dist::Plan plan = dist::explain(*model);
-    optim::AdamW optimizer(dist::sharded_parameters(*model), {});
-    dist::reset_unsharded_peak();
-    for (int step = 0; step < 2; ++step) {
-      const auto batch = token_batch(step, kGlobalBatch, vocab, r, w);
-      Variable loss = cross_entropy(model(batch.tokens), batch.targets);
-      optimizer.zero_grad();
-      loss.backward();
-      optimizer.step();
+  for (const dist::Sharding sharding : {dist::Sharding::full, dist::Sharding::optimizer}) {
+    INFO(dist::sharding_name(sharding) << " at " << w << " ranks");
+    const std::int64_t baseline = memory_stats(Device::cpu()).bytes_in_use;
+    {
+      Nested model(vocab, kSeed);
+      for (const auto& block : *model->blocks) dist::fully_shard(*block, {.sharding = sharding});
+      dist::fully_shard(*model, {.sharding = sharding});
+      const dist::Plan plan = dist::explain(*model);
+      optim::AdamW optimizer(model->named_parameters(), {});
+      dist::reset_unsharded_peak();
+      for (int step = 0; step < 2; ++step) (void)test::train_step(model, optimizer, vocab, step);
+      // f32 shard and gradient shard, padding included, and Adam's m and v for this rank's
+      // elements of each parameter; ZeRO-1 keeps the whole f32 parameters and, reduced by more than
+      // one rank, the whole f32 gradient too.
+      std::int64_t shard_elements = 0, held = 0, padded = 0;
+      for (const auto& unit : plan.units) {
+        shard_elements += unit.shard_elements;
+        padded += unit.parameters + unit.padding;
+      }
+      for (const auto& [name, shard] : model->named_parameters()) held += shard.data().numel();
+      const bool zero1 = sharding == dist::Sharding::optimizer;
+      const std::int64_t whole = zero1 ? 4 * padded * (w > 1 ? 2 : 1) : 0;
+      CHECK(plan.total_persistent_bytes() == 8 * shard_elements + 8 * held + whole);
+      // What is left after a step: the plan's bytes, plus AdamW's i64 step counter per parameter.
+      const std::int64_t in_use = memory_stats(Device::cpu()).bytes_in_use - baseline;
+      std::int64_t counters = 0;
+      for (const auto& [key, tensor] : optimizer.state_dict()) counters += key.ends_with(".step");
+      CHECK(counters == 15);
+      CHECK(in_use == plan.total_persistent_bytes() + 8 * counters);
+      CHECK(dist::unsharded_memory().bytes == (zero1 ? 4 * padded : 0));
+      CHECK(plan.persistent_unsharded_bytes() == (zero1 ? 4 * padded : 0));
+      // At most the root (kept gathered) and 1 + prefetch more units at once: the largest two
+      // blocks here, 277 and 247 elements padded, and the root; ZeRO-1 keeps every unit.
+      CHECK(dist::unsharded_memory().peak_bytes > 0);
+      CHECK(dist::unsharded_memory().peak_bytes <= plan.peak_unsharded_bytes());
+      CHECK(plan.peak_unsharded_bytes() ==
+            (zero1 ? 4 * padded
+                   : plan.units[0].unsharded_bytes + plan.units[2].unsharded_bytes +
+                         plan.units[1].unsharded_bytes));
     }
-    // f32 shard and gradient shard, padding included, and Adam's m and v for this rank's
-    // elements of each parameter.
-    std::int64_t shard_elements = 0, held = 0;
-    for (const auto& unit : plan.units) shard_elements += unit.shard_elements;
-    for (const auto& [name, view] : dist::sharded_parameters(*model)) held += view.data().numel();
-    CHECK(plan.total_persistent_bytes() == 8 * shard_elements + 8 * held);
-    // What is left after a step: the plan's bytes, plus AdamW's i64 step counter per parameter.
-    const std::int64_t in_use = memory_stats(Device::cpu()).bytes_in_use - baseline;
-    std::int64_t counters = 0;
-    for (const auto& [key, tensor] : optimizer.state_dict()) counters += key.ends_with(".step");
-    CHECK(counters == 15);
-    CHECK(in_use == plan.total_persistent_bytes() + 8 * counters);
-    CHECK(dist::unsharded_memory().bytes == 0);
-    // At most the root (kept gathered) and 1 + prefetch more units at once: the largest two
-    // blocks here, 277 and 247 elements padded, and the root.
-    CHECK(dist::unsharded_memory().peak_bytes > 0);
-    CHECK(dist::unsharded_memory().peak_bytes <= plan.peak_unsharded_bytes());
-    CHECK(plan.peak_unsharded_bytes() ==
-          plan.units[0].unsharded_bytes + plan.units[2].unsharded_bytes + plan.units[1].unsharded_bytes);
+    CHECK(memory_stats(Device::cpu()).bytes_in_use == baseline);
   }
-  CHECK(memory_stats(Device::cpu()).bytes_in_use == baseline);
 }
 
 TEST_CASE("fully_shard refuses top-down order, double sharding and ties across units",
@@ -256,7 +265,7 @@ TEST_CASE("fully_shard refuses top-down order, double sharding and ties across u
   CHECK(twice_views[0].first == "first.up.weight");
   CHECK_THROWS_ERROR(
       dist::parse_sharding("half"),
-      "sharding 'half' is not one of full, grad_op, none, hybrid:G (G > 0 ranks per shard group)");
+      "sharding 'half' is not one of full, grad_op, optimizer, none, hybrid:G (G > 0 ranks per shard group)");
   CHECK_THROWS_ERROR(dist::parse_sharding("hybrid:0"), "sharding 'hybrid:0' is not one of");
   CHECK(dist::parse_sharding("hybrid:2") == std::pair{dist::Sharding::hybrid, 2});
   Nested other(5, kSeed);
