@@ -54,6 +54,7 @@ struct Strategy {
 inline std::vector<Strategy> strategies(int size) {
   return {{dist::Sharding::full},
           {dist::Sharding::grad_op},
+          {dist::Sharding::optimizer},
           {dist::Sharding::none},
           {dist::Sharding::hybrid, size % 2 == 0 && size > 2 ? 2 : 1}};
 }
