@@ -20,6 +20,11 @@ void add_trainer_options(CLI::App& app, TrainerOptions& options) {
                  "shard group)");
   app.add_option("--prefetch", options.prefetch, "units whose all-gather is issued ahead")
       ->check(integer_at_least(0));
+  app.add_option(
+         "--reshard-after-forward-group", options.reshard_after_forward_group,
+         "after forward keep each unit sharded over groups of G ranks (FSDP2's reshard_after_forward=G), "
+         "so backward gathers inside the group; 0: free it (full, hybrid)")
+      ->check(integer_at_least(0));
   app.add_option("--mixed-precision", options.mixed_precision,
                  "none, or bf16 (bf16 gathers and compute, f32 reductions and master shards)");
   app.add_flag("--explain", options.explain, "print the FSDP plan (units, bytes, traffic) before step 1");
@@ -94,6 +99,7 @@ Trainer::Trainer(const char* program, const TrainerOptions& options, dist::Sessi
   const auto [sharding, group] = dist::parse_sharding(options.sharding);
   fsdp_ = {.sharding = sharding,
            .hybrid_group_size = group,
+           .reshard_after_forward_group = options.reshard_after_forward_group,
            .prefetch = options.prefetch,
            .mixed_precision = parse_mixed_precision(options.mixed_precision)};
   if (!options.save_model.empty())
@@ -106,6 +112,11 @@ void Trainer::start(const Setup& setup) {
   setup_ = setup;
   epoch_ = setup.first_epoch;
   plan_ = dist::explain(*setup.root, setup.optimizer_state_bytes_per_element);
+  // Registered after FSDP's hooks, so it runs once the root's forward is over and every other unit
+  // resharded: what it sees stays gathered until backward.
+  setup.root->register_forward_hook([held = held_after_forward_](nn::Module&, Variable&) {
+    if (is_grad_enabled()) *held = std::max(*held, dist::unsharded_memory().bytes);
+  });
   if (common_.explain || !common_.memory_limit.empty()) {
     const std::optional<std::int64_t> limit =
         common_.memory_limit.empty() ? std::nullopt : parse_bytes(common_.memory_limit);
@@ -250,6 +261,8 @@ void Trainer::report() const {
             plan_.total_persistent_bytes(), counters);
   dist::log("{}: rank 0 peak of gathered parameters: measured {} B, planned {} B", program_,
             dist::unsharded_memory().peak_bytes, plan_.peak_unsharded_bytes());
+  dist::log("{}: rank 0 parameters held from forward to backward: measured {} B, planned {} B", program_,
+            *held_after_forward_, plan_.held_after_forward_bytes());
   if (predicted_) dist::log("{}: rank 0 {}", program_, dist::peak_report(*predicted_, peak_bytes_));
   const MetricsFile* metrics = metrics_ ? &*metrics_ : nullptr;
   trace_->report(program_, metrics);
@@ -267,6 +280,8 @@ void Trainer::report() const {
       {"measured_persistent_bytes", persistent},
       {"step_bytes_received", step_bytes_received_},
       {"planned_step_bytes", plan_.bytes_per_step()},
+      {"held_after_forward_bytes", *held_after_forward_},
+      {"planned_held_after_forward_bytes", plan_.held_after_forward_bytes()},
       {"plan", dist::plan_json(plan_)},
       {"predicted_peak", predicted_ ? dist::prediction_json(*predicted_) : nlohmann::json()}};
   add_summary(summary, median_seconds);

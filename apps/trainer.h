@@ -43,6 +43,7 @@ struct TrainerOptions {
   std::uint64_t seed = 1;
   std::string sharding = "full";
   int prefetch = 1;
+  int reshard_after_forward_group = 0;  // FsdpOptions::reshard_after_forward_group
   std::string mixed_precision = "none";
   bool explain = false;
   bool profile = false;
@@ -158,6 +159,8 @@ class Trainer {
   std::int64_t model_bytes_baseline_ = 0;  // device_'s, before the shards existed (the program's)
   std::int64_t step_bytes_received_ = 0;   // FSDP's collectives of the last step (the program's)
   std::int64_t peak_bytes_ = 0;            // while training
+  // The most gathered parameter bytes seen at the end of a forward in grad mode: what stays for backward.
+  std::shared_ptr<std::int64_t> held_after_forward_ = std::make_shared<std::int64_t>(0);
   dist::Plan plan_;
   std::optional<dist::PeakPrediction> predicted_;  // with --explain or --memory-limit
   std::optional<MetricsFile> metrics_;

@@ -319,7 +319,8 @@ namespace {
 std::set<Communicator*> unit_communicators(nn::Module& root) {
   std::set<Communicator*> out;
   for (Unit* unit : ensure_root(root)->units) {
-    for (Communicator* comm : {unit->groups().base, unit->groups().shard, unit->groups().replica}) {
+    for (Communicator* comm :
+         {unit->groups().base, unit->groups().shard, unit->groups().replica, unit->post_forward_group()}) {
       if (comm != nullptr) out.insert(comm);
     }
   }

@@ -67,6 +67,15 @@ std::shared_ptr<Groups> groups_for(Communicator& base, Sharding sharding, int gr
   return groups;
 }
 
+Communicator& Groups::post_forward_group(int size) {
+  auto& group = post_forward[size];
+  if (!group) {
+    const int rank = shard_rank();
+    group = shard->split(rank / size, rank, fmt::format("{}/post-forward{}", shard->name(), rank / size));
+  }
+  return *group;
+}
+
 namespace {
 
 class CommunicatorSum final : public ShardRanks {
@@ -226,6 +235,25 @@ Unit::Unit(nn::Module& module, std::vector<Slot> slots, const FsdpOptions& optio
       groups_(std::move(groups)),
       reshard_after_forward_(options.reshard_after_forward.value_or(options.sharding == Sharding::full ||
                                                                     options.sharding == Sharding::hybrid)) {
+  if (const int group = options.reshard_after_forward_group; group != 0) {
+    const int shard_size = groups_->shard_size();
+    SHARDLAB_CHECK(
+        options.sharding == Sharding::full || options.sharding == Sharding::hybrid,
+        "fully_shard: reshard_after_forward_group {} needs a unit that reshards after forward (full or "
+        "hybrid), not {}",
+        group, sharding_name(options.sharding));
+    SHARDLAB_CHECK(
+        reshard_after_forward_,
+        "fully_shard: reshard_after_forward_group {} with reshard_after_forward false: the parameters "
+        "are not resharded after forward at all",
+        group);
+    SHARDLAB_CHECK(
+        group > 1 && group < shard_size && shard_size % group == 0,
+        "fully_shard: reshard_after_forward_group {} must divide the shard group of {} ranks and be "
+        "neither 1 nor all of it",
+        group, shard_size);
+    post_forward_group_ = &groups_->post_forward_group(group);
+  }
   device_ = slots_.empty() ? Device::cpu() : slots_.front().variable.device();
   shard_device_ = options.cpu_offload ? Device::cpu() : device_;
   for (Slot& slot : slots_) {
@@ -271,6 +299,25 @@ Unit::Unit(nn::Module& module, std::vector<Slot> slots, const FsdpOptions& optio
 
 Unit::~Unit() {
   if (state_ != Gathered::no) count_unsharded(-static_cast<std::int64_t>(storage_->nbytes()));
+  drop_held();
+}
+
+void Unit::drop_held() {
+  if (!held_.defined()) return;
+  count_unsharded(-static_cast<std::int64_t>(held_.numel() * held_.element_size()));
+  held_ = Tensor();
+}
+
+void Unit::reshard_after_forward() {
+  if (post_forward_group_ != nullptr) {
+    wait_unshard();
+    const std::int64_t slice = padded_ / post_forward_group_->size();
+    held_ = copy_kernel("keep slice for backward", name_, [&] {
+      return gathered().narrow(0, post_forward_group_->rank() * slice, slice).clone();
+    });
+    count_unsharded(slice * static_cast<std::int64_t>(dtype_size(options_.mixed_precision.param_dtype)));
+  }
+  free_gathered();
 }
 
 bool Unit::trains() const {
@@ -385,22 +432,28 @@ void Unit::unshard(GatherFor purpose) {
     storage_->reallocate(static_cast<std::size_t>(padded_) * dtype_size(param_dtype));
     count_unsharded(static_cast<std::int64_t>(storage_->nbytes()));
   }
-  const Tensor on_device = shard_device_ == device_ ? shard_
-                                                    : copy_kernel("copy shard to device", name_,
-                                                                  [&] { return shard_.to(device_); });
-  const Tensor source = param_dtype == DType::f32
-                            ? on_device
-                            : copy_kernel(cast_name("parameters", param_dtype).c_str(), name_,
-                                          [&] { return cast(on_device, param_dtype); });
+  // The slice kept from forward gathers inside the post-forward group: the same values, fewer bytes.
+  const bool from_held = held_.defined();
+  if (!from_held) {
+    const Tensor on_device = shard_device_ == device_ ? shard_
+                                                      : copy_kernel("copy shard to device", name_,
+                                                                    [&] { return shard_.to(device_); });
+    gather_source_ = param_dtype == DType::f32
+                         ? on_device
+                         : copy_kernel(cast_name("parameters", param_dtype).c_str(), name_,
+                                       [&] { return cast(on_device, param_dtype); });
+  }
   if (groups_->shard == nullptr) {
-    copy_kernel("copy shard to gathered", name_, [&] { return gathered().copy_(source); });
+    copy_kernel("copy shard to gathered", name_, [&] { return gathered().copy_(gather_source_); });
+    gather_source_ = Tensor();
     state_ = Gathered::yes;
     return;
   }
   static constexpr const char* purposes[] = {"pre-forward", "pre-backward", "unshard"};
   gather_tag_ = fmt::format("{} {}", purposes[static_cast<int>(purpose)], display_name(name_));
-  gather_source_ = source;
-  gather_work_ = groups_->shard->all_gather_into(gathered(), source, gather_tag_);
+  if (from_held) gather_source_ = held_;
+  Communicator& group = from_held ? *post_forward_group_ : *groups_->shard;
+  gather_work_ = group.all_gather_into(gathered(), gather_source_, gather_tag_);
   if (trace::on()) {
     gather_flow_ = trace::next_flow_id();
     trace::flow_start(gather_flow_, "all_gather " + gather_tag_, "communication");
@@ -416,10 +469,16 @@ void Unit::wait_unshard() {
   if (trace::on()) trace::flow_end(gather_flow_, "all_gather " + gather_tag_, "communication");
   gather_work_ = Work();
   gather_source_ = Tensor();
+  drop_held();  // gathered from it, if it was there
   state_ = Gathered::yes;
 }
 
 void Unit::reshard() {
+  drop_held();
+  free_gathered();
+}
+
+void Unit::free_gathered() {
   wait_unshard();  // never free bytes a collective is still writing
   if (state_ == Gathered::no) return;
   count_unsharded(-static_cast<std::int64_t>(storage_->nbytes()));
@@ -509,7 +568,7 @@ void Unit::post_forward(Variable& output) {
       self->pre_backward();
       return Tensor();
     });
-    if (reshards_after_forward()) reshard();
+    if (reshards_after_forward()) reshard_after_forward();
   } else if (is_root()) {
     root_->end_step();  // inference: nothing will gather for backward, so a step ends here
   } else if (reshard_after_forward_) {

@@ -74,6 +74,12 @@ struct FsdpOptions {
   // for full and hybrid, false for grad_op, optimizer and none; the root always keeps them (its backward
   // comes right after its forward), as FSDP2.
   std::optional<bool> reshard_after_forward;
+  // FSDP2's reshard_after_forward=G (ZeRO++'s hpZ): after forward, keep the parameters sharded over
+  // groups of G consecutive ranks of the shard group (a machine's, say) instead of freeing them:
+  // each rank holds 1/G of the gathered unit until backward, whose all-gather then runs inside its
+  // group only. 0: off. G must divide the shard group, be neither 1 nor all of it, and the unit must
+  // reshard after forward (full, hybrid).
+  int reshard_after_forward_group = 0;
   // Units whose all-gather is issued ahead, in forward and in backward, in the order recorded in
   // the first step; set_modules_to_*_prefetch replaces it on a unit with a list of its own.
   int prefetch = 1;
@@ -236,7 +242,9 @@ struct UnitPlan {
   std::int64_t backward_gather_bytes = 0;  // 0 when the unit stays gathered for backward
   std::int64_t reduce_bytes = 0;           // reduce-scatter (and hybrid's replica all-reduce)
   int forward_gathers = 0, backward_gathers = 0, reduce_scatters = 0,
-      all_reduces = 0;  // collectives per step
+      all_reduces = 0;                        // collectives per step
+  int post_forward_group = 0;                 // reshard_after_forward_group (0: off)
+  std::int64_t held_after_forward_bytes = 0;  // this rank's slice kept from forward to backward
 };
 
 struct Plan {
@@ -253,9 +261,13 @@ struct Plan {
   // peak_unsharded_bytes() counts too.
   std::int64_t persistent_unsharded_bytes() const;
   std::int64_t optimizer_state_bytes() const;  // of which the optimizer state (allocated by its first step)
-  // Gathered parameters at once: every unit gathered through backward, and the largest
-  // (1 + prefetch) of the units gathered for forward and again for backward.
+  // Gathered parameters at once: every unit gathered through backward, the slices kept for a
+  // post-forward group, and the largest (1 + prefetch) of the units gathered for forward and again
+  // for backward.
   std::int64_t peak_unsharded_bytes() const;
+  // What of the parameters stays gathered from the end of forward to backward: the units gathered
+  // through backward and the slices kept for post-forward groups.
+  std::int64_t held_after_forward_bytes() const;
   // Unsharded gradients at the end of backward: every unit's reduce buffer, plus the largest cast buffer.
   std::int64_t gradient_buffer_bytes() const;
   std::int64_t bytes_per_step() const;  // all collectives, received per rank

@@ -66,6 +66,11 @@ UnitPlan plan_unit(const Unit& unit, std::int64_t optimizer_state_bytes_per_elem
     if (unit.reshards_after_forward()) {  // gathered again for backward
       row.backward_gathers = 1;
       row.backward_gather_bytes = row.forward_gather_bytes;
+      if (const Communicator* group = unit.post_forward_group()) {  // inside the group, from the slice kept
+        row.post_forward_group = group->size();
+        row.held_after_forward_bytes = row.unsharded_bytes / group->size();
+        row.backward_gather_bytes = traffic_of(gather, group->rank(), group->size()).bytes_received;
+      }
     }
     if (trains) {
       row.reduce_scatters = 1;
@@ -170,6 +175,16 @@ std::int64_t Plan::peak_unsharded_bytes() const {
   std::sort(sizes.rbegin(), sizes.rend());
   for (std::size_t i = 0; i < sizes.size() && i < static_cast<std::size_t>(1 + prefetch); ++i)
     total += sizes[i];
+  for (const UnitPlan& unit : units) total += unit.held_after_forward_bytes;
+  return total;
+}
+
+std::int64_t Plan::held_after_forward_bytes() const {
+  std::int64_t total = 0;
+  for (const UnitPlan& unit : units) {
+    total += unit.gathered_through_backward || unit.gathered_between_steps ? unit.unsharded_bytes
+                                                                           : unit.held_after_forward_bytes;
+  }
   return total;
 }
 
@@ -194,6 +209,14 @@ std::string Plan::str() const {
                         unit.sharding);
   }
   if (!note.empty()) text += note + "\n";
+  if (std::any_of(units.begin(), units.end(),
+                  [](const UnitPlan& unit) { return unit.post_forward_group > 0; })) {
+    text += fmt::format(
+        "parameters held from forward to backward: {} B per rank (units resharded to post-forward groups "
+        "keep "
+        "their slice, gathered inside the group for backward)\n",
+        held_after_forward_bytes());
+  }
   if (flag_bytes > 0) {
     text += fmt::format(
         "gradient flags: one all-reduce of {} B per step (which of {} parameters had a gradient)\n",

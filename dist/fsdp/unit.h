@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,6 +23,11 @@ struct Groups {
   Communicator* shard = nullptr;
   Communicator* replica = nullptr;
   std::unique_ptr<Communicator> owned_shard, owned_replica;
+
+  // Groups of `size` consecutive ranks of the shard group (reshard_after_forward_group), split once
+  // per size: a collective over the shard group the first time.
+  std::map<int, std::unique_ptr<Communicator>> post_forward;
+  Communicator& post_forward_group(int size);
 
   int shard_size() const { return shard ? shard->size() : 1; }
   int shard_rank() const { return shard ? shard->rank() : 0; }
@@ -105,6 +111,9 @@ class Unit : public std::enable_shared_from_this<Unit> {
   Device device() const { return device_; }
   // Whether the parameters are gathered again for backward (FULL_SHARD's second all-gather).
   bool reshards_after_forward() const { return reshard_after_forward_ && !is_root(); }
+  // The group that gathers them for backward when reshard_after_forward_group keeps a slice of them
+  // from forward to backward (null otherwise).
+  Communicator* post_forward_group() const { return post_forward_group_; }
   // Whether some parameter trains (requires grad): read from the registered shards each time,
   // since users freeze and unfreeze between steps.
   bool trains() const;
@@ -139,6 +148,9 @@ class Unit : public std::enable_shared_from_this<Unit> {
   void unshard(GatherFor purpose);
   void wait_unshard();
   void reshard();
+  // After forward: frees the gathered parameters, keeping this rank's slice of them for the
+  // post-forward group's all-gather in backward when there is one.
+  void reshard_after_forward();
   // The step's end: frees the gathered parameters, or with Sharding::optimizer keeps them, stale.
   void end_step();
   // Sharding::optimizer: parameters and unsharded gradient stay whole between steps.
@@ -193,7 +205,12 @@ class Unit : public std::enable_shared_from_this<Unit> {
   std::string gather_tag_;         // the in-flight all-gather's tag
   // When the trace records: the start of this unit's forward and backward spans.
   std::optional<trace::Clock::time_point> forward_began_, backward_began_;
-  Tensor gather_source_;      // the shard cast to param_dtype, alive until its all-gather completed
+  Tensor gather_source_;  // the shard cast to param_dtype, alive until its all-gather completed
+  Communicator* post_forward_group_ = nullptr;
+  // From forward to backward, with a post-forward group: this rank's slice of the gathered parameters.
+  Tensor held_;
+  void drop_held();
+  void free_gathered();       // reshard() without dropping held_
   std::vector<bool> hooked_;  // per slot: its post-accumulate hook is registered
   // Until the next reduction (several backwards without gradient sync): per slot, whether its
   // gradient was accumulated; and whether the forward ran in grad mode with a parameter that

@@ -41,6 +41,10 @@ def training_cases(scratch):
         integer("--seed", "-3", 0),
         integer("--max-skipped-steps", "-1", 0),
         integer("--prefetch", "-1", 0),
+        integer("--reshard-after-forward-group", "-2", 0),
+        (["--reshard-after-forward-group", "2"],  # one process: a shard group of 1 has no smaller group
+         "fully_shard: reshard_after_forward_group 2 must divide the shard group of 1 ranks and be neither 1 nor "
+         "all of it"),
         integer("--threads", "-2", 0),
         integer("--checkpoint-every", "-1", 0),
         integer("--keep", "0", 1),

@@ -8,7 +8,8 @@ checks what its users rely on:
 - prefetching 2 units and CPU offload change nothing; bf16 mixed precision follows the f32 curve;
 - activation checkpointing gives the same losses and gradient norms as without, bit for bit;
 - memory: the persistent model state measured on every rank equals the plan, the gathered
-  parameters never exceed the planned peak, and the last step received the planned bytes;
+  parameters never exceed the planned peak, those held from forward to backward equal the plan's
+  (after forward resharded to pairs of ranks too), and the last step received the planned bytes;
 - --save-model writes a directory that apps/generate samples from and --init-from loads;
 - sharded checkpoints every N steps (--keep K) and --resume: bit-exact (losses, parameters, Adam
   state) at the same world size, within 1e-5 at another one;
@@ -42,13 +43,15 @@ BASE_ARGS = ["--config", "tiny", "--seq", "48", "--global-batch", "12", "--limit
 # A global batch of 10 splits unevenly over 3 (4/3/3) and 4 ranks (3/3/2/2); its own 1-process run
 # is their reference.
 UNEVEN = ("--global-batch", "10")
+RESHARD_TO_PAIRS = ("--reshard-after-forward-group", "2")
 UNEVEN_RUNS = [(1, "full", UNEVEN), (3, "full", UNEVEN), (4, "full", UNEVEN)]
 # (ranks, sharding, extra flags); (1, "full") is the reference. Prefetching more and offloading
 # (a no-op on the CPU) change when things happen, never the numbers.
 PARITY_RUNS = [(1, "full", ()), (1, "grad_op", ()), (2, "full", ()), (2, "grad_op", ()), (2, "none", ()),
                (2, "hybrid:1", ()), (2, "full", ("--prefetch", "2", "--cpu-offload")), (3, "full", ()),
                (3, "grad_op", ()), (3, "none", ()), (4, "full", ()), (4, "grad_op", ()), (4, "none", ()),
-               (4, "hybrid:2", ()), (1, "optimizer", ()), (2, "optimizer", ()), (4, "optimizer", ()), *UNEVEN_RUNS]
+               (4, "hybrid:2", ()), (1, "optimizer", ()), (2, "optimizer", ()), (4, "optimizer", ()),
+               (4, "full", RESHARD_TO_PAIRS), *UNEVEN_RUNS]
 RTOL = 1e-5
 
 
@@ -132,8 +135,9 @@ def check_parity_and_memory(mpirun, program, scratch, check):
         check(f"np {ranks} {flags}: {STEPS} step losses equal the 1-process run's within {RTOL:g}",
               code == 0 and expected and not wrong, f"exit {code}; " + "; ".join(wrong[:4]) + "\n" + output)
 
-    # Memory against the plan, on every rank of the uneven 3-rank run and the 4-rank hybrid and ZeRO-1 runs.
-    for key in ((3, "full", ()), (4, "hybrid:2", ()), (4, "optimizer", ())):
+    # Memory against the plan, on every rank of the uneven 3-rank run and the 4-rank hybrid, ZeRO-1 and
+    # resharded-to-pairs runs.
+    for key in ((3, "full", ()), (4, "hybrid:2", ()), (4, "optimizer", ()), (4, "full", RESHARD_TO_PAIRS)):
         code, output, records = runs[key]
         finals = [r for r in records if "measured_persistent_bytes" in r]
         problems = []
@@ -146,7 +150,10 @@ def check_parity_and_memory(mpirun, program, scratch, check):
                                 f"{r['planned_unsharded_peak_bytes']}")
             if r["step_bytes_received"] != r["planned_step_bytes"]:
                 problems.append(f"rank {r['rank']}: received {r['step_bytes_received']} != {r['planned_step_bytes']}")
-        check(f"np {key[0]} --sharding {key[1]}: every rank's memory and traffic equal the plan",
+            if r["held_after_forward_bytes"] != r["planned_held_after_forward_bytes"]:
+                problems.append(f"rank {r['rank']}: held from forward to backward {r['held_after_forward_bytes']} "
+                                f"!= {r['planned_held_after_forward_bytes']}")
+        check(f"np {key[0]} --sharding {' '.join((key[1],) + key[2])}: every rank's memory and traffic equal the plan",
               code == 0 and len(finals) == key[0] and not problems, f"exit {code}; {problems}\n{output}")
 
 

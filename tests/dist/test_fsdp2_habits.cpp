@@ -2,6 +2,8 @@
 // rank's shards, so the habits of PyTorch FSDP2 users work: an optimizer over named_parameters(),
 // shape queries, state dicts, freezing (clipping over parameters() is in test_fsdp.cpp); and what
 // cannot work on a sharded module is refused, naming the parameter and the fix.
+#include <fmt/format.h>
+
 #include <cmath>
 #include <string>
 #include <vector>
@@ -166,6 +168,69 @@ TEST_CASE("generate on a sharded Llama gives the one-process tokens", "[dist][fs
   models::Llama model(config, 5);
   CHECK(dist::shard_by_type<models::LlamaDecoderLayerImpl>(*model) == config.num_hidden_layers + 1);
   CHECK(models::generate(*model, {1, 2, 3}, sampling) == expected);
+}
+
+TEST_CASE("reshard_after_forward_group: backward gathers inside groups from the slice kept after forward",
+          "[dist][fsdp][fsdp2]") {
+  const int w = world().size();
+  const std::int64_t vocab = 4 * w + 1;
+  if (w != 4) return;  // a group must divide the shard group and be neither 1 nor all of it: 2 of 4
+  const dist::FsdpOptions grouped{.sharding = dist::Sharding::full, .reshard_after_forward_group = 2};
+  Nested model(vocab, kSeed);
+  shard(model, grouped);
+  const dist::Plan plan = dist::explain(*model);
+  REQUIRE(plan.units.size() == 4);
+  // By hand: each block keeps half of its padded f32 parameters, the root all of its own.
+  std::int64_t expected_held = plan.units[0].unsharded_bytes;
+  for (std::size_t u = 1; u < plan.units.size(); ++u) {
+    CHECK(plan.units[u].post_forward_group == 2);
+    CHECK(plan.units[u].held_after_forward_bytes == plan.units[u].unsharded_bytes / 2);
+    // Received in backward: half of the other group rank's slice, (2 - 1) / 2 of the unit.
+    CHECK(plan.units[u].backward_gather_bytes == plan.units[u].unsharded_bytes / 2);
+    expected_held += plan.units[u].unsharded_bytes / 2;
+  }
+  CHECK(plan.held_after_forward_bytes() == expected_held);
+  CHECK(plan.str().find(fmt::format("parameters held from forward to backward: {} B per rank",
+                                    expected_held)) != std::string::npos);
+  optim::AdamW optimizer(model->named_parameters(), {.lr = 1e-2});
+  for (int step = 0; step < 2; ++step) {
+    dist::reset_collective_counters(*model);
+    const auto batch = token_batch(step, kGlobalBatch, vocab, world().rank(), w);
+    Variable loss = cross_entropy(model(batch.tokens), batch.targets);
+    CHECK(dist::unsharded_memory().bytes == expected_held);  // measured between forward and backward
+    optimizer.zero_grad();
+    loss.backward();
+    optimizer.step();
+    CHECK(dist::collective_counters(*model).total().bytes_received == plan.bytes_per_step());
+    CHECK(dist::unsharded_memory().bytes == 0);
+  }
+  // The same numbers as resharding completely, bit for bit, and one process's within 1e-5.
+  Nested again(vocab, kSeed);
+  shard(again, grouped);
+  const Run run = train_sharded(again, vocab, 3, again->named_parameters());
+  CHECK(mismatches_on_any_rank(run, train_sharded(vocab, 3, {.sharding = dist::Sharding::full}), 0, 0) == 0);
+  CHECK(mismatches_on_any_rank(run, train_alone(vocab, 3), 1e-5, 1e-6) == 0);
+}
+
+TEST_CASE("reshard_after_forward_group refuses what it cannot do", "[dist][fsdp][fsdp2][errors]") {
+  const int w = world().size();
+  const auto refused = [&](dist::FsdpOptions options, const std::string& message) {
+    Nested model(4 * w + 1, kSeed);
+    CHECK_THROWS_ERROR(dist::fully_shard((*model->blocks)[0], options), message);
+  };
+  refused({.reshard_after_forward_group = 1},
+          fmt::format(
+              "reshard_after_forward_group 1 must divide the shard group of {} ranks and be neither 1 nor "
+              "all of it",
+              w));
+  refused({.reshard_after_forward_group = w}, fmt::format("must divide the shard group of {} ranks", w));
+  refused({.reshard_after_forward_group = 3 * w + 1}, "must divide the shard group");
+  refused(
+      {.sharding = dist::Sharding::grad_op, .reshard_after_forward_group = 2},
+      "reshard_after_forward_group 2 needs a unit that reshards after forward (full or hybrid), not grad_op");
+  refused({.sharding = dist::Sharding::optimizer, .reshard_after_forward_group = 2}, "not optimizer");
+  refused({.reshard_after_forward = false, .reshard_after_forward_group = 2},
+          "reshard_after_forward_group 2 with reshard_after_forward false");
 }
 
 TEST_CASE("what cannot work on a sharded module is refused, naming the parameter and the fix",
