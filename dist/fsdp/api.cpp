@@ -255,6 +255,18 @@ std::vector<std::weak_ptr<Unit>> prefetch_list(std::string_view call, const nn::
 
 }  // namespace
 
+void set_reshard_after_backward(nn::Module& module, bool reshard) {
+  bool any = false;
+  for (const auto& [path, inner] : module.named_modules()) {
+    if (auto unit = unit_of(*inner)) {
+      unit->set_reshard_after_backward(reshard);
+      any = true;
+    }
+  }
+  SHARDLAB_CHECK(any, "dist::set_reshard_after_backward: no FSDP unit in {}; call it after dist::fully_shard",
+                 describe_anywhere(module));
+}
+
 void UnshardHandle::wait() {
   if (auto unit = unit_.lock()) unit->wait_unshard();
 }

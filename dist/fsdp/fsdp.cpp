@@ -487,6 +487,7 @@ void Unit::free_gathered() {
 }
 
 void Unit::end_step() {
+  if (keeps_after_backward()) return;  // for the next micro-step's forward
   if (!whole_between_steps()) return reshard();
   wait_unshard();
   if (state_ == Gathered::yes) state_ = Gathered::stale;  // the optimizer step changes the shard next
@@ -512,6 +513,13 @@ void Unit::prefetch(const std::optional<std::vector<std::weak_ptr<Unit>>>& liste
 void Unit::pre_forward(nn::ForwardInputs& inputs) {
   if (trace::on()) forward_began_ = trace::Clock::now();
   if (!root_) ensure_root(*module_);  // a forward without sharded_parameters()/explain() first
+  // Kept after a synced backward, the parameters would outlive the optimizer step that changes them.
+  SHARDLAB_CHECK(
+      reshard_after_backward_ || !root_->sync,
+      "FSDP: unit {} has set_reshard_after_backward(false) while gradient sync is on: parameters kept "
+      "gathered after a synced backward would miss the optimizer step that follows it; keep them only "
+      "for micro-steps without sync, and set it back to true with set_requires_gradient_sync(true)",
+      display_name(name_));
   sync_computed_with();
   RootState& root = *root_;
   if (!root.forward_recorded &&
@@ -676,7 +684,7 @@ void Unit::post_backward() {
   if (reduced_) return;
   reduced_ = true;
   if (root_->sync && expected_ > 0) start_reduction();
-  if (reshards_after_forward()) reshard();
+  if (reshards_after_forward() && !keeps_after_backward()) reshard();
   if (!is_root()) trace_backward_end();
 }
 

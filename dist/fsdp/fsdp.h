@@ -116,6 +116,13 @@ nn::Named<Variable> sharded_parameters(nn::Module& root);
 // elements but pay a reduce-scatter per micro-step; this keeps one reduction per optimizer step.
 void set_requires_gradient_sync(nn::Module& root, bool sync);
 
+// FSDP2's set_reshard_after_backward: with false, every unit under `module` (itself included) keeps
+// its gathered parameters from the end of one backward to the next forward, which then gathers
+// nothing: micro-steps of gradient accumulation trade memory for all-gathers. Only while gradient
+// sync is off: after a synced backward the optimizer changes the shards, so a forward of a unit
+// kept gathered with sync on is refused (set it back to true for the last micro-step).
+void set_reshard_after_backward(nn::Module& module, bool reshard);
+
 // Scales the gradient shards so that the global gradient norm is at most max_norm and returns
 // the norm before clipping: one all-reduce of the shards' sums of squares, equal to the norm
 // one process computes over the full gradients, whatever the units' strategies (a replicated
@@ -238,6 +245,8 @@ struct UnitPlan {
   // Sharding::optimizer: the gathered parameters and the unsharded gradient stay between steps
   // (both in persistent_bytes).
   bool gathered_between_steps = false;
+  // set_reshard_after_backward(false): gathered from one micro-step's backward to the next forward.
+  bool kept_after_backward = false;
   std::int64_t forward_gather_bytes = 0;   // received per rank per step (traffic_of)
   std::int64_t backward_gather_bytes = 0;  // 0 when the unit stays gathered for backward
   std::int64_t reduce_bytes = 0;           // reduce-scatter (and hybrid's replica all-reduce)

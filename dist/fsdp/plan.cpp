@@ -47,6 +47,7 @@ UnitPlan plan_unit(const Unit& unit, std::int64_t optimizer_state_bytes_per_elem
           ? unit.padded() * static_cast<std::int64_t>(dtype_size(precision.reduce_dtype))
           : 0;
   row.gathered_through_backward = !unit.reshards_after_forward();
+  row.kept_after_backward = !unit.reshards_after_backward();
   if (unit.whole_between_steps()) {
     // ZeRO-1: the gathered parameters and the param_dtype gradient stay (a 1-rank group's
     // uncast gradient is the gradient shard itself); a cast's reduce input is the only buffer more.
@@ -166,7 +167,7 @@ std::int64_t Plan::peak_unsharded_bytes() const {
   std::int64_t total = 0;
   std::vector<std::int64_t> sizes;
   for (const UnitPlan& unit : units) {
-    if (unit.gathered_through_backward || unit.gathered_between_steps) {
+    if (unit.gathered_through_backward || unit.gathered_between_steps || unit.kept_after_backward) {
       total += unit.unsharded_bytes;
     } else {
       sizes.push_back(unit.unsharded_bytes);

@@ -129,6 +129,10 @@ class Unit : public std::enable_shared_from_this<Unit> {
     backward_prefetch_ = std::move(units);
   }
   bool has_prefetch_lists() const { return forward_prefetch_.has_value() || backward_prefetch_.has_value(); }
+  void set_reshard_after_backward(bool reshard) { reshard_after_backward_ = reshard; }
+  bool reshards_after_backward() const { return reshard_after_backward_; }
+  // set_reshard_after_backward(false) in a micro-step without gradient sync: gathered until the next forward.
+  bool keeps_after_backward() const { return !reshard_after_backward_ && root_ && !root_->sync; }
 
   void join_root(std::shared_ptr<RootState> root, std::string name);
   void install_hooks();
@@ -186,6 +190,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
   std::vector<Slot> slots_;
   std::shared_ptr<Groups> groups_;
   bool reshard_after_forward_;
+  bool reshard_after_backward_ = true;
   std::int64_t parameters_ = 0, padded_ = 0, shard_elements_ = 0;
   Device device_;        // where the parameters are gathered and computed with
   Device shard_device_;  // where the shards and the optimizer state live (the CPU when offloaded)

@@ -233,6 +233,67 @@ TEST_CASE("reshard_after_forward_group refuses what it cannot do", "[dist][fsdp]
           "reshard_after_forward_group 2 with reshard_after_forward false");
 }
 
+namespace {
+
+// Three micro-steps of this rank's rows of global batches 0, 1 and 2, gradient sync only on the last,
+// then one optimizer step; with `keep`, each unit stays gathered from a micro-step's backward to the
+// next forward. Returns the full parameters and the all-gathers issued.
+std::pair<nn::Named<Tensor>, std::int64_t> accumulate(std::int64_t vocab, bool keep) {
+  Nested model(vocab, kSeed);
+  shard(model);
+  optim::AdamW optimizer(model->named_parameters(), {.lr = 1e-2});
+  world().reset_counters();
+  for (int micro = 0; micro < 3; ++micro) {
+    const bool last = micro == 2;
+    dist::set_requires_gradient_sync(*model, last);
+    dist::set_reshard_after_backward(*model, !keep || last);
+    const auto batch = token_batch(micro, kGlobalBatch, vocab, world().rank(), world().size());
+    cross_entropy(model(batch.tokens), batch.targets).backward();
+  }
+  optimizer.step();
+  const std::int64_t gathers = world().counters()[dist::Collective::all_gather].calls;
+  return {dist::gather_full_parameters(*model), gathers};
+}
+
+}  // namespace
+
+TEST_CASE("set_reshard_after_backward(false) between micro-steps: the same step, fewer all-gathers",
+          "[dist][fsdp][fsdp2]") {
+  const int w = world().size();
+  const std::int64_t vocab = 4 * w + 1;
+  const auto [resharded, all_gathers] = accumulate(vocab, false);
+  const auto [kept, fewer_gathers] = accumulate(vocab, true);
+  std::int64_t wrong = 0;
+  REQUIRE(kept.size() == resharded.size());
+  for (std::size_t i = 0; i < kept.size(); ++i) {
+    wrong += test::count_mismatches(kept[i].second.to_vector<double>(),
+                                    resharded[i].second.to_vector<double>(), {0, 0});
+  }
+  CHECK(test::sum_over_ranks(wrong) == 0);  // bit for bit
+  if (w > 1) {
+    // 4 units: every forward gathers 4 and every backward the 3 blocks again (the root stays); kept
+    // after the first two backwards, the units need no gather for the next two forwards.
+    CHECK(all_gathers == 3 * 4 + 3 * 3);
+    CHECK(fewer_gathers == all_gathers - 2 * 4);
+  }
+}
+
+TEST_CASE("set_reshard_after_backward(false) with gradient sync on is refused",
+          "[dist][fsdp][fsdp2][errors]") {
+  const std::int64_t vocab = 4 * world().size() + 1;
+  Nested model(vocab, kSeed);
+  CHECK_THROWS_ERROR(
+      dist::set_reshard_after_backward(*model, false),
+      "dist::set_reshard_after_backward: no FSDP unit in this Nested; call it after dist::fully_shard");
+  shard(model);
+  dist::set_reshard_after_backward(*model, false);
+  const auto batch = token_batch(0, kGlobalBatch, vocab, world().rank(), world().size());
+  CHECK_THROWS_ERROR(model(batch.tokens),
+                     "FSDP: unit (root) has set_reshard_after_backward(false) while gradient sync is on");
+  dist::set_reshard_after_backward(*model, true);
+  CHECK_NOTHROW(model(batch.tokens));
+}
+
 TEST_CASE("what cannot work on a sharded module is refused, naming the parameter and the fix",
           "[dist][fsdp][fsdp2][errors]") {
   const std::int64_t vocab = 4 * world().size() + 1;
