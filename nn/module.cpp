@@ -201,26 +201,21 @@ Tensor moved(const Tensor& data, Device device) {
                 data.dtype());
 }
 
-}  // namespace
-
-namespace {
-
 // Moving or casting a shard alone would leave its owner's copy behind.
-void refuse_shards(const Module& module, const char* call) {
+void refuse_shards(const Module& module, const char* call, const char* verb) {
   for (const auto& [name, variable] : module.named_parameters()) {
     const ShardInfo* shard = variable.shard_info();
     SHARDLAB_CHECK(shard == nullptr,
                    "{}.{}: parameter '{}' is this rank's shard ({}) and its FSDP unit holds the rest; {} the "
                    "model before dist::fully_shard",
-                   module.type_name(), call, name, shard->placement,
-                   std::string_view(call) == "to(device)" ? "move" : "cast");
+                   module.type_name(), call, name, shard->placement, verb);
   }
 }
 
 }  // namespace
 
 void Module::to(Device device) {
-  refuse_shards(*this, "to(device)");
+  refuse_shards(*this, "to(device)", "move");
   for (auto& p : parameters_) p.variable.set_data(moved(p.variable.data(), device));
   for (auto& [name, b] : buffers_) b = b.to(device);
   for (const auto& [name, child] : children_) child->to(device);
@@ -229,7 +224,7 @@ void Module::to(Device device) {
 void Module::to(DType dtype) {
   SHARDLAB_CHECK(is_floating(dtype), "{}.to: parameters are cast to floating dtypes only, not {}",
                  type_name(), dtype_name(dtype));
-  refuse_shards(*this, "to(dtype)");
+  refuse_shards(*this, "to(dtype)", "cast");
   for (auto& p : parameters_) {
     if (is_floating(p.variable.dtype())) p.variable.set_data(p.variable.data().to(dtype));
   }

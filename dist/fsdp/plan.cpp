@@ -42,18 +42,18 @@ UnitPlan plan_unit(const Unit& unit, std::int64_t optimizer_state_bytes_per_elem
   row.persistent_bytes = row.shard_elements * (trains ? 4 + 4 : 4) + row.optimizer_bytes;
   row.unsharded_bytes = unit.padded() * static_cast<std::int64_t>(dtype_size(precision.param_dtype));
   const bool cast = precision.reduce_dtype != precision.param_dtype;
+  // The reduction reads a buffer of its own (not the gradient shard itself): more than one rank, or a cast.
+  const bool separate_reduce_input = trains && (shard_size > 1 || cast);
   const std::int64_t reduce_input =
-      trains && (shard_size > 1 || cast)
-          ? unit.padded() * static_cast<std::int64_t>(dtype_size(precision.reduce_dtype))
-          : 0;
+      separate_reduce_input ? unit.padded() * static_cast<std::int64_t>(dtype_size(precision.reduce_dtype))
+                            : 0;
   row.gathered_through_backward = !unit.reshards_after_forward();
   row.kept_after_backward = !unit.reshards_after_backward();
   if (unit.whole_between_steps()) {
     // ZeRO-1: the gathered parameters and the param_dtype gradient stay (a 1-rank group's
     // uncast gradient is the gradient shard itself); a cast's reduce input is the only buffer more.
     row.gathered_between_steps = true;
-    row.persistent_bytes +=
-        row.unsharded_bytes + (trains && (shard_size > 1 || cast) ? row.unsharded_bytes : 0);
+    row.persistent_bytes += row.unsharded_bytes + (separate_reduce_input ? row.unsharded_bytes : 0);
     if (trains && cast && shard_size > 1) row.reduce_buffer_bytes = reduce_input;
   } else {
     if (trains && shard_size > 1) row.reduce_buffer_bytes = reduce_input;  // Unit::start_reduction's input
@@ -214,8 +214,7 @@ std::string Plan::str() const {
                   [](const UnitPlan& unit) { return unit.post_forward_group > 0; })) {
     text += fmt::format(
         "parameters held from forward to backward: {} B per rank (units resharded to post-forward groups "
-        "keep "
-        "their slice, gathered inside the group for backward)\n",
+        "keep their slice, gathered inside the group for backward)\n",
         held_after_forward_bytes());
   }
   if (flag_bytes > 0) {
