@@ -11,6 +11,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <utility>
 
 #include "apps/cli.h"
 #include "apps/support/progress.h"
@@ -99,7 +100,8 @@ class Training : public apps::Trainer {
     double mean_loss() const { return loss_sum / static_cast<double>(images - skipped_images); }
   };
 
-  StepResult compute_step(const data::Batch& batch) override;
+  void compute_step(const data::Batch& batch, const data::Batch& on_host) override;
+  StepResult read_step() override;
   void dry_run(const data::Batch& batch) override { forward_backward(batch); }
   nlohmann::json training_state() const override;
   void restore(const nlohmann::json& state, const std::string& path) override;
@@ -127,7 +129,11 @@ class Training : public apps::Trainer {
   std::optional<apps::Progress> progress_;  // the epoch's bar
   std::chrono::steady_clock::time_point epoch_began_;
   std::int64_t images_before_ = 0;  // the epoch's images when this run took it up
-  double step_loss_sum_ = 0;        // the last step's, over all ranks
+  // The step compute_step queued, on the device until read_step: this rank's summed loss and
+  // share of the squared gradient norm, and its images.
+  Tensor step_loss_, step_square_sum_;
+  std::int64_t step_rank_images_ = 0;
+  double step_loss_sum_ = 0;  // the last step's, over all ranks
   std::int64_t step_images_ = 0;
 };
 
@@ -193,16 +199,23 @@ void Training::begin_epoch() {
   images_before_ = epoch_progress_.images;
 }
 
-Training::StepResult Training::compute_step(const data::Batch& batch) {
+void Training::compute_step(const data::Batch& batch, const data::Batch& /*on_host*/) {
   optimizer_->zero_grad();
   dist::reset_collective_counters(*model_);
-  const Variable loss = forward_backward(batch);
+  step_loss_ = forward_backward(batch).data();
+  step_square_sum_ = dist::local_gradient_sum_of_squares(*model_);
+  step_rank_images_ = batch.inputs.size(0);
   // Every communicator the units use: hybrid sharding's groups are not the world.
   step_bytes_received_ = dist::collective_counters(*model_).total().bytes_received;
+}
+
+Training::StepResult Training::read_step() {
   // One all-reduce for the step's loss, images and squared gradient norm, before the update.
-  const std::vector<double> global = apps::sum_over_ranks(
-      session_.cpu_world(), {loss.data().item<double>(), static_cast<double>(batch.inputs.size(0)),
-                             dist::local_gradient_sum_of_squares(*model_)});
+  // Released once read: what stays between steps is the plan's.
+  const std::vector<double> mine =
+      read_on_host({std::exchange(step_loss_, Tensor()), std::exchange(step_square_sum_, Tensor())});
+  const std::vector<double> global =
+      apps::sum_over_ranks(session_.cpu_world(), {mine[0], static_cast<double>(step_rank_images_), mine[1]});
   step_loss_sum_ = global[0];
   step_images_ = static_cast<std::int64_t>(global[1]);
   return {.loss = global[0] / global[1], .grad_norm = std::sqrt(global[2])};

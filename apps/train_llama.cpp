@@ -9,6 +9,7 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <utility>
 
 #include "apps/cli.h"
 #include "apps/parallelize_llama.h"
@@ -140,7 +141,8 @@ class Training : public apps::Trainer {
   Training(const Options& options, dist::Session& session);
 
  private:
-  StepResult compute_step(const data::Batch& batch) override;
+  void compute_step(const data::Batch& batch, const data::Batch& on_host) override;
+  StepResult read_step() override;
   void dry_run(const data::Batch& batch) override { forward_backward(batch, 1.0); }
   nlohmann::json training_state() const override;
   void restore(const nlohmann::json& state, const std::string& path) override;
@@ -167,6 +169,10 @@ class Training : public apps::Trainer {
   std::int64_t total_steps_ = 0;
   std::optional<apps::Progress> progress_;
   std::vector<double> recent_losses_;  // the bar shows the mean of the last 10 steps
+  // The step compute_step queued: the global count of targets, and this rank's summed loss and the
+  // global gradient norm, on the device until read_step.
+  double step_targets_ = 0;
+  Tensor step_loss_sum_, step_grad_norm_;
 };
 
 Training::Training(const Options& options, dist::Session& session)
@@ -269,21 +275,28 @@ void Training::restore(const nlohmann::json& state, const std::string& path) {
   dist::log("train_llama: resumed from {} (step {}), continuing to step {}", path, step_, total_steps_);
 }
 
-Training::StepResult Training::compute_step(const data::Batch& batch) {
+void Training::compute_step(const data::Batch& batch, const data::Batch& on_host) {
   // The loss is the mean over the global batch's non-padding targets: each rank sums its own and
-  // divides by the global count, so any number of ranks computes the 1-process loss.
-  const double local_targets = sum(ne(batch.targets, tokenizer_->pad_id()).to(DType::i64)).item<double>();
-  const double targets = apps::sum_over_ranks(session_.cpu_world(), {local_targets})[0];
+  // divides by the global count, so any number of ranks computes the 1-process loss. Counted in
+  // host memory: on a GPU, reading a count back would wait for the device.
+  const double local_targets = sum(ne(on_host.targets, tokenizer_->pad_id()).to(DType::i64)).item<double>();
+  step_targets_ = apps::sum_over_ranks(session_.cpu_world(), {local_targets})[0];
   dist::reset_collective_counters(**model_);
   // FSDP averages gradients over the ranks: scaled by W, the average is the global mean's gradient.
-  const Variable loss_sum =
-      forward_backward(batch, static_cast<double>(world_size_) / std::max(targets, 1.0));
+  step_loss_sum_ =
+      forward_backward(batch, static_cast<double>(world_size_) / std::max(step_targets_, 1.0)).data();
   // FSDP's collectives of the step, what the plan predicts (clipping's all-reduce comes after).
   step_bytes_received_ = dist::collective_counters(**model_).total().bytes_received;
-  const double loss = apps::sum_over_ranks(session_.cpu_world(), {loss_sum.data().item<double>()})[0] /
-                      std::max(targets, 1.0);
   // Over the shards, the norm of the whole gradient: their sums of squares are added over the ranks.
-  return {.loss = loss, .grad_norm = optim::clip_grad_norm_((*model_)->parameters(), options_.clip)};
+  step_grad_norm_ = optim::clip_grad_norm_((*model_)->parameters(), options_.clip);
+}
+
+Training::StepResult Training::read_step() {
+  // Released once read: what stays between steps is the plan's.
+  const std::vector<double> mine =
+      read_on_host({std::exchange(step_loss_sum_, Tensor()), std::exchange(step_grad_norm_, Tensor())});
+  const double loss = apps::sum_over_ranks(session_.cpu_world(), {mine[0]})[0] / std::max(step_targets_, 1.0);
+  return {.loss = loss, .grad_norm = mine[1]};
 }
 
 // The loss summed over the batch's targets, and the gradients of `scale` times it.

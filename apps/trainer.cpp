@@ -8,6 +8,7 @@
 #include "apps/support/ranks.h"
 #include "core/allocator.h"
 #include "core/error.h"
+#include "core/ops.h"
 #include "core/parallel.h"
 #include "core/trace.h"
 #include "dist/comm/log.h"
@@ -181,28 +182,52 @@ data::Batch Trainer::batch_on_device(const std::vector<std::int64_t>& indices) c
   return data::to_device(setup_.loader->batch(indices), device_);
 }
 
+std::optional<HostWaitsForbidden> Trainer::forbid_host_waits(const char* what) const {
+  if (device_.is_cuda() && (session_.world().backend_name() != "nccl" || fsdp_.cpu_offload))
+    return std::nullopt;
+  return std::optional<HostWaitsForbidden>(std::in_place, what);
+}
+
 void Trainer::train_step(const std::vector<std::int64_t>& indices) {
   const auto start = std::chrono::steady_clock::now();
+  const std::int64_t waits_before = host_wait_total();
   trace_->begin_step(step_ + 1);
   profile_.begin_step(step_ + 1);
-  const data::Batch batch = [&] {
+  data::Batch on_host, batch;
+  {
     const trace::Span span("load batch", "data");
-    return batch_on_device(indices);
-  }();
-  StepResult result = compute_step(batch);
+    on_host = setup_.loader->batch(indices);
+    batch = data::to_device(on_host, device_);
+  }
+  {
+    const auto no_waits = forbid_host_waits("forward and backward");
+    compute_step(batch, on_host);
+  }
+  StepResult result = read_step();
   // The loss and the norm are the same on every rank: every rank skips, or stops, alike.
   result.skipped = non_finite_.skip(step_ + 1, result.loss, result.grad_norm, checkpoints_);
   if (!result.skipped) {
     const trace::Span span("optimizer step", "compute");
+    const auto no_waits = forbid_host_waits("optimizer step");
     setup_.optimizer->step();
   }
+  result.host_waits = host_wait_total() - waits_before;
   profile_.end_step();
   trace_->end_step();
   ++step_;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (step_ > 1) step_seconds_.push_back(result.seconds);
+  if (step_ > 1) {
+    step_seconds_.push_back(result.seconds);
+    most_host_waits_ = std::max(most_host_waits_, result.host_waits);
+  }
   after_step(result);
   if (common_.checkpoint_every > 0 && step_ % common_.checkpoint_every == 0) save_checkpoint();
+}
+
+std::vector<double> Trainer::read_on_host(const std::vector<Tensor>& values) {
+  std::vector<Tensor> flat;
+  for (const Tensor& value : values) flat.push_back(value.to(DType::f64).reshape({1}));
+  return cat(flat, 0).to(Device::cpu()).to_vector<double>();
 }
 
 nlohmann::json Trainer::step_record(const StepResult& result) const {
@@ -210,7 +235,8 @@ nlohmann::json Trainer::step_record(const StepResult& result) const {
           {"step", step_},
           {"loss", result.loss},
           {"grad_norm", result.grad_norm},
-          {"skipped", result.skipped}};
+          {"skipped", result.skipped},
+          {"host_waits", result.host_waits}};
 }
 
 // The step fixes the data cursor, the dropout keys and the schedule; the seed and the global batch
@@ -238,6 +264,16 @@ void Trainer::resume(const std::vector<std::string>& unchanged) {
   epoch_ = setup_.first_epoch + step_ / setup_.loader->batches_per_epoch();
   last_saved_ = resumed.state;
   restore(resumed.state, resumed.path);
+}
+
+// How often the host waited for the GPU: at most per step after the first (which loads the data
+// and builds caches), and by reason over the whole process.
+void Trainer::report_host_waits() const {
+  std::string reasons;
+  for (const HostWaitCount& count : host_wait_counts())
+    reasons += fmt::format("{}{} {}", reasons.empty() ? "" : ", ", count.reason, count.count);
+  dist::log("{}: rank 0 host waits for {}: at most {} per step after the first (over the run: {})", program_,
+            device_.str(), most_host_waits_, reasons.empty() ? "none" : reasons);
 }
 
 // Step time and memory against the plan, for comparing sharding strategies and world sizes.
@@ -269,6 +305,7 @@ void Trainer::report() const {
   profile_.report(program_, metrics, rank_);
   dist::log("{}: rank 0 collectives of the last step: received {} B, planned {} B", program_,
             step_bytes_received_, plan_.bytes_per_step());
+  if (device_.is_cuda()) report_host_waits();
   if (!metrics_) return;
   nlohmann::json summary{
       {"rank", rank_},
@@ -282,6 +319,7 @@ void Trainer::report() const {
       {"planned_step_bytes", plan_.bytes_per_step()},
       {"held_after_forward_bytes", *held_after_forward_},
       {"planned_held_after_forward_bytes", plan_.held_after_forward_bytes()},
+      {"most_host_waits_per_step", most_host_waits_},
       {"plan", dist::plan_json(plan_)},
       {"predicted_peak", predicted_ ? dist::prediction_json(*predicted_) : nlohmann::json()}};
   add_summary(summary, median_seconds);

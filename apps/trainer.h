@@ -25,6 +25,7 @@
 #include "apps/support/session.h"
 #include "apps/support/step_profile.h"
 #include "apps/support/step_trace.h"
+#include "core/host_wait.h"
 #include "data/loader.h"
 #include "dist/comm/init.h"
 #include "dist/fsdp/fsdp.h"
@@ -94,6 +95,8 @@ class Trainer {
     double grad_norm = 0;  // the global gradient norm
     bool skipped = false;  // not finite: no update (set by the Trainer)
     double seconds = 0;    // the whole step, the batch's loading included (set by the Trainer)
+    // The host's waits for the device during the step (core/host_wait.h; set by the Trainer).
+    std::int64_t host_waits = 0;
   };
 
   // The run's shape, known once the program has built its model, optimizer and data.
@@ -119,9 +122,14 @@ class Trainer {
   // the trace and the profile. The program calls it once its model, optimizer and data exist.
   void start(const Setup& setup);
 
-  // The program's step: forward and backward of `batch` (the gradients left for the update), with
-  // the loss and the gradient norm over all ranks.
-  virtual StepResult compute_step(const data::Batch& batch) = 0;
+  // The program's step: forward and backward of `batch` on device_ (the gradients left for the
+  // update, clipped if the program clips), its loss and gradient norm left on the device. On a GPU
+  // with NCCL it runs where host waits are refused (core/host_wait.h): what needs host values
+  // comes from `on_host`, the same batch in host memory.
+  virtual void compute_step(const data::Batch& batch, const data::Batch& on_host) = 0;
+  // The loss and the gradient norm of the step compute_step queued, over all ranks: on a GPU the
+  // step's one host wait, before the non-finite check decides on the update.
+  virtual StepResult read_step() = 0;
   // Forward and backward of `batch` alone, for the prediction of the training peak.
   virtual void dry_run(const data::Batch& batch) = 0;
   // What continuing exactly needs besides the shards and the optimizer, beyond the step, the seed
@@ -144,7 +152,10 @@ class Trainer {
   virtual void report_memory() const {}
   virtual void add_summary(nlohmann::json& /*summary*/, double /*median_seconds*/) const {}
 
-  // {"rank", "step", "loss", "grad_norm", "skipped"}: what every per-step metrics record holds.
+  // The values of one-element tensors on one device, read in one copy: one host wait on a GPU.
+  static std::vector<double> read_on_host(const std::vector<Tensor>& values);
+
+  // {"rank", "step", "loss", "grad_norm", "skipped", "host_waits"}: what every per-step metrics record holds.
   nlohmann::json step_record(const StepResult& result) const;
 
   const char* const program_;
@@ -159,6 +170,7 @@ class Trainer {
   std::int64_t model_bytes_baseline_ = 0;  // device_'s, before the shards existed (the program's)
   std::int64_t step_bytes_received_ = 0;   // FSDP's collectives of the last step (the program's)
   std::int64_t peak_bytes_ = 0;            // while training
+  std::int64_t most_host_waits_ = 0;       // in one step after the first
   // The most gathered parameter bytes seen at the end of a forward in grad mode: what stays for backward.
   std::shared_ptr<std::int64_t> held_after_forward_ = std::make_shared<std::int64_t>(0);
   dist::Plan plan_;
@@ -169,11 +181,16 @@ class Trainer {
   bool train_epoch();
   // The loader's batch of these samples, on device_ (the data set stays in host memory).
   data::Batch batch_on_device(const std::vector<std::int64_t>& indices) const;
+  // A scope refusing host waits (named `what`) where the step must not have any: on a GPU with
+  // NCCL and without CPU offload (whose optimizer step on the host waits for the gradients); on a
+  // CPU no wait can happen. Through MPI a GPU's collectives go through host memory.
+  std::optional<HostWaitsForbidden> forbid_host_waits(const char* what) const;
   void train_step(const std::vector<std::int64_t>& indices);
   nlohmann::json state() const;
   void save_checkpoint();
   void resume(const std::vector<std::string>& unchanged);
   void report() const;
+  void report_host_waits() const;
 
   Setup setup_;
   CheckpointDir checkpoints_;

@@ -31,10 +31,9 @@ void check_loss_inputs(const char* op, const char* what, const Variable& input, 
                  "{}: targets must be class indices (i64 or i32), got {}", op, dtype_name(targets.dtype()));
 }
 
-// -log_probs[i, targets[i]] per row, reduced; the inputs are already checked.
-Variable negative_log_likelihood(const char* op, const Variable& log_probs, const Tensor& targets,
-                                 std::int64_t ignore_index, Reduction reduction) {
-  const Variable losses = neg(gather_targets(log_probs, targets, ignore_index));  // 0 where ignored
+// Per-row losses (0 where ignored) reduced as `reduction` says.
+Variable reduce_losses(const char* op, const Variable& losses, const Tensor& targets,
+                       std::int64_t ignore_index, Reduction reduction) {
   switch (reduction) {
     case Reduction::none:
       return losses;
@@ -42,7 +41,7 @@ Variable negative_log_likelihood(const char* op, const Variable& log_probs, cons
       return sum(losses);
     case Reduction::mean: {
       // Divided by the rows that count, kept on the device: no rows give 0 / 0 = NaN (PyTorch).
-      const Tensor counted = sum(ne(targets, ignore_index)).to(log_probs.dtype());
+      const Tensor counted = sum(ne(targets, ignore_index)).to(losses.dtype());
       return div(sum(losses), constant(counted));
     }
   }
@@ -165,13 +164,21 @@ Variable fused(const Variable& q, const Variable& k, const Variable& v, const At
 Variable nll_loss(const Variable& log_probs, const Tensor& targets, std::int64_t ignore_index,
                   Reduction reduction) {
   check_loss_inputs("nll_loss", "log_probs", log_probs, targets);
-  return negative_log_likelihood("nll_loss", log_probs, targets, ignore_index, reduction);
+  // -log_probs[i, targets[i]], 0 where ignored.
+  return reduce_losses("nll_loss", neg(gather_targets(log_probs, targets, ignore_index)), targets,
+                       ignore_index, reduction);
 }
 
 Variable cross_entropy(const Variable& logits, const Tensor& targets, std::int64_t ignore_index,
                        Reduction reduction) {
   check_loss_inputs("cross_entropy", "logits", logits, targets);
-  return negative_log_likelihood("cross_entropy", log_softmax(logits, 1), targets, ignore_index, reduction);
+  // One node over core's fused kernels: no log-softmax [N, C] in memory, forward or backward.
+  const Tensor x = logits.data();
+  const CrossEntropyResult result = cross_entropy_forward(x, targets, ignore_index);
+  const Variable losses = record("cross_entropy", {logits}, result.losses, [=](const Tensor& g) -> Grads {
+    return {cross_entropy_backward(g, x, targets, ignore_index, result.logsumexp)};
+  });
+  return reduce_losses("cross_entropy", losses, targets, ignore_index, reduction);
 }
 
 Variable rms_norm(const Variable& x, const Variable& weight, double eps) {

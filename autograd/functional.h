@@ -15,7 +15,8 @@ enum class Reduction : unsigned char { mean, sum, none };
 // nothing; mean divides by the number of rows that count (NaN when none does, as PyTorch).
 Variable nll_loss(const Variable& log_probs, const Tensor& targets, std::int64_t ignore_index = -100,
                   Reduction reduction = Reduction::mean);
-// nll_loss(log_softmax(logits, 1), ...), for logits [N, C].
+// nll_loss(log_softmax(logits, 1), ...), for logits [N, C]: one node over core's fused
+// cross_entropy_forward/backward, with no log-softmax [N, C] in memory.
 Variable cross_entropy(const Variable& logits, const Tensor& targets, std::int64_t ignore_index = -100,
                        Reduction reduction = Reduction::mean);
 

@@ -22,8 +22,9 @@ struct VariableImpl;
 class ShardRanks {
  public:
   virtual ~ShardRanks() = default;
-  // `value` summed over those ranks: a collective, which each of them calls in the same order.
-  virtual double sum(double value) const = 0;
+  // `value` (a one-element tensor) summed over those ranks, on the ranks' device: a collective,
+  // which each of them calls in the same order. No host wait on a GPU with NCCL.
+  virtual Tensor sum(const Tensor& value) const = 0;
 };
 
 // What a Variable holding one rank's part of a larger parameter knows of the whole: FSDP's

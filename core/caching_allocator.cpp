@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/host_wait.h"
 
 namespace shardlab {
 
@@ -168,6 +169,9 @@ CachingAllocator::Block* CachingAllocator::take_cached(void* stream, std::size_t
 }
 
 void CachingAllocator::release_idle_blocks() {
+  if (idle_.empty()) return;
+  // A device's free (cudaFree, cudaFreeHost) waits for all of its queued work.
+  host_wait("return cached blocks to the device", device_name_);
   while (!idle_.empty()) {
     Block* block = *idle_.begin();
     memory_->free(block->data);

@@ -33,6 +33,15 @@ struct Kernels {
   // a [B, M, K], b [B, K, N] (any strides, batch stride may be 0) -> out [B, M, N].
   void (*matmul)(const Tensor& a, const Tensor& b, const Tensor& out);
   void (*softmax)(const Tensor& in, std::int64_t dim, bool log, const Tensor& out);
+  // Cross-entropy from contiguous logits [N, C] and i64 targets [N] (checked: in [0, C) or
+  // ignore_index): losses [N] in the logits' dtype, 0 where ignored; logsumexp [N] in their compute
+  // dtype (f32 for halves). Backward: grad_logits [N, C] = grad_losses[i] * (softmax(logits)[i] -
+  // onehot(targets[i])), 0 in ignored rows. No softmax [N, C] in memory.
+  void (*cross_entropy_forward)(const Tensor& logits, const Tensor& targets, std::int64_t ignore_index,
+                                const Tensor& losses, const Tensor& logsumexp);
+  void (*cross_entropy_backward)(const Tensor& grad_losses, const Tensor& logits, const Tensor& targets,
+                                 std::int64_t ignore_index, const Tensor& logsumexp,
+                                 const Tensor& grad_logits);
   // Contiguous NCHW operands; bias may be undefined.
   void (*conv2d)(const Tensor& input, const Tensor& weight, const Tensor& bias, Conv2dParams p,
                  const Tensor& out);
@@ -51,7 +60,12 @@ struct Kernels {
   void (*attention_backward)(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                              const AttentionResult& forward, const AttentionParams& params,
                              const AttentionGrads& grads);
-  // Index tensors are contiguous i64 and in range; data operands contiguous.
+  // Checks every value of `index` (contiguous i64, not empty) against [0, size); `op` and `what`
+  // are string literals. The CPU throws at once. CUDA does not make the host wait for the answer:
+  // a kernel records the first bad value, the next host wait (core/host_wait.h) on any device
+  // throws the Error, and the index kernels meanwhile skip out-of-range values.
+  void (*check_index)(const char* op, const Tensor& index, std::int64_t size, const char* what);
+  // Index tensors are contiguous i64 and checked by check_index; data operands contiguous.
   void (*index_select)(const Tensor& in, std::int64_t dim, const Tensor& index, const Tensor& out);
   void (*gather)(const Tensor& in, std::int64_t dim, const Tensor& index, const Tensor& out);
   // out already holds a copy of self; these add src into it.

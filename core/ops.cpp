@@ -84,17 +84,22 @@ Dims reduction_dims(const char* op, const Tensor& x, const Dims& dims) {
   return out;
 }
 
-// Index tensors as contiguous i64, with every value checked against [0, size).
+// Index tensors as contiguous i64, with every value checked against [0, size) by the device
+// (Kernels::check_index: on CUDA without the host waiting). op and what are string literals.
 Tensor checked_index(const char* op, const Tensor& index, std::int64_t size, const char* what) {
   check_index_dtype(op, index);
   Tensor out = index.to(DType::i64).contiguous();
-  if (out.numel() == 0) return out;
-  const std::int64_t lowest = min(out).item<std::int64_t>();
-  const std::int64_t highest = max(out).item<std::int64_t>();
-  const std::int64_t bad = lowest < 0 ? lowest : highest;
-  SHARDLAB_CHECK(lowest >= 0 && highest < size, "{}: index {} is out of range for {} of size {}", op, bad,
-                 what, size);
+  if (out.numel() > 0) kernel<&Kernels::check_index>(out.device(), op)(op, out, size, what);
   return out;
+}
+
+// Class targets as contiguous i64, each checked against [0, classes) unless it is ignore_index
+// (which becomes 0).
+Tensor checked_targets(const char* op, const Tensor& targets, std::int64_t ignore_index,
+                       std::int64_t classes) {
+  check_index_dtype(op, targets);
+  return checked_index(op, where(ne(targets, ignore_index), targets.to(DType::i64), 0), classes,
+                       "the classes (ignore_index aside)");
 }
 
 Tensor unary(UnaryOp op, const Tensor& x, DType out_dtype) {
@@ -939,15 +944,67 @@ Tensor gather_targets(const Tensor& values, const Tensor& targets, std::int64_t 
                  "{}: values {} and targets {} disagree on the batch size ({} != {})", op,
                  shape_str(values.shape()), shape_str(targets.shape()), values.size(0), targets.size(0));
   const Tensor kept = ne(targets, ignore_index);
-  const Tensor safe = where(kept, targets.to(DType::i64), 0);
-  if (safe.numel() > 0) {
-    const std::int64_t lowest = min(safe).item<std::int64_t>(), highest = max(safe).item<std::int64_t>();
-    SHARDLAB_CHECK(lowest >= 0 && highest < values.size(1),
-                   "{}: target {} is out of range for {} classes (ignore_index is {})", op,
-                   lowest < 0 ? lowest : highest, values.size(1), ignore_index);
-  }
+  const Tensor safe = checked_targets(op, targets, ignore_index, values.size(1));
   const Tensor picked = gather(values, 1, safe.unsqueeze(1)).squeeze(1);
   return where(kept, picked, zeros({}, TensorOptions{values.dtype(), values.device()}));
+}
+
+namespace {
+void check_cross_entropy_operands(const char* op, const Tensor& logits, const Tensor& targets) {
+  check_defined(op, logits, "logits");
+  check_defined(op, targets, "targets");
+  check_floating(op, logits);
+  check_same_device(op, logits, targets);
+  SHARDLAB_CHECK(logits.dim() == 2, "{}: logits must be 2-D [N, C], got {}", op, shape_str(logits.shape()));
+  SHARDLAB_CHECK(targets.dim() == 1 && targets.size(0) == logits.size(0),
+                 "{}: targets must be 1-D [N] = [{}] for logits {}, got {}", op, logits.size(0),
+                 shape_str(logits.shape()), shape_str(targets.shape()));
+}
+
+DType logsumexp_dtype(DType logits) { return logits == DType::f64 ? DType::f64 : DType::f32; }
+}  // namespace
+
+CrossEntropyResult cross_entropy_forward(const Tensor& logits, const Tensor& targets,
+                                         std::int64_t ignore_index) {
+  const char* op = "cross_entropy";
+  check_cross_entropy_operands(op, logits, targets);
+  const Tensor checked = checked_targets(op, targets, ignore_index, logits.size(1));
+  const Tensor rows = where(ne(targets, ignore_index), checked, ignore_index);  // i64, ignore_index kept
+  CrossEntropyResult result{
+      empty({logits.size(0)}, TensorOptions{logits.dtype(), logits.device()}),
+      empty({logits.size(0)}, TensorOptions{logsumexp_dtype(logits.dtype()), logits.device()})};
+  if (logits.numel() > 0) {
+    kernel<&Kernels::cross_entropy_forward>(logits.device(), op)(logits.contiguous(), rows, ignore_index,
+                                                                 result.losses, result.logsumexp);
+  } else {
+    result.losses.fill_(0);
+    result.logsumexp.fill_(-std::numeric_limits<double>::infinity());
+  }
+  return result;
+}
+
+Tensor cross_entropy_backward(const Tensor& grad_losses, const Tensor& logits, const Tensor& targets,
+                              std::int64_t ignore_index, const Tensor& logsumexp) {
+  const char* op = "cross_entropy_backward";
+  check_cross_entropy_operands(op, logits, targets);
+  check_defined(op, grad_losses, "grad_losses");
+  check_defined(op, logsumexp, "logsumexp");
+  const Shape rows_shape{logits.size(0)};
+  SHARDLAB_CHECK(grad_losses.shape() == rows_shape && logsumexp.shape() == rows_shape,
+                 "{}: grad_losses {} and logsumexp {} must be [N] = {}", op, shape_str(grad_losses.shape()),
+                 shape_str(logsumexp.shape()), shape_str(rows_shape));
+  SHARDLAB_CHECK(logsumexp.dtype() == logsumexp_dtype(logits.dtype()),
+                 "{}: logsumexp must be {} for {} logits, got {}", op,
+                 dtype_name(logsumexp_dtype(logits.dtype())), dtype_name(logits.dtype()),
+                 dtype_name(logsumexp.dtype()));
+  const Tensor rows = where(ne(targets, ignore_index), targets.to(DType::i64), ignore_index).contiguous();
+  Tensor grad = empty(logits.shape(), TensorOptions{logits.dtype(), logits.device()});
+  if (grad.numel() > 0) {
+    kernel<&Kernels::cross_entropy_backward>(logits.device(), op)(grad_losses.to(logits.dtype()).contiguous(),
+                                                                  logits.contiguous(), rows, ignore_index,
+                                                                  logsumexp.contiguous(), grad);
+  }
+  return grad;
 }
 
 }  // namespace shardlab

@@ -250,4 +250,16 @@ void adam_step(std::span<const AdamSegment> segments);
 // targets[i] == ignore_index. Targets outside [0, C) are an error.
 Tensor gather_targets(const Tensor& values, const Tensor& targets, std::int64_t ignore_index = -100);
 
+// Cross-entropy from logits [N, C] (floating) and targets [N] (i64/i32, each in [0, C) or
+// ignore_index), row by row without a softmax [N, C] in memory: losses [N] = logsumexp(logits[i]) -
+// logits[i, targets[i]], 0 where ignored, in the logits' dtype; logsumexp [N] (f32 for bf16/f16)
+// for the backward, which gives grad_losses[i] * (softmax(logits[i]) - onehot(targets[i])).
+struct CrossEntropyResult {
+  Tensor losses, logsumexp;
+};
+CrossEntropyResult cross_entropy_forward(const Tensor& logits, const Tensor& targets,
+                                         std::int64_t ignore_index = -100);
+Tensor cross_entropy_backward(const Tensor& grad_losses, const Tensor& logits, const Tensor& targets,
+                              std::int64_t ignore_index, const Tensor& logsumexp);
+
 }  // namespace shardlab

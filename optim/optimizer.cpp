@@ -589,35 +589,48 @@ template class OptimizerWith<AdadeltaOptions>;
 
 // --- clip_grad_norm_ -------------------------------------------------------------------------
 
-double gradient_sum_of_squares(const std::vector<Variable>& parameters) {
-  double sum = 0.0;
+namespace {
+
+// Where a sum over `parameters` lives: their device (the first one's), the CPU for none.
+Device device_of(const std::vector<Variable>& parameters) {
+  return parameters.empty() ? Device::cpu() : parameters.front().data().device();
+}
+
+// `value` on `device`: a copy only for parameters spread over devices.
+Tensor on(const Tensor& value, Device device) { return value.device() == device ? value : value.to(device); }
+
+}  // namespace
+
+Tensor gradient_sum_of_squares(const std::vector<Variable>& parameters) {
+  const Device device = device_of(parameters);
+  Tensor sum = zeros({}, dtype(DType::f64).with_device(device));
   for (const Variable& variable : parameters) {
     const Tensor& grad = variable.grad();
     if (!grad.defined()) continue;
     // A bf16/f16 sum would keep about 3 significant digits: reduce those in f32.
     const bool narrow = grad.dtype() == DType::bf16 || grad.dtype() == DType::f16;
-    sum += sum_squares(narrow ? grad.to(DType::f32) : grad).item<double>();
+    add_(sum, on(sum_squares(narrow ? grad.to(DType::f32) : grad).to(DType::f64), device));
   }
   return sum;
 }
 
-double clip_gradients_to_norm(const std::vector<Variable>& parameters, double max_norm, double norm) {
+Tensor clip_gradients_to_norm(const std::vector<Variable>& parameters, double max_norm, const Tensor& norm) {
   SHARDLAB_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be > 0, got {}", max_norm);
-  const double coef = max_norm / (norm + 1e-6);
-  // !(coef >= 1) rather than coef < 1: a NaN norm turns the gradients into NaN, as in
-  // PyTorch, instead of letting a broken step pass unnoticed.
-  if (!(coef >= 1.0)) {
-    for (const Variable& variable : parameters) {
-      if (variable.grad().defined()) mul_(variable.grad(), coef);
-    }
+  const TensorOptions options = dtype(DType::f64).with_device(norm.device());
+  const Tensor coef = div(scalar_tensor(max_norm, options), add(norm, 1e-6));
+  // Always applied, 1 where coef >= 1, so no host ever reads the norm to decide. !(coef >= 1) rather
+  // than coef < 1: a NaN norm turns the gradients into NaN, as in PyTorch, instead of letting a
+  // broken step pass unnoticed.
+  const Tensor factor = where(ge(coef, 1.0), ones({}, options), coef);
+  for (const Variable& variable : parameters) {
+    if (variable.grad().defined()) mul_(variable.grad(), on(factor, variable.grad().device()));
   }
   return norm;
 }
 
 namespace {
 
-double global_sum_of_squares(const std::vector<Variable>& parameters,
-                             const std::function<double(double)>& combine) {
+Tensor global_sum_of_squares(const std::vector<Variable>& parameters, const SumCombiner& combine) {
   // A shard's part is summed over the ranks that hold its parameter, a replicated copy once; one
   // sum per set of ranks, in the order the parameters name them, which every rank shares.
   std::vector<Variable> whole;
@@ -634,19 +647,19 @@ double global_sum_of_squares(const std::vector<Variable>& parameters,
     if (it == sharded.end()) it = sharded.insert(sharded.end(), {shard->ranks.get(), {}});
     if (shard->counts_once) it->second.push_back(variable);
   }
-  double global = combine(gradient_sum_of_squares(whole));
-  for (const auto& [ranks, counted] : sharded) global += ranks->sum(gradient_sum_of_squares(counted));
+  const Device device = device_of(parameters);
+  Tensor local = gradient_sum_of_squares(whole);
+  Tensor global = on(combine ? combine(local) : local, device);
+  for (const auto& [ranks, counted] : sharded)
+    global = add(global, on(ranks->sum(gradient_sum_of_squares(counted)), device));
   return global;
 }
 
 }  // namespace
 
-double clip_grad_norm_(const std::vector<Variable>& parameters, double max_norm,
-                       const std::function<double(double)>& combine) {
+Tensor clip_grad_norm_(const std::vector<Variable>& parameters, double max_norm, const SumCombiner& combine) {
   SHARDLAB_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be > 0, got {}", max_norm);
-  const double global = global_sum_of_squares(parameters, combine);
-  SHARDLAB_CHECK(!(global < 0), "clip_grad_norm_: combine returned a negative sum of squares {}", global);
-  return clip_gradients_to_norm(parameters, max_norm, std::sqrt(global));
+  return clip_gradients_to_norm(parameters, max_norm, sqrt(global_sum_of_squares(parameters, combine)));
 }
 
 }  // namespace shardlab::optim

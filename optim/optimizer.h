@@ -231,24 +231,28 @@ class Adadelta final : public OptimizerWith<AdadeltaOptions> {
   std::vector<std::string> slot_names(std::span<const double> hyper_values) const override;
 };
 
-// Scales all gradients so their global norm is at most max_norm and returns the norm before
-// clipping. As PyTorch: the factor is max_norm / (norm + 1e-6), applied when below 1; the sum
-// of squares is accumulated in double; variables without a gradient are skipped; max_norm > 0.
-// Sharded parameters (a sharded module's named_parameters()) count with their whole gradient:
-// the shards' sums are added over the ranks that hold them (a collective, which every such rank
-// must call with the same list). `combine` turns the local sum over the other, whole, parameters
-// into the global one: the identity for one process or replicas (DDP passes an average). Both are
-// called also when no gradient is defined, so that every rank joins the collectives.
-double clip_grad_norm_(
-    const std::vector<Variable>& parameters, double max_norm,
-    const std::function<double(double)>& combine = [](double local) { return local; });
+// Turns a local sum of squares (a one-element f64 tensor) into the global one.
+using SumCombiner = std::function<Tensor(const Tensor& local)>;
 
-// clip_grad_norm_'s two halves, for callers that combine sums their own way (the CNN adds it to
-// its loss's all-reduce). The sum of the squared gradients of the variables that have one, here,
-// in double (bf16/f16 gradients reduced in f32):
-double gradient_sum_of_squares(const std::vector<Variable>& parameters);
+// Scales all gradients so their global norm is at most max_norm and returns the norm before
+// clipping, as a one-element f64 tensor on the parameters' device (the first one's), as PyTorch
+// does: nothing in it makes the host wait for a GPU; reading the result (item<double>()) does, so
+// read it after the step. As PyTorch: the factor is max_norm / (norm + 1e-6), applied when below 1;
+// the sum of squares is accumulated in double; variables without a gradient are skipped;
+// max_norm > 0. Sharded parameters (a sharded module's named_parameters()) count with their whole
+// gradient: the shards' sums are added over the ranks that hold them (a collective, which every
+// such rank must call with the same list). `combine` (none: the identity) turns the local sum over
+// the other, whole, parameters into the global one (DDP passes an average). Both are called also
+// when no gradient is defined, so that every rank joins the collectives.
+Tensor clip_grad_norm_(const std::vector<Variable>& parameters, double max_norm,
+                       const SumCombiner& combine = {});
+
+// clip_grad_norm_'s two halves, for callers that combine sums their own way. The sum of the
+// squared gradients of the variables that have one, here, in double (bf16/f16 gradients reduced
+// in f32), as a one-element f64 tensor on their device (the CPU for an empty list):
+Tensor gradient_sum_of_squares(const std::vector<Variable>& parameters);
 // Scales the gradients by max_norm / (norm + 1e-6) when that is below 1 (a NaN norm makes them
-// NaN, as in PyTorch) and returns norm; max_norm > 0.
-double clip_gradients_to_norm(const std::vector<Variable>& parameters, double max_norm, double norm);
+// NaN, as in PyTorch) and returns norm; max_norm > 0. Norm stays on its device: no host wait.
+Tensor clip_gradients_to_norm(const std::vector<Variable>& parameters, double max_norm, const Tensor& norm);
 
 }  // namespace shardlab::optim

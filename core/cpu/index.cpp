@@ -1,9 +1,11 @@
 // core/cpu/index.cpp: index_select, gather, scatter_add and index_add on contiguous operands
 // with validated i64 indices. Additions run in a fixed order per output, so results are
 // deterministic, and parallel tasks never write the same element.
+#include <algorithm>
 #include <cstring>
 
 #include "core/cpu/kernels.h"
+#include "core/error.h"
 #include "core/parallel.h"
 
 namespace shardlab::cpu {
@@ -42,6 +44,14 @@ std::int64_t remapped_offset(const Shape& index_shape, const Strides& strides, s
 }
 
 }  // namespace
+
+void check_index(const char* op, const Tensor& index, std::int64_t size, const char* what) {
+  const std::int64_t* values = index.data<std::int64_t>();
+  const auto [lowest, highest] = std::minmax_element(values, values + index.numel());
+  const std::int64_t bad = *lowest < 0 ? *lowest : *highest;
+  SHARDLAB_CHECK(*lowest >= 0 && *highest < size, "{}: index {} is out of range for {} of size {}", op, bad,
+                 what, size);
+}
 
 void index_select(const Tensor& in, std::int64_t dim, const Tensor& index, const Tensor& out) {
   const Around a = around(in.shape(), dim);

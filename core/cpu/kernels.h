@@ -14,6 +14,10 @@ void where(const Tensor& condition, const Tensor& a, const Tensor& b, const Tens
 void reduce(ReduceOp op, const Tensor& in, const Dims& dims, const Tensor& out);
 void matmul(const Tensor& a, const Tensor& b, const Tensor& out);
 void softmax(const Tensor& in, std::int64_t dim, bool log, const Tensor& out);
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, std::int64_t ignore_index,
+                           const Tensor& losses, const Tensor& logsumexp);
+void cross_entropy_backward(const Tensor& grad_losses, const Tensor& logits, const Tensor& targets,
+                            std::int64_t ignore_index, const Tensor& logsumexp, const Tensor& grad_logits);
 void conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Conv2dParams p, const Tensor& out);
 void conv2d_backward_input(const Tensor& grad_out, const Tensor& weight, Conv2dParams p,
                            const Tensor& grad_in);
@@ -26,6 +30,7 @@ void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k
                         const AttentionGrads& grads);
 void max_pool2d(const Tensor& input, MaxPool2dParams p, const Tensor& out, const Tensor& indices);
 void max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_in);
+void check_index(const char* op, const Tensor& index, std::int64_t size, const char* what);
 void index_select(const Tensor& in, std::int64_t dim, const Tensor& index, const Tensor& out);
 void gather(const Tensor& in, std::int64_t dim, const Tensor& index, const Tensor& out);
 void scatter_add(const Tensor& out, std::int64_t dim, const Tensor& index, const Tensor& src);

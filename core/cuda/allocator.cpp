@@ -142,4 +142,13 @@ void copy_to_device_async(void* dst, const void* pinned_src, std::size_t nbytes,
                                       static_cast<cudaStream_t>(stream.handle())));
 }
 
+void copy_to_host_async(void* pinned_dst, const void* src, std::size_t nbytes, const Stream& stream) {
+  if (nbytes == 0) return;
+  pinned_allocator().record_stream(pinned_dst, stream.handle());  // checks that it is pinned memory of ours
+  record_stream(const_cast<void*>(src), stream);
+  const DeviceGuard guard(stream.device());
+  SHARDLAB_CUDA_CHECK(cudaMemcpyAsync(pinned_dst, src, nbytes, cudaMemcpyDeviceToHost,
+                                      static_cast<cudaStream_t>(stream.handle())));
+}
+
 }  // namespace shardlab::cuda

@@ -37,7 +37,7 @@ Event::~Event() = default;  // never reached: no Event can be constructed
 void Event::record(const Stream&) { fail_unavailable(device_); }
 void Event::wait(const Stream&) const { fail_unavailable(device_); }
 bool Event::query() const { fail_unavailable(device_); }
-void Event::synchronize() const { fail_unavailable(device_); }
+void Event::synchronize(std::string_view) const { fail_unavailable(device_); }
 
 Stream& current_stream(int device) { fail_unavailable(device); }
 
@@ -51,6 +51,9 @@ void copy_bytes(void*, bool, const void*, bool, std::size_t, int device) { fail_
 Allocator& device_allocator(int index) { fail_unavailable(index); }
 Allocator& pinned_host_allocator() { fail("pinned host memory needs a usable GPU: {}", kReason); }
 void copy_to_device_async(void*, const void*, std::size_t, int device) { fail_unavailable(device); }
+void copy_to_host_async(void*, const void*, std::size_t, const Stream& stream) {
+  fail_unavailable(stream.device());
+}
 void record_stream(void*, const Stream& stream) { fail_unavailable(stream.device()); }
 
 }  // namespace cuda

@@ -1,9 +1,13 @@
-// core/cuda/index.cu: index_select, gather, scatter_add and index_add on contiguous operands with
-// in-range i64 indices. Additions never race: each thread owns the output elements it adds into and
-// adds in the CPU kernels' order, so results are deterministic and equal to the CPU's bit for bit.
+// core/cuda/index.cu: the index range check, and index_select, gather, scatter_add and index_add
+// on contiguous operands with i64 indices. Additions never race: each thread owns the output elements
+// it adds into and adds in the CPU kernels' order, so results are deterministic and equal to the
+// CPU's bit for bit. The check does not make the host wait: it records the first bad value where
+// the host reads it at its next wait (index_fault.h), and the kernels skip out-of-range values, so a
+// bad index never makes them touch memory outside their operands.
 #include <cstdint>
 
 #include "core/cuda/check.h"
+#include "core/cuda/index_fault.h"
 #include "core/cuda/indexing.cuh"
 #include "core/cuda/launch.h"
 
@@ -23,12 +27,31 @@ __device__ std::int64_t remapped(const IndexGeometry& g, const std::int64_t* str
   return offset;
 }
 
+__device__ inline bool in_range(std::int64_t value, std::int64_t size) { return value >= 0 && value < size; }
+
+__global__ void check_index_kernel(const std::int64_t* index, std::int64_t n, std::int64_t size,
+                                   IndexFault* fault, const char* op, const char* what, int device) {
+  for (std::int64_t i = first_thread(); i < n; i += thread_step()) {
+    if (in_range(index[i], size)) continue;
+    if (atomicCAS(&fault->claimed, 0, 1) == 0) {
+      fault->op = op;
+      fault->what = what;
+      fault->value = index[i];
+      fault->size = size;
+      fault->device = device;
+      __threadfence_system();  // the fields reach the host before `ready` does
+      atomicExch(&fault->ready, 1);
+    }
+    return;
+  }
+}
+
 template <typename T>
 __global__ void index_select_kernel(const T* in, const std::int64_t* index, T* out, std::int64_t total,
                                     std::int64_t picks, std::int64_t size, std::int64_t inner) {
   for (std::int64_t e = first_thread(); e < total; e += thread_step()) {
     const std::int64_t o = e / (picks * inner), j = e / inner % picks, i = e % inner;
-    out[e] = in[(o * size + index[j]) * inner + i];
+    out[e] = in_range(index[j], size) ? in[(o * size + index[j]) * inner + i] : T{};
   }
 }
 
@@ -36,7 +59,7 @@ template <typename T>
 __global__ void gather_kernel(const T* in, const std::int64_t* index, T* out, std::int64_t total,
                               IndexGeometry g) {
   for (std::int64_t p = first_thread(); p < total; p += thread_step())
-    out[p] = in[remapped(g, g.in_strides, p, index[p])];
+    out[p] = in_range(index[p], g.bound) ? in[remapped(g, g.in_strides, p, index[p])] : T{};
 }
 
 // One thread per line along `dim` of the index, walked in order.
@@ -47,6 +70,7 @@ __global__ void scatter_add_kernel(T* out, const std::int64_t* index, const T* s
     const std::int64_t o = line / inner, i = line % inner;
     for (std::int64_t j = 0; j < length; ++j) {
       const std::int64_t p = (o * length + j) * inner + i;
+      if (!in_range(index[p], g.bound)) continue;
       accumulate(out[remapped(g, g.out_strides, p, index[p])], src[remapped(g, g.in_strides, p, j)]);
     }
   }
@@ -58,12 +82,22 @@ __global__ void index_add_kernel(T* out, const std::int64_t* index, const T* src
                                  std::int64_t picks, std::int64_t size, std::int64_t inner) {
   for (std::int64_t c = first_thread(); c < columns; c += thread_step()) {
     const std::int64_t o = c / inner, i = c % inner;
-    for (std::int64_t j = 0; j < picks; ++j)
-      accumulate(out[(o * size + index[j]) * inner + i], src[(o * picks + j) * inner + i]);
+    for (std::int64_t j = 0; j < picks; ++j) {
+      if (in_range(index[j], size))
+        accumulate(out[(o * size + index[j]) * inner + i], src[(o * picks + j) * inner + i]);
+    }
   }
 }
 
 }  // namespace
+
+void launch_check_index(const std::int64_t* index, std::int64_t n, std::int64_t size, const char* op,
+                        const char* what, int device, cudaStream_t stream) {
+  if (n == 0) return;
+  check_index_kernel<<<grid_size(n), kBlockSize, 0, stream>>>(index, n, size, index_fault(), op, what,
+                                                              device);
+  SHARDLAB_CUDA_CHECK_LAUNCH();
+}
 
 void launch_index_select(DType dtype, const void* in, const std::int64_t* index, void* out,
                          std::int64_t outer, std::int64_t picks, std::int64_t size, std::int64_t inner,

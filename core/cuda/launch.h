@@ -95,6 +95,16 @@ void launch_random(DType dtype, void* out, std::int64_t n, const PhiloxDraw& dra
 // (false for the others).
 [[nodiscard]] bool launch_softmax(DType dtype, const void* in, void* out, std::int64_t outer, std::int64_t n,
                                   std::int64_t inner, bool log, cudaStream_t stream);
+// Contiguous logits [rows, classes], i64 targets (in range or ignore_index): losses [rows] in the
+// logits' dtype and logsumexp [rows] in their compute type; floating dtypes only.
+[[nodiscard]] bool launch_cross_entropy(DType dtype, const void* logits, const std::int64_t* targets,
+                                        std::int64_t ignore_index, std::int64_t rows, std::int64_t classes,
+                                        void* losses, void* logsumexp, cudaStream_t stream);
+// grad [rows, classes] = grad_losses[r] * (softmax - onehot), 0 in ignored rows.
+[[nodiscard]] bool launch_cross_entropy_backward(DType dtype, const void* grad_losses, const void* logits,
+                                                 const std::int64_t* targets, std::int64_t ignore_index,
+                                                 const void* logsumexp, std::int64_t rows,
+                                                 std::int64_t classes, void* grad, cudaStream_t stream);
 
 // --- core/cuda/reduce.cu -----------------------------------------------------------------------
 
@@ -102,6 +112,28 @@ void launch_random(DType dtype, void* out, std::int64_t n, const PhiloxDraw& dra
 // or out i64 (integer sums, argmax); false for others.
 [[nodiscard]] bool launch_reduce(ReduceOp op, DType in_dtype, DType out_dtype, const void* in, void* out,
                                  std::int64_t outputs, std::int64_t count, cudaStream_t stream);
+
+// --- core/cuda/attention.cu --------------------------------------------------------------------
+
+// Contiguous q [B, H, T, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv]; padding bool [B, S] or null.
+struct AttentionGeometry {
+  std::int64_t batch, heads, kv_heads, queries, keys, head_dim, value_dim;
+  bool causal;
+  double scale;
+};
+// A warp holds a row of D or Dv elements, kMaxValuesPerLane per lane.
+inline constexpr int kMaxValuesPerLane = 8;
+inline constexpr std::int64_t kMaxAttentionHeadDim = 32 * kMaxValuesPerLane;
+// out [B, H, T, Dv] and logsumexp [B, H, T]; f32 and f64.
+[[nodiscard]] bool launch_attention_forward(DType dtype, const void* q, const void* k, const void* v,
+                                            const bool* padding, const AttentionGeometry& geometry, void* out,
+                                            void* logsumexp, cudaStream_t stream);
+// The gradients in q's, k's and v's shapes (written whole); delta is scratch of [B, H, T].
+[[nodiscard]] bool launch_attention_backward(DType dtype, const void* grad_out, const void* q, const void* k,
+                                             const void* v, const void* out, const void* logsumexp,
+                                             const bool* padding, const AttentionGeometry& geometry,
+                                             void* delta, void* grad_q, void* grad_k, void* grad_v,
+                                             cudaStream_t stream);
 
 // --- core/cuda/index.cu ------------------------------------------------------------------------
 
@@ -111,12 +143,19 @@ void launch_random(DType dtype, void* out, std::int64_t n, const PhiloxDraw& dra
 struct IndexGeometry {
   int rank = 0;
   int dim = 0;
+  std::int64_t bound = 0;  // the indexed operand's size along dim (gather's input, scatter_add's output)
   std::int64_t shape[kMaxDims] = {};
   std::int64_t in_strides[kMaxDims] = {};
   std::int64_t out_strides[kMaxDims] = {};
 };
 
-// Contiguous operands, in-range i64 indices, the CPU kernels' contracts (core/kernels.h).
+// Records the first value of index[0, n) outside [0, size) in index_fault() (index_fault.h);
+// `op` and `what` are string literals of the host, for the message.
+void launch_check_index(const std::int64_t* index, std::int64_t n, std::int64_t size, const char* op,
+                        const char* what, int device, cudaStream_t stream);
+
+// Contiguous operands and i64 indices checked by launch_check_index, the CPU kernels' contracts
+// (core/kernels.h); an out-of-range index is skipped (its fault is reported at the next host wait).
 // in [outer, size, inner] -> out [outer, picks, inner].
 void launch_index_select(DType dtype, const void* in, const std::int64_t* index, void* out,
                          std::int64_t outer, std::int64_t picks, std::int64_t size, std::int64_t inner,
@@ -184,10 +223,11 @@ struct AdadeltaScalars {
 
 // Multi-segment launches: one kernel for many parameters, each a segment of `numel` (> 0)
 // contiguous elements per operand with its own hyper-parameters. The kernel reads a table of
-// the segments from device memory that `scratch` returns (called once, with the bytes needed;
-// the memory must stay valid for the work queued on `stream`, as a caching-allocator block of
-// that stream does). False, launching nothing, for dtypes without a kernel.
-using DeviceScratch = std::function<void*(std::size_t bytes)>;
+// the segments from the device memory `upload` returns (called once with the host table and its
+// bytes; it queues the copy on `stream` without the host waiting, and the memory must stay valid
+// for the work queued there, as a caching-allocator block of that stream does). False, launching
+// nothing, for dtypes without a kernel.
+using TableUpload = std::function<const void*(const void* host_table, std::size_t bytes)>;
 
 struct AdadeltaSegmentArgs {
   void* param;
@@ -198,7 +238,7 @@ struct AdadeltaSegmentArgs {
   AdadeltaScalars hyper;
 };
 [[nodiscard]] bool launch_adadelta_segments(DType dtype, std::span<const AdadeltaSegmentArgs> segments,
-                                            const DeviceScratch& scratch, cudaStream_t stream);
+                                            const TableUpload& upload, cudaStream_t stream);
 
 struct AdamSegmentArgs {
   void* param;
@@ -210,7 +250,7 @@ struct AdamSegmentArgs {
   AdamScalars hyper;
 };
 [[nodiscard]] bool launch_adam_segments(DType dtype, DType copy_dtype,
-                                        std::span<const AdamSegmentArgs> segments,
-                                        const DeviceScratch& scratch, cudaStream_t stream);
+                                        std::span<const AdamSegmentArgs> segments, const TableUpload& upload,
+                                        cudaStream_t stream);
 
 }  // namespace shardlab::cuda

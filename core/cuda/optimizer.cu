@@ -127,21 +127,18 @@ __global__ void adam_segments_kernel(const AdamDescriptor<T, Out>* table, std::i
   });
 }
 
-// Numbers the chunks of `table`'s segments, copies the table into scratch and launches `kernel`
-// over it on `stream`.
+// Numbers the chunks of `table`'s segments, uploads the table and launches `kernel` over it on
+// `stream`.
 template <typename Descriptor>
 void launch_segments(void (*kernel)(const Descriptor*, std::int64_t, std::int64_t),
-                     std::vector<Descriptor>& table, const DeviceScratch& scratch, cudaStream_t stream) {
+                     std::vector<Descriptor>& table, const TableUpload& upload, cudaStream_t stream) {
   std::int64_t chunks = 0;
   for (Descriptor& segment : table) {
     segment.first_chunk = chunks;
     chunks += (segment.numel + kChunk - 1) / kChunk;
   }
   const std::size_t bytes = table.size() * sizeof(Descriptor);
-  void* device_table = scratch(bytes);
-  // From pageable memory the copy returns once the driver has staged `table`, so the vector may
-  // go before the copy and the kernel run; no synchronization on the hot path.
-  SHARDLAB_CUDA_CHECK(cudaMemcpyAsync(device_table, table.data(), bytes, cudaMemcpyHostToDevice, stream));
+  const void* device_table = upload(table.data(), bytes);
   const unsigned blocks = static_cast<unsigned>(chunks < kMaxBlocks ? chunks : kMaxBlocks);
   kernel<<<blocks, kBlockSize, 0, stream>>>(static_cast<const Descriptor*>(device_table),
                                             static_cast<std::int64_t>(table.size()), chunks);
@@ -187,7 +184,7 @@ bool launch_adadelta_step(DType dtype, void* param, const void* grad, void* squa
 }
 
 bool launch_adadelta_segments(DType dtype, std::span<const AdadeltaSegmentArgs> segments,
-                              const DeviceScratch& scratch, cudaStream_t stream) {
+                              const TableUpload& upload, cudaStream_t stream) {
   return visit_dtype(dtype, [&]<typename T>() {
     if constexpr (std::is_floating_point_v<compute_t<T>>) {
       std::vector<AdadeltaDescriptor<T>> table;
@@ -196,7 +193,7 @@ bool launch_adadelta_segments(DType dtype, std::span<const AdadeltaSegmentArgs> 
                          static_cast<T*>(s.square_avg), static_cast<T*>(s.acc_delta), s.numel, 0,
                          adadelta_coefficients<compute_t<T>>(s.hyper)});
       }
-      launch_segments(adadelta_segments_kernel<T>, table, scratch, stream);
+      launch_segments(adadelta_segments_kernel<T>, table, upload, stream);
       return true;
     } else {
       return false;
@@ -205,7 +202,7 @@ bool launch_adadelta_segments(DType dtype, std::span<const AdadeltaSegmentArgs> 
 }
 
 bool launch_adam_segments(DType dtype, DType copy_dtype, std::span<const AdamSegmentArgs> segments,
-                          const DeviceScratch& scratch, cudaStream_t stream) {
+                          const TableUpload& upload, cudaStream_t stream) {
   return visit_dtype(dtype, [&]<typename T>() {
     return visit_dtype(copy_dtype, [&]<typename Out>() {
       if constexpr (std::is_floating_point_v<compute_t<T>> && std::is_floating_point_v<compute_t<Out>>) {
@@ -215,7 +212,7 @@ bool launch_adam_segments(DType dtype, DType copy_dtype, std::span<const AdamSeg
                            static_cast<T*>(s.exp_avg), static_cast<T*>(s.exp_avg_sq),
                            static_cast<Out*>(s.copy), s.numel, 0, adam_coefficients<compute_t<T>>(s.hyper)});
         }
-        launch_segments(adam_segments_kernel<T, Out>, table, scratch, stream);
+        launch_segments(adam_segments_kernel<T, Out>, table, upload, stream);
         return true;
       } else {
         return false;

@@ -48,7 +48,9 @@ __global__ void max_pool2d_backward_kernel(const T* grad_out, const std::int64_t
                                            std::int64_t plane_out) {
   for (std::int64_t plane = first_thread(); plane < planes; plane += thread_step()) {
     for (std::int64_t j = 0; j < plane_out; ++j) {
-      accumulate(grad_in[plane * plane_in + where[plane * plane_out + j]], grad_out[plane * plane_out + j]);
+      const std::int64_t at = where[plane * plane_out + j];
+      if (at >= 0 && at < plane_in)
+        accumulate(grad_in[plane * plane_in + at], grad_out[plane * plane_out + j]);
     }
   }
 }

@@ -4,13 +4,17 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <mutex>
+#include <new>
 #include <string>
 #include <vector>
 
 #include "core/cuda/check.h"
+#include "core/cuda/index_fault.h"
 #include "core/device.h"
 #include "core/error.h"
+#include "core/host_wait.h"
 
 namespace shardlab::cuda {
 
@@ -65,6 +69,12 @@ const Availability& availability() {
 }
 
 cudaStream_t raw(const Stream& stream) { return static_cast<cudaStream_t>(stream.handle()); }
+
+// Blocks until `stream`'s queued work has run; the caller has gone through host_wait.
+void block_on(const Stream& stream) {
+  const DeviceGuard guard(stream.device());
+  SHARDLAB_CUDA_CHECK(cudaStreamSynchronize(raw(stream)));
+}
 cudaEvent_t raw_event(void* handle) { return static_cast<cudaEvent_t>(handle); }
 
 struct DefaultStreams {
@@ -136,8 +146,9 @@ Stream::~Stream() {
 // Waiting and querying run under the object's device too: a thread that never chose one (the
 // collective watchdog) would otherwise open a context on device 0 just to ask.
 void Stream::synchronize() const {
-  const DeviceGuard guard(device_);
-  SHARDLAB_CUDA_CHECK(cudaStreamSynchronize(raw(*this)));
+  host_wait("Stream::synchronize", Device::cuda(device_).str());
+  block_on(*this);
+  report_index_fault();
 }
 
 // --- Event -----------------------------------------------------------------------------------
@@ -175,9 +186,13 @@ bool Event::query() const {
   return true;
 }
 
-void Event::synchronize() const {
-  const DeviceGuard guard(device_);
-  SHARDLAB_CUDA_CHECK(cudaEventSynchronize(raw_event(handle_)));
+void Event::synchronize(std::string_view reason) const {
+  host_wait(reason, Device::cuda(device_).str());
+  {
+    const DeviceGuard guard(device_);
+    SHARDLAB_CUDA_CHECK(cudaEventSynchronize(raw_event(handle_)));
+  }
+  report_index_fault();
 }
 
 // --- current stream --------------------------------------------------------------------------
@@ -202,12 +217,54 @@ void copy_bytes(void* dst, bool dst_on_device, const void* src, bool src_on_devi
                 int device) {
   if (nbytes == 0) return;
   const Stream& stream = current_stream(device);
+  // Device to device is ordered on the stream like any kernel. Pageable host memory may be read
+  // or written after cudaMemcpyAsync returns: wait, so the caller can reuse or read its buffer at
+  // once (from pageable memory the driver itself first waits for the stream's queued work).
+  const bool waits = !(dst_on_device && src_on_device);
+  if (waits)
+    host_wait(dst_on_device ? "copy from pageable host memory" : "copy to host memory",
+              Device::cuda(device).str());
   const DeviceGuard guard(device);
   SHARDLAB_CUDA_CHECK(
       cudaMemcpyAsync(dst, src, nbytes, copy_kind(dst_on_device, src_on_device), raw(stream)));
-  // Pageable host memory may be read or written after cudaMemcpyAsync returns: wait, so the
-  // caller can reuse or read its buffer at once.
-  stream.synchronize();
+  if (!waits) return;
+  block_on(stream);
+  report_index_fault();
+}
+
+// --- index faults ----------------------------------------------------------------------------
+
+namespace {
+std::atomic<IndexFault*> fault_slot{nullptr};
+std::mutex fault_mutex;
+}  // namespace
+
+IndexFault* index_fault() {
+  if (IndexFault* slot = fault_slot.load()) return slot;
+  const std::lock_guard lock(fault_mutex);
+  if (IndexFault* slot = fault_slot.load()) return slot;
+  void* memory = nullptr;
+  // Mapped and portable: with unified addressing every device writes it at the host's address.
+  SHARDLAB_CUDA_CHECK(
+      cudaHostAlloc(&memory, sizeof(IndexFault), cudaHostAllocMapped | cudaHostAllocPortable));
+  auto* slot = new (memory) IndexFault{};  // never freed: kernels may write it until the process ends
+  fault_slot.store(slot);
+  return slot;
+}
+
+void report_index_fault() {
+  IndexFault* slot = fault_slot.load();
+  if (slot == nullptr) return;
+  const std::lock_guard lock(fault_mutex);
+  volatile IndexFault* seen = slot;
+  if (seen->ready == 0) return;
+  const IndexFault fault{0, 0, seen->op, seen->what, seen->value, seen->size, seen->device};
+  seen->ready = 0;
+  seen->claimed = 0;
+  fail(
+      "{}: index {} is out of range for {} of size {} (found on {} by a check the host did not wait for; "
+      "what was computed from it since is not valid)",
+      fault.op, fault.value, fault.what, fault.size, Device::cuda(fault.device).str());
 }
 
 }  // namespace shardlab::cuda

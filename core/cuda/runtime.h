@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <string>
+#include <string_view>
 
 namespace shardlab {
 class Allocator;
@@ -52,7 +53,8 @@ class Event {
   void record(const Stream& stream);
   void wait(const Stream& stream) const;  // `stream` waits for the recorded work
   bool query() const;                     // true when the recorded work has completed
-  void synchronize() const;
+  // The host waits for the recorded work (a host_wait, counted under `reason`).
+  void synchronize(std::string_view reason = "Event::synchronize") const;
 
  private:
   int device_;
@@ -92,6 +94,10 @@ Allocator& pinned_host_allocator();
 // Queues a copy of nbytes from pinned host memory (pinned_host_allocator, any address inside one
 // of its blocks) to memory of `device` on that device's current stream and returns at once.
 void copy_to_device_async(void* dst, const void* pinned_src, std::size_t nbytes, int device);
+// Queues a copy of nbytes from memory of `stream`'s device to pinned host memory (any address inside
+// one of its blocks) on `stream` and returns at once; both blocks are held until it ran. The host
+// may read `pinned_dst` once an event recorded after it on `stream` has completed.
+void copy_to_host_async(void* pinned_dst, const void* src, std::size_t nbytes, const Stream& stream);
 
 // Tells device `index`'s allocator that `data` is also used by work queued on `stream`, so
 // it is not reused by another stream before that work completes.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <map>
 #include <span>
@@ -148,6 +149,26 @@ void cuda_softmax(const Tensor& in, std::int64_t dim, bool log, const Tensor& ou
                  "{}: no CUDA kernel for {}", log ? "log_softmax" : "softmax", dtype_name(x.dtype()));
 }
 
+void cuda_cross_entropy_forward(const Tensor& logits, const Tensor& targets, std::int64_t ignore_index,
+                                const Tensor& losses, const Tensor& logsumexp) {
+  const LaunchContext context(logits);
+  SHARDLAB_CHECK(cuda::launch_cross_entropy(logits.dtype(), logits.raw_data(), targets.data<std::int64_t>(),
+                                            ignore_index, logits.size(0), logits.size(1), losses.raw_data(),
+                                            logsumexp.raw_data(), context.stream()),
+                 "cross_entropy: no CUDA kernel for {}", dtype_name(logits.dtype()));
+}
+
+void cuda_cross_entropy_backward(const Tensor& grad_losses, const Tensor& logits, const Tensor& targets,
+                                 std::int64_t ignore_index, const Tensor& logsumexp,
+                                 const Tensor& grad_logits) {
+  const LaunchContext context(logits);
+  SHARDLAB_CHECK(cuda::launch_cross_entropy_backward(
+                     logits.dtype(), grad_losses.raw_data(), logits.raw_data(), targets.data<std::int64_t>(),
+                     ignore_index, logsumexp.raw_data(), logits.size(0), logits.size(1),
+                     grad_logits.raw_data(), context.stream()),
+                 "cross_entropy_backward: no CUDA kernel for {}", dtype_name(logits.dtype()));
+}
+
 // The kept dims first and the reduced ones last, both in order: each output's inputs are then
 // one contiguous row, in the row-major order argmax counts in, and the outputs follow out's order.
 void cuda_reduce(ReduceOp op, const Tensor& in, const Dims& dims, const Tensor& out) {
@@ -210,12 +231,19 @@ cuda::IndexGeometry index_geometry(const char* op, const Tensor& index, std::int
   cuda::IndexGeometry g;
   g.rank = static_cast<int>(index.dim());
   g.dim = static_cast<int>(dim);
+  g.bound = out.defined() ? out.size(dim) : in.size(dim);
   for (std::int64_t d = 0; d < index.dim(); ++d) {
     g.shape[d] = index.size(d);
     g.in_strides[d] = in.stride(d);
     if (out.defined()) g.out_strides[d] = out.stride(d);
   }
   return g;
+}
+
+void cuda_check_index(const char* op, const Tensor& index, std::int64_t size, const char* what) {
+  const LaunchContext context(index);
+  cuda::launch_check_index(index.data<std::int64_t>(), index.numel(), size, op, what, index.device().index,
+                           context.stream());
 }
 
 void cuda_index_select(const Tensor& in, std::int64_t dim, const Tensor& index, const Tensor& out) {
@@ -231,19 +259,34 @@ void cuda_gather(const Tensor& in, std::int64_t dim, const Tensor& index, const 
                       index_geometry("gather", index, dim, in, Tensor()), context.stream());
 }
 
-void cuda_scatter_add(const Tensor& out, std::int64_t dim, const Tensor& index, const Tensor& src) {
-  const LaunchContext context(out);
-  const auto [outer, inner] = outer_inner(index.shape(), dim);
-  cuda::launch_scatter_add(out.dtype(), out.raw_data(), index.data<std::int64_t>(), src.raw_data(), outer,
-                           index.size(dim), inner, index_geometry("scatter_add", index, dim, src, out),
-                           context.stream());
+// Accumulating kernels sum 16-bit floats in f32 and round once at the end, as the CPU's do
+// (kernel(out, src) on f32 copies, then out gets the rounded sums).
+template <typename Kernel>
+void accumulate_in_f32(const Tensor& out, const Tensor& src, const Kernel& kernel) {
+  if (out.dtype() != DType::bf16 && out.dtype() != DType::f16) return kernel(out, src);
+  const Tensor wide = out.to(DType::f32);
+  kernel(wide, src.to(DType::f32));
+  out.copy_(wide);
 }
 
+void cuda_scatter_add(const Tensor& out, std::int64_t dim, const Tensor& index, const Tensor& src) {
+  accumulate_in_f32(out, src, [&](const Tensor& sums, const Tensor& terms) {
+    const LaunchContext context(sums);
+    const auto [outer, inner] = outer_inner(index.shape(), dim);
+    cuda::launch_scatter_add(sums.dtype(), sums.raw_data(), index.data<std::int64_t>(), terms.raw_data(),
+                             outer, index.size(dim), inner,
+                             index_geometry("scatter_add", index, dim, terms, sums), context.stream());
+  });
+}
+
+// The embedding backward's: one thread per column of the table walks every pick in order.
 void cuda_index_add(const Tensor& out, std::int64_t dim, const Tensor& index, const Tensor& src) {
-  const LaunchContext context(out);
-  const auto [outer, inner] = outer_inner(out.shape(), dim);
-  cuda::launch_index_add(out.dtype(), out.raw_data(), index.data<std::int64_t>(), src.raw_data(), outer,
-                         index.numel(), out.size(dim), inner, context.stream());
+  accumulate_in_f32(out, src, [&](const Tensor& sums, const Tensor& terms) {
+    const LaunchContext context(sums);
+    const auto [outer, inner] = outer_inner(sums.shape(), dim);
+    cuda::launch_index_add(sums.dtype(), sums.raw_data(), index.data<std::int64_t>(), terms.raw_data(), outer,
+                           index.numel(), sums.size(dim), inner, context.stream());
+  });
 }
 
 void cuda_max_pool2d(const Tensor& input, MaxPool2dParams p, const Tensor& out, const Tensor& indices) {
@@ -259,12 +302,57 @@ void cuda_max_pool2d(const Tensor& input, MaxPool2dParams p, const Tensor& out, 
                           input.size(0) * input.size(1), geometry, context.stream());
 }
 
+cuda::AttentionGeometry attention_geometry(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const AttentionParams& params) {
+  SHARDLAB_CHECK(q.size(3) <= cuda::kMaxAttentionHeadDim && v.size(3) <= cuda::kMaxAttentionHeadDim,
+                 "{} on cuda: head dims of at most {} (q {}, v {})", op, cuda::kMaxAttentionHeadDim,
+                 shape_str(q.shape()), shape_str(v.shape()));
+  return {.batch = q.size(0),
+          .heads = q.size(1),
+          .kv_heads = k.size(1),
+          .queries = q.size(2),
+          .keys = k.size(2),
+          .head_dim = q.size(3),
+          .value_dim = v.size(3),
+          .causal = params.causal,
+          .scale = *params.scale};
+}
+
+const bool* padding_of(const AttentionParams& params) {
+  return params.padding.defined() ? params.padding.data<bool>() : nullptr;
+}
+
+void cuda_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
+                            const AttentionResult& result) {
+  const LaunchContext context(q);
+  SHARDLAB_CHECK(
+      cuda::launch_attention_forward(q.dtype(), q.raw_data(), k.raw_data(), v.raw_data(), padding_of(params),
+                                     attention_geometry("attention", q, k, v, params), result.out.raw_data(),
+                                     result.logsumexp.raw_data(), context.stream()),
+      "attention: no CUDA kernel for {}", dtype_name(q.dtype()));
+}
+
+void cuda_attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const AttentionResult& forward, const AttentionParams& params,
+                             const AttentionGrads& grads) {
+  const LaunchContext context(q);
+  const Tensor delta = empty(forward.logsumexp.shape(), TensorOptions{q.dtype(), q.device()});
+  SHARDLAB_CHECK(cuda::launch_attention_backward(
+                     q.dtype(), grad_out.raw_data(), q.raw_data(), k.raw_data(), v.raw_data(),
+                     forward.out.raw_data(), forward.logsumexp.raw_data(), padding_of(params),
+                     attention_geometry("attention_backward", q, k, v, params), delta.raw_data(),
+                     grads.q.raw_data(), grads.k.raw_data(), grads.v.raw_data(), context.stream()),
+                 "attention_backward: no CUDA kernel for {}", dtype_name(q.dtype()));
+}
+
 void cuda_max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_in) {
-  const LaunchContext context(grad_in);
-  cuda::launch_max_pool2d_backward(grad_out.dtype(), grad_out.raw_data(), indices.data<std::int64_t>(),
-                                   grad_in.raw_data(), grad_in.size(0) * grad_in.size(1),
-                                   grad_in.size(2) * grad_in.size(3), grad_out.size(2) * grad_out.size(3),
-                                   context.stream());
+  accumulate_in_f32(grad_in, grad_out, [&](const Tensor& sums, const Tensor& terms) {
+    const LaunchContext context(sums);
+    cuda::launch_max_pool2d_backward(sums.dtype(), terms.raw_data(), indices.data<std::int64_t>(),
+                                     sums.raw_data(), sums.size(0) * sums.size(1),
+                                     sums.size(2) * sums.size(3), terms.size(2) * terms.size(3),
+                                     context.stream());
+  });
 }
 
 // --- conv2d: im2col + cuBLAS GEMM (cuDNN is not used yet) -------------------------------------------
@@ -350,11 +438,16 @@ bool all_contiguous(std::initializer_list<const Tensor*> tensors) {
   return std::all_of(tensors.begin(), tensors.end(), [](const Tensor* t) { return t->is_contiguous(); });
 }
 
-// Device memory for a multi-segment launch's table, held by `table` until the launch is queued
-// (then freed into the stream's cache, reused only by later work on that stream).
-cuda::DeviceScratch scratch_into(Tensor& table, Device device) {
-  return [&table, device](std::size_t bytes) {
-    table = empty({static_cast<std::int64_t>(bytes)}, TensorOptions{DType::u8, device});
+// A multi-segment launch's table goes up through pinned memory, queued on the device's current
+// stream: from pageable memory the copy would first wait for the stream's queued work. `table`
+// holds the device copy until the launch is queued (then it is freed into the stream's cache,
+// reused only by later work on that stream); the pinned block is held until its copy ran.
+cuda::TableUpload upload_into(Tensor& table, Device device) {
+  return [&table, device](const void* host_table, std::size_t bytes) {
+    const Tensor staged =
+        empty({static_cast<std::int64_t>(bytes)}, TensorOptions{DType::u8, Device::cpu(), true});
+    std::memcpy(staged.raw_data(), host_table, bytes);
+    table = staged.to(device, /*non_blocking=*/true);
     return table.raw_data();
   };
 }
@@ -381,7 +474,7 @@ void cuda_adadelta_step(std::span<const AdadeltaSegment> segments) {
   }
   for (const auto& [dtype, args] : contiguous) {
     Tensor table;
-    SHARDLAB_CHECK(cuda::launch_adadelta_segments(dtype, args, scratch_into(table, device), context.stream()),
+    SHARDLAB_CHECK(cuda::launch_adadelta_segments(dtype, args, upload_into(table, device), context.stream()),
                    "adadelta_step: no CUDA kernel for {}", dtype_name(dtype));
   }
 }
@@ -407,7 +500,7 @@ void cuda_adam_step(std::span<const AdamSegment> segments) {
   }
   for (const auto& [dtypes, args] : contiguous) {
     Tensor table;
-    SHARDLAB_CHECK(cuda::launch_adam_segments(dtypes.first, dtypes.second, args, scratch_into(table, device),
+    SHARDLAB_CHECK(cuda::launch_adam_segments(dtypes.first, dtypes.second, args, upload_into(table, device),
                                               context.stream()),
                    "adam_step: no CUDA kernel for {} to {}", dtype_name(dtypes.first),
                    dtype_name(dtypes.second));
@@ -417,8 +510,8 @@ void cuda_adam_step(std::span<const AdamSegment> segments) {
 }  // namespace
 
 const Kernels& cuda_kernels() {
-  // Designated in core/kernels.h's order; an entry left out stays null: that op has no CUDA kernel
-  // yet (fused attention: autograd composes it from the other ops on CUDA).
+  // Designated in core/kernels.h's order; an entry left out would stay null: its op would have no
+  // CUDA kernel.
   static const Kernels table{
       .fill = cuda_fill,
       .copy = cuda_copy,
@@ -428,11 +521,16 @@ const Kernels& cuda_kernels() {
       .reduce = cuda_reduce,
       .matmul = cuda_matmul,
       .softmax = cuda_softmax,
+      .cross_entropy_forward = cuda_cross_entropy_forward,
+      .cross_entropy_backward = cuda_cross_entropy_backward,
       .conv2d = cuda_conv2d,
       .conv2d_backward_input = cuda_conv2d_backward_input,
       .conv2d_backward_weight = cuda_conv2d_backward_weight,
       .max_pool2d = cuda_max_pool2d,
       .max_pool2d_backward = cuda_max_pool2d_backward,
+      .attention_forward = cuda_attention_forward,
+      .attention_backward = cuda_attention_backward,
+      .check_index = cuda_check_index,
       .index_select = cuda_index_select,
       .gather = cuda_gather,
       .scatter_add = cuda_scatter_add,

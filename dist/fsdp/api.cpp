@@ -182,17 +182,20 @@ nn::Named<Variable> sharded_parameters(nn::Module& root) {
 
 void set_requires_gradient_sync(nn::Module& root, bool sync) { ensure_root(root)->sync = sync; }
 
-double local_gradient_sum_of_squares(nn::Module& root) {
+Tensor local_gradient_sum_of_squares(nn::Module& root) {
   // Each unit's sum over its own pieces, counted by one replica only: the sum over all ranks
   // then holds every element once, whatever mix of sharded and replicated units the root has.
-  double local = 0.0;
-  for (const Unit* unit : ensure_root(root)->units) {
-    if (unit->groups().first_replica()) local += optim::gradient_sum_of_squares(unit->views());
+  const std::vector<Unit*>& units = ensure_root(root)->units;
+  Tensor local = zeros({}, dtype(DType::f64).with_device(units.front()->device()));
+  for (const Unit* unit : units) {
+    if (!unit->groups().first_replica()) continue;
+    const Tensor part = optim::gradient_sum_of_squares(unit->views());
+    add_(local, part.device() == local.device() ? part : part.to(local.device()));
   }
   return local;
 }
 
-double clip_grad_norm_(nn::Module& root, double max_norm) {
+Tensor clip_grad_norm_(nn::Module& root, double max_norm) {
   std::vector<Variable> shards;
   for (const auto& [name, shard] : sharded_parameters(root)) shards.push_back(shard);
   return optim::clip_grad_norm_(shards, max_norm);

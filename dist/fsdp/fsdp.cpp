@@ -14,6 +14,7 @@
 #include <mutex>
 #include <set>
 #include <tuple>
+#include <utility>
 
 #include "autograd/engine.h"
 #include "autograd/function.h"
@@ -22,6 +23,7 @@
 #include "core/ops.h"
 #include "core/storage.h"
 #include "dist/comm/init.h"
+#include "dist/fsdp/offload.h"
 #include "dist/fsdp/unit.h"
 
 namespace shardlab::dist {
@@ -82,11 +84,13 @@ class CommunicatorSum final : public ShardRanks {
  public:
   CommunicatorSum(Communicator& base, Device device) : base_(&base), device_(device) {}
 
-  double sum(double value) const override {
+  Tensor sum(const Tensor& value) const override {
     if (base_->size() == 1) return value;
-    const Tensor total = full({1}, value, dtype(DType::f64).with_device(device_));
+    // On the units' device (an NCCL communicator takes device tensors only); a copy, as the
+    // all-reduce writes in place.
+    const Tensor total = value.device() == device_ ? value.clone() : value.to(device_);
     base_->all_reduce(total, ReduceOp::sum, "clip_grad_norm_").wait();
-    return total.to(Device::cpu()).item<double>();
+    return total;
   }
 
  private:
@@ -274,7 +278,8 @@ Unit::Unit(nn::Module& module, std::vector<Slot> slots, const FsdpOptions& optio
   deferred_ = !slots_.empty() && nn::deferred(slots_.front().variable.data());
   // This rank's shard: the elements [rank * S, (rank + 1) * S) of the flattened parameters,
   // copied now, or drawn by join_root once the parameters' names from the root are known.
-  shard_ = zeros({shard_elements_}, dtype(DType::f32).with_device(shard_device_));
+  // Offloaded from a GPU, in pinned memory: its copies to the device run while the host goes on.
+  shard_ = zeros({shard_elements_}, dtype(DType::f32).with_device(shard_device_).with_pinned(offloads()));
   for (const Slot& slot : slots_) {
     const Piece part = piece(slot);
     const Tensor target = shard_.narrow(0, part.at, part.count);
@@ -435,9 +440,10 @@ void Unit::unshard(GatherFor purpose) {
   // The slice kept from forward gathers inside the post-forward group: the same values, fewer bytes.
   const bool from_held = held_.defined();
   if (!from_held) {
-    const Tensor on_device = shard_device_ == device_ ? shard_
-                                                      : copy_kernel("copy shard to device", name_,
-                                                                    [&] { return shard_.to(device_); });
+    const Tensor on_device =
+        offloads() ? copy_kernel("copy shard to device", name_,
+                                 [&] { return offload_copies(device_.index).to_device(shard_); })
+                   : shard_;
     gather_source_ = param_dtype == DType::f32
                          ? on_device
                          : copy_kernel(cast_name("parameters", param_dtype).c_str(), name_,
@@ -728,26 +734,31 @@ void Unit::flush_backward() {
   }
 }
 
+void Unit::collect_gradient() {
+  if (!reducing_) return;
+  {
+    trace::Span span(trace::on() ? "wait reduce_scatter " + name_ : std::string(), "wait");
+    span.arg("unit", name_);
+    reduce_work_.wait();
+    if (groups_->replica != nullptr)
+      groups_->replica->all_reduce(reduce_output_, ReduceOp::avg, name_).wait();
+  }
+  // Unless it is a cast, the reduced gradient is a buffer of its own (a 1-rank shard group's is the
+  // full-gradient buffer, whose parameter views were dropped): the gradient shard, offloaded to the
+  // host's pinned memory by a copy the host waits for once all units' are queued.
+  const Tensor reduced = reduce_output_.dtype() == DType::f32
+                             ? reduce_output_
+                             : copy_kernel(cast_name("gradient", DType::f32).c_str(), name_,
+                                           [&] { return cast(reduce_output_, DType::f32); });
+  gradient_shard_ = offloads() ? copy_kernel("copy gradient to host", name_,
+                                             [&] { return offload_copies(device_.index).to_host(reduced); })
+                               : reduced;
+}
+
 void Unit::finish_backward(const std::uint8_t* agreed_flags) {
   if (reducing_) {
-    {
-      trace::Span span(trace::on() ? "wait reduce_scatter " + name_ : std::string(), "wait");
-      span.arg("unit", name_);
-      reduce_work_.wait();
-      if (groups_->replica != nullptr)
-        groups_->replica->all_reduce(reduce_output_, ReduceOp::avg, name_).wait();
-    }
-    // Unless it is a cast, the reduced gradient is a buffer of its own (a 1-rank shard group's
-    // is the full-gradient buffer, whose parameter views were dropped): the gradient shard. A
-    // parameter that got a gradient on some rank gets its slice; the others stay without one.
-    const Tensor reduced = reduce_output_.dtype() == DType::f32
-                               ? reduce_output_
-                               : copy_kernel(cast_name("gradient", DType::f32).c_str(), name_,
-                                             [&] { return cast(reduce_output_, DType::f32); });
-    const Tensor gradient =
-        reduced.device() == shard_device_
-            ? reduced
-            : copy_kernel("copy gradient to host", name_, [&] { return reduced.to(shard_device_); });
+    // A parameter that got a gradient on some rank gets its slice; the others stay without one.
+    const Tensor gradient = std::exchange(gradient_shard_, Tensor());
     for (std::size_t i = 0; i < slots_.size(); ++i) {
       if (agreed_flags[i] == 0 || !slots_[i].variable.requires_grad()) continue;
       const Piece part = piece(slots_[i]);
@@ -771,7 +782,7 @@ void Unit::finish_backward(const std::uint8_t* agreed_flags) {
 void Unit::abandon_backward() {
   // A reduction in flight completes on its own (its Work keeps the buffers alive).
   reduce_work_ = Work();
-  reduce_input_ = reduce_output_ = full_grad_ = Tensor();
+  reduce_input_ = reduce_output_ = full_grad_ = gradient_shard_ = Tensor();
   drop_gradient_views();
   std::fill(got_gradient_.begin(), got_gradient_.end(), 0);
   owes_reduction_ = backward_started_ = reduced_ = reducing_ = false;
@@ -797,6 +808,8 @@ void RootState::finish_backward() {
     if (unit->reducing()) reducing.push_back(unit);
   }
   const std::vector<std::uint8_t> flags = agree_on_gradients(reducing);
+  for (Unit* unit : reducing) unit->collect_gradient();
+  wait_for_offload_copies();
   std::size_t offset = 0;
   for (Unit* unit : units) {
     const bool reduced = unit->reducing();
@@ -808,16 +821,30 @@ void RootState::finish_backward() {
   units.front()->trace_backward_end();
 }
 
+// Every rank joins the all-reduce, but only a rank whose own backward left a trainable parameter
+// without a gradient needs its answer: where this rank has a gradient, the maximum is 1 already. So
+// in the common step, every parameter used, the host never reads the flags (on a GPU, a host wait).
 std::vector<std::uint8_t> RootState::agree_on_gradients(const std::vector<Unit*>& reducing) const {
   std::vector<std::uint8_t> flags;
-  for (const Unit* unit : reducing)
-    flags.insert(flags.end(), unit->gradient_flags().begin(), unit->gradient_flags().end());
+  bool all_known = true;
+  for (const Unit* unit : reducing) {
+    const std::vector<std::uint8_t>& mine = unit->gradient_flags();
+    for (std::size_t i = 0; i < mine.size(); ++i)
+      all_known &= mine[i] != 0 || !unit->slots()[i].variable.requires_grad();
+    flags.insert(flags.end(), mine.begin(), mine.end());
+  }
   Communicator* all = units.front()->groups().base;
   if (flags.empty() || all->size() == 1) return flags;
   const auto count = static_cast<std::int64_t>(flags.size());
-  // On the units' device: an NCCL communicator takes device tensors only.
-  const Tensor agreed = from_vector(flags, {count}).to(units.front()->device());
+  // On the units' device (an NCCL communicator takes device tensors only), sent from pinned
+  // memory: from pageable memory the copy would wait for the device.
+  const Device device = units.front()->device();
+  const Tensor local = from_vector(flags, {count});
+  const Tensor agreed =
+      device.is_cuda() ? local.pin_memory().to(device, /*non_blocking=*/true) : local.to(device);
+  // With NCCL the wait is the compute stream's, not the host's; the read below is the host's.
   all->all_reduce(agreed, ReduceOp::max, "gradient flags").wait();
+  if (all_known) return flags;
   const Tensor on_host = agreed.to(Device::cpu());
   std::copy_n(on_host.data<std::uint8_t>(), flags.size(), flags.begin());
   return flags;
@@ -830,6 +857,13 @@ void RootState::abandon_backward() {
 
 void RootState::end_step() {
   for (Unit* unit : units) unit->end_step();
+  wait_for_offload_copies();  // the host may write the shards next (load_state_dict)
+}
+
+void RootState::wait_for_offload_copies() const {
+  const Unit* offloaded = nullptr;
+  for (const Unit* unit : units) offloaded = unit->offloads() ? unit : offloaded;
+  if (offloaded != nullptr) offload_copies(offloaded->device().index).wait_for_host();
 }
 
 }  // namespace detail

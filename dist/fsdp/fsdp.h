@@ -127,13 +127,15 @@ void set_reshard_after_backward(nn::Module& module, bool reshard);
 // the norm before clipping: one all-reduce of the shards' sums of squares, equal to the norm
 // one process computes over the full gradients, whatever the units' strategies (a replicated
 // unit's gradient counted once). Frozen parameters and parameters without a gradient are skipped.
-// The same as optim::clip_grad_norm_(root.parameters(), max_norm) after sharding.
-double clip_grad_norm_(nn::Module& root, double max_norm);
+// The same as optim::clip_grad_norm_(root.parameters(), max_norm) after sharding: the norm as a
+// one-element f64 tensor on the units' device.
+Tensor clip_grad_norm_(nn::Module& root, double max_norm);
 
 // This rank's share of the global sum of squared gradients that clip_grad_norm_ all-reduces: its
-// shards' sums, a replicated unit's counted by one replica only. Not a collective: for a caller
-// that adds it to an all-reduce of its own (the CNN's loss sum) and takes the square root.
-double local_gradient_sum_of_squares(nn::Module& root);
+// shards' sums, a replicated unit's counted by one replica only, as a one-element f64 tensor on
+// the units' device. Not a collective: for a caller that adds it to an all-reduce of its own (the
+// CNN's loss sum) and takes the square root.
+Tensor local_gradient_sum_of_squares(nn::Module& root);
 
 // Every parameter's full value (f32, unpadded, by its dotted name under `root`), gathered from
 // the shards on every rank: for checkpoints, evaluation and tests.

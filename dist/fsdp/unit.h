@@ -71,6 +71,8 @@ struct RootState {
   // last reduction" of every unit reducing now; returns them, agreed, in unit and slot order.
   std::vector<std::uint8_t> agree_on_gradients(const std::vector<Unit*>& reducing) const;
   void end_step();  // every unit's Unit::end_step
+  // Offloaded from a GPU: the host waits for the offload copies queued so far (dist/fsdp/offload.h).
+  void wait_for_offload_copies() const;
 };
 
 // The part of one parameter in this rank's shard: its elements [from, from + count), at `at` in
@@ -109,6 +111,8 @@ class Unit : public std::enable_shared_from_this<Unit> {
   const MixedPrecision& precision() const { return options_.mixed_precision; }
   const FsdpOptions& options() const { return options_; }
   Device device() const { return device_; }
+  // CPU offload from a GPU: the shards and the optimizer state in the host's pinned memory.
+  bool offloads() const { return shard_device_ != device_; }
   // Whether the parameters are gathered again for backward (FULL_SHARD's second all-gather).
   bool reshards_after_forward() const { return reshard_after_forward_ && !is_root(); }
   // The group that gathers them for backward when reshard_after_forward_group keeps a slice of them
@@ -144,6 +148,9 @@ class Unit : public std::enable_shared_from_this<Unit> {
   void on_input_gradient();
   void post_backward();
   void flush_backward();  // from the root's end-of-backward callback, before finish_backward
+  // With the others' at the end of backward: waits for the reduction and makes the gradient shard
+  // (copied to the host when offloaded), which finish_backward then gives the parameters.
+  void collect_gradient();
   void finish_backward(const std::uint8_t* agreed_flags);
   void abandon_backward();
   // Why an all-gather runs: it names the collective (ledger tag, trace span) "pre-forward fc1",
@@ -232,6 +239,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
   std::int64_t inputs_marked_ = 0, inputs_done_ = 0;  // since the last finish_backward
   Work reduce_work_;
   Tensor reduce_input_, reduce_output_;
+  Tensor gradient_shard_;  // f32 [S] on shard_device_, from collect_gradient to finish_backward
 };
 
 // --- the registry of units -------------------------------------------------------------------

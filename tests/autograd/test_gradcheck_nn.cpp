@@ -532,8 +532,9 @@ TEST_CASE("nll_loss and cross_entropy reject bad inputs", "[gradcheck_nn][errors
                      "nll_loss: targets must be class indices (i64 or i32), got f64");
   CHECK_THROWS_ERROR(nll_loss(log_probs, targets, -100, static_cast<Reduction>(7)),
                      "nll_loss: unknown reduction 7");
-  CHECK_THROWS_ERROR(nll_loss(log_probs, indices({0, 3}, {2})),
-                     "gather_targets: target 3 is out of range for 3 classes (ignore_index is -100)");
+  CHECK_THROWS_ERROR(
+      nll_loss(log_probs, indices({0, 3}, {2})),
+      "gather_targets: index 3 is out of range for the classes (ignore_index aside) of size 3");
 
   CHECK_THROWS_ERROR(cross_entropy(Variable(), targets), "cross_entropy: logits is undefined");
   CHECK_THROWS_ERROR(cross_entropy(log_probs, Tensor()), "cross_entropy: targets is undefined");
@@ -546,6 +547,33 @@ TEST_CASE("nll_loss and cross_entropy reject bad inputs", "[gradcheck_nn][errors
                      "cross_entropy: targets must be class indices (i64 or i32), got f32");
   CHECK_THROWS_ERROR(cross_entropy(log_probs, targets, -100, static_cast<Reduction>(9)),
                      "cross_entropy: unknown reduction 9");
+  CHECK_THROWS_ERROR(cross_entropy(log_probs, indices({0, 3}, {2})),
+                     "cross_entropy: index 3 is out of range for the classes (ignore_index aside) of size 3");
+  CHECK_THROWS_ERROR(
+      cross_entropy(log_probs, indices({-1, 0}, {2}), 2),
+      "cross_entropy: index -1 is out of range for the classes (ignore_index aside) of size 3");
+}
+
+TEST_CASE("the fused cross_entropy gives log_softmax + nll_loss's values and gradients, halves included",
+          "[gradcheck_nn][loss]") {
+  const Tensor targets = indices({2, -100, 0, 6, 6, 1}, {6});
+  for (const DType type : {DType::f32, DType::bf16, DType::f16}) {
+    INFO(dtype_name(type));
+    // A row of large logits too: the shift by the largest keeps exp finite.
+    Tensor raw = test::random_tensor({6, 7}, 131).to(type);
+    raw.narrow(0, 4, 1).fill_(60.0);
+    const Variable fused_logits(raw.clone(), true), composed_logits(raw.clone(), true);
+    const Variable fused = cross_entropy(fused_logits, targets, -100, Reduction::sum);
+    const Variable composed = nll_loss(log_softmax(composed_logits, 1), targets, -100, Reduction::sum);
+    const test::Tolerance tolerance =
+        type == DType::f32 ? test::Tolerance{1e-6, 1e-5} : test::Tolerance{2e-2, 2e-2};
+    test::check_close(fused.data().to(DType::f64), composed.data().to(DType::f64), tolerance);
+    fused.backward();
+    composed.backward();
+    test::check_close(fused_logits.grad().to(DType::f64), composed_logits.grad().to(DType::f64), tolerance);
+    check_equal(fused_logits.grad().narrow(0, 1, 1).to(DType::f64),
+                std::vector<double>(7, 0.0));  // ignored row
+  }
 }
 
 TEST_CASE("rms_norm and layer_norm reject bad shapes", "[gradcheck_nn][errors]") {

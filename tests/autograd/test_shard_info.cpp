@@ -14,7 +14,7 @@ namespace {
 // One rank alone: the sum over "the ranks" is the value itself.
 class AloneRanks final : public ShardRanks {
  public:
-  double sum(double value) const override { return value; }
+  Tensor sum(const Tensor& value) const override { return value; }
 };
 
 // Elements [4, 7) of a [3, 4] parameter.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/caching_allocator.h"
+#include "core/host_wait.h"
 #include "tests/check.h"
 
 namespace shardlab {
@@ -282,6 +283,37 @@ TEST_CASE("caching allocator: out of memory releases idle blocks and retries onc
   CHECK(f.allocator.stats().bytes_cached == 0);
   CHECK(f.allocator.stats().bytes_in_use == 3072);
   f.allocator.deallocate(c, 3072);
+}
+
+TEST_CASE("caching allocator: returning cached blocks is a host wait, refused inside a step") {
+  Fixture f;
+  f.device->budget = 4096;
+  void* a = f.allocator.allocate(2048);
+  f.allocator.deallocate(a, 2048);
+  reset_host_wait_counts();
+  {
+    // The device's free waits for its queued work: inside the scope the retry is refused and
+    // nothing changes; the cached block is still there to be reused.
+    HostWaitsForbidden step("training step");
+    CHECK_THROWS_ERROR(f.allocator.allocate(3072),
+                       "host wait inside 'training step': return cached blocks to the device on fake:0");
+    CHECK(f.device->frees == 0);
+    CHECK(f.allocator.stats().bytes_cached == 2048);
+    void* reused = f.allocator.allocate(2048);  // served from the cache: no wait
+    f.allocator.deallocate(reused, 2048);
+  }
+  CHECK(host_wait_total() == 0);
+  void* c = f.allocator.allocate(3072);  // outside: the cache goes back, counted once
+  CHECK(f.device->frees == 1);
+  CHECK(host_wait_total() == 1);
+  f.allocator.empty_cache();  // nothing idle: no wait
+  CHECK(host_wait_total() == 1);
+  f.allocator.deallocate(c, 3072);
+  f.allocator.empty_cache();
+  REQUIRE(host_wait_counts().size() == 1);
+  CHECK(host_wait_counts()[0].reason == "return cached blocks to the device");
+  CHECK(host_wait_counts()[0].count == 2);
+  reset_host_wait_counts();
 }
 
 TEST_CASE("caching allocator: out of memory after the retry throws an Error with the numbers") {

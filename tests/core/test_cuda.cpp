@@ -10,6 +10,7 @@
 #include "core/allocator.h"
 #include "core/caching_allocator.h"
 #include "core/cuda/runtime.h"
+#include "core/host_wait.h"
 #include "core/kernels.h"
 #include "tests/cuda_compare.h"
 
@@ -531,6 +532,54 @@ TEST_CASE("a pinned block freed while its copy is queued is not reused until the
   CHECK(again.storage()->data() == first);  // collected once the copy had run
 }
 
+// --- host waits (core/host_wait.h) ---------------------------------------------------------------
+
+TEST_CASE("cuda work that needs no answer on the host queues without a host wait", "[cuda]") {
+  const Tensor host = random_tensor({64, 8}, 85);
+  const Tensor rows = from_vector(std::vector<std::int64_t>{3, 0, 63, 3}, {4});
+  const Tensor on_gpu = host.pin_memory().to(kCuda, /*non_blocking=*/true);
+  const Tensor rows_on_gpu = rows.pin_memory().to(kCuda, /*non_blocking=*/true);
+  Tensor picked, param = on_gpu.clone(), exp_avg = zeros_like(param), exp_avg_sq = zeros_like(param);
+  reset_host_wait_counts();
+  {
+    HostWaitsForbidden step("training step");
+    picked = embedding(on_gpu, rows_on_gpu) * 2.0;  // the index check included
+    const AdamSegment segments[] = {{param, on_gpu, exp_avg, exp_avg_sq, AdamHyper{}, Tensor()}};
+    adam_step(segments);  // the multi-segment table goes up through pinned memory
+    CHECK_THROWS_ERROR(picked.to(kCpu), "host wait inside 'training step': copy to host memory on cuda:0");
+  }
+  CHECK(host_wait_total() == 0);
+  check_same_bits(picked, index_select(host, 0, rows) * 2.0);
+  const AdamSegment reference[] = {
+      {host.clone(), host, zeros_like(host), zeros_like(host), AdamHyper{}, Tensor()}};
+  adam_step(reference);
+  check_same_bits(param, reference[0].param);
+  CHECK(host_wait_total() == 2);  // the two copies to the host
+  reset_host_wait_counts();
+}
+
+TEST_CASE("an out-of-range index on cuda is reported at the next host wait, and nothing else breaks",
+          "[cuda]") {
+  const Tensor x = random_tensor({4, 3}, 86).to(kCuda);
+  const Tensor bad = from_vector(std::vector<std::int64_t>{1, 7}, {2}).to(kCuda);
+  const Tensor negative = from_vector(std::vector<std::int64_t>{-2, 0}, {2}).to(kCuda);
+  Tensor out;
+  REQUIRE_NOTHROW(out = index_select(x, 0, bad));  // queued: the host does not wait for the check
+  CHECK_THROWS_ERROR(out.to(kCpu),
+                     "index_select: index 7 is out of range for the dimension of size 4 (found on cuda:0");
+  // Reported once; the kernels skipped the bad values, so the device is still sound.
+  check_same_bits(index_select(x, 0, from_vector(std::vector<std::int64_t>{1}, {1}).to(kCuda)),
+                  index_select(x.to(kCpu), 0, from_vector(std::vector<std::int64_t>{1}, {1})));
+  CHECK_THROWS_ERROR(embedding(x, negative).to(kCpu), "embedding: index -2 is out of range");
+  CHECK_THROWS_ERROR(index_add(x, 0, bad, ones({2, 3}, TensorOptions{}.with_device(kCuda))).to(kCpu),
+                     "index_add: index 7 is out of range");
+  const Tensor bad_gather = from_vector(std::vector<std::int64_t>{0, 5, 1}, {1, 3}).to(kCuda);
+  CHECK_THROWS_ERROR(gather(x, 1, bad_gather).to(kCpu), "gather: index 5 is out of range");
+  CHECK_THROWS_ERROR(scatter_add(x, 1, bad_gather, ones({1, 3}, TensorOptions{}.with_device(kCuda))).to(kCpu),
+                     "scatter_add: index 5 is out of range");
+  cuda::current_stream(0).synchronize();  // nothing left to report
+}
+
 // --- softmax (core/cuda/softmax.cu) ---------------------------------------------------------------
 
 // Rows longer than a block, shorter than a warp, along the last dim and along a middle one
@@ -541,6 +590,31 @@ SHARDLAB_CUDA_VS_CPU("softmax and log_softmax along the last dim, rows of 1 to 1
                                    softmax(x[0].narrow(1, 0, 1), -1).expand({7, 1}).contiguous()},
                                   1);
                      });
+// cross_entropy_forward and _backward of logits [9, 1031] (rows longer than a block) in `dtype`, with
+// ignored rows under the default ignore_index and a custom one: losses, logsumexp and gradient, as f32.
+Tensor cross_entropy_parts(const Tensor& x, DType dtype) {
+  const Device device = x.device();
+  const Tensor logits = x.to(dtype), grad = full({9}, 0.5, TensorOptions{dtype, device});
+  std::vector<Tensor> parts;
+  for (const auto& [targets, ignore] :
+       {std::pair{std::vector<std::int64_t>{0, 1030, -100, 5, 5, 77, 3, -100, 512}, std::int64_t{-100}},
+        std::pair{std::vector<std::int64_t>{0, 1030, 3, 5, 5, 77, 3, 2, 512}, std::int64_t{3}}}) {
+    const Tensor t = from_vector(targets, {9}).to(device);
+    const CrossEntropyResult r = cross_entropy_forward(logits, t, ignore);
+    parts.push_back(r.losses.to(DType::f32));
+    parts.push_back(r.logsumexp.to(DType::f32));
+    parts.push_back(cross_entropy_backward(grad, logits, t, ignore, r.logsumexp).to(DType::f32).flatten());
+  }
+  return cat(parts, 0);
+}
+SHARDLAB_CUDA_VS_CPU(
+    "cross_entropy from logits, forward and backward, f32 and f64", {random_tensor({9, 1031}, 65)},
+    [](const Inputs& x) {
+      return cat({cross_entropy_parts(x[0], DType::f32), cross_entropy_parts(x[0], DType::f64)}, 0);
+    });
+SHARDLAB_CUDA_VS_CPU(
+    "cross_entropy from logits, forward and backward, bf16", {random_tensor({9, 1031}, 66)},
+    [](const Inputs& x) { return cross_entropy_parts(x[0], DType::bf16); }, Tolerance{1e-2, 1e-2});
 SHARDLAB_CUDA_VS_CPU("log_softmax along a middle dim of a strided input",
                      {test::random_strided({3, 37, 5}, 62)},
                      [](const Inputs& x) { return log_softmax(x[0], 1); });
@@ -633,7 +707,8 @@ SHARDLAB_CUDA_VS_CPU(
       const Tensor where = indices(std::vector<std::int64_t>(4 * 2 * 33, 7), {4, 2, 33}).to(x[0].device());
       return cat({index_select(x[0], 1, picks).flatten(), gather(x[0], 1, where).flatten()}, 0);
     });
-// Repeated indices add in order on both sides: the sums match bit for bit in f32.
+// Repeated indices add in order on both sides, 16-bit floats in f32 rounded once: the sums match
+// bit for bit.
 SHARDLAB_CUDA_VS_CPU(
     "index_add and scatter_add with repeated indices, and the embedding backward",
     {random_tensor({6, 300}, 92), random_tensor({5, 300}, 93)},
@@ -643,9 +718,14 @@ SHARDLAB_CUDA_VS_CPU(
       std::vector<std::int64_t> targets;
       for (int i = 0; i < 5 * 300; ++i) targets.push_back(i * 7 % 6);
       const Tensor where = indices(targets, {5, 300}).to(device);
-      return cat({index_add(x[0], 0, rows, x[1]).flatten(), scatter_add(x[0], 0, where, x[1]).flatten(),
-                  embedding_backward(x[1], rows, 6).flatten()},
-                 0);
+      std::vector<Tensor> sums;
+      for (const DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+        const Tensor self = x[0].to(dtype), src = x[1].to(dtype);
+        for (const Tensor& sum : {index_add(self, 0, rows, src), scatter_add(self, 0, where, src),
+                                  embedding_backward(src, rows, 6)})
+          sums.push_back(sum.to(DType::f32).flatten());
+      }
+      return cat(sums, 0);
     },
     Tolerance{0.0, 0.0});
 SHARDLAB_CUDA_VS_CPU("max_pool2d and its backward: 2x2 windows, and 3x3 stride 2 padded overlapping ones",
@@ -654,9 +734,12 @@ SHARDLAB_CUDA_VS_CPU("max_pool2d and its backward: 2x2 windows, and 3x3 stride 2
                        const MaxPool2dResult padded =
                            max_pool2d(x[0], {.kernel_size = 3, .stride = 2, .padding = 1});
                        const Tensor back = max_pool2d_backward(padded.values, padded.indices, x[0].shape());
-                       return cat({plain.values.flatten(), plain.indices.to(DType::f32).flatten(),
-                                   padded.values.flatten(), back.flatten()},
-                                  0);
+                       const Tensor back_bf16 =
+                           max_pool2d_backward(padded.values.to(DType::bf16), padded.indices, x[0].shape());
+                       return cat(
+                           {plain.values.flatten(), plain.indices.to(DType::f32).flatten(),
+                            padded.values.flatten(), back.flatten(), back_bf16.to(DType::f32).flatten()},
+                           0);
                      });
 
 // --- fused optimizer steps (core/cuda/optimizer.cu) ----------------------------------------------

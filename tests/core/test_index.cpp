@@ -518,8 +518,9 @@ TEST_CASE("gather_targets picks each row's target and gives 0 for ignored rows",
   }
   // A custom ignore_index; -100 is then an ordinary (out-of-range) target.
   check_equal(gather_targets(v, from_vector<std::int64_t>({3, 3, 2, 4}), 3), {0, 0, vv[12], vv[19]});
-  CHECK_THROWS_ERROR(gather_targets(v, from_vector<std::int64_t>({1, -100, 4, 0}), 3),
-                     "gather_targets: target -100 is out of range for 5 classes (ignore_index is 3)");
+  CHECK_THROWS_ERROR(
+      gather_targets(v, from_vector<std::int64_t>({1, -100, 4, 0}), 3),
+      "gather_targets: index -100 is out of range for the classes (ignore_index aside) of size 5");
   // Every row ignored.
   check_equal(gather_targets(v, full({4}, -100, dtype(DType::i64))), {0, 0, 0, 0});
   // f64 values keep their dtype.
@@ -529,10 +530,12 @@ TEST_CASE("gather_targets picks each row's target and gives 0 for ignored rows",
 
 TEST_CASE("gather_targets errors", "[index]") {
   const Tensor v = zeros({3, 5});
-  CHECK_THROWS_ERROR(gather_targets(v, from_vector<std::int64_t>({0, 5, 1})),
-                     "gather_targets: target 5 is out of range for 5 classes (ignore_index is -100)");
-  CHECK_THROWS_ERROR(gather_targets(v, from_vector<std::int64_t>({0, -3, 1})),
-                     "gather_targets: target -3 is out of range for 5 classes (ignore_index is -100)");
+  CHECK_THROWS_ERROR(
+      gather_targets(v, from_vector<std::int64_t>({0, 5, 1})),
+      "gather_targets: index 5 is out of range for the classes (ignore_index aside) of size 5");
+  CHECK_THROWS_ERROR(
+      gather_targets(v, from_vector<std::int64_t>({0, -3, 1})),
+      "gather_targets: index -3 is out of range for the classes (ignore_index aside) of size 5");
   CHECK_THROWS_ERROR(gather_targets(v, from_vector<std::int64_t>({0, 1})),
                      "gather_targets: values [3, 5] and targets [2] disagree on the batch size (3 != 2)");
   CHECK_THROWS_ERROR(gather_targets(zeros({5}), from_vector<std::int64_t>({0})),

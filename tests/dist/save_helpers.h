@@ -1,6 +1,6 @@
 // tests/dist/save_helpers.h: what the mpirun tests of files on disk share: a directory every
-// rank knows, every sharding strategy over a world, the Nested model sharded with a frozen
-// parameter and trained with AdamW, and errors compared across ranks.
+// rank knows (tests/dist/shared_dir.h), every sharding strategy over a world, the Nested model
+// sharded with a frozen parameter and trained with AdamW, and errors compared across ranks.
 #pragma once
 
 #include <mpi.h>
@@ -15,35 +15,12 @@
 #include "dist/fsdp/fsdp.h"
 #include "optim/optimizer.h"
 #include "tests/dist/fsdp_models.h"
+#include "tests/dist/shared_dir.h"
 #include "tests/dist/world.h"
-#include "tests/temp_dir.h"
 
 namespace shardlab::test {
 
 inline constexpr std::int64_t kVocab = 17;
-
-// A directory rank 0 makes and every rank knows; removed by rank 0 once all ranks are done.
-class SharedDir {
- public:
-  SharedDir() {
-    std::string path;
-    if (world().rank() == 0) {
-      dir_ = std::make_unique<TempDir>();
-      path = dir_->path();
-    }
-    int size = static_cast<int>(path.size());
-    MPI_Bcast(&size, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    path.resize(static_cast<std::size_t>(size));
-    MPI_Bcast(path.data(), size, MPI_CHAR, 0, MPI_COMM_WORLD);
-    path_ = path;
-  }
-  ~SharedDir() { MPI_Barrier(MPI_COMM_WORLD); }  // then rank 0's TempDir goes
-  std::string file(const std::string& name) const { return (std::filesystem::path(path_) / name).string(); }
-
- private:
-  std::unique_ptr<TempDir> dir_;
-  std::string path_;
-};
 
 struct Strategy {
   dist::Sharding sharding;

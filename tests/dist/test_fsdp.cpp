@@ -297,7 +297,7 @@ TEST_CASE("clip_grad_norm_ over the shards equals the one-process norm, for ever
   Nested alone(vocab, kSeed);
   const auto whole = token_batch(0, kGlobalBatch, vocab);
   cross_entropy(alone(whole.tokens), whole.targets).backward();
-  const double expected = optim::clip_grad_norm_(alone->parameters(), 1e9);
+  const double expected = optim::clip_grad_norm_(alone->parameters(), 1e9).item<double>();
   for (const auto& [name, options] : strategies(w)) {
     for (const bool fsdp2_habit : {false, true}) {
       INFO(name << " at " << w << " ranks, " << (fsdp2_habit ? "optim::" : "dist::") << "clip_grad_norm_");
@@ -307,11 +307,12 @@ TEST_CASE("clip_grad_norm_ over the shards equals the one-process norm, for ever
       const auto mine = token_batch(0, kGlobalBatch, vocab, r, w);
       cross_entropy(model(mine.tokens), mine.targets).backward();
       // The FSDP2 habit: the model's own parameters, its shards since fully_shard.
-      const double norm = fsdp2_habit ? optim::clip_grad_norm_(model->parameters(), 0.05)
-                                      : dist::clip_grad_norm_(*model, 0.05);
+      const double norm = (fsdp2_habit ? optim::clip_grad_norm_(model->parameters(), 0.05)
+                                       : dist::clip_grad_norm_(*model, 0.05))
+                              .item<double>();
       CHECK(test::sum_over_ranks(std::abs(norm - expected) <= 1e-5 * expected ? 0 : 1) == 0);
       // Clipped: the shards' global norm is now max_norm.
-      CHECK(std::abs(dist::clip_grad_norm_(*model, 1e9) - 0.05) < 1e-6);
+      CHECK(std::abs(dist::clip_grad_norm_(*model, 1e9).item<double>() - 0.05) < 1e-6);
     }
   }
 }
@@ -324,7 +325,7 @@ TEST_CASE(
   Nested alone(vocab, kSeed);
   const auto whole = token_batch(0, kGlobalBatch, vocab);
   cross_entropy(alone(whole.tokens), whole.targets).backward();
-  const double expected = optim::gradient_sum_of_squares(alone->parameters());
+  const double expected = optim::gradient_sum_of_squares(alone->parameters()).item<double>();
 
   // Blocks replicated on every rank (no sharding), the root sharded: both kinds in one sum.
   Nested model(vocab, kSeed);
@@ -332,14 +333,15 @@ TEST_CASE(
   dist::fully_shard(*model);
   const auto mine = token_batch(0, kGlobalBatch, vocab, r, w);
   cross_entropy(model(mine.tokens), mine.targets).backward();
-  const double local = dist::local_gradient_sum_of_squares(*model);
+  const double local = dist::local_gradient_sum_of_squares(*model).item<double>();
   std::array<double, 1> total{local};
   MPI_Allreduce(MPI_IN_PLACE, total.data(), 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
   CHECK(std::abs(total[0] - expected) <= 1e-5 * expected);
   // The norm clip_grad_norm_ reports is the square root of that sum.
-  CHECK(std::abs(dist::clip_grad_norm_(*model, 1e9) - std::sqrt(total[0])) <= 1e-9 * std::sqrt(total[0]));
+  CHECK(std::abs(dist::clip_grad_norm_(*model, 1e9).item<double>() - std::sqrt(total[0])) <=
+        1e-9 * std::sqrt(total[0]));
   // So does optim::clip_grad_norm_ over the model's parameters (its shards), replicas counted once.
-  CHECK(std::abs(optim::clip_grad_norm_(model->parameters(), 1e9) - std::sqrt(total[0])) <=
+  CHECK(std::abs(optim::clip_grad_norm_(model->parameters(), 1e9).item<double>() - std::sqrt(total[0])) <=
         1e-9 * std::sqrt(total[0]));
 }
 

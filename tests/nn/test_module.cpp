@@ -147,7 +147,7 @@ namespace {
 
 class AloneRanks final : public ShardRanks {
  public:
-  double sum(double value) const override { return value; }
+  Tensor sum(const Tensor& value) const override { return value; }
 };
 
 // Registers, in place of head.weight [4, 3], a shard holding its elements [first, first + count),

@@ -1,0 +1,64 @@
+// core/host_wait.cpp: counting host waits by reason and refusing them inside a forbidding scope.
+#include "core/host_wait.h"
+
+#include <algorithm>
+#include <mutex>
+
+#include "core/error.h"
+#include "core/trace.h"
+
+namespace shardlab {
+
+namespace {
+
+std::mutex counts_mutex;
+std::vector<HostWaitCount> counts;
+
+// The name of this thread's innermost HostWaitsForbidden scope, or nullptr outside any.
+thread_local const std::string* innermost_scope = nullptr;
+
+}  // namespace
+
+HostWaitsForbidden::HostWaitsForbidden(std::string scope)
+    : scope_(std::move(scope)), outer_(innermost_scope) {
+  innermost_scope = &scope_;
+}
+
+HostWaitsForbidden::~HostWaitsForbidden() { innermost_scope = outer_; }
+
+bool host_waits_forbidden() { return innermost_scope != nullptr; }
+
+void host_wait(std::string_view reason, std::string_view where) {
+  SHARDLAB_CHECK(innermost_scope == nullptr,
+                 "host wait inside '{}': {} on {} would block the host until the device's queued work "
+                 "has run; do it outside the scope (after the step), or keep the value on the device",
+                 *innermost_scope, reason, where);
+  {
+    const std::lock_guard lock(counts_mutex);
+    auto it = std::find_if(counts.begin(), counts.end(),
+                           [&](const HostWaitCount& count) { return count.reason == reason; });
+    if (it == counts.end()) it = counts.insert(counts.end(), HostWaitCount{std::string(reason), 0});
+    ++it->count;
+  }
+  if (trace::on())
+    trace::instant("host wait: " + std::string(reason), "wait", {{"device", std::string(where)}});
+}
+
+std::vector<HostWaitCount> host_wait_counts() {
+  const std::lock_guard lock(counts_mutex);
+  return counts;
+}
+
+std::int64_t host_wait_total() {
+  const std::lock_guard lock(counts_mutex);
+  std::int64_t total = 0;
+  for (const HostWaitCount& count : counts) total += count.count;
+  return total;
+}
+
+void reset_host_wait_counts() {
+  const std::lock_guard lock(counts_mutex);
+  counts.clear();
+}
+
+}  // namespace shardlab
