@@ -189,8 +189,30 @@ Variable rms_norm(const Variable& x, const Variable& weight, double eps) {
   const Shape expected{x.size(-1)};
   SHARDLAB_CHECK(weight.shape() == expected, "rms_norm: weight has shape {} but x of shape {} needs {}",
                  shape_str(weight.shape()), shape_str(x.shape()), shape_str(expected));
-  const Variable inv_rms = rsqrt(add(mean(mul(x, x), {-1}, true), eps));
-  return mul(mul(x, inv_rms), weight);
+  if (x.dtype() != weight.dtype() || !is_floating(x.dtype())) {  // the composed reference promotes
+    const Variable inv_rms = rsqrt(add(mean(mul(x, x), {-1}, true), eps));
+    return mul(mul(x, inv_rms), weight);
+  }
+  // One node over core's fused kernels.
+  const Tensor input = x.data(), scale = weight.data();
+  const RmsNormResult result = rms_norm_forward(input, scale, eps);
+  const bool need_x = x.requires_grad(), need_weight = weight.requires_grad();
+  return record("rms_norm", {x, weight}, result.out, [=](const Tensor& g) -> Grads {
+    const RmsNormGrads grads = rms_norm_backward(g, input, scale, result.rstd);
+    return {need_x ? grads.x : Tensor(), need_weight ? grads.weight : Tensor()};
+  });
+}
+
+Variable swiglu(const Variable& gate, const Variable& up) {
+  SHARDLAB_CHECK(gate.defined() && up.defined(), "swiglu: gate and up must be defined");
+  if (gate.dtype() != up.dtype() || gate.shape() != up.shape() || !is_floating(gate.dtype()))
+    return mul(silu(gate), up);  // promotes and broadcasts
+  const Tensor a = gate.data(), b = up.data();
+  const bool need_gate = gate.requires_grad(), need_up = up.requires_grad();
+  return record("swiglu", {gate, up}, swiglu(a, b), [=](const Tensor& g) -> Grads {
+    const SwigluGrads grads = swiglu_backward(g, a, b);
+    return {need_gate ? grads.gate : Tensor(), need_up ? grads.up : Tensor()};
+  });
 }
 
 Variable layer_norm(const Variable& x, const Variable& weight, const Variable& bias, double eps) {
@@ -248,9 +270,9 @@ Variable rotary_embedding(const Variable& x, const Tensor& cos, const Tensor& si
     SHARDLAB_CHECK(t->dtype() == x.dtype(), "rotary_embedding: {} is {} but x is {}", name,
                    dtype_name(t->dtype()), dtype_name(x.dtype()));
   }
-  const std::int64_t half = dim / 2;
-  const Variable rotated = cat({neg(narrow(x, -1, half, half)), narrow(x, -1, 0, half)}, -1);
-  return add(mul(x, constant(cos)), mul(rotated, constant(sin)));
+  // One node over core's fused kernel; its transpose is the backward.
+  return record("rotary_embedding", {x}, rotary(x.data(), cos, sin),
+                [cos, sin](const Tensor& g) -> Grads { return {rotary(g, cos, sin, /*transpose=*/true)}; });
 }
 
 }  // namespace shardlab

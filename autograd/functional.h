@@ -27,8 +27,12 @@ Variable cross_entropy(const Variable& logits, const Tensor& targets, std::int64
 // a rank holding rows 4..7 of the global batch draws the masks the 1-rank run draws for them.
 Variable dropout(const Variable& x, double p, bool training, std::uint64_t stream);
 
-// x * rsqrt(mean(x^2, last dim) + eps) * weight; weight has x's last dim.
+// x * rsqrt(mean(x^2, last dim) + eps) * weight; weight has x's last dim. One fused node (core's
+// rms_norm_forward/backward) when x and weight share a floating dtype.
 Variable rms_norm(const Variable& x, const Variable& weight, double eps = 1e-6);
+// silu(gate) * up, the Llama MLP's gate: one fused node (core's swiglu) for operands of one shape
+// and floating dtype, mul(silu(gate), up) otherwise.
+Variable swiglu(const Variable& gate, const Variable& up);
 // (x - mean) * rsqrt(var + eps) * weight + bias over the last dim (biased variance);
 // weight and bias may be undefined.
 Variable layer_norm(const Variable& x, const Variable& weight, const Variable& bias, double eps = 1e-5);
@@ -64,7 +68,8 @@ Variable fused_attention(const Variable& q, const Variable& k, const Variable& v
 
 // Rotary position embedding, rotate-half convention (Hugging Face's apply_rotary_pos_emb):
 // x * cos + rotate_half(x) * sin, where rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2]).
-// x [..., T, D] with D even; cos and sin [T, D] (broadcast over the leading dims), x's dtype.
+// x [..., T, D] with D even; cos and sin [T, D] (broadcast over the leading dims), x's dtype. One
+// fused node (core's rotary), whose backward is the rotation's transpose.
 Variable rotary_embedding(const Variable& x, const Tensor& cos, const Tensor& sin);
 
 }  // namespace shardlab

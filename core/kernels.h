@@ -42,6 +42,18 @@ struct Kernels {
   void (*cross_entropy_backward)(const Tensor& grad_losses, const Tensor& logits, const Tensor& targets,
                                  std::int64_t ignore_index, const Tensor& logsumexp,
                                  const Tensor& grad_logits);
+  // The Llama block's fused kernels (core/ops.h), over contiguous operands of one floating dtype.
+  // RMS normalisation over the last dim of x with weight [D]: out and rstd [rows] (compute dtype).
+  void (*rms_norm_forward)(const Tensor& x, const Tensor& weight, double eps, const Tensor& out,
+                           const Tensor& rstd);
+  void (*rms_norm_backward)(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                            const Tensor& grad_x, const Tensor& grad_weight);
+  // silu(gate) * up, and its gradients.
+  void (*swiglu_forward)(const Tensor& gate, const Tensor& up, const Tensor& out);
+  void (*swiglu_backward)(const Tensor& grad_out, const Tensor& gate, const Tensor& up,
+                          const Tensor& grad_gate, const Tensor& grad_up);
+  // Rotary embedding of x [..., T, D] by cos, sin [T, D]; transpose: its transpose (the backward).
+  void (*rotary)(const Tensor& x, const Tensor& cos, const Tensor& sin, bool transpose, const Tensor& out);
   // Contiguous NCHW operands; bias may be undefined.
   void (*conv2d)(const Tensor& input, const Tensor& weight, const Tensor& bias, Conv2dParams p,
                  const Tensor& out);

@@ -961,8 +961,99 @@ void check_cross_entropy_operands(const char* op, const Tensor& logits, const Te
                  shape_str(logits.shape()), shape_str(targets.shape()));
 }
 
+// The dtype of a row statistic saved for backward: f32 for halves.
 DType logsumexp_dtype(DType logits) { return logits == DType::f64 ? DType::f64 : DType::f32; }
+
+// Operands of a fused op: `reference` floating; the others defined, of its dtype and device.
+void check_fused_operands(const char* op, const Tensor& reference,
+                          std::initializer_list<std::pair<const Tensor*, const char*>> others) {
+  check_floating(op, reference);
+  for (const auto& [t, name] : others) {
+    check_defined(op, *t, name);
+    check_same_device(op, reference, *t);
+    SHARDLAB_CHECK(t->dtype() == reference.dtype(), "{}: {} is {} but the input is {}", op, name,
+                   dtype_name(t->dtype()), dtype_name(reference.dtype()));
+  }
+}
 }  // namespace
+
+RmsNormResult rms_norm_forward(const Tensor& x, const Tensor& weight, double eps) {
+  const char* op = "rms_norm";
+  check_defined(op, x, "x");
+  check_fused_operands(op, x, {{&weight, "weight"}});
+  SHARDLAB_CHECK(x.dim() >= 1 && weight.shape() == Shape{x.size(-1)},
+                 "{}: weight {} must be [D] for x {} of last dim D", op, shape_str(weight.shape()),
+                 shape_str(x.shape()));
+  const Shape rows(x.shape().begin(), x.shape().end() - 1);
+  RmsNormResult result{empty(x.shape(), TensorOptions{x.dtype(), x.device()}),
+                       empty(rows, TensorOptions{logsumexp_dtype(x.dtype()), x.device()})};
+  if (x.numel() > 0) {
+    kernel<&Kernels::rms_norm_forward>(x.device(), op)(x.contiguous(), weight.contiguous(), eps, result.out,
+                                                       result.rstd);
+  }
+  return result;
+}
+
+RmsNormGrads rms_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                               const Tensor& rstd) {
+  const char* op = "rms_norm_backward";
+  check_defined(op, x, "x");
+  check_fused_operands(op, x, {{&grad_out, "grad_out"}, {&weight, "weight"}});
+  SHARDLAB_CHECK(grad_out.shape() == x.shape() && x.dim() >= 1 && weight.shape() == Shape{x.size(-1)},
+                 "{}: grad_out {}, x {} and weight {} do not match", op, shape_str(grad_out.shape()),
+                 shape_str(x.shape()), shape_str(weight.shape()));
+  RmsNormGrads grads{empty(x.shape(), TensorOptions{x.dtype(), x.device()}),
+                     zeros(weight.shape(), TensorOptions{x.dtype(), x.device()})};
+  if (x.numel() > 0) {
+    kernel<&Kernels::rms_norm_backward>(x.device(), op)(
+        grad_out.contiguous(), x.contiguous(), weight.contiguous(), rstd.contiguous(), grads.x, grads.weight);
+  }
+  return grads;
+}
+
+Tensor swiglu(const Tensor& gate, const Tensor& up) {
+  const char* op = "swiglu";
+  check_defined(op, gate, "gate");
+  check_fused_operands(op, gate, {{&up, "up"}});
+  SHARDLAB_CHECK(gate.shape() == up.shape(), "{}: gate {} and up {} differ in shape", op,
+                 shape_str(gate.shape()), shape_str(up.shape()));
+  Tensor out = empty(gate.shape(), TensorOptions{gate.dtype(), gate.device()});
+  if (out.numel() > 0)
+    kernel<&Kernels::swiglu_forward>(gate.device(), op)(gate.contiguous(), up.contiguous(), out);
+  return out;
+}
+
+SwigluGrads swiglu_backward(const Tensor& grad_out, const Tensor& gate, const Tensor& up) {
+  const char* op = "swiglu_backward";
+  check_defined(op, gate, "gate");
+  check_fused_operands(op, gate, {{&up, "up"}, {&grad_out, "grad_out"}});
+  SHARDLAB_CHECK(gate.shape() == up.shape() && gate.shape() == grad_out.shape(),
+                 "{}: grad_out {}, gate {} and up {} differ in shape", op, shape_str(grad_out.shape()),
+                 shape_str(gate.shape()), shape_str(up.shape()));
+  SwigluGrads grads{empty(gate.shape(), TensorOptions{gate.dtype(), gate.device()}),
+                    empty(gate.shape(), TensorOptions{gate.dtype(), gate.device()})};
+  if (gate.numel() > 0) {
+    kernel<&Kernels::swiglu_backward>(gate.device(), op)(grad_out.contiguous(), gate.contiguous(),
+                                                         up.contiguous(), grads.gate, grads.up);
+  }
+  return grads;
+}
+
+Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool transpose) {
+  const char* op = "rotary_embedding";
+  check_defined(op, x, "x");
+  check_fused_operands(op, x, {{&cos, "cos"}, {&sin, "sin"}});
+  SHARDLAB_CHECK(x.dim() >= 2 && x.size(-1) % 2 == 0, "{}: x must be [..., T, D] with D even, got {}", op,
+                 shape_str(x.shape()));
+  const Shape table{x.size(-2), x.size(-1)};
+  SHARDLAB_CHECK(cos.shape() == table && sin.shape() == table, "{}: cos {} and sin {} must be {} for x {}",
+                 op, shape_str(cos.shape()), shape_str(sin.shape()), shape_str(table), shape_str(x.shape()));
+  Tensor out = empty(x.shape(), TensorOptions{x.dtype(), x.device()});
+  if (out.numel() > 0)
+    kernel<&Kernels::rotary>(x.device(), op)(x.contiguous(), cos.contiguous(), sin.contiguous(), transpose,
+                                             out);
+  return out;
+}
 
 CrossEntropyResult cross_entropy_forward(const Tensor& logits, const Tensor& targets,
                                          std::int64_t ignore_index) {

@@ -257,6 +257,28 @@ Tensor gather_targets(const Tensor& values, const Tensor& targets, std::int64_t 
 struct CrossEntropyResult {
   Tensor losses, logsumexp;
 };
+// The Llama block's fused ops, each one kernel forward and one backward (autograd's rms_norm, swiglu
+// and rotary_embedding use them): operands of one floating dtype on one device.
+// x [..., D] * rsqrt(mean(x^2 over D) + eps) * weight [D]; rstd [...] (f32 for bf16/f16) for backward.
+struct RmsNormResult {
+  Tensor out, rstd;
+};
+RmsNormResult rms_norm_forward(const Tensor& x, const Tensor& weight, double eps);
+struct RmsNormGrads {
+  Tensor x, weight;
+};
+RmsNormGrads rms_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                               const Tensor& rstd);
+// silu(gate) * up, gate and up of one shape.
+Tensor swiglu(const Tensor& gate, const Tensor& up);
+struct SwigluGrads {
+  Tensor gate, up;
+};
+SwigluGrads swiglu_backward(const Tensor& grad_out, const Tensor& gate, const Tensor& up);
+// x [..., T, D] * cos + rotate_half(x) * sin, cos and sin [T, D] (D even); transpose: the map's
+// transpose, which is its backward.
+Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool transpose = false);
+
 CrossEntropyResult cross_entropy_forward(const Tensor& logits, const Tensor& targets,
                                          std::int64_t ignore_index = -100);
 Tensor cross_entropy_backward(const Tensor& grad_losses, const Tensor& logits, const Tensor& targets,

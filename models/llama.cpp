@@ -293,8 +293,7 @@ LlamaMlpImpl::LlamaMlpImpl(const LlamaConfig& config)
 }
 
 Variable LlamaMlpImpl::operator()(const Variable& input) {
-  return with_hooks([this](const Variable& x) { return down_proj(mul(silu(gate_proj(x)), up_proj(x))); },
-                    input);
+  return with_hooks([this](const Variable& x) { return down_proj(swiglu(gate_proj(x), up_proj(x))); }, input);
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& config)

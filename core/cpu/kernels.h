@@ -18,6 +18,14 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, std::int
                            const Tensor& losses, const Tensor& logsumexp);
 void cross_entropy_backward(const Tensor& grad_losses, const Tensor& logits, const Tensor& targets,
                             std::int64_t ignore_index, const Tensor& logsumexp, const Tensor& grad_logits);
+void rms_norm_forward(const Tensor& x, const Tensor& weight, double eps, const Tensor& out,
+                      const Tensor& rstd);
+void rms_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                       const Tensor& grad_x, const Tensor& grad_weight);
+void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out);
+void swiglu_backward(const Tensor& grad_out, const Tensor& gate, const Tensor& up, const Tensor& grad_gate,
+                     const Tensor& grad_up);
+void rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool transpose, const Tensor& out);
 void conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Conv2dParams p, const Tensor& out);
 void conv2d_backward_input(const Tensor& grad_out, const Tensor& weight, Conv2dParams p,
                            const Tensor& grad_in);

@@ -57,18 +57,6 @@ __global__ void add_bias_kernel(T* out, const T* bias, std::int64_t channels, st
   }
 }
 
-template <typename Fn>
-bool floating(DType dtype, Fn&& fn) {
-  return visit_dtype(dtype, [&]<typename T>() {
-    if constexpr (std::is_floating_point_v<compute_t<T>>) {
-      fn.template operator()<T>();
-      return true;
-    } else {
-      return false;
-    }
-  });
-}
-
 }  // namespace
 
 bool launch_im2col(DType dtype, const void* input, void* cols, const ConvShape& g, cudaStream_t stream) {

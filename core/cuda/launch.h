@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <type_traits>
 
 #include "core/adam_math.h"
 #include "core/dtype.h"
@@ -31,6 +32,20 @@ inline constexpr std::int64_t kMaxBlocks = 65536;
 inline unsigned grid_size(std::int64_t n) {
   const std::int64_t blocks = (n + kBlockSize - 1) / kBlockSize;
   return static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
+}
+
+// Runs fn<T>() for the floating dtypes and returns true; false, running nothing, for the others:
+// the body of a launcher whose kernels exist for floating dtypes only.
+template <typename Fn>
+bool floating(DType dtype, Fn&& fn) {
+  return visit_dtype(dtype, [&]<typename T>() {
+    if constexpr (std::is_floating_point_v<compute_t<T>>) {
+      fn.template operator()<T>();
+      return true;
+    } else {
+      return false;
+    }
+  });
 }
 
 // The index space of an elementwise kernel with N operands: one shape, each operand's element
@@ -134,6 +149,27 @@ inline constexpr std::int64_t kMaxAttentionHeadDim = 32 * kMaxValuesPerLane;
                                              const bool* padding, const AttentionGeometry& geometry,
                                              void* delta, void* grad_q, void* grad_k, void* grad_v,
                                              cudaStream_t stream);
+
+// --- core/cuda/transformer.cu ------------------------------------------------------------------
+
+// Contiguous operands of one floating dtype (false, launching nothing, for the others); rstd in the
+// compute type. x [rows, width] with weight [width].
+[[nodiscard]] bool launch_rms_norm(DType dtype, const void* x, const void* weight, double eps,
+                                   std::int64_t rows, std::int64_t width, void* out, void* rstd,
+                                   cudaStream_t stream);
+[[nodiscard]] bool launch_rms_norm_backward(DType dtype, const void* grad_out, const void* x,
+                                            const void* weight, const void* rstd, std::int64_t rows,
+                                            std::int64_t width, void* grad_x, void* grad_weight,
+                                            cudaStream_t stream);
+[[nodiscard]] bool launch_swiglu(DType dtype, const void* gate, const void* up, std::int64_t n, void* out,
+                                 cudaStream_t stream);
+[[nodiscard]] bool launch_swiglu_backward(DType dtype, const void* grad_out, const void* gate, const void* up,
+                                          std::int64_t n, void* grad_gate, void* grad_up,
+                                          cudaStream_t stream);
+// x [rows, width] whose row r is position r % length of cos, sin [length, width].
+[[nodiscard]] bool launch_rotary(DType dtype, const void* x, const void* cos, const void* sin,
+                                 std::int64_t rows, std::int64_t length, std::int64_t width, bool transpose,
+                                 void* out, cudaStream_t stream);
 
 // --- core/cuda/index.cu ------------------------------------------------------------------------
 

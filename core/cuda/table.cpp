@@ -149,6 +149,50 @@ void cuda_softmax(const Tensor& in, std::int64_t dim, bool log, const Tensor& ou
                  "{}: no CUDA kernel for {}", log ? "log_softmax" : "softmax", dtype_name(x.dtype()));
 }
 
+void cuda_rms_norm_forward(const Tensor& x, const Tensor& weight, double eps, const Tensor& out,
+                           const Tensor& rstd) {
+  const LaunchContext context(x);
+  const std::int64_t width = x.size(-1);
+  SHARDLAB_CHECK(cuda::launch_rms_norm(x.dtype(), x.raw_data(), weight.raw_data(), eps, x.numel() / width,
+                                       width, out.raw_data(), rstd.raw_data(), context.stream()),
+                 "rms_norm: no CUDA kernel for {}", dtype_name(x.dtype()));
+}
+
+void cuda_rms_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                            const Tensor& grad_x, const Tensor& grad_weight) {
+  const LaunchContext context(x);
+  const std::int64_t width = x.size(-1);
+  SHARDLAB_CHECK(cuda::launch_rms_norm_backward(x.dtype(), grad_out.raw_data(), x.raw_data(),
+                                                weight.raw_data(), rstd.raw_data(), x.numel() / width, width,
+                                                grad_x.raw_data(), grad_weight.raw_data(), context.stream()),
+                 "rms_norm_backward: no CUDA kernel for {}", dtype_name(x.dtype()));
+}
+
+void cuda_swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  const LaunchContext context(gate);
+  SHARDLAB_CHECK(cuda::launch_swiglu(gate.dtype(), gate.raw_data(), up.raw_data(), gate.numel(),
+                                     out.raw_data(), context.stream()),
+                 "swiglu: no CUDA kernel for {}", dtype_name(gate.dtype()));
+}
+
+void cuda_swiglu_backward(const Tensor& grad_out, const Tensor& gate, const Tensor& up,
+                          const Tensor& grad_gate, const Tensor& grad_up) {
+  const LaunchContext context(gate);
+  SHARDLAB_CHECK(
+      cuda::launch_swiglu_backward(gate.dtype(), grad_out.raw_data(), gate.raw_data(), up.raw_data(),
+                                   gate.numel(), grad_gate.raw_data(), grad_up.raw_data(), context.stream()),
+      "swiglu_backward: no CUDA kernel for {}", dtype_name(gate.dtype()));
+}
+
+void cuda_rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool transpose, const Tensor& out) {
+  const LaunchContext context(x);
+  const std::int64_t width = x.size(-1);
+  SHARDLAB_CHECK(
+      cuda::launch_rotary(x.dtype(), x.raw_data(), cos.raw_data(), sin.raw_data(), x.numel() / width,
+                          x.size(-2), width, transpose, out.raw_data(), context.stream()),
+      "rotary_embedding: no CUDA kernel for {}", dtype_name(x.dtype()));
+}
+
 void cuda_cross_entropy_forward(const Tensor& logits, const Tensor& targets, std::int64_t ignore_index,
                                 const Tensor& losses, const Tensor& logsumexp) {
   const LaunchContext context(logits);
@@ -523,6 +567,11 @@ const Kernels& cuda_kernels() {
       .softmax = cuda_softmax,
       .cross_entropy_forward = cuda_cross_entropy_forward,
       .cross_entropy_backward = cuda_cross_entropy_backward,
+      .rms_norm_forward = cuda_rms_norm_forward,
+      .rms_norm_backward = cuda_rms_norm_backward,
+      .swiglu_forward = cuda_swiglu_forward,
+      .swiglu_backward = cuda_swiglu_backward,
+      .rotary = cuda_rotary,
       .conv2d = cuda_conv2d,
       .conv2d_backward_input = cuda_conv2d_backward_input,
       .conv2d_backward_weight = cuda_conv2d_backward_weight,

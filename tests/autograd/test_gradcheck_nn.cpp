@@ -402,6 +402,45 @@ TEST_CASE("rms_norm gradients and values", "[gradcheck_nn][norm]") {
   check_close(rms_norm(constant(x), constant(w), 1e-5).data(), naive_norm(x, values(w), {}, 1e-5, false));
 }
 
+TEST_CASE("swiglu gradients and values, fused and composed", "[gradcheck_nn]") {
+  check_gradients("swiglu", [](const std::vector<Variable>& x) { return swiglu(x[0], x[1]); },
+                  {leaf({3, 7}, 146, "gate"), leaf({3, 7}, 147, "up")});
+  // Broadcast operands take the composed path: silu(gate) * up.
+  check_gradients("swiglu, broadcast", [](const std::vector<Variable>& x) { return swiglu(x[0], x[1]); },
+                  {leaf({3, 7}, 148, "gate"), leaf({7}, 149, "up")});
+  const Tensor a = random64({4, 5}, 150), b = random64({4, 5}, 151);
+  const std::vector<double> va = values(a), vb = values(b);
+  std::vector<double> expected;
+  for (std::size_t i = 0; i < va.size(); ++i) expected.push_back(va[i] / (1 + std::exp(-va[i])) * vb[i]);
+  check_close(swiglu(constant(a), constant(b)).data(), expected);
+  CHECK_THROWS_ERROR(swiglu(Variable(), constant(b)), "swiglu: gate and up must be defined");
+}
+
+TEST_CASE("the fused rms_norm, swiglu and rotary_embedding match their composed forms in bf16",
+          "[gradcheck_nn][norm]") {
+  const Tensor x = test::random_tensor({2, 3, 8}, 152).to(DType::bf16);
+  const Tensor w = test::random_tensor({8}, 153).to(DType::bf16);
+  const test::Tolerance bf16{2e-2, 2e-2};
+  const Tensor x32 = x.to(DType::f32);
+  const Tensor composed_norm = mul(mul(x32, rsqrt(add(mean(mul(x32, x32), {-1}, true), 1e-6))), w.to(DType::f32));
+  test::check_close(rms_norm(constant(x), constant(w), 1e-6).data().to(DType::f64), composed_norm.to(DType::f64),
+                    bf16);
+  // A weight of another dtype takes the composed path, which promotes.
+  CHECK(rms_norm(constant(x), constant(w.to(DType::f32)), 1e-6).dtype() == DType::f32);
+  test::check_close(swiglu(constant(x), constant(x * 0.5)).data().to(DType::f64),
+                    mul(silu(constant(x)), constant(x * 0.5)).data().to(DType::f64), bf16);
+  const Tensor cos = test::random_tensor({3, 8}, 154).to(DType::bf16),
+               sin = test::random_tensor({3, 8}, 155).to(DType::bf16);
+  const Tensor rotated = cat({neg(x.narrow(-1, 4, 4)), x.narrow(-1, 0, 4)}, -1);
+  test::check_close(rotary_embedding(constant(x), cos, sin).data().to(DType::f64),
+                    add(mul(x, cos), mul(rotated, sin)).to(DType::f64), bf16);
+  CHECK_THROWS_ERROR(rotary(x, cos.to(DType::f32), sin),
+                     "rotary_embedding: cos is f32 but the input is bf16");
+  CHECK_THROWS_ERROR(rms_norm_forward(x, ones({8}), 1e-6), "rms_norm: weight is f32 but the input is bf16");
+  CHECK_THROWS_ERROR(swiglu(x, x.narrow(-1, 0, 4)),
+                     "swiglu: gate [2, 3, 8] and up [2, 3, 4] differ in shape");
+}
+
 TEST_CASE("layer_norm gradients and values, weight and bias optional", "[gradcheck_nn][norm]") {
   check_gradients("layer_norm", [](const std::vector<Variable>& x) { return layer_norm(x[0], x[1], x[2]); },
                   {leaf({2, 3, 4}, 150, "x"), leaf({4}, 151, "weight"), leaf({4}, 152, "bias")});

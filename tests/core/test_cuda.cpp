@@ -615,6 +615,37 @@ SHARDLAB_CUDA_VS_CPU(
 SHARDLAB_CUDA_VS_CPU(
     "cross_entropy from logits, forward and backward, bf16", {random_tensor({9, 1031}, 66)},
     [](const Inputs& x) { return cross_entropy_parts(x[0], DType::bf16); }, Tolerance{1e-2, 1e-2});
+// rms_norm, swiglu and the rotary embedding (core/cuda/transformer.cu), forward and backward: rows
+// longer than a block, in f32, f64 and bf16 (compared as f32).
+Tensor transformer_parts(const Inputs& x, DType dtype) {
+  const Tensor h = x[0].to(dtype), g = x[1].to(dtype), w = x[2].to(dtype);  // [3, 5, 300], [3, 5, 300], [300]
+  const RmsNormResult norm = rms_norm_forward(h, w, 1e-6);
+  const RmsNormGrads norm_grads = rms_norm_backward(g, h, w, norm.rstd);
+  const SwigluGrads gates = swiglu_backward(g, h, g * 0.5);
+  const Tensor cos = w.narrow(0, 0, 60).reshape({5, 12}), sin = w.narrow(0, 60, 60).reshape({5, 12});
+  const Tensor heads = h.narrow(2, 0, 36).reshape({3, 3, 5, 12});
+  std::vector<Tensor> parts = {norm.out,
+                               norm.rstd,
+                               norm_grads.x,
+                               norm_grads.weight,
+                               swiglu(h, g),
+                               gates.gate,
+                               gates.up,
+                               rotary(heads, cos, sin),
+                               rotary(heads, cos, sin, /*transpose=*/true)};
+  for (Tensor& part : parts) part = part.to(DType::f32).flatten();
+  return cat(parts, 0);
+}
+SHARDLAB_CUDA_VS_CPU("rms_norm, swiglu and rotary embedding forward and backward, f32 and f64",
+                     {random_tensor({3, 5, 300}, 67), random_tensor({3, 5, 300}, 68),
+                      random_tensor({300}, 69)},
+                     [](const Inputs& x) {
+                       return cat({transformer_parts(x, DType::f32), transformer_parts(x, DType::f64)}, 0);
+                     });
+SHARDLAB_CUDA_VS_CPU(
+    "rms_norm, swiglu and rotary embedding forward and backward, bf16",
+    {random_tensor({3, 5, 300}, 70), random_tensor({3, 5, 300}, 71), random_tensor({300}, 72)},
+    [](const Inputs& x) { return transformer_parts(x, DType::bf16); }, Tolerance{1e-2, 1e-2});
 SHARDLAB_CUDA_VS_CPU("log_softmax along a middle dim of a strided input",
                      {test::random_strided({3, 37, 5}, 62)},
                      [](const Inputs& x) { return log_softmax(x[0], 1); });

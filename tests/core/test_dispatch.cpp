@@ -17,7 +17,9 @@ std::vector<bool> supported_on(Device device) {
 std::vector<bool> all_entries(Device device) {
   return supported_on<&Kernels::fill, &Kernels::copy, &Kernels::unary, &Kernels::binary, &Kernels::where,
                       &Kernels::reduce, &Kernels::matmul, &Kernels::softmax, &Kernels::cross_entropy_forward,
-                      &Kernels::cross_entropy_backward, &Kernels::conv2d, &Kernels::conv2d_backward_input,
+                      &Kernels::cross_entropy_backward, &Kernels::rms_norm_forward,
+                      &Kernels::rms_norm_backward, &Kernels::swiglu_forward, &Kernels::swiglu_backward,
+                      &Kernels::rotary, &Kernels::conv2d, &Kernels::conv2d_backward_input,
                       &Kernels::conv2d_backward_weight, &Kernels::max_pool2d, &Kernels::max_pool2d_backward,
                       &Kernels::check_index, &Kernels::index_select, &Kernels::gather, &Kernels::scatter_add,
                       &Kernels::index_add, &Kernels::random, &Kernels::adadelta_step, &Kernels::adam_step,
@@ -27,7 +29,7 @@ std::vector<bool> all_entries(Device device) {
 }  // namespace
 
 TEST_CASE("the CPU table has a kernel for every entry", "[dispatch]") {
-  static_assert(sizeof(Kernels) == 25 * sizeof(void*), "a new Kernels entry must be added to this test");
+  static_assert(sizeof(Kernels) == 30 * sizeof(void*), "a new Kernels entry must be added to this test");
   for (const bool supported : all_entries(Device::cpu())) CHECK(supported);
 }
 

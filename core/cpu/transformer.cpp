@@ -1,0 +1,138 @@
+// core/cpu/transformer.cpp: the Llama block's fused row and elementwise kernels: RMS normalisation
+// (row sums in double, as reductions are), SwiGLU (silu(gate) * up) and the rotary embedding in the
+// rotate-half convention, each with its backward, computed in the compute type and rounded once.
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "core/cpu/kernels.h"
+#include "core/parallel.h"
+
+namespace shardlab::cpu {
+
+namespace {
+
+template <typename C>
+C sigmoid_of(C x) {
+  return C(1) / (C(1) + std::exp(-x));
+}
+
+// Runs fn<T>() for the floating dtypes; the ops let no other reach a kernel.
+template <typename Fn>
+void floating(DType dtype, Fn&& fn) {
+  visit_dtype(dtype, [&]<typename T>() {
+    if constexpr (std::is_floating_point_v<compute_t<T>>) fn.template operator()<T>();
+  });
+}
+
+}  // namespace
+
+void rms_norm_forward(const Tensor& x, const Tensor& weight, double eps, const Tensor& out,
+                      const Tensor& rstd) {
+  floating(x.dtype(), [&]<typename T>() {
+    using C = compute_t<T>;
+    const std::int64_t width = x.size(-1), rows = x.numel() / width;
+    const T *in = x.data<T>(), *w = weight.data<T>();
+    T* y = out.data<T>();
+    C* r = rstd.data<C>();
+    parallel_for(0, rows, 16, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t row = first; row < last; ++row) {
+        double squares = 0;
+        for (std::int64_t e = 0; e < width; ++e)
+          squares += double(widen(in[row * width + e])) * widen(in[row * width + e]);
+        r[row] = static_cast<C>(1.0 / std::sqrt(squares / static_cast<double>(width) + eps));
+        for (std::int64_t e = 0; e < width; ++e)
+          y[row * width + e] = narrow<T>(widen(in[row * width + e]) * r[row] * widen(w[e]));
+      }
+    });
+  });
+}
+
+void rms_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                       const Tensor& grad_x, const Tensor& grad_weight) {
+  floating(x.dtype(), [&]<typename T>() {
+    using C = compute_t<T>;
+    const std::int64_t width = x.size(-1), rows = x.numel() / width;
+    const T *g = grad_out.data<T>(), *in = x.data<T>(), *w = weight.data<T>();
+    const C* r = rstd.data<C>();
+    T *gx = grad_x.data<T>(), *gw = grad_weight.data<T>();
+    // grad_x = rstd (g w) - x rstd^3 mean((g w) x), per row.
+    parallel_for(0, rows, 16, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t row = first; row < last; ++row) {
+        double dot = 0;
+        for (std::int64_t e = 0; e < width; ++e)
+          dot += double(widen(g[row * width + e])) * widen(w[e]) * widen(in[row * width + e]);
+        const C correction = static_cast<C>(dot / static_cast<double>(width)) * r[row] * r[row] * r[row];
+        for (std::int64_t e = 0; e < width; ++e) {
+          const std::int64_t i = row * width + e;
+          gx[i] = narrow<T>(r[row] * (widen(g[i]) * widen(w[e])) - widen(in[i]) * correction);
+        }
+      }
+    });
+    // grad_weight = sum over rows of g x rstd, each column in row order.
+    parallel_for(0, width, 64, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t e = first; e < last; ++e) {
+        double sum = 0;
+        for (std::int64_t row = 0; row < rows; ++row)
+          sum += double(widen(g[row * width + e])) * widen(in[row * width + e]) * r[row];
+        gw[e] = narrow<T>(static_cast<C>(sum));
+      }
+    });
+  });
+}
+
+void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  floating(gate.dtype(), [&]<typename T>() {
+    using C = compute_t<T>;
+    const T *a = gate.data<T>(), *b = up.data<T>();
+    T* y = out.data<T>();
+    parallel_for(0, gate.numel(), 4096, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t i = first; i < last; ++i) {
+        const C x = widen(a[i]);
+        y[i] = narrow<T>(x * sigmoid_of(x) * widen(b[i]));
+      }
+    });
+  });
+}
+
+void swiglu_backward(const Tensor& grad_out, const Tensor& gate, const Tensor& up, const Tensor& grad_gate,
+                     const Tensor& grad_up) {
+  floating(gate.dtype(), [&]<typename T>() {
+    using C = compute_t<T>;
+    const T *g = grad_out.data<T>(), *a = gate.data<T>(), *b = up.data<T>();
+    T *ga = grad_gate.data<T>(), *gb = grad_up.data<T>();
+    parallel_for(0, gate.numel(), 4096, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t i = first; i < last; ++i) {
+        const C x = widen(a[i]), s = sigmoid_of(x), d = widen(g[i]);
+        // d/dx x s(x) = s(x) (1 + x (1 - s(x)))
+        ga[i] = narrow<T>(d * widen(b[i]) * (s * (C(1) + x * (C(1) - s))));
+        gb[i] = narrow<T>(d * (x * s));
+      }
+    });
+  });
+}
+
+void rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool transpose, const Tensor& out) {
+  floating(x.dtype(), [&]<typename T>() {
+    using C = compute_t<T>;
+    const std::int64_t width = x.size(-1), half = width / 2, length = x.size(-2), rows = x.numel() / width;
+    const T *in = x.data<T>(), *c = cos.data<T>(), *s = sin.data<T>();
+    T* y = out.data<T>();
+    // forward: y1 = x1 c1 - x2 s1, y2 = x2 c2 + x1 s2; transpose: y1 = x1 c1 + x2 s2, y2 = x2 c2 - x1 s1.
+    parallel_for(0, rows, 64, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t row = first; row < last; ++row) {
+        const T* xr = in + row * width;
+        const std::int64_t at = row % length * width;
+        for (std::int64_t e = 0; e < half; ++e) {
+          const C x1 = widen(xr[e]), x2 = widen(xr[e + half]);
+          const C c1 = widen(c[at + e]), c2 = widen(c[at + e + half]);
+          const C s1 = widen(s[at + e]), s2 = widen(s[at + e + half]);
+          y[row * width + e] = narrow<T>(transpose ? x1 * c1 + x2 * s2 : x1 * c1 - x2 * s1);
+          y[row * width + e + half] = narrow<T>(transpose ? x2 * c2 - x1 * s1 : x2 * c2 + x1 * s2);
+        }
+      }
+    });
+  });
+}
+
+}  // namespace shardlab::cpu

@@ -1,0 +1,190 @@
+// core/cuda/transformer.cu: the Llama block's fused row and elementwise kernels
+// (core/cpu/transformer.cpp's CUDA side): RMS normalisation, one block per row with the row's sums
+// in double and its weight gradient one thread per column walking the rows in order (no atomics,
+// deterministic); SwiGLU and the rotary embedding, elementwise. Computed in the compute type.
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "core/cuda/check.h"
+#include "core/cuda/indexing.cuh"
+#include "core/cuda/launch.h"
+
+namespace shardlab::cuda {
+namespace {
+
+constexpr unsigned kAll = 0xffffffffu;
+
+// The sum of every thread's `value` over the block, on every thread.
+__device__ double block_sum(double value) {
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(kAll, value, offset);
+  __shared__ double per_warp[kBlockSize / 32];
+  __shared__ double total;
+  if (threadIdx.x % 32 == 0) per_warp[threadIdx.x / 32] = value;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double all = 0;
+    for (int w = 0; w < kBlockSize / 32; ++w) all += per_warp[w];
+    total = all;
+  }
+  __syncthreads();
+  const double result = total;
+  __syncthreads();  // `total` is rewritten by the next call
+  return result;
+}
+
+template <typename T>
+__global__ void rms_norm_kernel(const T* x, const T* weight, double eps, std::int64_t rows,
+                                std::int64_t width, T* out, compute_t<T>* rstd) {
+  using C = compute_t<T>;
+  for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* in = x + row * width;
+    double squares = 0;
+    for (std::int64_t e = threadIdx.x; e < width; e += blockDim.x)
+      squares += double(widen(in[e])) * widen(in[e]);
+    const C r = static_cast<C>(1.0 / sqrt(block_sum(squares) / static_cast<double>(width) + eps));
+    if (threadIdx.x == 0) rstd[row] = r;
+    for (std::int64_t e = threadIdx.x; e < width; e += blockDim.x)
+      out[row * width + e] = narrow<T>(widen(in[e]) * r * widen(weight[e]));
+  }
+}
+
+template <typename T>
+__global__ void rms_norm_grad_x_kernel(const T* grad_out, const T* x, const T* weight,
+                                       const compute_t<T>* rstd, std::int64_t rows, std::int64_t width,
+                                       T* grad_x) {
+  using C = compute_t<T>;
+  for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const std::int64_t base = row * width;
+    double dot = 0;
+    for (std::int64_t e = threadIdx.x; e < width; e += blockDim.x)
+      dot += double(widen(grad_out[base + e])) * widen(weight[e]) * widen(x[base + e]);
+    const C r = rstd[row];
+    const C correction = static_cast<C>(block_sum(dot) / static_cast<double>(width)) * r * r * r;
+    for (std::int64_t e = threadIdx.x; e < width; e += blockDim.x)
+      grad_x[base + e] =
+          narrow<T>(r * (widen(grad_out[base + e]) * widen(weight[e])) - widen(x[base + e]) * correction);
+  }
+}
+
+template <typename T>
+__global__ void rms_norm_grad_weight_kernel(const T* grad_out, const T* x, const compute_t<T>* rstd,
+                                            std::int64_t rows, std::int64_t width, T* grad_weight) {
+  using C = compute_t<T>;
+  for (std::int64_t e = first_thread(); e < width; e += thread_step()) {
+    double sum = 0;
+    for (std::int64_t row = 0; row < rows; ++row)
+      sum += double(widen(grad_out[row * width + e])) * widen(x[row * width + e]) * rstd[row];
+    grad_weight[e] = narrow<T>(static_cast<C>(sum));
+  }
+}
+
+template <typename C>
+__device__ C sigmoid_of(C x) {
+  return C(1) / (C(1) + exp(-x));
+}
+
+template <typename T>
+__global__ void swiglu_kernel(const T* gate, const T* up, std::int64_t n, T* out) {
+  using C = compute_t<T>;
+  for (std::int64_t i = first_thread(); i < n; i += thread_step()) {
+    const C x = widen(gate[i]);
+    out[i] = narrow<T>(x * sigmoid_of(x) * widen(up[i]));
+  }
+}
+
+template <typename T>
+__global__ void swiglu_backward_kernel(const T* grad_out, const T* gate, const T* up, std::int64_t n,
+                                       T* grad_gate, T* grad_up) {
+  using C = compute_t<T>;
+  for (std::int64_t i = first_thread(); i < n; i += thread_step()) {
+    const C x = widen(gate[i]), s = sigmoid_of(x), d = widen(grad_out[i]);
+    grad_gate[i] = narrow<T>(d * widen(up[i]) * (s * (C(1) + x * (C(1) - s))));
+    grad_up[i] = narrow<T>(d * (x * s));
+  }
+}
+
+// One thread per (row, e < half) pair of elements e and e + half.
+template <typename T>
+__global__ void rotary_kernel(const T* x, const T* cos, const T* sin, std::int64_t rows, std::int64_t length,
+                              std::int64_t width, bool transpose, T* out) {
+  using C = compute_t<T>;
+  const std::int64_t half = width / 2;
+  for (std::int64_t i = first_thread(); i < rows * half; i += thread_step()) {
+    const std::int64_t row = i / half, e = i % half, at = row % length * width;
+    const C x1 = widen(x[row * width + e]), x2 = widen(x[row * width + e + half]);
+    const C c1 = widen(cos[at + e]), c2 = widen(cos[at + e + half]);
+    const C s1 = widen(sin[at + e]), s2 = widen(sin[at + e + half]);
+    out[row * width + e] = narrow<T>(transpose ? x1 * c1 + x2 * s2 : x1 * c1 - x2 * s1);
+    out[row * width + e + half] = narrow<T>(transpose ? x2 * c2 - x1 * s1 : x2 * c2 + x1 * s2);
+  }
+}
+
+unsigned row_blocks(std::int64_t rows) {
+  return static_cast<unsigned>(rows < kMaxBlocks ? rows : kMaxBlocks);
+}
+
+}  // namespace
+
+bool launch_rms_norm(DType dtype, const void* x, const void* weight, double eps, std::int64_t rows,
+                     std::int64_t width, void* out, void* rstd, cudaStream_t stream) {
+  return floating(dtype, [&]<typename T>() {
+    if (rows == 0) return;
+    rms_norm_kernel<T><<<row_blocks(rows), kBlockSize, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(weight), eps, rows, width, static_cast<T*>(out),
+        static_cast<compute_t<T>*>(rstd));
+    SHARDLAB_CUDA_CHECK_LAUNCH();
+  });
+}
+
+bool launch_rms_norm_backward(DType dtype, const void* grad_out, const void* x, const void* weight,
+                              const void* rstd, std::int64_t rows, std::int64_t width, void* grad_x,
+                              void* grad_weight, cudaStream_t stream) {
+  return floating(dtype, [&]<typename T>() {
+    const auto* g = static_cast<const T*>(grad_out);
+    const auto* in = static_cast<const T*>(x);
+    const auto* r = static_cast<const compute_t<T>*>(rstd);
+    if (rows > 0) {
+      rms_norm_grad_x_kernel<T><<<row_blocks(rows), kBlockSize, 0, stream>>>(
+          g, in, static_cast<const T*>(weight), r, rows, width, static_cast<T*>(grad_x));
+      SHARDLAB_CUDA_CHECK_LAUNCH();
+    }
+    rms_norm_grad_weight_kernel<T>
+        <<<grid_size(width), kBlockSize, 0, stream>>>(g, in, r, rows, width, static_cast<T*>(grad_weight));
+    SHARDLAB_CUDA_CHECK_LAUNCH();
+  });
+}
+
+bool launch_swiglu(DType dtype, const void* gate, const void* up, std::int64_t n, void* out,
+                   cudaStream_t stream) {
+  return floating(dtype, [&]<typename T>() {
+    if (n == 0) return;
+    swiglu_kernel<T><<<grid_size(n), kBlockSize, 0, stream>>>(
+        static_cast<const T*>(gate), static_cast<const T*>(up), n, static_cast<T*>(out));
+    SHARDLAB_CUDA_CHECK_LAUNCH();
+  });
+}
+
+bool launch_swiglu_backward(DType dtype, const void* grad_out, const void* gate, const void* up,
+                            std::int64_t n, void* grad_gate, void* grad_up, cudaStream_t stream) {
+  return floating(dtype, [&]<typename T>() {
+    if (n == 0) return;
+    swiglu_backward_kernel<T><<<grid_size(n), kBlockSize, 0, stream>>>(
+        static_cast<const T*>(grad_out), static_cast<const T*>(gate), static_cast<const T*>(up), n,
+        static_cast<T*>(grad_gate), static_cast<T*>(grad_up));
+    SHARDLAB_CUDA_CHECK_LAUNCH();
+  });
+}
+
+bool launch_rotary(DType dtype, const void* x, const void* cos, const void* sin, std::int64_t rows,
+                   std::int64_t length, std::int64_t width, bool transpose, void* out, cudaStream_t stream) {
+  return floating(dtype, [&]<typename T>() {
+    if (rows * width == 0) return;
+    rotary_kernel<T><<<grid_size(rows * (width / 2)), kBlockSize, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(cos), static_cast<const T*>(sin), rows, length, width,
+        transpose, static_cast<T*>(out));
+    SHARDLAB_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace shardlab::cuda
