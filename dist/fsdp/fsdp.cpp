@@ -23,6 +23,7 @@
 #include "core/ops.h"
 #include "core/storage.h"
 #include "dist/comm/init.h"
+#include "dist/fsdp/copy_stream.h"
 #include "dist/fsdp/offload.h"
 #include "dist/fsdp/unit.h"
 
@@ -437,34 +438,36 @@ void Unit::unshard(GatherFor purpose) {
     storage_->reallocate(static_cast<std::size_t>(padded_) * dtype_size(param_dtype));
     count_unsharded(static_cast<std::int64_t>(storage_->nbytes()));
   }
-  // The slice kept from forward gathers inside the post-forward group: the same values, fewer bytes.
-  const bool from_held = held_.defined();
-  if (!from_held) {
-    const Tensor on_device =
-        offloads() ? copy_kernel("copy shard to device", name_,
-                                 [&] { return offload_copies(device_.index).to_device(shard_); })
-                   : shard_;
-    gather_source_ = param_dtype == DType::f32
-                         ? on_device
-                         : copy_kernel(cast_name("parameters", param_dtype).c_str(), name_,
-                                       [&] { return cast(on_device, param_dtype); });
-  }
   if (groups_->shard == nullptr) {
-    copy_kernel("copy shard to gathered", name_, [&] { return gathered().copy_(gather_source_); });
-    gather_source_ = Tensor();
+    copy_kernel("copy shard to gathered", name_, [&] { return gathered().copy_(shard_in_param_dtype()); });
     state_ = Gathered::yes;
     return;
   }
   static constexpr const char* purposes[] = {"pre-forward", "pre-backward", "unshard"};
   gather_tag_ = fmt::format("{} {}", purposes[static_cast<int>(purpose)], display_name(name_));
-  if (from_held) gather_source_ = held_;
+  // The slice kept from forward gathers inside the post-forward group: the same values, fewer bytes.
+  const bool from_held = held_.defined();
   Communicator& group = from_held ? *post_forward_group_ : *groups_->shard;
-  gather_work_ = group.all_gather_into(gathered(), gather_source_, gather_tag_);
+  on_copy_stream(device_, {shard_, held_}, [&] {
+    gather_source_ = from_held ? held_ : shard_in_param_dtype();
+    gather_work_ = group.all_gather_into(gathered(), gather_source_, gather_tag_);
+  });
   if (trace::on()) {
     gather_flow_ = trace::next_flow_id();
     trace::flow_start(gather_flow_, "all_gather " + gather_tag_, "communication");
   }
   state_ = Gathered::in_flight;
+}
+
+Tensor Unit::shard_in_param_dtype() const {
+  const DType param_dtype = options_.mixed_precision.param_dtype;
+  const Tensor on_device = offloads()
+                               ? copy_kernel("copy shard to device", name_,
+                                             [&] { return offload_copies(device_.index).to_device(shard_); })
+                               : shard_;
+  if (param_dtype == DType::f32) return on_device;
+  return copy_kernel(cast_name("parameters", param_dtype).c_str(), name_,
+                     [&] { return cast(on_device, param_dtype); });
 }
 
 void Unit::wait_unshard() {
@@ -708,22 +711,28 @@ void Unit::start_reduction() {
   zero_unwritten_gradients();
   reducing_ = true;
   const DType reduce_dtype = options_.mixed_precision.reduce_dtype;
-  reduce_input_ = reduce_dtype == options_.mixed_precision.param_dtype
-                      ? full_grad_
-                      : copy_kernel(cast_name("gradient", reduce_dtype).c_str(), name_,
-                                    [&] { return cast(full_grad_, reduce_dtype); });
+  const auto gradient_in_reduce_dtype = [&] {
+    return reduce_dtype == options_.mixed_precision.param_dtype
+               ? full_grad_
+               : copy_kernel(cast_name("gradient", reduce_dtype).c_str(), name_,
+                             [&] { return cast(full_grad_, reduce_dtype); });
+  };
+  if (groups_->shard == nullptr) {  // the computed gradient is the result: no collective orders a copy stream
+    reduce_input_ = gradient_in_reduce_dtype();
+  } else {
+    // Allocated here, on the compute stream, which reads it after the reduce-scatter.
+    reduce_output_ = empty({shard_elements_}, dtype(reduce_dtype).with_device(device_));
+    on_copy_stream(device_, {full_grad_}, [&] {
+      reduce_input_ = gradient_in_reduce_dtype();
+      reduce_work_ = groups_->shard->reduce_scatter(reduce_output_, reduce_input_, ReduceOp::avg, name_);
+    });
+  }
   drop_gradient_views();
   // ZeRO-1 keeps it and writes the next step's gradient into it, unless it is itself the reduced
   // gradient (one rank, no cast), which the gradient shard's views go on reading.
   const bool is_the_result = groups_->shard == nullptr && reduce_input_.storage() == full_grad_.storage();
   if (!whole_between_steps() || is_the_result) full_grad_ = Tensor();
-  if (groups_->shard == nullptr) {
-    reduce_output_ = reduce_input_;
-    return;
-  }
-  reduce_output_ =
-      empty({shard_elements_}, dtype(options_.mixed_precision.reduce_dtype).with_device(device_));
-  reduce_work_ = groups_->shard->reduce_scatter(reduce_output_, reduce_input_, ReduceOp::avg, name_);
+  if (groups_->shard == nullptr) reduce_output_ = reduce_input_;
 }
 
 void Unit::flush_backward() {

@@ -222,7 +222,9 @@ class Unit : public std::enable_shared_from_this<Unit> {
   // From forward to backward, with a post-forward group: this rank's slice of the gathered parameters.
   Tensor held_;
   void drop_held();
-  void free_gathered();       // reshard() without dropping held_
+  void free_gathered();  // reshard() without dropping held_
+  // The shard as the all-gather sends it: on the device (copied there when offloaded), in param_dtype.
+  Tensor shard_in_param_dtype() const;
   std::vector<bool> hooked_;  // per slot: its post-accumulate hook is registered
   // Until the next reduction (several backwards without gradient sync): per slot, whether its
   // gradient was accumulated; and whether the forward ran in grad mode with a parameter that
