@@ -225,7 +225,7 @@ void launch_max_pool2d_backward(DType dtype, const void* grad_out, const std::in
 // conv2d's sizes: input [batch, channels, height, width], weight [O, channels, kernel_h, kernel_w],
 // output [batch, O, out_h, out_w].
 struct ConvShape {
-  std::int64_t batch = 0, channels = 0, height = 0, width = 0;
+  std::int64_t batch = 0, channels = 0, height = 0, width = 0, outs = 0;
   std::int64_t kernel_h = 0, kernel_w = 0, out_h = 0, out_w = 0;
   std::int64_t stride = 1, padding = 0;
 };

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/cuda/check.h"
+#include "core/cuda/cudnn_conv.h"
 #include "core/cuda/gemm.h"
 #include "core/cuda/launch.h"
 #include "core/cuda/runtime.h"
@@ -401,11 +402,19 @@ void cuda_max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, con
 
 // --- conv2d: im2col + cuBLAS GEMM (cuDNN is not used yet) -------------------------------------------
 
+// Builds that found cuDNN convolve through it (core/cuda/cudnn_conv.h); the others take im2col + cuBLAS.
+#ifdef SHARDLAB_CUDNN
+constexpr bool kCudnn = true;
+#else
+constexpr bool kCudnn = false;
+#endif
+
 cuda::ConvShape conv_shape(const Shape& input, const Shape& weight, const Shape& output, Conv2dParams p) {
   return {.batch = input[0],
           .channels = input[1],
           .height = input[2],
           .width = input[3],
+          .outs = weight[0],
           .kernel_h = weight[2],
           .kernel_w = weight[3],
           .out_h = output[2],
@@ -431,10 +440,15 @@ void cuda_conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, 
   const LaunchContext context(out);
   const cuda::ConvShape g = conv_shape(input.shape(), weight.shape(), out.shape(), p);
   const std::int64_t patch = patch_of(g), pixels = pixels_of(g), outs = weight.size(0);
-  const Tensor cols = im2col("conv2d", input, g, context.stream());
-  cuda::gemm_batched(out.dtype(), g.batch, pixels, outs, patch,
-                     {cols.raw_data(), false, pixels, patch * pixels}, {weight.raw_data(), false, patch, 0},
-                     out.raw_data(), pixels, outs * pixels, out.device().index, context.stream());
+  if constexpr (kCudnn) {
+    cuda::cudnn::conv2d(out.dtype(), input.raw_data(), weight.raw_data(), out.raw_data(), g,
+                        out.device().index, context.stream());
+  } else {
+    const Tensor cols = im2col("conv2d", input, g, context.stream());
+    cuda::gemm_batched(out.dtype(), g.batch, pixels, outs, patch,
+                       {cols.raw_data(), false, pixels, patch * pixels}, {weight.raw_data(), false, patch, 0},
+                       out.raw_data(), pixels, outs * pixels, out.device().index, context.stream());
+  }
   if (bias.defined()) {
     SHARDLAB_CHECK(cuda::launch_add_bias(out.dtype(), out.raw_data(), bias.raw_data(), g.batch, outs, pixels,
                                          context.stream()),
@@ -447,6 +461,11 @@ void cuda_conv2d_backward_input(const Tensor& grad_out, const Tensor& weight, Co
                                 const Tensor& grad_in) {
   const LaunchContext context(grad_in);
   const cuda::ConvShape g = conv_shape(grad_in.shape(), weight.shape(), grad_out.shape(), p);
+  if constexpr (kCudnn) {
+    return cuda::cudnn::conv2d_backward_input(grad_in.dtype(), grad_out.raw_data(), weight.raw_data(),
+                                              grad_in.raw_data(), g, grad_in.device().index,
+                                              context.stream());
+  }
   const std::int64_t patch = patch_of(g), pixels = pixels_of(g), outs = weight.size(0);
   const Tensor cols = empty({g.batch, patch, pixels}, TensorOptions{grad_in.dtype(), grad_in.device()});
   cuda::gemm_batched(grad_in.dtype(), g.batch, pixels, patch, outs,
@@ -463,6 +482,11 @@ void cuda_conv2d_backward_weight(const Tensor& grad_out, const Tensor& input, Co
                                  const Tensor& grad_weight) {
   const LaunchContext context(grad_weight);
   const cuda::ConvShape g = conv_shape(input.shape(), grad_weight.shape(), grad_out.shape(), p);
+  if constexpr (kCudnn) {
+    return cuda::cudnn::conv2d_backward_weight(grad_weight.dtype(), grad_out.raw_data(), input.raw_data(),
+                                               grad_weight.raw_data(), g, grad_weight.device().index,
+                                               context.stream());
+  }
   const std::int64_t patch = patch_of(g), pixels = pixels_of(g), outs = grad_weight.size(0);
   const Tensor cols = im2col("conv2d_backward_weight", input, g, context.stream());
   const Tensor products =

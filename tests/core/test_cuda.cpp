@@ -850,7 +850,7 @@ SHARDLAB_CUDA_VS_CPU(
     "adam_step and adadelta_step over bf16 segments with their own hyper-parameters", kSegmentInputs,
     [](const Inputs& x) { return segmented_steps(x, DType::bf16); }, test::default_tolerance(DType::bf16));
 
-// --- conv2d (core/cuda/conv.cu + cuBLAS) -----------------------------------------------------------
+// --- conv2d (core/cuda/cudnn_conv.cpp where cuDNN was found, else core/cuda/conv.cu + cuBLAS) --------
 
 // Odd sizes, padding and stride 2 (taps that skip pixels), with bias; both gradients.
 SHARDLAB_CUDA_VS_CPU("conv2d forward with bias, and both gradients, stride 2 and padding 1",
@@ -864,6 +864,16 @@ SHARDLAB_CUDA_VS_CPU("conv2d forward with bias, and both gradients, stride 2 and
                            {out.flatten(), conv2d_backward_input(grad, x[1], x[0].shape(), p).flatten(),
                             conv2d_backward_weight(grad, x[0], x[1].shape(), p).flatten()},
                            0);
+                     });
+SHARDLAB_CUDA_VS_CPU("conv2d forward and both gradients in f64",
+                     {random_tensor({2, 3, 9, 8}, 116, DType::f64),
+                      random_tensor({4, 3, 3, 3}, 117, DType::f64)},
+                     [](const Inputs& x) {
+                       const Conv2dParams p{.stride = 1, .padding = 1};
+                       const Tensor out = conv2d(x[0], x[1], {}, p);
+                       return cat({out.flatten(), conv2d_backward_input(out, x[1], x[0].shape(), p).flatten(),
+                                   conv2d_backward_weight(out, x[0], x[1].shape(), p).flatten()},
+                                  0);
                      });
 // 288 products per output, accumulated in f32 on both devices and rounded to bf16 once: the
 // argument of the bf16 matmul above, with 288 * 2^-24 * 288 < 5e-3 near zero.
