@@ -33,7 +33,7 @@ void forward(const Tensor& logits, const Tensor& targets, std::int64_t ignore_in
       double total = 0;
       for (std::int64_t c = 0; c < classes; ++c) total += std::exp(widen(row[c]) - shift);
       lse[r] = shift + static_cast<C>(std::log(total));
-      loss[r] = target[r] == ignore_index ? T(0) : narrow<T>(lse[r] - widen(row[target[r]]));
+      loss[r] = target[r] == ignore_index ? T{} : narrow<T>(lse[r] - widen(row[target[r]]));
     }
   });
 }

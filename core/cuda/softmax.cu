@@ -90,7 +90,7 @@ __global__ void cross_entropy_kernel(const T* logits, const std::int64_t* target
       const C shift = isfinite(all.largest) ? all.largest : C(0);
       const C lse = shift + log(all.total * exp(all.largest - shift));
       logsumexp[r] = lse;
-      losses[r] = targets[r] == ignore_index ? T(0) : narrow<T>(lse - widen(row[targets[r]]));
+      losses[r] = targets[r] == ignore_index ? T{} : narrow<T>(lse - widen(row[targets[r]]));
     }
     __syncthreads();  // `all` in shared memory is reused by the next row
   }
@@ -106,7 +106,7 @@ __global__ void cross_entropy_backward_kernel(const T* grad_losses, const T* log
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t r = i / classes, c = i % classes;
     if (targets[r] == ignore_index) {
-      grad[i] = T(0);
+      grad[i] = T{};
       continue;
     }
     const C probability = exp(widen(logits[i]) - logsumexp[r]);
