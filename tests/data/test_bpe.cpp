@@ -1,7 +1,7 @@
 // tests/data/test_bpe.cpp: BpeTokenizer and the ByteLevel pre-tokenizer: the GPT-2 split on
 // hand-written strings, merges learned on a hand-computed corpus, exact round trips (random bytes,
 // every fortune), specials never split, save/load, every tokenizer.json refusal, and golden
-// merges and ids from Hugging Face tokenizers (tests/tools/make_bpe_golden.js).
+// merges and ids from Hugging Face tokenizers (tests/tools/make_bpe_golden.py).
 #include <filesystem>
 #include <fstream>
 #include <random>
