@@ -718,7 +718,7 @@ void Unit::start_reduction() {
                              [&] { return cast(full_grad_, reduce_dtype); });
   };
   if (groups_->shard == nullptr) {  // the computed gradient is the result: no collective orders a copy stream
-    reduce_input_ = gradient_in_reduce_dtype();
+    reduce_input_ = reduce_output_ = gradient_in_reduce_dtype();
   } else {
     // Allocated here, on the compute stream, which reads it after the reduce-scatter.
     reduce_output_ = empty({shard_elements_}, dtype(reduce_dtype).with_device(device_));
@@ -732,7 +732,6 @@ void Unit::start_reduction() {
   // gradient (one rank, no cast), which the gradient shard's views go on reading.
   const bool is_the_result = groups_->shard == nullptr && reduce_input_.storage() == full_grad_.storage();
   if (!whole_between_steps() || is_the_result) full_grad_ = Tensor();
-  if (groups_->shard == nullptr) reduce_output_ = reduce_input_;
 }
 
 void Unit::flush_backward() {

@@ -422,9 +422,10 @@ TEST_CASE("the fused rms_norm, swiglu and rotary_embedding match their composed 
   const Tensor w = test::random_tensor({8}, 153).to(DType::bf16);
   const test::Tolerance bf16{2e-2, 2e-2};
   const Tensor x32 = x.to(DType::f32);
-  const Tensor composed_norm = mul(mul(x32, rsqrt(add(mean(mul(x32, x32), {-1}, true), 1e-6))), w.to(DType::f32));
-  test::check_close(rms_norm(constant(x), constant(w), 1e-6).data().to(DType::f64), composed_norm.to(DType::f64),
-                    bf16);
+  const Tensor composed_norm =
+      mul(mul(x32, rsqrt(add(mean(mul(x32, x32), {-1}, true), 1e-6))), w.to(DType::f32));
+  test::check_close(rms_norm(constant(x), constant(w), 1e-6).data().to(DType::f64),
+                    composed_norm.to(DType::f64), bf16);
   // A weight of another dtype takes the composed path, which promotes.
   CHECK(rms_norm(constant(x), constant(w.to(DType::f32)), 1e-6).dtype() == DType::f32);
   test::check_close(swiglu(constant(x), constant(x * 0.5)).data().to(DType::f64),
@@ -439,6 +440,34 @@ TEST_CASE("the fused rms_norm, swiglu and rotary_embedding match their composed 
   CHECK_THROWS_ERROR(rms_norm_forward(x, ones({8}), 1e-6), "rms_norm: weight is f32 but the input is bf16");
   CHECK_THROWS_ERROR(swiglu(x, x.narrow(-1, 0, 4)),
                      "swiglu: gate [2, 3, 8] and up [2, 3, 4] differ in shape");
+}
+
+TEST_CASE("the fused ops refuse operands that do not fit, naming them", "[gradcheck_nn][errors]") {
+  const Tensor x = zeros({2, 3, 8}), w = zeros({8}), rstd = zeros({2, 3});
+  CHECK_THROWS_ERROR(rms_norm_forward(x, zeros({4}), 1e-6),
+                     "rms_norm: weight [4] must be [D] for x [2, 3, 8]");
+  CHECK_THROWS_ERROR(rms_norm_forward(zeros({2, 8}, dtype(DType::i64)), w, 1e-6),
+                     "rms_norm: needs a floating dtype, got i64");
+  CHECK_THROWS_ERROR(rms_norm_backward(zeros({2, 3, 4}), x, w, rstd),
+                     "rms_norm_backward: grad_out [2, 3, 4], x [2, 3, 8] and weight [8] do not match");
+  CHECK_THROWS_ERROR(swiglu_backward(zeros({2, 3, 4}), x, x),
+                     "swiglu_backward: grad_out [2, 3, 4], gate [2, 3, 8] and up [2, 3, 8] differ in shape");
+  CHECK_THROWS_ERROR(swiglu(x, Tensor()), "swiglu: up tensor is undefined");
+  CHECK_THROWS_ERROR(rotary(zeros({2, 3, 7}), zeros({3, 7}), zeros({3, 7})),
+                     "rotary_embedding: x must be [..., T, D] with D even, got [2, 3, 7]");
+  CHECK_THROWS_ERROR(rotary(x, zeros({2, 8}), zeros({3, 8})),
+                     "rotary_embedding: cos [2, 8] and sin [3, 8] must be [3, 8] for x [2, 3, 8]");
+  const Tensor logits = zeros({4, 5}), targets = from_vector<std::int64_t>({0, 1, 2, 3});
+  CHECK_THROWS_ERROR(cross_entropy_forward(zeros({4, 5}, dtype(DType::i32)), targets),
+                     "cross_entropy: needs a floating dtype, got i32");
+  CHECK_THROWS_ERROR(cross_entropy_forward(logits, from_vector<std::int64_t>({0, 1})),
+                     "cross_entropy: targets must be 1-D [N] = [4] for logits [4, 5], got [2]");
+  const CrossEntropyResult forward = cross_entropy_forward(logits, targets);
+  CHECK_THROWS_ERROR(cross_entropy_backward(zeros({3}), logits, targets, -100, forward.logsumexp),
+                     "cross_entropy_backward: grad_losses [3] and logsumexp [4] must be [N] = [4]");
+  CHECK_THROWS_ERROR(
+      cross_entropy_backward(zeros({4}), logits, targets, -100, forward.logsumexp.to(DType::f64)),
+      "cross_entropy_backward: logsumexp must be f32 for f32 logits, got f64");
 }
 
 TEST_CASE("layer_norm gradients and values, weight and bias optional", "[gradcheck_nn][norm]") {
