@@ -100,8 +100,7 @@ class Training : public apps::Trainer {
     double mean_loss() const { return loss_sum / static_cast<double>(images - skipped_images); }
   };
 
-  void compute_step(const data::Batch& batch, const data::Batch& on_host) override;
-  StepResult read_step() override;
+  StepValues compute_step(const data::Batch& batch, const data::Batch& on_host) override;
   void dry_run(const data::Batch& batch) override { forward_backward(batch); }
   nlohmann::json training_state() const override;
   void restore(const nlohmann::json& state, const std::string& path) override;
@@ -129,12 +128,6 @@ class Training : public apps::Trainer {
   std::optional<apps::Progress> progress_;  // the epoch's bar
   std::chrono::steady_clock::time_point epoch_began_;
   std::int64_t images_before_ = 0;  // the epoch's images when this run took it up
-  // The step compute_step queued, on the device until read_step: this rank's summed loss and
-  // share of the squared gradient norm, and its images.
-  Tensor step_loss_, step_square_sum_;
-  std::int64_t step_rank_images_ = 0;
-  double step_loss_sum_ = 0;  // the last step's, over all ranks
-  std::int64_t step_images_ = 0;
 };
 
 Training::Training(const Options& options, dist::Session& session)
@@ -199,26 +192,21 @@ void Training::begin_epoch() {
   images_before_ = epoch_progress_.images;
 }
 
-void Training::compute_step(const data::Batch& batch, const data::Batch& /*on_host*/) {
+Training::StepValues Training::compute_step(const data::Batch& batch, const data::Batch& /*on_host*/) {
   optimizer_->zero_grad();
   dist::reset_collective_counters(*model_);
-  step_loss_ = forward_backward(batch).data();
-  step_square_sum_ = dist::local_gradient_sum_of_squares(*model_);
-  step_rank_images_ = batch.inputs.size(0);
+  const Tensor loss_sum = forward_backward(batch).data();
   // Every communicator the units use: hybrid sharding's groups are not the world.
   step_bytes_received_ = dist::collective_counters(*model_).total().bytes_received;
-}
-
-Training::StepResult Training::read_step() {
-  // One all-reduce for the step's loss, images and squared gradient norm, before the update.
-  // Released once read: what stays between steps is the plan's.
-  const std::vector<double> mine =
-      read_on_host({std::exchange(step_loss_, Tensor()), std::exchange(step_square_sum_, Tensor())});
-  const std::vector<double> global =
-      apps::sum_over_ranks(session_.cpu_world(), {mine[0], static_cast<double>(step_rank_images_), mine[1]});
-  step_loss_sum_ = global[0];
-  step_images_ = static_cast<std::int64_t>(global[1]);
-  return {.loss = global[0] / global[1], .grad_norm = std::sqrt(global[2])};
+  // The images are counted on the host; the loss and this rank's share of the squared gradient
+  // norm are summed over the ranks on the device, in one all-reduce.
+  const double images =
+      apps::sum_over_ranks(session_.cpu_world(), {static_cast<double>(batch.inputs.size(0))})[0];
+  const Tensor sums = cat({loss_sum.to(DType::f64).reshape({1}),
+                           dist::local_gradient_sum_of_squares(*model_).to(loss_sum.device()).reshape({1})},
+                          0);
+  session_.world().all_reduce(sums, dist::ReduceOp::sum, "step loss and gradient norm").wait();
+  return {.loss = div(sums.select(0, 0), images), .grad_norm = sqrt(sums.select(0, 1)), .samples = images};
 }
 
 // The loss summed over the batch, and its gradients.
@@ -234,11 +222,12 @@ Variable Training::forward_backward(const data::Batch& batch) {
 }
 
 void Training::after_step(const StepResult& result) {
-  epoch_progress_.images += step_images_;
+  const auto images = static_cast<std::int64_t>(result.samples);
+  epoch_progress_.images += images;
   if (result.skipped) {
-    epoch_progress_.skipped_images += step_images_;
+    epoch_progress_.skipped_images += images;
   } else {
-    epoch_progress_.loss_sum += step_loss_sum_;
+    epoch_progress_.loss_sum += result.loss * result.samples;
   }
   if (metrics_ && options_.steps > 0) metrics_->write(step_record(result));
   const double seconds =

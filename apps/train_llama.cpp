@@ -141,8 +141,7 @@ class Training : public apps::Trainer {
   Training(const Options& options, dist::Session& session);
 
  private:
-  void compute_step(const data::Batch& batch, const data::Batch& on_host) override;
-  StepResult read_step() override;
+  StepValues compute_step(const data::Batch& batch, const data::Batch& on_host) override;
   void dry_run(const data::Batch& batch) override { forward_backward(batch, 1.0); }
   nlohmann::json training_state() const override;
   void restore(const nlohmann::json& state, const std::string& path) override;
@@ -169,10 +168,6 @@ class Training : public apps::Trainer {
   std::int64_t total_steps_ = 0;
   std::optional<apps::Progress> progress_;
   std::vector<double> recent_losses_;  // the bar shows the mean of the last 10 steps
-  // The step compute_step queued: the global count of targets, and this rank's summed loss and the
-  // global gradient norm, on the device until read_step.
-  double step_targets_ = 0;
-  Tensor step_loss_sum_, step_grad_norm_;
 };
 
 Training::Training(const Options& options, dist::Session& session)
@@ -275,28 +270,23 @@ void Training::restore(const nlohmann::json& state, const std::string& path) {
   dist::log("train_llama: resumed from {} (step {}), continuing to step {}", path, step_, total_steps_);
 }
 
-void Training::compute_step(const data::Batch& batch, const data::Batch& on_host) {
+Training::StepValues Training::compute_step(const data::Batch& batch, const data::Batch& on_host) {
   // The loss is the mean over the global batch's non-padding targets: each rank sums its own and
   // divides by the global count, so any number of ranks computes the 1-process loss. Counted in
   // host memory: on a GPU, reading a count back would wait for the device.
   const double local_targets = sum(ne(on_host.targets, tokenizer_->pad_id()).to(DType::i64)).item<double>();
-  step_targets_ = apps::sum_over_ranks(session_.cpu_world(), {local_targets})[0];
+  const double targets = std::max(apps::sum_over_ranks(session_.cpu_world(), {local_targets})[0], 1.0);
   dist::reset_collective_counters(**model_);
   // FSDP averages gradients over the ranks: scaled by W, the average is the global mean's gradient.
-  step_loss_sum_ =
-      forward_backward(batch, static_cast<double>(world_size_) / std::max(step_targets_, 1.0)).data();
+  const Tensor loss_sum = forward_backward(batch, static_cast<double>(world_size_) / targets).data();
   // FSDP's collectives of the step, what the plan predicts (clipping's all-reduce comes after).
   step_bytes_received_ = dist::collective_counters(**model_).total().bytes_received;
   // Over the shards, the norm of the whole gradient: their sums of squares are added over the ranks.
-  step_grad_norm_ = optim::clip_grad_norm_((*model_)->parameters(), options_.clip);
-}
-
-Training::StepResult Training::read_step() {
-  // Released once read: what stays between steps is the plan's.
-  const std::vector<double> mine =
-      read_on_host({std::exchange(step_loss_sum_, Tensor()), std::exchange(step_grad_norm_, Tensor())});
-  const double loss = apps::sum_over_ranks(session_.cpu_world(), {mine[0]})[0] / std::max(step_targets_, 1.0);
-  return {.loss = loss, .grad_norm = mine[1]};
+  const Tensor grad_norm = optim::clip_grad_norm_((*model_)->parameters(), options_.clip);
+  // The loss over the ranks, summed on the device.
+  const Tensor total = loss_sum.to(DType::f64).reshape({1}).clone();
+  session_.world().all_reduce(total, dist::ReduceOp::sum, "step loss").wait();
+  return {.loss = div(total, targets), .grad_norm = grad_norm, .samples = targets};
 }
 
 // The loss summed over the batch's targets, and the gradients of `scale` times it.
@@ -329,7 +319,8 @@ void Training::after_step(const StepResult& result) {
   if (recent_losses_.size() > 10) recent_losses_.erase(recent_losses_.begin());
   double recent = 0;
   for (const double loss : recent_losses_) recent += loss;
-  progress_->update(step_, recent / static_cast<double>(std::max<std::size_t>(1, recent_losses_.size())),
+  progress_->update(result.step,
+                    recent / static_cast<double>(std::max<std::size_t>(1, recent_losses_.size())),
                     tokens_per_second(result.seconds));
 }
 

@@ -150,6 +150,7 @@ void Trainer::run() {
   begin_training();
   while (epoch_ <= setup_.last_epoch && step_ < setup_.total_steps) {
     const bool complete = train_epoch();
+    settle_steps();
     end_epoch(complete);
     if (!complete) break;
     ++epoch_;
@@ -199,40 +200,59 @@ void Trainer::train_step(const std::vector<std::int64_t>& indices) {
     on_host = setup_.loader->batch(indices);
     batch = data::to_device(on_host, device_);
   }
+  StepValues values;
   {
     const auto no_waits = forbid_host_waits("forward and backward");
-    compute_step(batch, on_host);
+    values = compute_step(batch, on_host);
   }
-  StepResult result = read_step();
-  // The loss and the norm are the same on every rank: every rank skips, or stops, alike.
-  result.skipped = non_finite_.skip(step_ + 1, result.loss, result.grad_norm, checkpoints_);
-  if (!result.skipped) {
+  QueuedStep queued{.result = {.step = step_ + 1, .samples = values.samples}};
+  Tensor finite;
+  {
+    const auto no_waits = forbid_host_waits("queuing the step's loss for the host");
+    // Finite exactly when both are: the sum of a finite loss and norm cannot overflow a double.
+    finite = isfinite(add(values.loss.to(DType::f64), values.grad_norm.to(DType::f64)));
+    queued.values = PendingRead({values.loss, values.grad_norm, finite});
+  }
+  // The previous step's values have been on their way since its update was queued: reading them
+  // waits only when the device is more than a step behind. Its update counts are settled before
+  // this step's update is queued.
+  settle_steps();
+  {
     const trace::Span span("optimizer step", "compute");
     const auto no_waits = forbid_host_waits("optimizer step");
-    setup_.optimizer->step();
+    setup_.optimizer->step_if(finite);
   }
-  result.host_waits = host_wait_total() - waits_before;
   profile_.end_step();
   trace_->end_step();
   ++step_;
-  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  queued.result.host_waits = host_wait_total() - waits_before;
+  queued.result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (step_ > 1) {
-    step_seconds_.push_back(result.seconds);
-    most_host_waits_ = std::max(most_host_waits_, result.host_waits);
+    step_seconds_.push_back(queued.result.seconds);
+    most_host_waits_ = std::max(most_host_waits_, queued.result.host_waits);
   }
-  after_step(result);
+  queued_ = std::move(queued);
   if (common_.checkpoint_every > 0 && step_ % common_.checkpoint_every == 0) save_checkpoint();
 }
 
-std::vector<double> Trainer::read_on_host(const std::vector<Tensor>& values) {
-  std::vector<Tensor> flat;
-  for (const Tensor& value : values) flat.push_back(value.to(DType::f64).reshape({1}));
-  return cat(flat, 0).to(Device::cpu()).to_vector<double>();
+void Trainer::settle_steps() {
+  if (!queued_) return;
+  QueuedStep queued = std::move(*queued_);
+  queued_.reset();
+  StepResult& result = queued.result;
+  const std::vector<double> read = queued.values.take();
+  result.loss = read[0];
+  result.grad_norm = read[1];
+  // The device's decision, which the update already followed; the loss and the norm are the same
+  // on every rank: every rank skips, or stops, alike.
+  result.skipped = non_finite_.skip(result.step, read[2] != 0, result.loss, result.grad_norm, checkpoints_);
+  setup_.optimizer->settle_step(!result.skipped);
+  after_step(result);
 }
 
 nlohmann::json Trainer::step_record(const StepResult& result) const {
   return {{"rank", rank_},
-          {"step", step_},
+          {"step", result.step},
           {"loss", result.loss},
           {"grad_norm", result.grad_norm},
           {"skipped", result.skipped},
@@ -251,6 +271,7 @@ nlohmann::json Trainer::state() const {
 }
 
 void Trainer::save_checkpoint() {
+  settle_steps();
   last_saved_ = state();
   checkpoints_.save(step_, *setup_.root, *setup_.optimizer, last_saved_, program_);
 }

@@ -26,6 +26,7 @@
 #include "apps/support/step_profile.h"
 #include "apps/support/step_trace.h"
 #include "core/host_wait.h"
+#include "core/pending_read.h"
 #include "data/loader.h"
 #include "dist/comm/init.h"
 #include "dist/fsdp/fsdp.h"
@@ -89,13 +90,24 @@ class Trainer {
   void run();
 
  protected:
-  // A training step's outcome over all ranks.
+  // What compute_step leaves for the Trainer: the step's loss (the global batch's, as the
+  // program reports it) and global gradient norm, one-element tensors on device_ with the same
+  // value on every rank (summed over the ranks on the device: nothing read on the host), and
+  // what the loss averages over (images, targets), known on the host.
+  struct StepValues {
+    Tensor loss, grad_norm;
+    double samples = 0;
+  };
+
+  // A training step's outcome over all ranks, read on the host while the next step is queued.
   struct StepResult {
-    double loss = 0;       // the global batch's loss, as the program reports it
-    double grad_norm = 0;  // the global gradient norm
-    bool skipped = false;  // not finite: no update (set by the Trainer)
-    double seconds = 0;    // the whole step, the batch's loading included (set by the Trainer)
-    // The host's waits for the device during the step (core/host_wait.h; set by the Trainer).
+    std::int64_t step = 0;  // from 1
+    double loss = 0;        // the global batch's loss, as the program reports it
+    double grad_norm = 0;   // the global gradient norm
+    double samples = 0;     // as StepValues
+    bool skipped = false;   // not finite: no update
+    double seconds = 0;     // the host's time for the step, the batch's loading included
+    // The host's waits for the device during the step (core/host_wait.h).
     std::int64_t host_waits = 0;
   };
 
@@ -125,11 +137,10 @@ class Trainer {
   // The program's step: forward and backward of `batch` on device_ (the gradients left for the
   // update, clipped if the program clips), its loss and gradient norm left on the device. On a GPU
   // with NCCL it runs where host waits are refused (core/host_wait.h): what needs host values
-  // comes from `on_host`, the same batch in host memory.
-  virtual void compute_step(const data::Batch& batch, const data::Batch& on_host) = 0;
-  // The loss and the gradient norm of the step compute_step queued, over all ranks: on a GPU the
-  // step's one host wait, before the non-finite check decides on the update.
-  virtual StepResult read_step() = 0;
+  // comes from `on_host`, the same batch in host memory. The Trainer then queues the update,
+  // gated on the device by the loss and the norm being finite, and reads them on the host during
+  // the next step (or at the end of the epoch, before a checkpoint): no step waits for its own.
+  virtual StepValues compute_step(const data::Batch& batch, const data::Batch& on_host) = 0;
   // Forward and backward of `batch` alone, for the prediction of the training peak.
   virtual void dry_run(const data::Batch& batch) = 0;
   // What continuing exactly needs besides the shards and the optimizer, beyond the step, the seed
@@ -137,7 +148,8 @@ class Trainer {
   virtual nlohmann::json training_state() const = 0;
   // Continues from a checkpoint's state (step_ and epoch_ already set from it).
   virtual void restore(const nlohmann::json& state, const std::string& path) = 0;
-  // After each step: the program's records and progress.
+  // After each step, once its loss and norm are read (during the next step): the program's
+  // records and progress.
   virtual void after_step(const StepResult& result) = 0;
 
   virtual void begin_training() {}
@@ -152,8 +164,9 @@ class Trainer {
   virtual void report_memory() const {}
   virtual void add_summary(nlohmann::json& /*summary*/, double /*median_seconds*/) const {}
 
-  // The values of one-element tensors on one device, read in one copy: one host wait on a GPU.
-  static std::vector<double> read_on_host(const std::vector<Tensor>& values);
+  // Every step queued so far read and accounted (after_step called): at the end of an epoch, before
+  // a checkpoint or anything else that needs the optimizer settled.
+  void settle_steps();
 
   // {"rank", "step", "loss", "grad_norm", "skipped", "host_waits"}: what every per-step metrics record holds.
   nlohmann::json step_record(const StepResult& result) const;
@@ -186,6 +199,12 @@ class Trainer {
   // CPU no wait can happen. Through MPI a GPU's collectives go through host memory.
   std::optional<HostWaitsForbidden> forbid_host_waits(const char* what) const;
   void train_step(const std::vector<std::int64_t>& indices);
+  // The previous step, queued and not yet read: its values on their way to the host.
+  struct QueuedStep {
+    StepResult result;   // loss, grad_norm and skipped still to come
+    PendingRead values;  // loss, grad_norm, finite
+  };
+  void settle(QueuedStep queued);
   nlohmann::json state() const;
   void save_checkpoint();
   void resume(const std::vector<std::string>& unchanged);
@@ -199,6 +218,7 @@ class Trainer {
   StepProfile profile_{false};
   nlohmann::json last_saved_;  // the state saved or resumed from: the end need not save it again
   std::vector<double> step_seconds_;
+  std::optional<QueuedStep> queued_;
 };
 
 // A training program's main(): parses the program's own flags (`add_own_options`) and the shared

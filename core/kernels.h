@@ -88,8 +88,9 @@ struct Kernels {
   // Non-empty segments on the table's device, each valid as in core/ops.h (operands of one
   // segment share shape, dtype (floating) and device, any strides; copy_out is undefined or has
   // param's shape, any floating dtype); segments may differ in dtype and do not share memory.
-  void (*adadelta_step)(std::span<const AdadeltaSegment> segments);
-  void (*adam_step)(std::span<const AdamSegment> segments);
+  // `apply`: undefined, or a one-element bool on the same device that gates every write.
+  void (*adadelta_step)(std::span<const AdadeltaSegment> segments, const Tensor& apply);
+  void (*adam_step)(std::span<const AdamSegment> segments, const Tensor& apply);
 };
 
 const Kernels& kernels_for(Device device);

@@ -874,10 +874,24 @@ std::string segment_context(const char* op, std::size_t index, std::size_t count
   return count == 1 ? std::string(op) : fmt::format("{}: segment {}", op, index);
 }
 
+// The gate of a multi-segment step: undefined, or one bool on the device of every segment.
+template <typename Segment>
+void check_apply(const char* op, std::span<const Segment> segments, const Tensor& apply) {
+  if (!apply.defined()) return;
+  SHARDLAB_CHECK(apply.dtype() == DType::boolean && apply.numel() == 1,
+                 "{}: apply must be one bool, got [{} {}]", op, shape_str(apply.shape()),
+                 dtype_name(apply.dtype()));
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    SHARDLAB_CHECK(segments[i].param.device() == apply.device(),
+                   "{}: apply is on {} but segment {} is on {}: the gate must be on the device it gates", op,
+                   apply.device().str(), i, segments[i].param.device().str());
+  }
+}
+
 // Calls the kernel of each device the segments are on once, with that device's non-empty
 // segments in their given order.
 template <auto Entry, typename Segment>
-void run_per_device(const char* op, std::span<const Segment> segments) {
+void run_per_device(const char* op, std::span<const Segment> segments, const Tensor& apply) {
   std::vector<Segment> pending;
   for (const Segment& segment : segments) {
     if (segment.param.numel() > 0) pending.push_back(segment);
@@ -886,19 +900,20 @@ void run_per_device(const char* op, std::span<const Segment> segments) {
     const Device device = pending.front().param.device();
     std::vector<Segment> here, elsewhere;
     for (Segment& segment : pending) (segment.param.device() == device ? here : elsewhere).push_back(segment);
-    kernel<Entry>(device, op)(here);
+    kernel<Entry>(device, op)(here, apply);
     pending = std::move(elsewhere);
   }
 }
 }  // namespace
 
-void adadelta_step(std::span<const AdadeltaSegment> segments) {
+void adadelta_step(std::span<const AdadeltaSegment> segments, const Tensor& apply) {
   for (std::size_t i = 0; i < segments.size(); ++i) {
     const AdadeltaSegment& s = segments[i];
     check_optimizer_operands(segment_context("adadelta_step", i, segments.size()).c_str(), s.param,
                              {&s.grad, &s.square_avg, &s.acc_delta});
   }
-  run_per_device<&Kernels::adadelta_step>("adadelta_step", segments);
+  check_apply("adadelta_step", segments, apply);
+  run_per_device<&Kernels::adadelta_step>("adadelta_step", segments, apply);
 }
 
 void adadelta_step(const Tensor& param, const Tensor& grad, const Tensor& square_avg, const Tensor& acc_delta,
@@ -907,7 +922,7 @@ void adadelta_step(const Tensor& param, const Tensor& grad, const Tensor& square
   adadelta_step(std::span(&segment, 1));
 }
 
-void adam_step(std::span<const AdamSegment> segments) {
+void adam_step(std::span<const AdamSegment> segments, const Tensor& apply) {
   for (std::size_t i = 0; i < segments.size(); ++i) {
     const AdamSegment& s = segments[i];
     const std::string context = segment_context("adam_step", i, segments.size());
@@ -922,7 +937,8 @@ void adam_step(std::span<const AdamSegment> segments) {
                      shape_str(s.param.shape()));
     }
   }
-  run_per_device<&Kernels::adam_step>("adam_step", segments);
+  check_apply("adam_step", segments, apply);
+  run_per_device<&Kernels::adam_step>("adam_step", segments, apply);
 }
 
 void adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,

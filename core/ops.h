@@ -233,17 +233,22 @@ void adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, c
 //   std::vector<AdamSegment> segments;
 //   for (...) segments.push_back({.param = p, .grad = g, .exp_avg = m, .exp_avg_sq = v, .hyper = h});
 //   adam_step(segments);
+//
+// `apply`, when defined, gates the whole call on the device: a one-element bool tensor on the
+// segments' device (all of them on it), read by the kernels and never by the host, so a GPU
+// decides without the host waiting (an optimizer step skipped because the step's loss or
+// gradient norm was found not finite there). Where it is false nothing is written.
 struct AdadeltaSegment {
   Tensor param, grad, square_avg, acc_delta;
   AdadeltaHyper hyper;
 };
-void adadelta_step(std::span<const AdadeltaSegment> segments);
+void adadelta_step(std::span<const AdadeltaSegment> segments, const Tensor& apply = {});
 struct AdamSegment {
   Tensor param, grad, exp_avg, exp_avg_sq;
   AdamHyper hyper;
   Tensor copy_out;  // undefined, or as adam_step's copy_out
 };
-void adam_step(std::span<const AdamSegment> segments);
+void adam_step(std::span<const AdamSegment> segments, const Tensor& apply = {});
 
 // --- loss building blocks -----------------------------------------------------------------------
 // values [N, C], targets [N] (i64/i32) -> [N]: values[i, targets[i]], or 0 where

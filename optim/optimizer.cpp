@@ -222,7 +222,39 @@ std::vector<double> Optimizer::initial_lrs() {
   return out;
 }
 
+void Optimizer::check_settled(const char* what) const {
+  SHARDLAB_CHECK(!unsettled_,
+                 "{}.{}: step {} came from step_if and is not settled: call settle_step(applied) first",
+                 type_name_, what, steps_);
+}
+
 void Optimizer::step() {
+  check_settled("step");
+  step_gated(Tensor());
+}
+
+void Optimizer::step_if(const Tensor& apply) {
+  check_settled("step_if");
+  SHARDLAB_CHECK(apply.defined() && apply.dtype() == DType::boolean && apply.numel() == 1,
+                 "{}.step_if: apply must be one bool, got {}", type_name_,
+                 apply.defined() ? fmt::format("[{} {}]", shape_str(apply.shape()), dtype_name(apply.dtype()))
+                                 : std::string("an undefined tensor"));
+  step_gated(apply);
+}
+
+void Optimizer::settle_step(bool applied) {
+  SHARDLAB_CHECK(unsettled_, "{}.settle_step: no step_if to settle", type_name_);
+  if (!applied) {
+    for (const std::string& name : *unsettled_) {
+      auto& slots = state_.at(name);
+      if (--slots.at(kStepSlot).data<std::int64_t>()[0] == 0) state_.erase(name);
+    }
+    --steps_;
+  }
+  unsettled_.reset();
+}
+
+void Optimizer::step_gated(const Tensor& apply) {
   const NoGradGuard no_grad;
   // Every gradient is checked before any parameter or counter changes.
   for (const Group& group : groups_) {
@@ -237,6 +269,15 @@ void Optimizer::step() {
   }
   ++steps_;
   std::vector<ParamUpdate> updates;
+  std::vector<std::string> counted;
+  std::vector<std::pair<Device, Tensor>> gates;  // `apply` on each parameter device
+  const auto gate_on = [&](Device device) {
+    if (!apply.defined()) return Tensor();
+    for (const auto& [on, gate] : gates) {
+      if (on == device) return gate;
+    }
+    return gates.emplace_back(device, apply.device() == device ? apply : apply.to(device)).second;
+  };
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     for (const auto& [name, variable] : groups_[g].parameters) {
       const Tensor& grad = variable.grad();
@@ -247,9 +288,12 @@ void Optimizer::step() {
       if (step_it == slots.end()) step_it = slots.emplace(kStepSlot, step_tensor(0)).first;
       // The step tensor is a CPU scalar: counting on the host costs no device round trip.
       const std::int64_t step = ++step_it->second.data<std::int64_t>()[0];
-      updates.push_back({param, grad, slots, step, g});  // set_grad keeps grad in param's dtype
+      counted.push_back(name);
+      // set_grad keeps grad in param's dtype
+      updates.push_back({param, grad, slots, step, g, gate_on(param.device())});
     }
   }
+  if (apply.defined()) unsettled_ = std::move(counted);
   update(updates);
 }
 
@@ -260,6 +304,7 @@ void Optimizer::zero_grad(bool set_to_none) {
 }
 
 nn::StateDict Optimizer::state_dict() const {
+  check_settled("state_dict");
   nn::StateDict out;
   for (const Group& group : groups_) {
     for (const auto& [name, variable] : group.parameters) {
@@ -280,6 +325,7 @@ nn::StateDict Optimizer::state_dict() const {
 }
 
 void Optimizer::load_state_dict(const nn::StateDict& state) {
+  check_settled("load_state_dict");
   const std::string where = type_name_ + ".load_state_dict";
   const auto check_shape = [&](const std::string& key, const Tensor& tensor, const Shape& expected) {
     SHARDLAB_CHECK(tensor.shape() == expected,
@@ -431,6 +477,12 @@ TypeInfo<SGDOptions> type_info() {
   return {"SGD", kSgdFields, check_sgd};
 }
 
+// `target` = `value`, or where the gate is defined, `value` only where it holds: the host never
+// reads it.
+void assign_gated(const Tensor& target, const Tensor& value, const Tensor& apply) {
+  target.copy_(apply.defined() ? where(apply, value, target) : value);
+}
+
 }  // namespace
 
 std::vector<std::string> SGD::slot_names(std::span<const double> hyper_values) const {
@@ -439,21 +491,22 @@ std::vector<std::string> SGD::slot_names(std::span<const double> hyper_values) c
 }
 
 void SGD::update(std::span<const ParamUpdate> updates) {
-  for (const auto& [param, grad, state, step, group] : updates) {
+  for (const auto& [param, grad, state, step, group, apply] : updates) {
     const SGDOptions o = options(group);
     Tensor direction = with_l2(grad, param, o.weight_decay);
     if (o.momentum != 0.0) {
       auto it = state.find("momentum_buffer");
       if (it == state.end()) {
-        // Cloned: the buffer is updated in place later and must not alias .grad().
+        // Cloned: the buffer is updated in place later and must not alias .grad(). A skipped first
+        // update leaves no state (settle_step drops it).
         it = state.emplace("momentum_buffer", direction.clone()).first;
       } else {
-        add_(mul_(it->second, o.momentum), mul(direction, 1.0 - o.dampening));
+        assign_gated(it->second, add(mul(it->second, o.momentum), mul(direction, 1.0 - o.dampening)), apply);
       }
       const Tensor& buffer = it->second;
       direction = o.nesterov ? add(direction, mul(buffer, o.momentum)) : buffer;
     }
-    sub_(param, mul(direction, o.lr));
+    assign_gated(param, sub(param, mul(direction, o.lr)), apply);
   }
 }
 
@@ -478,6 +531,22 @@ void check_adam(const Options& options, const std::string& context) {
 
 const std::vector<std::string> kAdamSlots = {"exp_avg", "exp_avg_sq"};
 
+// A fused step over `segments` (one per update, in order): one call in all for step(); one call
+// per parameter device for step_if, each with that device's gate.
+template <typename Segment, void (*Step)(std::span<const Segment>, const Tensor&)>
+void step_per_gate(std::span<const ParamUpdate> updates, std::span<const Segment> segments) {
+  if (updates.empty() || !updates.front().apply.defined()) return Step(segments, Tensor());
+  std::vector<std::pair<Tensor, std::vector<Segment>>> by_gate;
+  for (std::size_t i = 0; i < updates.size(); ++i) {
+    const Tensor& gate = updates[i].apply;
+    auto it = std::find_if(by_gate.begin(), by_gate.end(),
+                           [&](const auto& entry) { return entry.first.device() == gate.device(); });
+    if (it == by_gate.end()) it = by_gate.insert(by_gate.end(), {gate, {}});
+    it->second.push_back(segments[i]);
+  }
+  for (const auto& [gate, here] : by_gate) Step(here, gate);
+}
+
 // Adam's moment updates and parameter steps shared by Adam and AdamW, for every parameter in
 // one fused pass (core's multi-segment adam_step: per element the op-by-op formula of
 // torch.optim's single-tensor Adam, denom = sqrt(v) / sqrt(bc2) + eps and step_size = lr / bc1,
@@ -487,7 +556,7 @@ template <typename Options>
 void adam_update(const OptimizerWith<Options>& optimizer, std::span<const ParamUpdate> updates,
                  bool decoupled) {
   std::vector<AdamSegment> segments;
-  for (const auto& [param, grad, state, step, group] : updates) {
+  for (const auto& [param, grad, state, step, group, apply] : updates) {
     const Options o = optimizer.options(group);
     segments.push_back({.param = param,
                         .grad = grad,
@@ -501,7 +570,7 @@ void adam_update(const OptimizerWith<Options>& optimizer, std::span<const ParamU
                                   .decoupled = decoupled,
                                   .step = step}});
   }
-  adam_step(segments);
+  step_per_gate<AdamSegment, adam_step>(updates, segments);
 }
 
 template <>
@@ -555,7 +624,7 @@ void Adadelta::update(std::span<const ParamUpdate> updates) {
   // One fused pass over every parameter (core's multi-segment adadelta_step) instead of a dozen
   // elementwise ops each: the update is a tenth of the CNN's training step otherwise.
   std::vector<AdadeltaSegment> segments;
-  for (const auto& [param, grad, state, step, group] : updates) {
+  for (const auto& [param, grad, state, step, group, apply] : updates) {
     const AdadeltaOptions o = options(group);
     segments.push_back({.param = param,
                         .grad = grad,
@@ -563,7 +632,7 @@ void Adadelta::update(std::span<const ParamUpdate> updates) {
                         .acc_delta = zero_slot(state, "acc_delta", param),
                         .hyper = {.lr = o.lr, .rho = o.rho, .eps = o.eps, .weight_decay = o.weight_decay}});
   }
-  adadelta_step(segments);
+  step_per_gate<AdadeltaSegment, adadelta_step>(updates, segments);
 }
 
 // --- OptimizerWith ---------------------------------------------------------------------------

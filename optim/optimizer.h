@@ -51,12 +51,14 @@ struct HyperParameters {
 
 // One parameter that step() updates: its tensor, its gradient (in the parameter's dtype and
 // shape), its state slots (created by the optimizer type on first use; the slot "step" is the
-// base class's), its number of updates counting this one (1 on its first), and its group.
+// base class's), its number of updates counting this one (1 on its first), its group, and the
+// gate of step_if on the parameter's device (undefined for step(): always applied).
 struct ParamUpdate {
   Tensor param, grad;
   std::map<std::string, Tensor>& state;
   std::int64_t step;
   std::size_t group;
+  Tensor apply;
 };
 
 //   optim::AdamW opt(model->named_parameters(), {.lr = 3e-4});
@@ -73,6 +75,19 @@ class Optimizer {
   // recording a graph. A gradient of another dtype is cast to the parameter's; its shape must be
   // the parameter's.
   void step();
+  // step() decided on the device: the update happens only where `apply` (a one-element bool
+  // tensor, e.g. "the step's loss and gradient norm are finite" computed on the GPU) is true, and
+  // the host never reads it, so nothing waits for a GPU (a gate on another device than a
+  // parameter's is copied there first: a host wait when it goes from a GPU to the host). The
+  // update counts move on now, as if it applied; settle_step() must follow before the optimizer
+  // steps or hands out its state again: settle_step(false) takes the counts back and drops the
+  // state of parameters this was the first update of, so that a skipped step leaves no trace.
+  //
+  //   opt.step_if(isfinite(loss));
+  //   ... queue the next step's forward and backward, then read the loss ...
+  //   opt.settle_step(std::isfinite(loss_on_host));
+  void step_if(const Tensor& apply);
+  void settle_step(bool applied);
   // Drops every parameter's gradient (set_to_none, PyTorch's default) or fills it with zeros.
   void zero_grad(bool set_to_none = true);
 
@@ -115,7 +130,8 @@ class Optimizer {
   // A group's hyper-parameter values, in the order of HyperParameters::names (the lr current).
   std::span<const double> hyper_values(std::size_t group) const;
 
-  // Updates the parameters that have a gradient this step (one entry each, group by group).
+  // Updates the parameters that have a gradient this step (one entry each, group by group),
+  // each only where its gate, if defined, holds.
   virtual void update(std::span<const ParamUpdate> updates) = 0;
   // The slots update() keeps for every parameter of a group with these hyper-parameter values,
   // for load_state_dict's checks.
@@ -134,6 +150,10 @@ class Optimizer {
   };
 
   std::size_t checked_group(std::size_t group) const;  // the index, or an Error naming it
+  // Throws when a step_if waits for its settle_step; `what` names the call refused.
+  void check_settled(const char* what) const;
+  // step() and step_if(): the gate undefined for step().
+  void step_gated(const Tensor& apply);
   // What errors about a group start with: the type alone when there is one group.
   std::string group_context(std::size_t group) const;
   // Every group's initial_lr, recording the current lr for groups without one.
@@ -145,6 +165,8 @@ class Optimizer {
   std::map<std::string, std::size_t> group_of_;  // by parameter name
   std::int64_t steps_ = 0;
   std::map<std::string, std::map<std::string, Tensor>> state_;  // by parameter name
+  // After step_if, until settle_step: the parameters whose counts it moved on.
+  std::optional<std::vector<std::string>> unsettled_;
 };
 
 // What every optimizer type has and depends only on its options struct: construction from a

@@ -25,9 +25,9 @@ std::string resume_advice(const CheckpointDir& checkpoints) {
 
 }  // namespace
 
-bool NonFiniteSteps::skip(std::int64_t step, double loss, double grad_norm,
+bool NonFiniteSteps::skip(std::int64_t step, bool finite, double loss, double grad_norm,
                           const CheckpointDir& checkpoints) {
-  if (std::isfinite(loss) && std::isfinite(grad_norm)) {
+  if (finite) {
     in_a_row_ = 0;
     return false;
   }

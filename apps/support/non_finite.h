@@ -17,8 +17,9 @@ class NonFiniteSteps {
  public:
   NonFiniteSteps(const char* program, std::int64_t limit) : program_(program), limit_(limit) {}
 
-  // Whether step `step` (from 1) is to be skipped; throws when it is one more than `limit` in a row.
-  bool skip(std::int64_t step, double loss, double grad_norm, const CheckpointDir& checkpoints);
+  // Whether step `step` (from 1) is skipped: when not `finite` (its loss and gradient norm, as the
+  // device found them, the values named in the log); throws when it is one more than `limit` in a row.
+  bool skip(std::int64_t step, bool finite, double loss, double grad_norm, const CheckpointDir& checkpoints);
   std::int64_t skipped() const { return skipped_; }
   // Logs how many steps were skipped, when any were.
   void report() const;

@@ -44,8 +44,8 @@ void gather(const Tensor& in, std::int64_t dim, const Tensor& index, const Tenso
 void scatter_add(const Tensor& out, std::int64_t dim, const Tensor& index, const Tensor& src);
 void index_add(const Tensor& out, std::int64_t dim, const Tensor& index, const Tensor& src);
 void random(const RandomSpec& spec, const Tensor& out);
-void adam_step(std::span<const AdamSegment> segments);
-void adadelta_step(std::span<const AdadeltaSegment> segments);
+void adam_step(std::span<const AdamSegment> segments, const Tensor& apply);
+void adadelta_step(std::span<const AdadeltaSegment> segments, const Tensor& apply);
 
 inline Tensor as_f32(const Tensor& t) { return t.defined() ? t.to(DType::f32) : t; }
 

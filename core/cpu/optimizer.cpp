@@ -96,13 +96,18 @@ void adam_segment(const AdamSegment& segment) {
   });
 }
 
+// The gate is in host memory here: reading it costs nothing.
+bool gate_open(const Tensor& apply) { return !apply.defined() || apply.data<bool>()[0]; }
+
 }  // namespace
 
-void adadelta_step(std::span<const AdadeltaSegment> segments) {
+void adadelta_step(std::span<const AdadeltaSegment> segments, const Tensor& apply) {
+  if (!gate_open(apply)) return;
   for (const AdadeltaSegment& segment : segments) adadelta_segment(segment);
 }
 
-void adam_step(std::span<const AdamSegment> segments) {
+void adam_step(std::span<const AdamSegment> segments, const Tensor& apply) {
+  if (!gate_open(apply)) return;
   for (const AdamSegment& segment : segments) adam_segment(segment);
 }
 

@@ -246,16 +246,17 @@ struct AdadeltaScalars {
   double lr = 1.0, rho = 0.9, eps = 1e-6, weight_decay = 0.0;
 };
 // Operands: param, grad, square_avg, acc_delta (one floating dtype, any strides); false for
-// other dtypes.
+// other dtypes. Every optimizer launch takes `apply`: null, or one bool in device memory that
+// the kernel reads first, writing nothing where it is false (core/ops.h's gate).
 [[nodiscard]] bool launch_adadelta_step(DType dtype, void* param, const void* grad, void* square_avg,
                                         void* acc_delta, const Layout<4>& layout,
-                                        const AdadeltaScalars& hyper, cudaStream_t stream);
+                                        const AdadeltaScalars& hyper, const bool* apply, cudaStream_t stream);
 
 // Operands: param, grad, exp_avg, exp_avg_sq (one floating dtype), copy (copy_dtype, floating:
 // the updated parameter in its dtype; the parameter itself when there is no copy-out).
 [[nodiscard]] bool launch_adam_step(DType dtype, DType copy_dtype, void* param, const void* grad,
                                     void* exp_avg, void* exp_avg_sq, void* copy, const Layout<5>& layout,
-                                    const AdamScalars& hyper, cudaStream_t stream);
+                                    const AdamScalars& hyper, const bool* apply, cudaStream_t stream);
 
 // Multi-segment launches: one kernel for many parameters, each a segment of `numel` (> 0)
 // contiguous elements per operand with its own hyper-parameters. The kernel reads a table of
@@ -274,7 +275,8 @@ struct AdadeltaSegmentArgs {
   AdadeltaScalars hyper;
 };
 [[nodiscard]] bool launch_adadelta_segments(DType dtype, std::span<const AdadeltaSegmentArgs> segments,
-                                            const TableUpload& upload, cudaStream_t stream);
+                                            const TableUpload& upload, const bool* apply,
+                                            cudaStream_t stream);
 
 struct AdamSegmentArgs {
   void* param;
@@ -287,6 +289,6 @@ struct AdamSegmentArgs {
 };
 [[nodiscard]] bool launch_adam_segments(DType dtype, DType copy_dtype,
                                         std::span<const AdamSegmentArgs> segments, const TableUpload& upload,
-                                        cudaStream_t stream);
+                                        const bool* apply, cudaStream_t stream);
 
 }  // namespace shardlab::cuda

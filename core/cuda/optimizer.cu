@@ -41,7 +41,8 @@ __device__ void adadelta_element(const AdadeltaCoefficients<C>& k, T& w, C g, T&
 
 template <typename T>
 __global__ void adadelta_kernel(T* param, const T* grad, T* square_avg, T* acc_delta, Layout<4> layout,
-                                AdadeltaCoefficients<compute_t<T>> k) {
+                                AdadeltaCoefficients<compute_t<T>> k, const bool* apply) {
+  if (apply != nullptr && !*apply) return;
   for_each_element(layout, [&](const Offsets<4>& at) {
     adadelta_element(k, param[at.of[0]], widen(grad[at.of[1]]), square_avg[at.of[2]], acc_delta[at.of[3]]);
   });
@@ -49,7 +50,8 @@ __global__ void adadelta_kernel(T* param, const T* grad, T* square_avg, T* acc_d
 
 template <typename T, typename Out>
 __global__ void adam_kernel(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, Out* copy, Layout<5> layout,
-                            AdamCoefficients<compute_t<T>> k) {
+                            AdamCoefficients<compute_t<T>> k, const bool* apply) {
+  if (apply != nullptr && !*apply) return;
   for_each_element(layout, [&](const Offsets<5>& at) {
     T& w = param[at.of[0]];
     adam_element(k, w, widen(grad[at.of[1]]), exp_avg[at.of[2]], exp_avg_sq[at.of[3]]);
@@ -112,7 +114,8 @@ __device__ void for_each_segment_element(const Descriptor* table, std::int64_t s
 
 template <typename T>
 __global__ void adadelta_segments_kernel(const AdadeltaDescriptor<T>* table, std::int64_t segments,
-                                         std::int64_t chunks) {
+                                         std::int64_t chunks, const bool* apply) {
+  if (apply != nullptr && !*apply) return;
   for_each_segment_element(table, segments, chunks, [](const AdadeltaDescriptor<T>& s, std::int64_t i) {
     adadelta_element(s.k, s.param[i], widen(s.grad[i]), s.square_avg[i], s.acc_delta[i]);
   });
@@ -120,7 +123,8 @@ __global__ void adadelta_segments_kernel(const AdadeltaDescriptor<T>* table, std
 
 template <typename T, typename Out>
 __global__ void adam_segments_kernel(const AdamDescriptor<T, Out>* table, std::int64_t segments,
-                                     std::int64_t chunks) {
+                                     std::int64_t chunks, const bool* apply) {
+  if (apply != nullptr && !*apply) return;
   for_each_segment_element(table, segments, chunks, [](const AdamDescriptor<T, Out>& s, std::int64_t i) {
     adam_element(s.k, s.param[i], widen(s.grad[i]), s.exp_avg[i], s.exp_avg_sq[i]);
     s.copy[i] = narrow<Out>(widen(s.param[i]));
@@ -128,10 +132,11 @@ __global__ void adam_segments_kernel(const AdamDescriptor<T, Out>* table, std::i
 }
 
 // Numbers the chunks of `table`'s segments, uploads the table and launches `kernel` over it on
-// `stream`.
+// `stream`, gated by `apply`.
 template <typename Descriptor>
-void launch_segments(void (*kernel)(const Descriptor*, std::int64_t, std::int64_t),
-                     std::vector<Descriptor>& table, const TableUpload& upload, cudaStream_t stream) {
+void launch_segments(void (*kernel)(const Descriptor*, std::int64_t, std::int64_t, const bool*),
+                     std::vector<Descriptor>& table, const TableUpload& upload, const bool* apply,
+                     cudaStream_t stream) {
   std::int64_t chunks = 0;
   for (Descriptor& segment : table) {
     segment.first_chunk = chunks;
@@ -141,7 +146,7 @@ void launch_segments(void (*kernel)(const Descriptor*, std::int64_t, std::int64_
   const void* device_table = upload(table.data(), bytes);
   const unsigned blocks = static_cast<unsigned>(chunks < kMaxBlocks ? chunks : kMaxBlocks);
   kernel<<<blocks, kBlockSize, 0, stream>>>(static_cast<const Descriptor*>(device_table),
-                                            static_cast<std::int64_t>(table.size()), chunks);
+                                            static_cast<std::int64_t>(table.size()), chunks, apply);
   SHARDLAB_CUDA_CHECK_LAUNCH();
 }
 
@@ -149,7 +154,7 @@ void launch_segments(void (*kernel)(const Descriptor*, std::int64_t, std::int64_
 
 bool launch_adam_step(DType dtype, DType copy_dtype, void* param, const void* grad, void* exp_avg,
                       void* exp_avg_sq, void* copy, const Layout<5>& layout, const AdamScalars& hyper,
-                      cudaStream_t stream) {
+                      const bool* apply, cudaStream_t stream) {
   return visit_dtype(dtype, [&]<typename T>() {
     return visit_dtype(copy_dtype, [&]<typename Out>() {
       if constexpr (std::is_floating_point_v<compute_t<T>> && std::is_floating_point_v<compute_t<Out>>) {
@@ -157,7 +162,7 @@ bool launch_adam_step(DType dtype, DType copy_dtype, void* param, const void* gr
         adam_kernel<T, Out><<<grid_size(layout.numel), kBlockSize, 0, stream>>>(
             static_cast<T*>(param), static_cast<const T*>(grad), static_cast<T*>(exp_avg),
             static_cast<T*>(exp_avg_sq), static_cast<Out*>(copy), layout,
-            adam_coefficients<compute_t<T>>(hyper));
+            adam_coefficients<compute_t<T>>(hyper), apply);
         SHARDLAB_CUDA_CHECK_LAUNCH();
         return true;
       } else {
@@ -168,13 +173,14 @@ bool launch_adam_step(DType dtype, DType copy_dtype, void* param, const void* gr
 }
 
 bool launch_adadelta_step(DType dtype, void* param, const void* grad, void* square_avg, void* acc_delta,
-                          const Layout<4>& layout, const AdadeltaScalars& hyper, cudaStream_t stream) {
+                          const Layout<4>& layout, const AdadeltaScalars& hyper, const bool* apply,
+                          cudaStream_t stream) {
   return visit_dtype(dtype, [&]<typename T>() {
     if constexpr (std::is_floating_point_v<compute_t<T>>) {
       if (layout.numel == 0) return true;
       adadelta_kernel<T><<<grid_size(layout.numel), kBlockSize, 0, stream>>>(
           static_cast<T*>(param), static_cast<const T*>(grad), static_cast<T*>(square_avg),
-          static_cast<T*>(acc_delta), layout, adadelta_coefficients<compute_t<T>>(hyper));
+          static_cast<T*>(acc_delta), layout, adadelta_coefficients<compute_t<T>>(hyper), apply);
       SHARDLAB_CUDA_CHECK_LAUNCH();
       return true;
     } else {
@@ -184,7 +190,7 @@ bool launch_adadelta_step(DType dtype, void* param, const void* grad, void* squa
 }
 
 bool launch_adadelta_segments(DType dtype, std::span<const AdadeltaSegmentArgs> segments,
-                              const TableUpload& upload, cudaStream_t stream) {
+                              const TableUpload& upload, const bool* apply, cudaStream_t stream) {
   return visit_dtype(dtype, [&]<typename T>() {
     if constexpr (std::is_floating_point_v<compute_t<T>>) {
       std::vector<AdadeltaDescriptor<T>> table;
@@ -193,7 +199,7 @@ bool launch_adadelta_segments(DType dtype, std::span<const AdadeltaSegmentArgs> 
                          static_cast<T*>(s.square_avg), static_cast<T*>(s.acc_delta), s.numel, 0,
                          adadelta_coefficients<compute_t<T>>(s.hyper)});
       }
-      launch_segments(adadelta_segments_kernel<T>, table, upload, stream);
+      launch_segments(adadelta_segments_kernel<T>, table, upload, apply, stream);
       return true;
     } else {
       return false;
@@ -202,7 +208,7 @@ bool launch_adadelta_segments(DType dtype, std::span<const AdadeltaSegmentArgs> 
 }
 
 bool launch_adam_segments(DType dtype, DType copy_dtype, std::span<const AdamSegmentArgs> segments,
-                          const TableUpload& upload, cudaStream_t stream) {
+                          const TableUpload& upload, const bool* apply, cudaStream_t stream) {
   return visit_dtype(dtype, [&]<typename T>() {
     return visit_dtype(copy_dtype, [&]<typename Out>() {
       if constexpr (std::is_floating_point_v<compute_t<T>> && std::is_floating_point_v<compute_t<Out>>) {
@@ -212,7 +218,7 @@ bool launch_adam_segments(DType dtype, DType copy_dtype, std::span<const AdamSeg
                            static_cast<T*>(s.exp_avg), static_cast<T*>(s.exp_avg_sq),
                            static_cast<Out*>(s.copy), s.numel, 0, adam_coefficients<compute_t<T>>(s.hyper)});
         }
-        launch_segments(adam_segments_kernel<T, Out>, table, upload, stream);
+        launch_segments(adam_segments_kernel<T, Out>, table, upload, apply, stream);
         return true;
       } else {
         return false;

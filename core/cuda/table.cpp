@@ -522,8 +522,9 @@ cuda::TableUpload upload_into(Tensor& table, Device device) {
 
 // Contiguous segments go to one multi-segment launch per dtype (pair); segments with a strided
 // operand each take the strided kernel.
-void cuda_adadelta_step(std::span<const AdadeltaSegment> segments) {
+void cuda_adadelta_step(std::span<const AdadeltaSegment> segments, const Tensor& apply) {
   const LaunchContext context(segments.front().param);
+  const bool* gate = apply.defined() ? apply.data<bool>() : nullptr;
   const Device device = segments.front().param.device();
   std::map<DType, std::vector<cuda::AdadeltaSegmentArgs>> contiguous;
   for (const auto& [param, grad, square_avg, acc_delta, hyper] : segments) {
@@ -537,18 +538,20 @@ void cuda_adadelta_step(std::span<const AdadeltaSegment> segments) {
         cuda::launch_adadelta_step(param.dtype(), param.raw_data(), grad.raw_data(), square_avg.raw_data(),
                                    acc_delta.raw_data(),
                                    layout_of<4>("adadelta_step", {&param, &grad, &square_avg, &acc_delta}),
-                                   scalars, context.stream()),
+                                   scalars, gate, context.stream()),
         "adadelta_step: no CUDA kernel for {}", dtype_name(param.dtype()));
   }
   for (const auto& [dtype, args] : contiguous) {
     Tensor table;
-    SHARDLAB_CHECK(cuda::launch_adadelta_segments(dtype, args, upload_into(table, device), context.stream()),
-                   "adadelta_step: no CUDA kernel for {}", dtype_name(dtype));
+    SHARDLAB_CHECK(
+        cuda::launch_adadelta_segments(dtype, args, upload_into(table, device), gate, context.stream()),
+        "adadelta_step: no CUDA kernel for {}", dtype_name(dtype));
   }
 }
 
-void cuda_adam_step(std::span<const AdamSegment> segments) {
+void cuda_adam_step(std::span<const AdamSegment> segments, const Tensor& apply) {
   const LaunchContext context(segments.front().param);
+  const bool* gate = apply.defined() ? apply.data<bool>() : nullptr;
   const Device device = segments.front().param.device();
   std::map<std::pair<DType, DType>, std::vector<cuda::AdamSegmentArgs>> contiguous;
   for (const auto& [param, grad, exp_avg, exp_avg_sq, hyper, copy_out] : segments) {
@@ -563,13 +566,13 @@ void cuda_adam_step(std::span<const AdamSegment> segments) {
         cuda::launch_adam_step(param.dtype(), copy.dtype(), param.raw_data(), grad.raw_data(),
                                exp_avg.raw_data(), exp_avg_sq.raw_data(), copy.raw_data(),
                                layout_of<5>("adam_step", {&param, &grad, &exp_avg, &exp_avg_sq, &copy}),
-                               adam_scalars(hyper), context.stream()),
+                               adam_scalars(hyper), gate, context.stream()),
         "adam_step: no CUDA kernel for {} to {}", dtype_name(param.dtype()), dtype_name(copy.dtype()));
   }
   for (const auto& [dtypes, args] : contiguous) {
     Tensor table;
     SHARDLAB_CHECK(cuda::launch_adam_segments(dtypes.first, dtypes.second, args, upload_into(table, device),
-                                              context.stream()),
+                                              gate, context.stream()),
                    "adam_step: no CUDA kernel for {} to {}", dtype_name(dtypes.first),
                    dtype_name(dtypes.second));
   }

@@ -1,5 +1,6 @@
 // tests/core/test_cuda.cpp: the CUDA kernels against the CPU reference, streams and events, the CUDA
 // caching allocator, and how CUDA reports itself on a machine without a usable GPU.
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <iterator>
@@ -12,6 +13,7 @@
 #include "core/cuda/runtime.h"
 #include "core/host_wait.h"
 #include "core/kernels.h"
+#include "core/pending_read.h"
 #include "tests/cuda_compare.h"
 
 namespace shardlab {
@@ -558,6 +560,35 @@ TEST_CASE("cuda work that needs no answer on the host queues without a host wait
   reset_host_wait_counts();
 }
 
+TEST_CASE(
+    "PendingRead from cuda: queued inside a step without a host wait, read once the work ran without one",
+    "[cuda]") {
+  const Tensor x = random_tensor({1000}, 87);
+  const Tensor on_gpu = x.pin_memory().to(kCuda, /*non_blocking=*/true);
+  reset_host_wait_counts();
+  PendingRead read;
+  {
+    HostWaitsForbidden step("training step");
+    const Tensor loss = sum(mul(on_gpu, on_gpu)), norm = sqrt(loss);
+    read = PendingRead({loss, norm, isfinite(norm)});
+  }
+  CHECK(host_wait_total() == 0);
+  cuda::current_stream(0).synchronize();  // the step's work has run: the read finds the values there
+  reset_host_wait_counts();
+  const std::vector<double> values = read.take();
+  CHECK(host_wait_total() == 0);
+  REQUIRE(values.size() == 3);
+  const double expected = sum(mul(x, x)).item<double>();
+  CHECK(std::abs(values[0] - expected) <= 1e-5 * expected);  // another summation order
+  CHECK(std::abs(values[1] - std::sqrt(values[0])) <= 1e-6 * values[1]);
+  CHECK(values[2] == 1);
+  // Taken before the work ran, the read waits, and says why.
+  PendingRead early({sum(on_gpu)});
+  CHECK(early.take().size() == 1);
+  for (const HostWaitCount& count : host_wait_counts()) CHECK(count.reason == "read values queued earlier");
+  reset_host_wait_counts();
+}
+
 TEST_CASE("an out-of-range index on cuda is reported at the next host wait, and nothing else breaks",
           "[cuda]") {
   const Tensor x = random_tensor({4, 3}, 86).to(kCuda);
@@ -799,7 +830,7 @@ SHARDLAB_CUDA_VS_CPU("adadelta_step over three steps, strided operands, f32 and 
 // Multi-segment steps as an optimizer issues them, on parameters of `dtype`: slices of one flat
 // shard with sizes around the block size and the kernel's chunk (and an empty one), a strided
 // parameter (the strided kernel), each with its own lr, weight decay and step; f32 slices also
-// write a bf16 copy-out. Every operand after two steps, in f32.
+// write a bf16 copy-out. Every operand after two steps and a third one gated off, in f32.
 Tensor segmented_steps(const Inputs& x, DType dtype) {
   const std::int64_t sizes[] = {1, 255, 257, 0, 1023, 1025, 2389};
   const Tensor flat = x[0].to(dtype).clone(), flat_grad = x[1].to(dtype);
@@ -824,9 +855,13 @@ Tensor segmented_steps(const Inputs& x, DType dtype) {
   const auto strided = [&] { return x[2].to(dtype).transpose(0, 1).clone().transpose(0, 1); };
   adam.push_back({strided(), grad, zeros_like(grad), zeros_like(grad), {.lr = 1e-2, .step = 2}, {}});
   adadelta.push_back({strided(), grad, zeros_like(grad), zeros_like(grad), {.weight_decay = 0.1}});
-  for (int step = 0; step < 2; ++step) {
-    adam_step(adam);
-    adadelta_step(adadelta);
+  // The second step gated open, a third gated shut (which must write nothing): gates on the device.
+  const TensorOptions on_device{DType::f32, flat.device()};
+  const Tensor open = isfinite(zeros({}, on_device)), shut = isfinite(full({}, NAN, on_device));
+  for (int step = 0; step < 3; ++step) {
+    const Tensor apply = step == 0 ? Tensor() : step == 1 ? open : shut;
+    adam_step(adam, apply);
+    adadelta_step(adadelta, apply);
     for (AdamSegment& s : adam) ++s.hyper.step;
   }
   std::vector<Tensor> results;

@@ -231,3 +231,62 @@ TEST_CASE("multi-segment steps name the segment an error is in and change nothin
   CHECK(p.to_vector<double>() == std::vector<double>{1.0, 1.0, 1.0});
   CHECK(adam[1].param.to_vector<double>() == std::vector<double>{1.0, 1.0});
 }
+
+TEST_CASE("adam_step and adadelta_step gated by apply: false writes nothing, true is the ungated step",
+          "[optimizer-kernels]") {
+  const Tensor open = isfinite(zeros({})), shut = isfinite(full({}, NAN, dtype(DType::f32)));
+  for (const bool applied : {false, true}) {
+    INFO("apply " << applied);
+    // An f32 contiguous segment (the vectorised loop) and a strided f64 one with a bf16 copy-out.
+    const Tensor p32 = test::random_tensor({9}, 1, DType::f32),
+                 p64 = test::random_strided({3, 4}, 2, DType::f64);
+    const Tensor g32 = test::random_tensor({9}, 3, DType::f32),
+                 g64 = test::random_tensor({3, 4}, 4, DType::f64);
+    const Tensor copy = zeros({3, 4}, dtype(DType::bf16));
+    // Parameters and moments, then the copy-out: fresh operands for each side.
+    const auto operands = [&] {
+      const TensorOptions f64 = dtype(DType::f64);
+      return std::vector<Tensor>{p32.clone(),        zeros({9}),         zeros({9}),  p64.clone(),
+                                 zeros({3, 4}, f64), zeros({3, 4}, f64), copy.clone()};
+    };
+    std::vector<Tensor> gated = operands(), plain = operands();
+    const auto segments = [&](std::vector<Tensor>& t) {
+      return std::vector<AdamSegment>{
+          {.param = t[0], .grad = g32, .exp_avg = t[1], .exp_avg_sq = t[2], .hyper = {.lr = 0.1}},
+          {.param = t[3],
+           .grad = g64,
+           .exp_avg = t[4],
+           .exp_avg_sq = t[5],
+           .hyper = {.lr = 0.2},
+           .copy_out = t[6]}};
+    };
+    adam_step(segments(gated), applied ? open : shut);
+    if (applied) adam_step(segments(plain));
+    for (std::size_t i = 0; i < gated.size(); ++i) {
+      INFO("operand " << i);
+      CHECK(gated[i].to_vector<double>() == plain[i].to_vector<double>());
+    }
+
+    const Tensor sa = zeros({9}), ad = zeros({9}), sa2 = zeros({9}), ad2 = zeros({9});
+    const Tensor q = p32.clone(), q2 = p32.clone();
+    const AdadeltaSegment one{q, g32, sa, ad, {}};
+    adadelta_step(std::span(&one, 1), applied ? open : shut);
+    if (applied) adadelta_step(q2, g32, sa2, ad2, {});
+    CHECK(q.to_vector<double>() == q2.to_vector<double>());
+    CHECK(sa.to_vector<double>() == sa2.to_vector<double>());
+    CHECK(ad.to_vector<double>() == ad2.to_vector<double>());
+  }
+}
+
+TEST_CASE("the optimizer kernels' gate must be one bool on the segments' device", "[optimizer-kernels]") {
+  const Tensor p = zeros({3});
+  const AdamSegment adam{.param = p, .grad = zeros({3}), .exp_avg = zeros({3}), .exp_avg_sq = zeros({3})};
+  CHECK_THROWS_ERROR(adam_step(std::span(&adam, 1), ones({})),
+                     "adam_step: apply must be one bool, got [[] f32]");
+  CHECK_THROWS_ERROR(adam_step(std::span(&adam, 1), isfinite(zeros({2}))),
+                     "adam_step: apply must be one bool, got [[2] bool]");
+  const AdadeltaSegment adadelta{p, zeros({3}), zeros({3}), zeros({3}), {}};
+  CHECK_THROWS_ERROR(adadelta_step(std::span(&adadelta, 1), zeros({1}, dtype(DType::i64))),
+                     "adadelta_step: apply must be one bool, got [[1] i64]");
+  CHECK(p.to_vector<double>() == std::vector<double>{0, 0, 0});
+}

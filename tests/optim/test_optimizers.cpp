@@ -369,6 +369,103 @@ TEST_CASE("state_dict round trip gives identical continued training", "[optim]")
   }
 }
 
+// --- step_if: the update gated on the device --------------------------------------------------
+
+// The gate as a training step computes it: isfinite of a value on the parameters' device.
+Tensor gate(bool applied) { return isfinite(scalar_tensor(applied ? 0.0 : kNaN, dtype(DType::f64))); }
+
+void set_nan_grads(const Variable& w, const Variable& b) {
+  w.set_grad(full({3}, kNaN, dtype(DType::f64)));
+  b.set_grad(full({2}, kNaN, dtype(DType::f64)));
+}
+
+// Four steps through step_if, the first and the third skipped (NaN gradients, the gate false, then
+// settle_step(false)), against step() on the kept steps alone: parameters, state and counts equal
+// bit for bit, as if the skipped steps never happened.
+void check_gated_steps(const Build& build) {
+  Variable w(from_vector<double>(kStart), true, "layer.weight");
+  Variable b(from_vector<double>({0.1, -0.2}), true, "layer.bias");
+  Variable w2(w.data().clone(), true), b2(b.data().clone(), true);
+  const auto gated = build(w, b);
+  const auto plain = build(w2, b2);
+
+  set_nan_grads(w, b);
+  gated->step_if(gate(false));
+  gated->settle_step(false);
+  check_equal(w.data(), kStart);
+  CHECK(gated->steps() == 0);
+  CHECK(gated->state_dict().size() == plain->state_dict().size());  // no parameter state left
+
+  for (int t = 2; t <= 4; ++t) {
+    INFO("step " << t);
+    const bool applied = t != 3;
+    if (applied) {
+      set_test_grads(w, b, t);
+    } else {
+      set_nan_grads(w, b);
+    }
+    gated->step_if(gate(applied));
+    gated->settle_step(applied);
+    if (applied) {
+      set_test_grads(w2, b2, t);
+      plain->step();
+    }
+    check_equal(w.data(), values(w2.data()));
+    check_equal(b.data(), values(b2.data()));
+  }
+  CHECK(gated->steps() == 2);
+  const nn::StateDict mine = gated->state_dict(), theirs = plain->state_dict();
+  REQUIRE(mine.size() == theirs.size());
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    INFO(mine[i].first);
+    CHECK(mine[i].first == theirs[i].first);
+    check_equal(mine[i].second, values(theirs[i].second));
+  }
+}
+
+TEST_CASE("step_if: a step skipped on the device leaves parameters, state and counts as if never taken",
+          "[optim]") {
+  SECTION("SGD with nesterov momentum and weight decay") {
+    check_gated_steps(one_group<optim::SGD>(
+        optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01, .nesterov = true}));
+  }
+  SECTION("Adam (the bias correction counts the applied steps only)") {
+    check_gated_steps(
+        one_group<optim::Adam>(optim::AdamOptions{.lr = 0.1, .eps = 0.01, .weight_decay = 0.1}));
+  }
+  SECTION("AdamW in two groups") {
+    check_gated_steps(
+        two_groups<optim::AdamW>(optim::AdamWOptions{.lr = 0.1, .weight_decay = 0.1}, 0.05, 0.0));
+  }
+  SECTION("Adadelta") { check_gated_steps(one_group<optim::Adadelta>(optim::AdadeltaOptions{.rho = 0.8})); }
+}
+
+TEST_CASE("step_if: an unsettled step refuses the calls that would see it, and the gate is checked",
+          "[optim]") {
+  Variable w(from_vector<double>(kStart), true, "layer.weight");
+  Variable b(from_vector<double>({0.1, -0.2}), true, "layer.bias");
+  optim::AdamW opt({{"layer.weight", w}, {"layer.bias", b}}, {.lr = 0.1});
+  CHECK_THROWS_ERROR(opt.settle_step(true), "AdamW.settle_step: no step_if to settle");
+  CHECK_THROWS_ERROR(opt.step_if(Tensor()), "AdamW.step_if: apply must be one bool, got an undefined tensor");
+  CHECK_THROWS_ERROR(opt.step_if(scalar_tensor(1.0, dtype(DType::f64))),
+                     "AdamW.step_if: apply must be one bool, got [[] f64]");
+  CHECK_THROWS_ERROR(opt.step_if(isfinite(zeros({2}))),
+                     "AdamW.step_if: apply must be one bool, got [[2] bool]");
+  CHECK(opt.steps() == 0);
+
+  set_test_grads(w, b, 1);
+  opt.step_if(gate(true));
+  const char* unsettled = "step 1 came from step_if and is not settled: call settle_step(applied) first";
+  CHECK_THROWS_ERROR(opt.step(), std::string("AdamW.step: ") + unsettled);
+  CHECK_THROWS_ERROR(opt.step_if(gate(true)), std::string("AdamW.step_if: ") + unsettled);
+  CHECK_THROWS_ERROR(opt.state_dict(), std::string("AdamW.state_dict: ") + unsettled);
+  CHECK_THROWS_ERROR(opt.load_state_dict({}), std::string("AdamW.load_state_dict: ") + unsettled);
+  opt.settle_step(true);
+  CHECK(opt.steps() == 1);
+  CHECK_THROWS_ERROR(opt.settle_step(true), "AdamW.settle_step: no step_if to settle");
+  CHECK_NOTHROW(opt.state_dict());
+}
+
 TEST_CASE("state_dict round trip with two groups restores each group's hyper-parameters", "[optim]") {
   // The fresh optimizer is built with other options and lrs: the loaded ones must win.
   SECTION("SGD") {
