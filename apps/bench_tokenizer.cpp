@@ -1,6 +1,7 @@
 // apps/bench_tokenizer: BpeTokenizer's training time and encode throughput (MB/s, tokens/s) over
 // a corpus, one thread, with the word cache cold (a fresh tokenizer each pass) and warm; can save
-// the tokenizer and the documents so that bench/tokenizer_cpu.sh times HF tokenizers on the same.
+// the tokenizer, the documents and their ids so that bench/tokenizer_cpu.sh times Hugging Face
+// tokenizers on the same and the interoperability checks compare its ids with ours.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -8,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "apps/cli.h"
@@ -56,18 +58,27 @@ int main(int argc, char** argv) {
   CLI::App app{"BpeTokenizer training and encode throughput"};
   std::vector<std::string> corpus = {"/usr/share/games/fortunes"};
   std::int64_t vocab = 4096;
-  std::string tokenizer_path, save_path, documents_path;
+  std::string tokenizer_path, save_path, documents_path, ids_path;
   int passes = 5;
   app.add_option("--corpus", corpus, "files or directories of fortune-format documents");
   app.add_option("--vocab", vocab, "vocabulary size to train to")->check(apps::integer_at_least(1));
   app.add_option("--tokenizer", tokenizer_path, "load this tokenizer.json instead of training");
   app.add_option("--save", save_path, "write the tokenizer.json here");
   app.add_option("--save-documents", documents_path, "write the documents here as a JSON array of strings");
+  app.add_option(
+      "--save-ids", ids_path,
+      "write every document's ids (encoded without special tokens) here as a JSON array of arrays");
   app.add_option("--passes", passes, "timed passes per measurement")->check(apps::integer_at_least(1));
   if (const std::optional<int> status = apps::parse_command_line(app, argc, argv, "bench_tokenizer", true))
     return *status;
 
   try {
+    // Before the corpus is read and the tokenizer trained: an output that cannot be written fails now.
+    for (const auto& [option, path] :
+         {std::pair{"--save", save_path}, std::pair{"--save-documents", documents_path},
+          std::pair{"--save-ids", ids_path}}) {
+      if (!path.empty()) apps::check_writable_path(option, path, /*is_directory=*/false);
+    }
     const std::vector<std::string> documents = data::read_documents(corpus);
     std::size_t bytes = 0;
     for (const std::string& document : documents) bytes += document.size();
@@ -84,7 +95,14 @@ int main(int argc, char** argv) {
       std::ofstream out(documents_path, std::ios::binary);
       // Invalid UTF-8 (a few fortunes are Latin-1) becomes U+FFFD: JSON strings are Unicode.
       out << nlohmann::json(documents).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-      SHARDLAB_CHECK(out.good(), "bench_tokenizer: writing '{}' failed", documents_path);
+      SHARDLAB_CHECK(out.good(), "writing '{}' failed", documents_path);
+    }
+    if (!ids_path.empty()) {
+      nlohmann::json ids = nlohmann::json::array();
+      for (const std::string& document : documents) ids.push_back(trained.encode(document));
+      std::ofstream out(ids_path, std::ios::binary);
+      out << ids.dump();
+      SHARDLAB_CHECK(out.good(), "writing '{}' failed", ids_path);
     }
 
     const std::string json = trained.to_json();

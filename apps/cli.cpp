@@ -3,15 +3,21 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <string>
 #include <system_error>
 #include <utility>
+
+#include "core/error.h"
 
 namespace shardlab::apps {
 
@@ -92,6 +98,23 @@ std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv, cons
     return status == 0 ? 0 : 1;
   }
   return std::nullopt;
+}
+
+void check_writable_path(std::string_view option, const std::string& path, bool is_directory) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  fs::path directory = is_directory ? fs::path(path) : fs::path(path).parent_path();
+  if (directory.empty()) directory = ".";
+  if (is_directory) {
+    fs::create_directories(directory, error);
+    SHARDLAB_CHECK(!error, "{} '{}': cannot create the directory: {}", option, path, error.message());
+  } else {
+    SHARDLAB_CHECK(!fs::is_directory(path, error), "{} '{}' is a directory, not a file", option, path);
+    SHARDLAB_CHECK(fs::is_directory(directory, error), "{} '{}': '{}' is not an existing directory", option,
+                   path, directory.string());
+  }
+  SHARDLAB_CHECK(::access(directory.c_str(), W_OK) == 0, "{} '{}': cannot write in '{}': {}", option, path,
+                 directory.string(), std::strerror(errno));
 }
 
 }  // namespace shardlab::apps

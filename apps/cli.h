@@ -26,6 +26,11 @@ std::optional<std::int64_t> parse_bytes(std::string_view text);
 // 2G)".
 CLI::Validator byte_count();
 
+// Checks, before the work that ends in writing it, that a program can write `path`, given by
+// `option`: a directory (`is_directory`: created now, as the program would create it) or a file
+// whose directory exists; either writable. Throws an Error naming the option, the path and why.
+void check_writable_path(std::string_view option, const std::string& path, bool is_directory);
+
 // Parses the command line. On --help or an error, returns the exit status (0 or 1) after printing (when
 // `print`: on one rank of a job) the help or "program: --global-batch: got '0', expected an integer
 // >= 1" with the hint to run --help; nullopt when the program should go on.

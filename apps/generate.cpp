@@ -1,15 +1,21 @@
 // apps/generate: prints text a saved Llama directory (train_llama --save-model, or a Hugging
-// Face LlamaForCausalLM with a byte-level vocabulary) writes after a prompt: greedy, or sampled
-// with temperature and top-k, through the KV cache, on the CPU or a GPU. One process, no MPI.
+// Face LlamaForCausalLM with a byte-level or BPE tokenizer.json) writes after a prompt: greedy, or
+// sampled with temperature and top-k, through the KV cache, on the CPU or a GPU; or, with --logits,
+// scores the prompt (its logits to a file, its loss printed), for comparing with another library.
+// One process, no MPI.
 #include "models/generate.h"
+
+#include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
 #include "apps/cli.h"
+#include "autograd/functional.h"
 #include "core/parallel.h"
 #include "data/tokenizer.h"
 #include "models/llama.h"
+#include "nn/safetensors.h"
 
 using namespace shardlab;
 
@@ -20,12 +26,35 @@ struct Options {
   std::string tokenizer;  // default: the model directory's tokenizer.json, else bytes
   std::string prompt;
   std::int64_t samples = 3;
+  bool print_ids = false;
+  std::string logits;  // --logits: score the prompt into this file instead of sampling
   models::SamplingOptions sampling;
   int threads = 0;
   std::string device = "auto";
 };
 
+// --logits: the logits of [BOT] + the prompt's ids in one forward (f32 [tokens, vocab], with the
+// ids, to a safetensors file) and the mean loss of predicting each id from those before it.
+void score(models::Llama& model, const std::vector<std::int64_t>& ids, const std::string& path) {
+  const NoGradGuard no_grad;
+  const auto length = static_cast<std::int64_t>(ids.size());
+  const Device device = model->parameters().front().device();
+  const Tensor tokens = from_vector(ids, {1, length}).to(device);
+  const Tensor logits = model(tokens).data().reshape({length, -1}).to(DType::f32);
+  double loss = 0;
+  if (length > 1) {
+    loss = cross_entropy(constant(logits.narrow(0, 0, length - 1)),
+                         tokens.reshape({length}).narrow(0, 1, length - 1))
+               .data()
+               .item<double>();
+  }
+  nn::save_safetensors(path, {{"logits", logits.to(Device::cpu())}, {"ids", from_vector(ids, {length})}});
+  std::printf("scored %lld tokens: loss %.9g; logits written to %s\n", static_cast<long long>(length), loss,
+              path.c_str());
+}
+
 void run(const Options& options) {
+  if (!options.logits.empty()) apps::check_writable_path("--logits", options.logits, /*is_directory=*/false);
   if (options.threads > 0) set_num_threads(options.threads);
   const Device device = device_for(parse_device_choice(options.device));
   const std::unique_ptr<data::Tokenizer> tokenizer = data::make_tokenizer(
@@ -48,6 +77,7 @@ void run(const Options& options) {
 
   std::vector<std::int64_t> prompt{tokenizer->bot_id()};
   for (const std::int64_t id : tokenizer->encode(options.prompt)) prompt.push_back(id);
+  if (!options.logits.empty()) return score(model, prompt, options.logits);
   for (std::int64_t i = 0; i < options.samples; ++i) {
     models::SamplingOptions sampling = options.sampling;
     sampling.seed += static_cast<std::uint64_t>(i);
@@ -55,6 +85,7 @@ void run(const Options& options) {
     const std::vector<std::int64_t> tokens = models::generate(*model, prompt, sampling);
     std::printf("--- sample %lld ---\n%s%s\n", static_cast<long long>(i + 1), options.prompt.c_str(),
                 tokenizer->decode(tokens).c_str());
+    if (options.print_ids) std::printf("ids: %s\n", fmt::format("{}", fmt::join(tokens, " ")).c_str());
   }
 }
 
@@ -76,6 +107,12 @@ int main(int argc, char** argv) {
   app.add_option("--top-k", options.sampling.top_k, "sample among the k most likely tokens (0: all)")
       ->check(apps::integer_at_least(0));
   app.add_option("--seed", options.sampling.seed, "seed of the draws")->check(apps::integer_at_least(0));
+  app.add_flag("--print-ids", options.print_ids,
+               "also print each sample's new token ids, on a line 'ids: ...'");
+  app.add_option(
+      "--logits", options.logits,
+      "instead of sampling, score [BOT] + the prompt: write its logits ('logits', f32 [tokens, vocab]) "
+      "and ids ('ids') to this safetensors file and print the loss of each next id");
   app.add_option("--threads", options.threads, "CPU threads (default: the cores this process may use)")
       ->check(apps::integer_at_least(0));
   app.add_option("--device", options.device, "auto (a GPU where one answers, else the CPU), cpu or cuda")

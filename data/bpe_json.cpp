@@ -114,6 +114,24 @@ std::pair<std::string, std::string> merge_parts(const Reader& reader, const Json
                 fmt::format("expected \"left right\" or [\"left\", \"right\"], found {}", shown(merge)));
 }
 
+// What Hugging Face applies after the model: trimming offsets (ByteLevel) and adding special
+// tokens when a caller asks for them (TemplateProcessing, Llama's "<|begin_of_text|> $A"), or a
+// Sequence of those. encode() never adds special tokens (its callers place BOT and EOT), so the
+// ids are the same either way; the section is kept as read for Hugging Face. Other processors
+// (BERT's, RoBERTa's) belong to other tokenizers and are refused.
+void check_post_processor(const Reader& reader, const Json& post_processor) {
+  if (post_processor.is_null()) return;
+  reader.typed(post_processor, "post_processor", Json::value_t::object, "an object");
+  reader.one_of(post_processor, "post_processor.type", {"ByteLevel", "TemplateProcessing", "Sequence"});
+  if (post_processor["type"] != "Sequence") return;
+  const Json& processors = reader.array(post_processor, "post_processor.processors");
+  for (std::size_t i = 0; i < processors.size(); ++i) {
+    const std::string field = fmt::format("post_processor.processors[{}]", i);
+    reader.typed(processors[i], field, Json::value_t::object, "an object");
+    reader.one_of(processors[i], field + ".type", {"ByteLevel", "TemplateProcessing"});
+  }
+}
+
 }  // namespace
 
 Json BpeTokenizer::trained_document() {
@@ -159,8 +177,7 @@ BpeTokenizer BpeTokenizer::from_json(std::string_view json_text, const std::stri
   reader.boolean(pre_tokenizer, "pre_tokenizer.trim_offsets");
   const Json yes = true, no = false, null = nullptr;
   reader.one_of(pre_tokenizer, "pre_tokenizer.use_regex", {true}, &yes);
-  if (!reader.member(root, "post_processor").is_null())
-    reader.typed_section(root, "post_processor", "ByteLevel");
+  check_post_processor(reader, reader.member(root, "post_processor"));
   reader.typed_section(root, "decoder", "ByteLevel");
 
   const Json& model = reader.typed_section(root, "model", "BPE");

@@ -1,12 +1,9 @@
 // apps/support/ranks.cpp: sums over ranks, rank 0's work and text, output path checks.
 #include "apps/support/ranks.h"
 
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstring>
-#include <filesystem>
 
+#include "apps/cli.h"
 #include "core/error.h"
 #include "core/tensor.h"
 
@@ -35,22 +32,8 @@ void on_rank_zero(dist::Communicator& comm, std::string_view what, const std::fu
 
 void check_output_path(dist::Communicator& comm, std::string_view option, const std::string& path,
                        bool is_directory) {
-  on_rank_zero(comm, fmt::format("checking {}", option), [&] {
-    namespace fs = std::filesystem;
-    std::error_code error;
-    fs::path directory = is_directory ? fs::path(path) : fs::path(path).parent_path();
-    if (directory.empty()) directory = ".";
-    if (is_directory) {
-      fs::create_directories(directory, error);
-      SHARDLAB_CHECK(!error, "{} '{}': cannot create the directory: {}", option, path, error.message());
-    } else {
-      SHARDLAB_CHECK(!fs::is_directory(path, error), "{} '{}' is a directory, not a file", option, path);
-      SHARDLAB_CHECK(fs::is_directory(directory, error), "{} '{}': '{}' is not an existing directory", option,
-                     path, directory.string());
-    }
-    SHARDLAB_CHECK(::access(directory.c_str(), W_OK) == 0, "{} '{}': cannot write in '{}': {}", option, path,
-                   directory.string(), std::strerror(errno));
-  });
+  on_rank_zero(comm, fmt::format("checking {}", option),
+               [&] { check_writable_path(option, path, is_directory); });
 }
 
 std::string broadcast_text(dist::Communicator& comm, const std::string& text) {

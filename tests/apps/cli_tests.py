@@ -115,6 +115,8 @@ def app_cases(scratch):
         (["m", "--device", "tpu"], "--device: got 'tpu', expected one of auto, cpu, cuda"),
         (["/nonexistent/model", "--tokenizer", "/nonexistent/tokenizer.json"],
          "BpeTokenizer::load: cannot open '/nonexistent/tokenizer.json'"),
+        (["/nonexistent/model", "--logits", os.path.join(a_file, "logits.safetensors")],
+         f"--logits '{a_file}/logits.safetensors': '{a_file}' is not an existing directory"),
     ]
     checkpoint = [
         ([], "a subcommand is required: info, consolidate or convert"),
@@ -129,7 +131,10 @@ def app_cases(scratch):
                       (["--device", "gpu"], "--device: got 'gpu', expected one of auto, cpu, cuda")],
         "bench_tokenizer": [(["--vocab", "0"], "--vocab: got '0', expected an integer >= 1"),
                             (["--passes", "0"], "--passes: got '0', expected an integer >= 1"),
-                            (["--corpus", "/nonexistent/corpus"], "read_documents: '/nonexistent/corpus' does not exist")],
+                            (["--corpus", "/nonexistent/corpus"], "read_documents: '/nonexistent/corpus' does not exist"),
+                            *[([option, os.path.join(a_file, "out.json")],
+                               f"{option} '{a_file}/out.json': '{a_file}' is not an existing directory")
+                              for option in ("--save", "--save-documents", "--save-ids")]],
         "bench_trace": [(["--sites", "0"], "--sites: got '0', expected an integer >= 1")],
     }
     return {"train_cnn": cnn, "train_llama": llama, "generate": generate, "checkpoint": checkpoint, **benches}
@@ -141,10 +146,10 @@ FREE = {
     "train_llama": {"--help", "--explain", "--detect-anomaly", "--resume", "--profile", "--share-gpu", "--separator",
                     "--no-decay-norms",
                     "--activation-checkpointing", "--cpu-offload"},
-    "generate": {"--help", "--prompt"},
+    "generate": {"--help", "--prompt", "--print-ids"},
     "checkpoint": {"--help"},
     "bench_ops": {"--help"},
-    "bench_tokenizer": {"--help", "--tokenizer", "--save", "--save-documents"},
+    "bench_tokenizer": {"--help", "--tokenizer"},
     "bench_trace": {"--help"},
 }
 

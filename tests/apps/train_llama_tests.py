@@ -10,7 +10,8 @@ checks what its users rely on:
 - memory: the persistent model state measured on every rank equals the plan, the gathered
   parameters never exceed the planned peak, those held from forward to backward equal the plan's
   (after forward resharded to pairs of ranks too), and the last step received the planned bytes;
-- --save-model writes a directory that apps/generate samples from and --init-from loads;
+- --save-model writes a directory that apps/generate samples from (with the ids) and scores (--logits:
+  the loss it prints is the one recomputed from the logits it writes) and --init-from loads;
 - sharded checkpoints every N steps (--keep K) and --resume: bit-exact (losses, parameters, Adam
   state) at the same world size, within 1e-5 at another one;
 - --tokenizer bpe:VOCAB: rank 0 learns the tokenizer and every rank uses it (np 2 saves the
@@ -28,8 +29,12 @@ Usage: train_llama_tests.py <mpirun> <train_llama> <generate>. Without /usr/shar
 "train_llama_app: N passed, N failed, N skipped".
 """
 import filecmp
+import json
+import math
 import os
+import re
 import shutil
+import struct
 import sys
 import tempfile
 
@@ -270,9 +275,13 @@ def check_save_and_generate(mpirun, program, generate, scratch, check):
           code == 0 and files == ["config.json", "model.safetensors"] and "--- sample 1 ---" in output,
           f"exit {code}, files {files}\n{output}")
 
-    code, output = run_command([generate, saved, "--prompt", "Q:", "--samples", "2", "--tokens", "16"])
-    check("generate samples twice from the saved directory", code == 0 and output.count("--- sample") == 2,
+    code, output = run_command([generate, saved, "--prompt", "Q:", "--samples", "2", "--tokens", "16",
+                                "--print-ids"])
+    ids = [line[len("ids: "):].split() for line in output.splitlines() if line.startswith("ids: ")]
+    check("generate samples twice from the saved directory, with their ids", code == 0 and
+          output.count("--- sample") == 2 and len(ids) == 2 and all(0 < len(row) <= 16 for row in ids),
           f"exit {code}\n{output}")
+    check_scoring(generate, saved, scratch, check)
 
     # Starting from the saved model, the first step's loss is the trained model's, well below a
     # fresh model's first loss.
@@ -285,6 +294,48 @@ def check_save_and_generate(mpirun, program, generate, scratch, check):
     check("np 2 --init-from the saved directory starts where training ended",
           code == 0 and first is not None and fresh is not None and first < fresh - 0.5,
           f"exit {code}, first loss {first} vs a fresh model's {fresh}\n{output}")
+
+
+def read_safetensors(path):
+    """{name: (shape, flat values)} of a safetensors file of f32 and i64 tensors."""
+    formats = {"F32": "f", "I64": "q"}
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+        data = f.read()
+    header.pop("__metadata__", None)
+    tensors = {}
+    for name, entry in header.items():
+        begin, end = entry["data_offsets"]
+        code = formats[entry["dtype"]]
+        tensors[name] = (entry["shape"], struct.unpack(f"<{(end - begin) // struct.calcsize(code)}{code}",
+                                                       data[begin:end]))
+    return tensors
+
+
+def check_scoring(generate, saved, scratch, check):
+    """generate --logits: [BOT] + the prompt's bytes and their logits in the file, and the printed
+    loss the mean cross-entropy of each next id, recomputed here from the logits in double."""
+    path = os.path.join(scratch, "scored.safetensors")
+    prompt = "Q: Why do fortunes end?"
+    code, output = run_command([generate, saved, "--prompt", prompt, "--logits", path])
+    printed = re.search(r"scored (\d+) tokens: loss ([-\d.e+]+)", output)
+    tensors = read_safetensors(path) if code == 0 and os.path.isfile(path) else {}
+    expected_ids = [256] + list(prompt.encode())
+    loss = None
+    if "logits" in tensors and "ids" in tensors:
+        (rows, vocab), logits = tensors["logits"]
+        ids = list(tensors["ids"][1])
+        if ids == expected_ids and rows == len(ids):
+            terms = []
+            for i in range(rows - 1):
+                row = logits[i * vocab:(i + 1) * vocab]
+                top = max(row)
+                terms.append(top + math.log(sum(math.exp(v - top) for v in row)) - row[ids[i + 1]])
+            loss = sum(terms) / len(terms)
+    check("generate --logits writes [BOT] + the prompt's ids and their logits, and prints their mean loss",
+          printed is not None and loss is not None and abs(float(printed.group(2)) - loss) <= 1e-5 * loss,
+          f"exit {code}, recomputed loss {loss}\n{output}")
 
 
 def check_bpe(mpirun, program, generate, scratch, check):

@@ -228,6 +228,28 @@ TEST_CASE("save and load give the same ids and the same JSON; make_tokenizer loa
   CHECK(old.to_json() == small().to_json());
 }
 
+TEST_CASE("a post-processor that adds special tokens on request is kept and changes no id", "[data][bpe]") {
+  // Hugging Face's LlamaTokenizerFast writes a TemplateProcessing that adds the BOS token when asked
+  // (add_special_tokens); Llama 3's tokenizer.json wraps it with ByteLevel in a Sequence.
+  const Json bos_template = {
+      {"type", "TemplateProcessing"},
+      {"single",
+       {{{"SpecialToken", {{"id", "[BOT]"}, {"type_id", 0}}}},
+        {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+      {"pair", Json::array()},
+      {"special_tokens", {{"[BOT]", {{"id", "[BOT]"}, {"ids", {0}}, {"tokens", {"[BOT]"}}}}}}};
+  const Json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}};
+  const std::string text = read_text(kGolden + "/bpe_corpus.txt");
+  for (const Json& post_processor :
+       {bos_template, Json{{"type", "Sequence"}, {"processors", {byte_level, bos_template}}}}) {
+    INFO(post_processor.dump());
+    const BpeTokenizer loaded = BpeTokenizer::from_json(
+        edited([&](Json& json) { json["post_processor"] = post_processor; }), "t.json");
+    CHECK(loaded.encode(text) == small().encode(text));
+    CHECK(Json::parse(loaded.to_json())["post_processor"] == post_processor);  // Hugging Face still sees it
+  }
+}
+
 TEST_CASE("a tokenizer without our special roles gets them appended", "[data][bpe]") {
   // No special tokens: the roles' [BOT] [EOT] [PAD] follow the 256 + 41 merged tokens.
   const BpeTokenizer bare = BpeTokenizer::train(corpus_lines(), {.vocab_size = 297, .special_tokens = {}});
@@ -311,8 +333,14 @@ TEST_CASE("from_json refuses what it does not implement and every inconsistency,
                 "pre_tokenizer.use_regex: false is not supported (expected true)");
   refuses_value("/decoder/type", "Metaspace",
                 "decoder.type: \"Metaspace\" is not supported (expected \"ByteLevel\")");
-  refuses_value("/post_processor", {{"type", "TemplateProcessing"}},
-                "post_processor.type: \"TemplateProcessing\" is not supported (expected \"ByteLevel\")");
+  refuses_value("/post_processor", {{"type", "BertProcessing"}},
+                "post_processor.type: \"BertProcessing\" is not supported (expected \"ByteLevel\" or "
+                "\"TemplateProcessing\" or \"Sequence\")");
+  refuses_value("/post_processor", {{"type", "Sequence"}}, "post_processor.processors is missing");
+  refuses_value("/post_processor", {{"type", "Sequence"}, {"processors", {{{"type", "RobertaProcessing"}}}}},
+                "post_processor.processors[0].type: \"RobertaProcessing\" is not supported (expected "
+                "\"ByteLevel\" or \"TemplateProcessing\")");
+  refuses_value("/post_processor", "ByteLevel", "post_processor: expected an object, found a string");
   refuses_value("/truncation", {{"max_length", 8}},
                 "truncation: {\"max_length\":8} is not supported (expected null)");
   refuses_value("/model/dropout", 0.5, "model.dropout: 0.5 is not supported (expected null)");
