@@ -1,11 +1,12 @@
 #!/usr/bin/python3
 """bench/pytorch_ddp_cnn.py: the PyTorch peer for train_cnn's FSDP step time.
 
-Debian's PyTorch 1.13 cannot import its FSDP on Python 3.11, so the peer is DDP: the tutorial net
+The peer is DDP (Debian's PyTorch 1.13 cannot import its FSDP on Python 3.11): the tutorial net
 (dropout included, as train_cnn runs it), gloo over 2 local processes with 1 thread each, global batch 64 (32 per
 rank), Adam, summed nll_loss. Prints the median step time of the steps after the first, the
-number train_cnn reports as "median step". Needs Debian's python3-torch, installed by hand;
-it is not a dependency of the project or its tests.
+number train_cnn reports as "median step"; --compile runs the DDP model through torch.compile.
+Runs with Debian's python3-torch (1.13) or the peers' environment (scripts/peers: PyTorch 2.15);
+neither is a dependency of the project or its tests.
 
     /usr/bin/python3 bench/pytorch_ddp_cnn.py --steps 100
 """
@@ -33,7 +34,7 @@ def train(rank, args):
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29517")
+    os.environ.setdefault("MASTER_PORT", args.port)
     dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
     images = read_idx(os.path.join(args.data, "train-images-idx3-ubyte.gz"))[: args.steps * args.global_batch]
     labels = read_idx(os.path.join(args.data, "train-labels-idx1-ubyte.gz"))[: args.steps * args.global_batch]
@@ -44,6 +45,8 @@ def train(rank, args):
         net.dropout1.p = net.dropout2.p = 0.0
     model = torch.nn.parallel.DistributedDataParallel(net)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    if args.compile:
+        model = torch.compile(model)
     per_rank = args.global_batch // args.ranks
     times = []
     for step in range(args.steps):
@@ -55,9 +58,10 @@ def train(rank, args):
         optimizer.step()
         times.append(time.perf_counter() - start)
     if rank == 0:
-        print(f"pytorch {torch.__version__} DDP gloo: {args.ranks} ranks x 1 thread, global batch "
+        mode = " compiled" if args.compile else ""
+        print(f"pytorch {torch.__version__} DDP gloo{mode}: {args.ranks} ranks x 1 thread, global batch "
               f"{args.global_batch}, Adam: median step {1000 * statistics.median(times[1:]):.1f} ms "
-              f"({args.steps - 1} steps, the first excluded)")
+              f"({args.steps - 1} steps, the first excluded; the first {times[0]:.2f} s)")
     dist.destroy_process_group()
 
 
@@ -69,6 +73,8 @@ def main():
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-dropout", action="store_true", help="the net without its dropout layers")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the DDP model (inductor)")
+    parser.add_argument("--port", default="29517", help="the rendezvous port (MASTER_PORT)")
     args = parser.parse_args()
     mp.spawn(train, args=(args,), nprocs=args.ranks)
 

@@ -3,14 +3,16 @@
 
 Trains the tutorial net (the PyTorch FSDP tutorial's MNIST model) on the same IDX files with the
 same batch size, optimizer (Adadelta lr 1.0) and summed nll_loss, and prints images/s over the
-training loop only, the way train_cnn reports it. Needs Debian's python3-torch, installed by
-hand; it is not a dependency of the project or its tests.
+training loop only, the way train_cnn reports it, and the median step time after the first;
+--compile runs it through torch.compile. Runs with Debian's python3-torch (1.13) or the peers'
+environment (scripts/peers: PyTorch 2.15); neither is a dependency of the project or its tests.
 
     /usr/bin/python3 bench/pytorch_train_cnn.py --limit-train 6400 --threads 2
 """
 import argparse
 import gzip
 import os
+import statistics
 import struct
 import time
 
@@ -55,6 +57,8 @@ def main():
     parser.add_argument("--limit-train", type=int, default=6400)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile the net (inductor); its first step, which compiles, is reported apart")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -63,22 +67,30 @@ def main():
     x = (torch.from_numpy(images.astype(np.float32)) / 255.0 - 0.1307) / 0.3081
     x = x.unsqueeze(1)
     y = torch.from_numpy(labels.astype(np.int64))
-    model = Net()
-    optimizer = torch.optim.Adadelta(model.parameters(), lr=1.0)
+    net = Net()
+    optimizer = torch.optim.Adadelta(net.parameters(), lr=1.0)
+    model = torch.compile(net) if args.compile else net
     model.train()
     order = torch.randperm(len(x))
     start = time.perf_counter()
     seen = 0
+    steps = []
     for first in range(0, len(x), args.batch_size):
         idx = order[first:first + args.batch_size]
+        step_start = time.perf_counter()
         optimizer.zero_grad()
         loss = F.nll_loss(model(x[idx]), y[idx], reduction="sum")
         loss.backward()
         optimizer.step()
+        steps.append(time.perf_counter() - step_start)
         seen += len(idx)
     elapsed = time.perf_counter() - start
-    print(f"pytorch {torch.__version__}: {seen} images in {elapsed:.2f} s = {seen / elapsed:.1f} images/s "
+    mode = " compiled" if args.compile else ""
+    print(f"pytorch {torch.__version__}{mode}: {seen} images in {elapsed:.2f} s = {seen / elapsed:.1f} images/s "
           f"({args.threads} threads, batch {args.batch_size}, last loss {loss.item() / len(idx):.4f})")
+    # The first step builds caches (and, compiled, compiles): the median of the others is the speed.
+    print(f"first step {steps[0]:.2f} s; median step {1000 * statistics.median(steps[1:]):.2f} ms "
+          f"({len(steps) - 1} steps, the first excluded)")
 
 
 if __name__ == "__main__":

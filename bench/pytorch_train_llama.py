@@ -3,7 +3,9 @@
 the same Llama (tests/tools/llama_reference.py), corpus (fortunes as [BOT] + bytes + [EOT], padded
 with [PAD] to seq + 1), optimizer (AdamW 0.9/0.99, eps 1e-8, wd 0.1), schedule (LinearLR from 0.1
 over the warm-up, then cosine to 0), clipping at 1.0 and loss (cross-entropy ignoring [PAD]).
-Prints one JSON line per step (loss, tokens/s) and a summary line. Needs Debian's python3-torch.
+Prints one JSON line per step (loss, tokens/s) and a summary line (the median step after the
+first, and the first's time apart); --compile runs the model through torch.compile. Runs with
+Debian's python3-torch (1.13) or the peers' environment (scripts/peers: PyTorch 2.15).
 """
 import argparse
 import json
@@ -47,8 +49,8 @@ def sequences(docs, seq):
     return torch.tensor(rows, dtype=torch.int64)
 
 
-def main():
-    p = argparse.ArgumentParser()
+def add_arguments(p, steps, warmup):
+    """The model, data, optimizer and schedule flags this peer and bench/pytorch_fsdp2_llama.py share."""
     p.add_argument("--data", default="/usr/share/games/fortunes")
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--intermediate", type=int, default=1024)
@@ -56,36 +58,49 @@ def main():
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--seq", type=int, default=256)
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--batch", type=int, default=16, help="the global batch")
+    p.add_argument("--steps", type=int, default=steps)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--warmup", type=int, default=30)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=warmup)
     p.add_argument("--seed", type=int, default=1)
-    args = p.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (inductor)")
 
+
+def build(args, shard=lambda model: None):
+    """The config, the model (sharded by `shard` before anything holds its parameters), the rows of
+    the corpus, the optimizer, the schedule and the order of the rows."""
     config = Config(vocab_size=259, hidden_size=args.hidden, intermediate_size=args.intermediate,
                     num_hidden_layers=args.layers, num_attention_heads=args.heads,
                     num_key_value_heads=args.kv_heads, max_position_embeddings=max(512, args.seq),
                     rms_norm_eps=1e-5)
     model = LlamaForCausalLM(config)
     model.init_weights(torch.Generator().manual_seed(args.seed))
+    shard(model)
     data = sequences(documents(args.data), args.seq)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
     warmup = torch.optim.lr_scheduler.LinearLR(optimizer, 0.1, 1.0, args.warmup)
     cosine = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, args.steps - args.warmup)
     schedule = torch.optim.lr_scheduler.SequentialLR(optimizer, [warmup, cosine], [args.warmup])
-    generator = torch.Generator().manual_seed(args.seed)
-    order = torch.randperm(len(data), generator=generator)
+    order = torch.randperm(len(data), generator=torch.Generator().manual_seed(args.seed))
+    return config, model, data, optimizer, schedule, order
+
+
+def main():
+    p = argparse.ArgumentParser()
+    add_arguments(p, steps=300, warmup=30)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    config, model, data, optimizer, schedule, order = build(args)
+    forward = torch.compile(model) if args.compile else model
     times = []
     for step in range(1, args.steps + 1):
         start = time.perf_counter()
         first = ((step - 1) * args.batch) % (len(data) - args.batch)
         rows = data[order[first:first + args.batch]]
         x, y = rows[:, :-1], rows[:, 1:]
-        logits = model(x, x == PAD)
+        logits = forward(x, x == PAD)
         loss = F.cross_entropy(logits.reshape(-1, config.vocab_size), y.reshape(-1), ignore_index=PAD)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -95,11 +110,14 @@ def main():
         seconds = time.perf_counter() - start
         if step > 1:
             times.append(seconds)
+        else:
+            first_step = seconds  # builds caches; compiled, compiles
         print(json.dumps({"step": step, "loss": loss.item(), "grad_norm": norm.item(),
                           "tokens_per_second": args.batch * args.seq / seconds}), flush=True)
     times.sort()
     median = times[len(times) // 2]
-    print(json.dumps({"summary": "pytorch", "torch": torch.__version__, "median_step_seconds": median,
+    print(json.dumps({"summary": "pytorch", "torch": torch.__version__, "compiled": args.compile,
+                      "first_step_seconds": first_step, "median_step_seconds": median,
                       "tokens_per_second": args.batch * args.seq / median}))
 
 

@@ -1,18 +1,23 @@
 #!/usr/bin/env python3
 """tests/tools/make_llama_golden.py: writes the golden files tests/models/test_llama.cpp compares
 against: tests/models/golden/llama_tiny/ (config.json + model.safetensors, the Hugging Face
-directory format shardlab loads) and tests/models/golden/llama_tiny_golden.safetensors (the batch,
-logits, loss and every parameter's gradient), computed by the PyTorch reference
-(llama_reference.py) in f64 from the f32 weights. Needs PyTorch (Debian's python3-torch, installed
-by hand); never run by the build or CI: rerun it by hand and commit the output.
+directory format shardlab loads; random weights drawn in the reference's parameter order) and
+tests/models/golden/llama_tiny_golden.safetensors (the batch, logits, loss and every parameter's
+gradient), computed by Hugging Face transformers' own LlamaForCausalLM, loaded from that directory,
+in f64 with its eager attention. Hugging Face's padding mask hides padded keys only, so its logits
+at padding queries (which shardlab computes without attending to anything) are not shardlab's: the
+test compares logits where the query is a token; the loss and the gradients, which ignore padding
+targets, are compared whole. Run with the peers' environment (scripts/peers) by hand; never by the
+build or CI: rerun it and commit the output.
 """
 import json
 import os
 
 import torch
 import torch.nn.functional as F
+import transformers
 
-from llama_reference import Config, LlamaForCausalLM, load_directory, save_safetensors
+from llama_reference import Config, LlamaForCausalLM, save_safetensors
 
 GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "golden")
 # models::LlamaConfig::preset("tiny").
@@ -53,18 +58,20 @@ def main():
         f.write("\n")
     save_safetensors({k: v for k, v in model.state_dict().items()}, os.path.join(directory, "model.safetensors"))
 
-    # Reload through the directory loader (what check_llama_dir.py uses), then compute in f64.
-    model = load_directory(directory).double()
+    # Hugging Face's model, loaded from the directory as any user loads one, computing in f64.
+    model = transformers.LlamaForCausalLM.from_pretrained(directory, dtype=torch.float64,
+                                                          attn_implementation="eager")
     x, y = batch()
     padding = x == PAD
-    logits = model(x, padding)
+    logits = model(input_ids=x, attention_mask=(~padding).long()).logits
     loss = F.cross_entropy(logits.reshape(-1, TINY.vocab_size), y.reshape(-1), ignore_index=PAD)
     loss.backward()
     golden = {"tokens": x, "targets": y, "padding": padding, "logits": logits.detach(), "loss": loss.detach()}
     for name, p in model.named_parameters():
         golden["grad." + name] = p.grad
     save_safetensors(golden, os.path.join(GOLDEN, "llama_tiny_golden.safetensors"),
-                     {"format": "pt", "source": "tests/tools/make_llama_golden.py", "torch": torch.__version__})
+                     {"format": "pt", "source": "tests/tools/make_llama_golden.py", "torch": torch.__version__,
+                      "transformers": transformers.__version__})
     print(f"loss {loss.item():.10f}, logits {list(logits.shape)}, {len(golden) - 5} gradients")
 
 
