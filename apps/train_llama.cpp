@@ -217,6 +217,8 @@ Training::Training(const Options& options, dist::Session& session)
       std::move(groups),
       optim::AdamWOptions{
           .lr = options.lr, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = options.weight_decay});
+  // Offloaded, each unit's AdamW runs on a host thread while the next forward gathers the units before it.
+  if (options.cpu_offload) dist::overlap_host_step(*optimizer_, **model_);
   scheduler_ = make_schedule(*optimizer_, total_steps_, std::max<std::int64_t>(1, warmup));
   start({.root = &**model_,
          .optimizer = optimizer_.get(),

@@ -209,9 +209,11 @@ void Trainer::train_step(const std::vector<std::int64_t>& indices) {
   Tensor finite;
   {
     const auto no_waits = forbid_host_waits("queuing the step's loss for the host");
+    // Offloaded, the norm comes from the gradients in host memory: it joins the loss on the device.
+    const Tensor norm = values.grad_norm.to(DType::f64).to(values.loss.device());
     // Finite exactly when both are: the sum of a finite loss and norm cannot overflow a double.
-    finite = isfinite(add(values.loss.to(DType::f64), values.grad_norm.to(DType::f64)));
-    queued.values = PendingRead({values.loss, values.grad_norm, finite});
+    finite = isfinite(add(values.loss.to(DType::f64), norm));
+    queued.values = PendingRead({values.loss, norm, finite});
   }
   // The previous step's values have been on their way since its update was queued: reading them
   // waits only when the device is more than a step behind. Its update counts are settled before

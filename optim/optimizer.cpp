@@ -228,12 +228,32 @@ void Optimizer::check_settled(const char* what) const {
                  type_name_, what, steps_);
 }
 
+Optimizer::~Optimizer() {
+  if (!runner_) return;
+  try {
+    runner_->wait();  // its updates write this optimizer's state
+  } catch (...) {
+    // The error was the caller's to see at a step; a destructor cannot throw it.
+  }
+}
+
+void Optimizer::set_update_runner(std::shared_ptr<UpdateRunner> runner) {
+  wait_for_updates();
+  runner_ = std::move(runner);
+}
+
+void Optimizer::wait_for_updates() const {
+  if (runner_) runner_->wait();
+}
+
 void Optimizer::step() {
+  wait_for_updates();
   check_settled("step");
   step_gated(Tensor());
 }
 
 void Optimizer::step_if(const Tensor& apply) {
+  wait_for_updates();
   check_settled("step_if");
   SHARDLAB_CHECK(apply.defined() && apply.dtype() == DType::boolean && apply.numel() == 1,
                  "{}.step_if: apply must be one bool, got {}", type_name_,
@@ -243,6 +263,7 @@ void Optimizer::step_if(const Tensor& apply) {
 }
 
 void Optimizer::settle_step(bool applied) {
+  wait_for_updates();
   SHARDLAB_CHECK(unsettled_, "{}.settle_step: no step_if to settle", type_name_);
   if (!applied) {
     for (const std::string& name : *unsettled_) {
@@ -252,6 +273,20 @@ void Optimizer::settle_step(bool applied) {
     --steps_;
   }
   unsettled_.reset();
+}
+
+void place_gates(std::span<ParamUpdate> updates) {
+  std::vector<std::pair<Device, Tensor>> gates;  // the gate on each parameter device
+  for (ParamUpdate& update : updates) {
+    if (!update.apply.defined()) continue;
+    const Device device = update.param.device();
+    auto it =
+        std::find_if(gates.begin(), gates.end(), [&](const auto& entry) { return entry.first == device; });
+    if (it == gates.end())
+      it = gates.insert(gates.end(),
+                        {device, update.apply.device() == device ? update.apply : update.apply.to(device)});
+    update.apply = it->second;
+  }
 }
 
 void Optimizer::step_gated(const Tensor& apply) {
@@ -270,19 +305,10 @@ void Optimizer::step_gated(const Tensor& apply) {
   ++steps_;
   std::vector<ParamUpdate> updates;
   std::vector<std::string> counted;
-  std::vector<std::pair<Device, Tensor>> gates;  // `apply` on each parameter device
-  const auto gate_on = [&](Device device) {
-    if (!apply.defined()) return Tensor();
-    for (const auto& [on, gate] : gates) {
-      if (on == device) return gate;
-    }
-    return gates.emplace_back(device, apply.device() == device ? apply : apply.to(device)).second;
-  };
-  for (std::size_t g = 0; g < groups_.size(); ++g) {
-    for (const auto& [name, variable] : groups_[g].parameters) {
+  for (const Group& group : groups_) {
+    for (const auto& [name, variable] : group.parameters) {
       const Tensor& grad = variable.grad();
       if (!grad.defined()) continue;
-      const Tensor& param = variable.data();
       auto& slots = state_[name];
       auto step_it = slots.find(kStepSlot);
       if (step_it == slots.end()) step_it = slots.emplace(kStepSlot, step_tensor(0)).first;
@@ -290,20 +316,29 @@ void Optimizer::step_gated(const Tensor& apply) {
       const std::int64_t step = ++step_it->second.data<std::int64_t>()[0];
       counted.push_back(name);
       // set_grad keeps grad in param's dtype
-      updates.push_back({param, grad, slots, step, g, gate_on(param.device())});
+      updates.push_back({variable, variable.data(), grad, slots, step, group.hyper, apply});
     }
   }
   if (apply.defined()) unsettled_ = std::move(counted);
-  update(updates);
+  UpdateRule rule = [rule = update_rule()](std::span<const ParamUpdate> part) {
+    const NoGradGuard no_grad;  // on the runner's thread too
+    rule(part);
+  };
+  if (runner_) return runner_->run(std::move(updates), std::move(rule));
+  place_gates(updates);
+  rule(updates);
 }
 
 void Optimizer::zero_grad(bool set_to_none) {
+  // Dropping a gradient leaves the tensor to the updates that hold it; zeroing it in place does not.
+  if (!set_to_none) wait_for_updates();
   for (const Group& group : groups_) {
     for (const auto& [name, variable] : group.parameters) variable.zero_grad(set_to_none);
   }
 }
 
 nn::StateDict Optimizer::state_dict() const {
+  wait_for_updates();
   check_settled("state_dict");
   nn::StateDict out;
   for (const Group& group : groups_) {
@@ -325,6 +360,7 @@ nn::StateDict Optimizer::state_dict() const {
 }
 
 void Optimizer::load_state_dict(const nn::StateDict& state) {
+  wait_for_updates();
   check_settled("load_state_dict");
   const std::string where = type_name_ + ".load_state_dict";
   const auto check_shape = [&](const std::string& key, const Tensor& tensor, const Shape& expected) {
@@ -483,16 +519,9 @@ void assign_gated(const Tensor& target, const Tensor& value, const Tensor& apply
   target.copy_(apply.defined() ? where(apply, value, target) : value);
 }
 
-}  // namespace
-
-std::vector<std::string> SGD::slot_names(std::span<const double> hyper_values) const {
-  if (options_from<SGDOptions>(kSgdFields, hyper_values).momentum == 0.0) return {};
-  return {"momentum_buffer"};
-}
-
-void SGD::update(std::span<const ParamUpdate> updates) {
-  for (const auto& [param, grad, state, step, group, apply] : updates) {
-    const SGDOptions o = options(group);
+void sgd_update(std::span<const ParamUpdate> updates) {
+  for (const auto& [variable, param, grad, state, step, hyper, apply] : updates) {
+    const auto o = options_from<SGDOptions>(kSgdFields, hyper);
     Tensor direction = with_l2(grad, param, o.weight_decay);
     if (o.momentum != 0.0) {
       auto it = state.find("momentum_buffer");
@@ -509,6 +538,15 @@ void SGD::update(std::span<const ParamUpdate> updates) {
     assign_gated(param, sub(param, mul(direction, o.lr)), apply);
   }
 }
+
+}  // namespace
+
+std::vector<std::string> SGD::slot_names(std::span<const double> hyper_values) const {
+  if (options_from<SGDOptions>(kSgdFields, hyper_values).momentum == 0.0) return {};
+  return {"momentum_buffer"};
+}
+
+UpdateRule SGD::update_rule() const { return sgd_update; }
 
 // --- Adam and AdamW --------------------------------------------------------------------------
 
@@ -553,11 +591,10 @@ void step_per_gate(std::span<const ParamUpdate> updates, std::span<const Segment
 // so results round alike) instead of a dozen elementwise ops and their temporaries per shard.
 // Decoupled (AdamW) decay shrinks the parameter itself, before and apart from the moments.
 template <typename Options>
-void adam_update(const OptimizerWith<Options>& optimizer, std::span<const ParamUpdate> updates,
-                 bool decoupled) {
+void adam_update(std::span<const ParamUpdate> updates, bool decoupled) {
   std::vector<AdamSegment> segments;
-  for (const auto& [param, grad, state, step, group, apply] : updates) {
-    const Options o = optimizer.options(group);
+  for (const auto& [variable, param, grad, state, step, hyper, apply] : updates) {
+    const auto o = options_from<Options>(kAdamFields<Options>, hyper);
     segments.push_back({.param = param,
                         .grad = grad,
                         .exp_avg = zero_slot(state, "exp_avg", param),
@@ -587,11 +624,15 @@ TypeInfo<AdamWOptions> type_info() {
 
 std::vector<std::string> Adam::slot_names(std::span<const double>) const { return kAdamSlots; }
 
-void Adam::update(std::span<const ParamUpdate> updates) { adam_update(*this, updates, /*decoupled=*/false); }
+UpdateRule Adam::update_rule() const {
+  return [](std::span<const ParamUpdate> updates) { adam_update<AdamOptions>(updates, /*decoupled=*/false); };
+}
 
 std::vector<std::string> AdamW::slot_names(std::span<const double>) const { return kAdamSlots; }
 
-void AdamW::update(std::span<const ParamUpdate> updates) { adam_update(*this, updates, /*decoupled=*/true); }
+UpdateRule AdamW::update_rule() const {
+  return [](std::span<const ParamUpdate> updates) { adam_update<AdamWOptions>(updates, /*decoupled=*/true); };
+}
 
 // --- Adadelta --------------------------------------------------------------------------------
 
@@ -620,12 +661,14 @@ std::vector<std::string> Adadelta::slot_names(std::span<const double>) const {
   return {"acc_delta", "square_avg"};
 }
 
-void Adadelta::update(std::span<const ParamUpdate> updates) {
+namespace {
+
+void adadelta_update(std::span<const ParamUpdate> updates) {
   // One fused pass over every parameter (core's multi-segment adadelta_step) instead of a dozen
   // elementwise ops each: the update is a tenth of the CNN's training step otherwise.
   std::vector<AdadeltaSegment> segments;
-  for (const auto& [param, grad, state, step, group, apply] : updates) {
-    const AdadeltaOptions o = options(group);
+  for (const auto& [variable, param, grad, state, step, hyper, apply] : updates) {
+    const auto o = options_from<AdadeltaOptions>(kAdadeltaFields, hyper);
     segments.push_back({.param = param,
                         .grad = grad,
                         .square_avg = zero_slot(state, "square_avg", param),
@@ -634,6 +677,10 @@ void Adadelta::update(std::span<const ParamUpdate> updates) {
   }
   step_per_gate<AdadeltaSegment, adadelta_step>(updates, segments);
 }
+
+}  // namespace
+
+UpdateRule Adadelta::update_rule() const { return adadelta_update; }
 
 // --- OptimizerWith ---------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -49,17 +50,42 @@ struct HyperParameters {
   std::function<void(std::span<const double> values, const std::string& context)> check;
 };
 
-// One parameter that step() updates: its tensor, its gradient (in the parameter's dtype and
-// shape), its state slots (created by the optimizer type on first use; the slot "step" is the
-// base class's), its number of updates counting this one (1 on its first), its group, and the
-// gate of step_if on the parameter's device (undefined for step(): always applied).
+// One parameter that step() updates: the Variable, its tensor, its gradient (in the parameter's
+// dtype and shape), its state slots (created by the optimizer type on first use; the slot "step"
+// is the base class's), its number of updates counting this one (1 on its first), its group's
+// hyper-parameter values when the step was taken (a scheduler may change them while an update
+// runner still holds the update), and the gate of step_if (undefined for step(): always applied).
 struct ParamUpdate {
+  Variable variable;
   Tensor param, grad;
   std::map<std::string, Tensor>& state;
   std::int64_t step;
-  std::size_t group;
+  std::vector<double> hyper;
   Tensor apply;
 };
+
+// Runs the updates of each step() and step_if(). Without one, the optimizer applies them at once,
+// in one pass; dist::overlap_host_step installs one that applies them later on a host thread,
+// unit by unit. While a runner holds updates, the optimizer's own calls wait for them first (all
+// but zero_grad(set_to_none = true) and the lr setters, which they do not touch).
+// An optimizer type's update rule: a function of the updates alone (it may run on an
+// UpdateRunner's thread), each parameter updated only where its gate, if defined, holds.
+using UpdateRule = std::function<void(std::span<const ParamUpdate> updates)>;
+
+class UpdateRunner {
+ public:
+  virtual ~UpdateRunner() = default;
+  // Applies `rule` to every entry of `updates` exactly once, in calls grouping them as it
+  // chooses, now or later. Their gates are as step_if was given it: place_gates puts a copy on
+  // each parameter's device.
+  virtual void run(std::vector<ParamUpdate> updates, UpdateRule rule) = 0;
+  // Returns once every update run() was given has been applied; rethrows an error it raised.
+  virtual void wait() = 0;
+};
+
+// Gives each update's gate on its parameter's device, one copy per device (a host wait when one
+// goes from a GPU to the host).
+void place_gates(std::span<ParamUpdate> updates);
 
 //   optim::AdamW opt(model->named_parameters(), {.lr = 3e-4});
 //   loss.backward();
@@ -67,7 +93,7 @@ struct ParamUpdate {
 //   opt.zero_grad();
 class Optimizer {
  public:
-  virtual ~Optimizer() = default;
+  virtual ~Optimizer();
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
@@ -88,6 +114,11 @@ class Optimizer {
   //   opt.settle_step(std::isfinite(loss_on_host));
   void step_if(const Tensor& apply);
   void settle_step(bool applied);
+  // Who applies the updates from the next step on (null: the optimizer, at once). The runner
+  // replaced is waited for first.
+  void set_update_runner(std::shared_ptr<UpdateRunner> runner);
+  // Returns once the updates of the steps taken so far are applied (at once without a runner).
+  void wait_for_updates() const;
   // Drops every parameter's gradient (set_to_none, PyTorch's default) or fills it with zeros.
   void zero_grad(bool set_to_none = true);
 
@@ -130,9 +161,9 @@ class Optimizer {
   // A group's hyper-parameter values, in the order of HyperParameters::names (the lr current).
   std::span<const double> hyper_values(std::size_t group) const;
 
-  // Updates the parameters that have a gradient this step (one entry each, group by group),
-  // each only where its gate, if defined, holds.
-  virtual void update(std::span<const ParamUpdate> updates) = 0;
+  // The type's update rule, given the parameters that have a gradient this step (one entry each,
+  // group by group), or a part of them when an UpdateRunner splits the step.
+  virtual UpdateRule update_rule() const = 0;
   // The slots update() keeps for every parameter of a group with these hyper-parameter values,
   // for load_state_dict's checks.
   virtual std::vector<std::string> slot_names(std::span<const double> hyper_values) const = 0;
@@ -167,6 +198,7 @@ class Optimizer {
   std::map<std::string, std::map<std::string, Tensor>> state_;  // by parameter name
   // After step_if, until settle_step: the parameters whose counts it moved on.
   std::optional<std::vector<std::string>> unsettled_;
+  std::shared_ptr<UpdateRunner> runner_;
 };
 
 // What every optimizer type has and depends only on its options struct: construction from a
@@ -195,7 +227,7 @@ class SGD final : public OptimizerWith<SGDOptions> {
   using OptimizerWith::OptimizerWith;
 
  protected:
-  void update(std::span<const ParamUpdate> updates) override;
+  UpdateRule update_rule() const override;
   std::vector<std::string> slot_names(std::span<const double> hyper_values) const override;
 };
 
@@ -214,7 +246,7 @@ class Adam final : public OptimizerWith<AdamOptions> {
   using OptimizerWith::OptimizerWith;
 
  protected:
-  void update(std::span<const ParamUpdate> updates) override;
+  UpdateRule update_rule() const override;
   std::vector<std::string> slot_names(std::span<const double> hyper_values) const override;
 };
 
@@ -231,7 +263,7 @@ class AdamW final : public OptimizerWith<AdamWOptions> {
   using OptimizerWith::OptimizerWith;
 
  protected:
-  void update(std::span<const ParamUpdate> updates) override;
+  UpdateRule update_rule() const override;
   std::vector<std::string> slot_names(std::span<const double> hyper_values) const override;
 };
 
@@ -249,7 +281,7 @@ class Adadelta final : public OptimizerWith<AdadeltaOptions> {
   using OptimizerWith::OptimizerWith;
 
  protected:
-  void update(std::span<const ParamUpdate> updates) override;
+  UpdateRule update_rule() const override;
   std::vector<std::string> slot_names(std::span<const double> hyper_values) const override;
 };
 

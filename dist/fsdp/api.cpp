@@ -171,7 +171,9 @@ int shard_by_size(nn::Module& root, std::int64_t min_parameters, const FsdpOptio
 }
 
 nn::Named<Variable> sharded_parameters(nn::Module& root) {
-  ensure_root(root);  // names the shards by their paths from the root, and refuses a root that is no unit
+  // Names the shards by their paths from the root, and refuses a root that is no unit; what they
+  // give is the shards after the optimizer's last step.
+  ensure_root(root)->wait_for_host_updates();
   std::set<const void*> seen;
   nn::Named<Variable> shards;
   for (const auto& [name, parameter] : root.named_parameters()) {

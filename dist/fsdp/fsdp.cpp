@@ -112,6 +112,8 @@ std::shared_ptr<const ShardRanks> ranks_of(Communicator& base, Device device) {
   return ranks;
 }
 
+std::string display_name(const std::string& unit) { return unit.empty() ? "(root)" : unit; }
+
 // --- gathered bytes ----------------------------------------------------------------------------
 
 namespace {
@@ -126,9 +128,6 @@ void count_unsharded(std::int64_t delta) {
   // Guarded: the argument list is built (allocated) before counter() could look at the flag.
   if (trace::on()) trace::counter("gathered parameters", {{"bytes", unsharded.bytes}});
 }
-
-// How traces and tags name a unit: the root's own name is empty.
-std::string display_name(const std::string& unit) { return unit.empty() ? "(root)" : unit; }
 
 // A unit's span that began at `began` (if the trace recorded then) and ends now.
 void trace_unit_span(std::optional<trace::Clock::time_point>& began, const char* phase,
@@ -433,6 +432,7 @@ void Unit::install_hooks() {
 
 void Unit::unshard(GatherFor purpose) {
   if (state_ == Gathered::in_flight || state_ == Gathered::yes) return;
+  wait_for_host_update();  // before anything changes: a failed update leaves the unit as it was
   const DType param_dtype = options_.mixed_precision.param_dtype;
   if (state_ == Gathered::no) {  // a stale buffer is refreshed in place
     storage_->reallocate(static_cast<std::size_t>(padded_) * dtype_size(param_dtype));
@@ -797,7 +797,19 @@ void Unit::abandon_backward() {
   inputs_marked_ = inputs_done_ = 0;
 }
 
+void Unit::wait_for_host_update() const {
+  if (!host_update_.valid()) return;
+  const std::shared_future<void> update = std::exchange(host_update_, {});
+  try {
+    update.get();
+  } catch (const std::exception& error) {
+    throw Error(fmt::format("FSDP: the optimizer step of unit {} failed on the host step thread: {}",
+                            display_name(name_), error.what()));
+  }
+}
+
 Tensor Unit::full_shard_values() const {
+  wait_for_host_update();
   Tensor full = empty({padded_}, dtype(DType::f32).with_device(device_));
   if (groups_->shard == nullptr) {
     full.copy_(shard_);
@@ -866,6 +878,10 @@ void RootState::abandon_backward() {
 void RootState::end_step() {
   for (Unit* unit : units) unit->end_step();
   wait_for_offload_copies();  // the host may write the shards next (load_state_dict)
+}
+
+void RootState::wait_for_host_updates() const {
+  for (const Unit* unit : units) unit->wait_for_host_update();
 }
 
 void RootState::wait_for_offload_copies() const {

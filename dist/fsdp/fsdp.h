@@ -36,6 +36,10 @@
 #include "dist/comm/communicator.h"
 #include "nn/module.h"
 
+namespace shardlab::optim {
+class Optimizer;
+}
+
 namespace shardlab::dist {
 
 enum class Sharding : std::uint8_t {
@@ -140,6 +144,21 @@ Tensor local_gradient_sum_of_squares(nn::Module& root);
 // Every parameter's full value (f32, unpadded, by its dotted name under `root`), gathered from
 // the shards on every rank: for checkpoints, evaluation and tests.
 nn::Named<Tensor> gather_full_parameters(nn::Module& root);
+
+// From the next step on, `optimizer`'s updates of the root's shards run on a host thread of their
+// own, one unit after another in the order of the forward: step() and step_if() return at once,
+// and each unit's next gather waits for its own part only. With cpu_offload on a GPU, the host's
+// AdamW of a unit thus overlaps the GPU's forward of the units before it (ZeRO-Offload's overlap);
+// on the CPU it overlaps the forward's own work. The optimizer's calls (step, settle_step,
+// state_dict, ...), sharded_parameters, parameter_shards, checkpoints and gather_full_parameters
+// wait for the updates; a shard read any other way needs optimizer.wait_for_updates() first. An
+// update that fails is rethrown by the gather that waits for it and by the optimizer's next call.
+// Every unit's shard and every parameter of the optimizer must be in host memory.
+//
+//   dist::fully_shard(*model, {.cpu_offload = true});
+//   optim::AdamW opt(model->named_parameters(), {});
+//   dist::overlap_host_step(opt, *model);
+void overlap_host_step(optim::Optimizer& optimizer, nn::Module& root);
 
 // --- explicit gathering and prefetching, FSDP2's FSDPModule calls --------------------------------
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <future>
 #include <map>
 #include <memory>
 #include <optional>
@@ -71,6 +72,8 @@ struct RootState {
   // last reduction" of every unit reducing now; returns them, agreed, in unit and slot order.
   std::vector<std::uint8_t> agree_on_gradients(const std::vector<Unit*>& reducing) const;
   void end_step();  // every unit's Unit::end_step
+  // Every unit's Unit::wait_for_host_update: the shards hold the optimizer's last step.
+  void wait_for_host_updates() const;
   // Offloaded from a GPU: the host waits for the offload copies queued so far (dist/fsdp/offload.h).
   void wait_for_offload_copies() const;
 };
@@ -170,6 +173,10 @@ class Unit : public std::enable_shared_from_this<Unit> {
   // the root (whose span holds the others') once the whole backward finished.
   void trace_backward_end();
   Tensor full_shard_values() const;  // the flat f32 parameters [padded], gathered from the shards
+  // dist::overlap_host_step: the optimizer's update of this unit's shard, running on the host step
+  // thread. Gathering and full_shard_values wait for it first; a failed update is rethrown there, once.
+  void set_host_update(std::shared_future<void> update) { host_update_ = std::move(update); }
+  void wait_for_host_update() const;
 
  private:
   Tensor gathered() const {
@@ -242,6 +249,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
   Work reduce_work_;
   Tensor reduce_input_, reduce_output_;
   Tensor gradient_shard_;  // f32 [S] on shard_device_, from collect_gradient to finish_backward
+  mutable std::shared_future<void> host_update_;  // invalid when none is pending
 };
 
 // --- the registry of units -------------------------------------------------------------------
@@ -251,6 +259,8 @@ std::vector<std::shared_ptr<Unit>> live_units();
 void register_unit(const nn::Module& module, const std::shared_ptr<Unit>& unit);
 std::string join_name(const std::string& prefix, const std::string& name);
 std::string describe_module(const std::string& path, const nn::Module& module);  // for messages
+// How traces, tags and messages name a unit: the root's own name is empty.
+std::string display_name(const std::string& unit);
 // Makes `root` the root of the units in its subtree (once): names them by their path.
 std::shared_ptr<RootState> ensure_root(nn::Module& root);
 

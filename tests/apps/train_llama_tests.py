@@ -49,11 +49,12 @@ BASE_ARGS = ["--config", "tiny", "--seq", "48", "--global-batch", "12", "--limit
 # is their reference.
 UNEVEN = ("--global-batch", "10")
 RESHARD_TO_PAIRS = ("--reshard-after-forward-group", "2")
+OFFLOADED = ("--prefetch", "2", "--cpu-offload")
 UNEVEN_RUNS = [(1, "full", UNEVEN), (3, "full", UNEVEN), (4, "full", UNEVEN)]
 # (ranks, sharding, extra flags); (1, "full") is the reference. Prefetching more and offloading
 # (a no-op on the CPU) change when things happen, never the numbers.
 PARITY_RUNS = [(1, "full", ()), (1, "grad_op", ()), (2, "full", ()), (2, "grad_op", ()), (2, "none", ()),
-               (2, "hybrid:1", ()), (2, "full", ("--prefetch", "2", "--cpu-offload")), (3, "full", ()),
+               (2, "hybrid:1", ()), (2, "full", OFFLOADED), (3, "full", ()),
                (3, "grad_op", ()), (3, "none", ()), (4, "full", ()), (4, "grad_op", ()), (4, "none", ()),
                (4, "hybrid:2", ()), (1, "optimizer", ()), (2, "optimizer", ()), (4, "optimizer", ()),
                (4, "full", RESHARD_TO_PAIRS), *UNEVEN_RUNS]
@@ -74,7 +75,7 @@ def main(mpirun, train_llama, generate):
     check_errors(mpirun, train_llama, check)
     skipped = 0
     if not os.path.isdir(DATA_DIR):
-        skipped = len(PARITY_RUNS) + 1 + 14 + 5 + len(FIT_RUNS) + 1 + 4 + TRACE_CHECKS + 1
+        skipped = len(PARITY_RUNS) + 2 + 14 + 5 + len(FIT_RUNS) + 1 + 4 + TRACE_CHECKS + 1
         print(f"skipped: {skipped} cases that train, {DATA_DIR} is missing (scripts/setup installs fortunes)")
     else:
         with tempfile.TemporaryDirectory(prefix="train_llama_tests.") as scratch:
@@ -139,6 +140,11 @@ def check_parity_and_memory(mpirun, program, scratch, check):
         flags = " ".join(("--sharding", sharding) + extra)
         check(f"np {ranks} {flags}: {STEPS} step losses equal the 1-process run's within {RTOL:g}",
               code == 0 and expected and not wrong, f"exit {code}; " + "; ".join(wrong[:4]) + "\n" + output)
+
+    # Offloaded, AdamW runs on the host step thread while the next forward runs: when, never what.
+    in_line, offloaded = (per_step(runs[(2, "full", extra)][2], 0, "loss") for extra in ((), OFFLOADED))
+    check("np 2 --cpu-offload (the host step overlapped): the losses of np 2 in line, bit for bit",
+          len(in_line) == STEPS and offloaded == in_line, f"{offloaded} vs {in_line}")
 
     # Memory against the plan, on every rank of the uneven 3-rank run and the 4-rank hybrid, ZeRO-1 and
     # resharded-to-pairs runs.

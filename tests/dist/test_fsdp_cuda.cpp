@@ -143,6 +143,41 @@ TEST_CASE("CPU offload from a GPU: pinned shards, and one host wait per backward
   for (const auto& [name, shard] : model->named_parameters()) CHECK(shard.grad().device().is_cpu());
 }
 
+TEST_CASE(
+    "CPU offload from a GPU, the host's AdamW overlapped with the next forward: as in line, bit for bit",
+    "[dist][fsdp][cuda]") {
+  const std::int64_t vocab = 4 * world().size() + 1;
+  const auto train = [&](bool overlap) {
+    Nested model = sharded_on_gpu(vocab, {.cpu_offload = true});
+    optim::AdamW optimizer(model->named_parameters(), {.lr = 1e-2});
+    if (overlap) dist::overlap_host_step(optimizer, *model);
+    Run run;
+    for (int step = 0; step < kSteps; ++step) {
+      const TokenBatch batch = batch_on_gpu(step, vocab);
+      Variable loss = cross_entropy(model(batch.tokens), batch.targets);
+      optimizer.zero_grad();
+      loss.backward();
+      optimizer.step_if(isfinite(loss.data()));  // a gate on the GPU, read by the host step thread
+      run.losses.push_back(mean_over_ranks(loss.data().item<float>()));
+      optimizer.settle_step(true);
+    }
+    run.parameters = dist::gather_full_parameters(*model);
+    return run;
+  };
+  const Run in_line = train(false);
+  CHECK(mismatches_on_any_rank(train(true), in_line, 0.0, 0.0) == 0);
+}
+
+TEST_CASE("overlap_host_step refuses shards on a GPU", "[dist][fsdp][cuda]") {
+  Nested model = sharded_on_gpu(4 * world().size() + 1, {});
+  optim::AdamW optimizer(model->named_parameters(), {});
+  CHECK_THROWS_ERROR(
+      dist::overlap_host_step(optimizer, *model),
+      fmt::format("dist::overlap_host_step: unit (root) keeps its shard on {}; the host steps shards in "
+                  "host memory only (FsdpOptions::cpu_offload, or training on the CPU)",
+                  gpu().str()));
+}
+
 TEST_CASE("a checkpoint of CUDA shards loads into a CPU model over the same ranks, bit for bit",
           "[dist][fsdp][checkpoint][cuda]") {
   const std::int64_t vocab = 4 * world().size() + 1;

@@ -381,13 +381,14 @@ void set_nan_grads(const Variable& w, const Variable& b) {
 
 // Four steps through step_if, the first and the third skipped (NaN gradients, the gate false, then
 // settle_step(false)), against step() on the kept steps alone: parameters, state and counts equal
-// bit for bit, as if the skipped steps never happened.
-void check_gated_steps(const Build& build) {
+// bit for bit, as if the skipped steps never happened. `reference` (default: `build`) makes the
+// optimizer that steps the kept steps alone.
+void check_gated_steps(const Build& build, const Build& reference = {}) {
   Variable w(from_vector<double>(kStart), true, "layer.weight");
   Variable b(from_vector<double>({0.1, -0.2}), true, "layer.bias");
   Variable w2(w.data().clone(), true), b2(b.data().clone(), true);
   const auto gated = build(w, b);
-  const auto plain = build(w2, b2);
+  const auto plain = (reference ? reference : build)(w2, b2);
 
   set_nan_grads(w, b);
   gated->step_if(gate(false));
@@ -464,6 +465,111 @@ TEST_CASE("step_if: an unsettled step refuses the calls that would see it, and t
   CHECK(opt.steps() == 1);
   CHECK_THROWS_ERROR(opt.settle_step(true), "AdamW.settle_step: no step_if to settle");
   CHECK_NOTHROW(opt.state_dict());
+}
+
+// --- update runners: a step's updates applied later ---------------------------------------------
+
+// Holds each step's updates until wait(), as a runner on another thread may leave them for a while:
+// shows which of the optimizer's calls wait for them, and that they keep the values they were
+// taken with.
+class HoldingRunner final : public optim::UpdateRunner {
+ public:
+  void run(std::vector<optim::ParamUpdate> updates, optim::UpdateRule rule) override {
+    held_.emplace_back(std::move(updates), std::move(rule));
+  }
+  void wait() override {
+    for (auto& [updates, rule] : held_) {
+      optim::place_gates(updates);
+      rule(updates);
+    }
+    held_.clear();
+  }
+  bool holding() const { return !held_.empty(); }
+  std::size_t steps_held() const { return held_.size(); }
+
+ private:
+  std::vector<std::pair<std::vector<optim::ParamUpdate>, optim::UpdateRule>> held_;
+};
+
+// `build`'s optimizer with its updates held by a runner (returned through `runner`).
+Build held_by(const Build& build, std::shared_ptr<HoldingRunner>& runner) {
+  return [&runner, build](const Variable& w, const Variable& b) {
+    auto optimizer = build(w, b);
+    runner = std::make_shared<HoldingRunner>();
+    optimizer->set_update_runner(runner);
+    return optimizer;
+  };
+}
+
+TEST_CASE("an update runner: the optimizer's calls that read or write the state wait for its updates",
+          "[optim]") {
+  const Build build = one_group<optim::AdamW>(optim::AdamWOptions{.lr = 0.1, .weight_decay = 0.1});
+  std::shared_ptr<HoldingRunner> runner;
+  Variable w(from_vector<double>(kStart), true, "layer.weight");
+  Variable b(from_vector<double>({0.1, -0.2}), true, "layer.bias");
+  Variable w2(w.data().clone(), true), b2(b.data().clone(), true);
+  const auto held = held_by(build, runner)(w, b);
+  const auto plain = build(w2, b2);
+
+  set_test_grads(w, b, 1);
+  held->step();
+  CHECK(runner->holding());
+  check_equal(w.data(), kStart);
+  // Neither changes what the held update does: it took the lr of its step, and holds the gradient.
+  held->set_lr(0.5);
+  held->zero_grad();
+  CHECK(runner->holding());
+  held->wait_for_updates();
+  CHECK_FALSE(runner->holding());
+  set_test_grads(w2, b2, 1);
+  plain->step();
+  plain->set_lr(0.5);
+  check_equal(w.data(), values(w2.data()));
+  check_equal(b.data(), values(b2.data()));
+
+  set_test_grads(w, b, 2);
+  held->step();
+  held->step();  // applies the first before it hands over the second
+  CHECK(runner->steps_held() == 1);
+  const std::vector<std::pair<const char*, std::function<void()>>> waiting_calls = {
+      {"zero_grad(set_to_none = false)", [&] { held->zero_grad(false); }},
+      {"state_dict", [&] { (void)held->state_dict(); }},
+      {"load_state_dict", [&] { held->load_state_dict(plain->state_dict()); }},
+      {"set_update_runner", [&] { held->set_update_runner(runner); }}};
+  for (const auto& [what, call] : waiting_calls) {
+    INFO(what);
+    set_test_grads(w, b, 2);
+    held->step();
+    REQUIRE(runner->holding());
+    call();
+    CHECK_FALSE(runner->holding());
+  }
+}
+
+TEST_CASE("an update runner: the optimizer waits for it before it goes", "[optim]") {
+  auto runner = std::make_shared<HoldingRunner>();
+  Variable w(from_vector<double>(kStart), true, "layer.weight");
+  {
+    optim::SGD optimizer({{"layer.weight", w}}, {.lr = 0.5, .momentum = 0.9});
+    optimizer.set_update_runner(runner);
+    w.set_grad(from_vector<double>({1.0, 2.0, -4.0}));
+    optimizer.step();
+    REQUIRE(runner->holding());
+  }
+  CHECK_FALSE(runner->holding());
+  check_equal(w.data(), {0.0, -2.25, 4.0});  // p - 0.5 g: the first step's buffer is g
+}
+
+TEST_CASE("step_if through an update runner: skipped steps leave no trace", "[optim]") {
+  std::shared_ptr<HoldingRunner> runner;
+  const auto check = [&](const Build& build) { check_gated_steps(held_by(build, runner), build); };
+  SECTION("SGD with nesterov momentum") {
+    check(one_group<optim::SGD>(optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .nesterov = true}));
+  }
+  SECTION("AdamW in two groups") {
+    check(two_groups<optim::AdamW>(optim::AdamWOptions{.lr = 0.1, .weight_decay = 0.1}, 0.05, 0.0));
+  }
+  SECTION("Adadelta") { check(one_group<optim::Adadelta>(optim::AdadeltaOptions{.rho = 0.8})); }
 }
 
 TEST_CASE("state_dict round trip with two groups restores each group's hyper-parameters", "[optim]") {
