@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 
 #include "apps/support/fit.h"
 #include "apps/support/ranks.h"
+#include "apps/support/stop_signals.h"
 #include "core/allocator.h"
 #include "core/error.h"
 #include "core/ops.h"
@@ -145,7 +147,7 @@ void Trainer::start(const Setup& setup) {
       session_.cpu_world());
 }
 
-void Trainer::run() {
+Trainer::End Trainer::run() {
   if (common_.explain) dist::log("{}{}", plan_.str(), predicted_->str());
   begin_training();
   while (epoch_ <= setup_.last_epoch && step_ < setup_.total_steps) {
@@ -156,8 +158,14 @@ void Trainer::run() {
     ++epoch_;
   }
   if (!common_.checkpoint_dir.empty() && last_saved_ != state()) save_checkpoint();
+  if (stopped_by_ != 0) {
+    report_stop();
+    report();
+    return End::stopped_by_signal;
+  }
   finish();
   report();
+  return End::finished;
 }
 
 // The rest of epoch_ (a resumed run goes on at the batch where its checkpoint stopped); false
@@ -169,7 +177,7 @@ bool Trainer::train_epoch() {
   const std::int64_t done = step_ - (epoch_ - setup_.first_epoch) * setup_.loader->batches_per_epoch();
   bool complete = true;
   for (auto it = batches.begin() + done; it != batches.end(); ++it) {
-    if (step_ >= setup_.total_steps) {
+    if (step_ >= setup_.total_steps || stop_requested()) {
       complete = false;
       break;
     }
@@ -177,6 +185,31 @@ bool Trainer::train_epoch() {
   }
   peak_bytes_ = std::max(peak_bytes_, memory_stats(device_).peak_bytes);
   return complete;
+}
+
+bool Trainer::stop_requested() {
+  const int mine = StopSignals::received();
+  // Per signal, the ranks it reached: any rank's signal stops them all; the first of the list names it.
+  const std::vector<int> signals = {SIGTERM, SIGINT, SIGUSR1};
+  std::vector<double> reached;
+  for (const int signal : signals) reached.push_back(mine == signal ? 1.0 : 0.0);
+  reached = sum_over_ranks(session_.cpu_world(), reached, "stop request");
+  for (std::size_t i = 0; i < signals.size() && stopped_by_ == 0; ++i)
+    stopped_by_ = reached[i] > 0 ? signals[i] : 0;
+  return stopped_by_ != 0;
+}
+
+void Trainer::report_stop() const {
+  const bool saved = !common_.checkpoint_dir.empty();
+  const std::string checkpoint = saved ? checkpoints_.path(step_) : std::string();
+  dist::log("{}: stopped by {} after step {}: {}", program_, signal_name(stopped_by_), step_,
+            saved ? fmt::format("checkpoint {} saved, continue with --resume", checkpoint)
+                  : std::string("nothing saved (no --checkpoint-dir)"));
+  if (metrics_)
+    metrics_->write({{"rank", rank_},
+                     {"stopped_by", signal_name(stopped_by_)},
+                     {"step", step_},
+                     {"checkpoint", saved ? nlohmann::json(checkpoint) : nlohmann::json()}});
 }
 
 data::Batch Trainer::batch_on_device(const std::vector<std::int64_t>& indices) const {

@@ -85,9 +85,13 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
   virtual ~Trainer() = default;
 
+  // How a run ended: all its steps trained, or stopped between two steps by a signal (SIGTERM,
+  // SIGINT, SIGUSR1: apps/support/stop_signals.h) on some rank, every rank at the same step.
+  enum class End { finished, stopped_by_signal };
   // Trains from the step the run stands at until --steps or the last epoch, then saves the final
-  // checkpoint, calls finish() and reports step time, memory and traffic against the plan.
-  void run();
+  // checkpoint, calls finish() and reports step time, memory and traffic against the plan. Stopped
+  // by a signal, it saves the checkpoint (with --checkpoint-dir) and reports, without finish().
+  End run();
 
  protected:
   // What compute_step leaves for the Trainer: the step's loss (the global batch's, as the
@@ -192,6 +196,10 @@ class Trainer {
 
  private:
   bool train_epoch();
+  // Whether a stop signal reached any rank: every rank asks before each step (one small
+  // all-reduce), so all stop after the same one. Notes the signal in stopped_by_.
+  bool stop_requested();
+  void report_stop() const;
   // The loader's batch of these samples, on device_ (the data set stays in host memory).
   data::Batch batch_on_device(const std::vector<std::int64_t>& indices) const;
   // A scope refusing host waits (named `what`) where the step must not have any: on a GPU with
@@ -219,6 +227,7 @@ class Trainer {
   nlohmann::json last_saved_;  // the state saved or resumed from: the end need not save it again
   std::vector<double> step_seconds_;
   std::optional<QueuedStep> queued_;
+  int stopped_by_ = 0;  // the signal that stopped the run, 0 while none has
 };
 
 // A training program's main(): parses the program's own flags (`add_own_options`) and the shared

@@ -9,9 +9,10 @@
 
 namespace shardlab::apps {
 
-std::vector<double> sum_over_ranks(dist::Communicator& comm, const std::vector<double>& values) {
+std::vector<double> sum_over_ranks(dist::Communicator& comm, const std::vector<double>& values,
+                                   const std::string& tag) {
   const Tensor total = from_vector(values);
-  comm.all_reduce(total, dist::ReduceOp::sum, "training").wait();
+  comm.all_reduce(total, dist::ReduceOp::sum, tag).wait();
   return total.to_vector<double>();
 }
 

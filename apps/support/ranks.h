@@ -13,8 +13,10 @@
 
 namespace shardlab::apps {
 
-// The element-wise sums of `values` over all ranks of `comm` (f64: counts stay exact).
-std::vector<double> sum_over_ranks(dist::Communicator& comm, const std::vector<double>& values);
+// The element-wise sums of `values` over all ranks of `comm` (f64: counts stay exact); `tag` names
+// the all-reduce in the ledger, the trace and a watchdog's report.
+std::vector<double> sum_over_ranks(dist::Communicator& comm, const std::vector<double>& values,
+                                   const std::string& tag = "training");
 
 // Runs `work` on rank 0 only. Its failure is thrown on every rank (rank 0's with its message, the
 // others' naming `what`), so that no rank waits in a collective that rank 0 never reaches.

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "apps/support/stop_signals.h"
 #include "autograd/anomaly.h"
 #include "dist/comm/init.h"
 
@@ -24,9 +25,11 @@ std::unique_ptr<dist::Session> start_session(int& argc, char**& argv, const char
 int report_failure(const char* program, dist::Session& session, const std::string& message,
                    bool same_everywhere);
 
-// Builds Training(options, session) on every rank, then runs it; returns the exit status.
+// Builds Training(options, session) on every rank, then runs it; returns the exit status: 0, 1 after
+// an error, kExitStoppedBySignal when a stop signal ended it between two steps.
 template <typename Training, typename Options>
 int build_and_run(const char* program, dist::Session& session, const Options& options) {
+  const StopSignals stop_signals;  // noted from here on, acted on between two steps
   std::optional<Training> training;
   try {
     training.emplace(options, session);
@@ -36,7 +39,7 @@ int build_and_run(const char* program, dist::Session& session, const Options& op
   try {
     // Only around training: the dry runs of the plan need no checks.
     const autograd::DetectAnomaly detect(options.detect_anomaly);
-    training->run();
+    if (training->run() == Training::End::stopped_by_signal) return kExitStoppedBySignal;
   } catch (const std::exception& e) {
     return report_failure(program, session, e.what(), false);
   }

@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 
-from jobs import Checks, read_metrics
+from jobs import Checks, complete_steps, finish, ranks_of, read_metrics, run_timed, start
 
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
 # 10 steps per epoch; 8 steps in all, a checkpoint every 2.
@@ -42,66 +42,15 @@ STEPS = 8
 CASES = 11
 
 
-def start(mpirun, program, args, env_extra=None, ranks=2):
-    env = dict(os.environ, SHARDLAB_COLLECTIVE_TIMEOUT="120")
-    env.update(env_extra or {})
-    command = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(ranks), program] + args
-    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            errors="replace")
-
-
-def finish(job, began, limit_s):
-    """(exit status or None when it outlived limit_s + 60, seconds, output)."""
-    try:
-        output, _ = job.communicate(timeout=max(1.0, limit_s + 60 - (time.monotonic() - began)))
-        code = job.returncode
-    except subprocess.TimeoutExpired:
-        for pid in ranks_of(job.pid).values():
-            os.kill(pid, signal.SIGKILL)
-        job.kill()
-        output, _ = job.communicate()
-        code = None
-    return code, time.monotonic() - began, output
-
-
-def run(mpirun, program, args, env_extra=None, limit_s=120, ranks=2):
-    began = time.monotonic()
-    return finish(start(mpirun, program, args, env_extra, ranks), began, limit_s)
-
-
-def ranks_of(pid):
-    """{rank: pid} of mpirun `pid`'s children (Open MPI's ranks are not in its process group)."""
-    found = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8") as stat:
-                if int(stat.read().rsplit(")", 1)[1].split()[1]) != pid:
-                    continue
-            with open(f"/proc/{entry}/environ", "rb") as environ:
-                for item in environ.read().split(b"\0"):
-                    if item.startswith(b"OMPI_COMM_WORLD_RANK="):
-                        found[int(item.split(b"=")[1])] = int(entry)
-        except (OSError, ValueError):
-            continue
-    return found
-
-
 def losses(metrics):
     return {r["step"]: r["loss"] for r in read_metrics(metrics) if r.get("rank") == 0 and "loss" in r}
-
-
-def complete_steps(directory):
-    if not os.path.isdir(directory):
-        return []
-    return sorted(int(n[5:]) for n in os.listdir(directory)
-                  if ".tmp-" not in n and os.path.exists(os.path.join(directory, n, "metadata.json")))
 
 
 class Suite:
     def __init__(self, mpirun, cnn, llama, scratch, check):
         self.mpirun, self.cnn, self.llama, self.scratch, self.check = mpirun, cnn, llama, scratch, check
         metrics = self.path("reference.jsonl")
-        code, _, output = run(mpirun, cnn, ARGS + ["--steps", str(STEPS), "--metrics", metrics])
+        code, _, output = run_timed(mpirun, cnn, ARGS + ["--steps", str(STEPS), "--metrics", metrics])
         self.reference = losses(metrics)
         if code != 0 or sorted(self.reference) != list(range(1, STEPS + 1)):
             raise RuntimeError(f"the uninterrupted run failed: exit {code}\n{output}")
@@ -114,7 +63,7 @@ class Suite:
         the uninterrupted run's losses bit for bit; (ok, detail)."""
         metrics = self.path(f"{name}-resumed.jsonl")
         found = complete_steps(directory)
-        code, _, output = run(self.mpirun, self.cnn, ARGS + ["--steps", str(STEPS), "--checkpoint-dir", directory,
+        code, _, output = run_timed(self.mpirun, self.cnn, ARGS + ["--steps", str(STEPS), "--checkpoint-dir", directory,
                                                              "--resume", "--metrics", metrics])
         resumed = losses(metrics)
         ok = (found and found[-1] == newest and code == 0 and sorted(resumed) == list(range(newest + 1, STEPS + 1))
@@ -124,7 +73,7 @@ class Suite:
     def fault(self, name, args, env_extra, limit_s, messages, newest, directory=None):
         """Runs a faulty job, checks its end, then that the checkpoint left resumes."""
         directory = directory or self.path(name)
-        code, seconds, output = run(self.mpirun, self.cnn, ARGS + ["--steps", str(STEPS), "--checkpoint-dir",
+        code, seconds, output = run_timed(self.mpirun, self.cnn, ARGS + ["--steps", str(STEPS), "--checkpoint-dir",
                                                                    directory, "--checkpoint-every", "2"] + args,
                                     env_extra, limit_s)
         missing = [m for m in messages if m not in output]
@@ -207,7 +156,7 @@ def check_full_disk(suite, check):
         return
     try:
         directory = os.path.join(mount, "checkpoints")
-        code, seconds, output = run(suite.mpirun, suite.cnn, ARGS + ["--steps", str(STEPS), "--checkpoint-dir",
+        code, seconds, output = run_timed(suite.mpirun, suite.cnn, ARGS + ["--steps", str(STEPS), "--checkpoint-dir",
                                                                      directory, "--checkpoint-every", "2"])
         named = all(f"[rank {r}] train_cnn: " in output for r in range(2)) and "No space left on device" in output
         copy = suite.path("small-disk-copy")  # resuming saves again: on a disk with room
@@ -229,7 +178,7 @@ def check_unreadable_data(suite, check):
     os.remove(unreadable)
     os.mkdir(unreadable)  # unreadable even for root, which chmod 000 is not
     message = f"train_cnn: read_idx: '{unreadable}' is not a readable gzip or IDX file: Is a directory"
-    code, seconds, output = run(suite.mpirun, suite.cnn, ARGS + ["--steps", "2", "--data", data], limit_s=30)
+    code, seconds, output = run_timed(suite.mpirun, suite.cnn, ARGS + ["--steps", "2", "--data", data], limit_s=30)
     check(f"an unreadable data file on every rank: exit {code} in {seconds:.1f} s, named once",
           code == 1 and output.count(message) == 1, output)
 
@@ -253,7 +202,7 @@ def shard_files(directory):
 def check_non_finite(suite, check):
     nan_at_3 = {"SHARDLAB_INJECT_FAULT": "nan:rank=1:call=3:tag=fc1"}  # step 3's gradient of fc1
     directory, metrics = suite.path("nan"), suite.path("nan.jsonl")
-    code, _, output = run(suite.mpirun, suite.cnn, ARGS + ["--steps", "5", "--checkpoint-dir", directory,
+    code, _, output = run_timed(suite.mpirun, suite.cnn, ARGS + ["--steps", "5", "--checkpoint-dir", directory,
                                                            "--checkpoint-every", "1", "--keep", "9", "--metrics",
                                                            metrics], nan_at_3)
     records = read_metrics(metrics)
@@ -271,7 +220,7 @@ def check_non_finite(suite, check):
           f"exit {code}, skipped {skipped}, summary {summary}, unchanged {unchanged}\n{output}")
 
     directory = suite.path("nan-stop")
-    code, _, output = run(suite.mpirun, suite.cnn, ARGS + ["--steps", "5", "--checkpoint-dir", directory,
+    code, _, output = run_timed(suite.mpirun, suite.cnn, ARGS + ["--steps", "5", "--checkpoint-dir", directory,
                                                            "--checkpoint-every", "1", "--max-skipped-steps", "0"],
                           nan_at_3)
     message = (f"train_cnn: stopped at step 3: the loss ({suite.reference[3]}) or the gradient norm (nan) was not "
@@ -283,7 +232,7 @@ def check_non_finite(suite, check):
     check("--max-skipped-steps 0: the first non-finite step stops the run on every rank, naming the newest "
           "checkpoint, which resumes bit for bit", stopped and resumed, f"exit {code}\n{output}\n{detail}")
 
-    code, _, output = run(suite.mpirun, suite.cnn, ARGS + ["--steps", "6", "--lr", "1e30",
+    code, _, output = run_timed(suite.mpirun, suite.cnn, ARGS + ["--steps", "6", "--lr", "1e30",
                                                            "--max-skipped-steps", "2"])
     check("Adadelta at lr 1e30: steps 2 and 3 are skipped, step 4 stops the run on every rank (no checkpoint "
           "to name)", code == 1 and output.count("skipped: the loss (") == 2 and all(
@@ -292,7 +241,7 @@ def check_non_finite(suite, check):
           and "there is no checkpoint to resume from (no --checkpoint-dir)" in output, f"exit {code}\n{output}")
 
     metrics = suite.path("llama-nan.jsonl")
-    code, _, output = run(suite.mpirun, suite.llama, ["--config", "tiny", "--steps", "4", "--global-batch", "4",
+    code, _, output = run_timed(suite.mpirun, suite.llama, ["--config", "tiny", "--steps", "4", "--global-batch", "4",
                                                       "--seq", "32", "--limit-documents", "200", "--threads", "1",
                                                       "--metrics", metrics],
                           {"SHARDLAB_INJECT_FAULT": "nan:rank=0:call=2:tag=model.layers.0"})

@@ -4,7 +4,9 @@ checks of the predicted training peak and --memory-limit."""
 import filecmp
 import json
 import os
+import signal
 import subprocess
+import time
 
 LIMIT_S = 300
 
@@ -29,6 +31,60 @@ def run_command(command, env=None):
         if isinstance(output, bytes):
             output = output.decode(errors="replace")
         return None, (output or "") + f"\n(killed after {LIMIT_S} s)\n"
+
+
+def start(mpirun, program, args, env_extra=None, ranks=2, mpirun_args=()):
+    """The job `program args` under mpirun, started, its output piped."""
+    env = dict(os.environ, SHARDLAB_COLLECTIVE_TIMEOUT="120")
+    env.update(env_extra or {})
+    command = [mpirun, "--allow-run-as-root", "--oversubscribe", *mpirun_args, "-np", str(ranks), program] + args
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            errors="replace")
+
+
+def finish(job, began, limit_s):
+    """(exit status or None when it outlived limit_s + 60, seconds, output)."""
+    try:
+        output, _ = job.communicate(timeout=max(1.0, limit_s + 60 - (time.monotonic() - began)))
+        code = job.returncode
+    except subprocess.TimeoutExpired:
+        for pid in ranks_of(job.pid).values():
+            os.kill(pid, signal.SIGKILL)
+        job.kill()
+        output, _ = job.communicate()
+        code = None
+    return code, time.monotonic() - began, output
+
+
+def run_timed(mpirun, program, args, env_extra=None, limit_s=120, ranks=2):
+    """(exit status, seconds, output) of the job, killed after limit_s + 60 s."""
+    began = time.monotonic()
+    return finish(start(mpirun, program, args, env_extra, ranks), began, limit_s)
+
+
+def ranks_of(pid):
+    """{rank: pid} of mpirun `pid`'s children (Open MPI's ranks are not in its process group)."""
+    found = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as stat:
+                if int(stat.read().rsplit(")", 1)[1].split()[1]) != pid:
+                    continue
+            with open(f"/proc/{entry}/environ", "rb") as environ:
+                for item in environ.read().split(b"\0"):
+                    if item.startswith(b"OMPI_COMM_WORLD_RANK="):
+                        found[int(item.split(b"=")[1])] = int(entry)
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def complete_steps(directory):
+    """The steps of `directory`'s complete checkpoints (step-N with its metadata.json), oldest first."""
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(n[5:]) for n in os.listdir(directory)
+                  if ".tmp-" not in n and os.path.exists(os.path.join(directory, n, "metadata.json")))
 
 
 def read_metrics(path):

@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""tests/apps/preemption_tests.py: a job stopped the way a cluster preempts one. SIGTERM to every
+rank (what Slurm's scancel and a preemption do) mid-run, for train_cnn and train_llama at np 2 and
+4: the step in flight finishes, every rank stops after the same step, the checkpoint of that step is
+written, one line names the step and the checkpoint, the job exits 75, and --resume continues the
+uninterrupted run's losses bit for bit. SIGUSR1 to mpirun (which forwards it at once) stops the
+same way; SIGTERM to mpirun itself reaches the ranks after Open MPI's odls_base_sigkill_timeout,
+and with that raised the checkpoint is written (mpirun then exits 1, its own status); a second
+SIGTERM ends the ranks at once, without the line.
+
+Usage: preemption_tests.py <mpirun> <train_cnn> <train_llama>. Needs Fashion-MNIST and Debian's
+fortunes (scripts/setup); without them their cases are skipped. Ends with "preemption: N passed,
+N failed, N skipped".
+"""
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+
+from jobs import Checks, complete_steps, finish, ranks_of, run_timed, start
+
+STOPPED = 75  # apps/support/stop_signals.h: kExitStoppedBySignal
+STEPS = 12
+SIGNAL_AFTER = 3  # the signal goes once this step's record is in the metrics file
+CNN_DATA = "/usr/share/datasets/fashion-mnist"
+LLAMA_DATA = "/usr/share/games/fortunes"
+CNN_BASE = ["--limit-train", "640", "--limit-test", "200", "--global-batch", "64", "--threads", "1"]
+CNN_ARGS = CNN_BASE + ["--epochs", "2", "--steps", str(STEPS)]
+LLAMA_ARGS = ["--config", "tiny", "--seq", "48", "--global-batch", "12", "--limit-documents", "240",
+              "--lr", "3e-3", "--threads", "1", "--steps", str(STEPS)]
+RANKS = (2, 4)
+CASES_PER_APP = 2 * len(RANKS)  # per world size: the stop, and the resume
+CNN_ONLY_CASES = 3  # SIGUSR1 to mpirun, SIGTERM to mpirun, a second SIGTERM
+
+
+def records(path):
+    """The metrics records written so far (a line being written is left out)."""
+    if not os.path.exists(path):
+        return []
+    found = []
+    with open(path, encoding="utf-8") as lines:
+        for line in lines:
+            try:
+                found.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return found
+
+
+def losses(path):
+    return {r["step"]: r["loss"] for r in records(path) if r.get("rank") == 0 and "loss" in r}
+
+
+class Suite:
+    def __init__(self, mpirun, scratch, check):
+        self.mpirun, self.scratch, self.check = mpirun, scratch, check
+        self.references = {}
+
+    def path(self, name):
+        return os.path.join(self.scratch, name)
+
+    def reference(self, name, program, args, ranks):
+        """The uninterrupted run's losses, step by step."""
+        key = (program, ranks)
+        if key not in self.references:
+            metrics = self.path(f"{name}-np{ranks}-reference.jsonl")
+            code, _, output = run_timed(self.mpirun, program, args + ["--metrics", metrics], ranks=ranks)
+            if code != 0:
+                raise RuntimeError(f"the uninterrupted {name} run at np {ranks} failed: exit {code}\n{output}")
+            self.references[key] = losses(metrics)
+        return self.references[key]
+
+    def interrupt(self, name, program, args, ranks, send, mpirun_args=(), after=SIGNAL_AFTER, limit_s=120):
+        """Starts the job with a checkpoint directory, calls send(job) once step `after` is done;
+        (exit status, seconds from the signal to the end, output, directory, the stop record)."""
+        directory, metrics = self.path(f"{name}-dir"), self.path(f"{name}.jsonl")
+        began = time.monotonic()
+        job = start(self.mpirun, program, args + ["--checkpoint-dir", directory, "--checkpoint-every", "100000",
+                                                  "--metrics", metrics], ranks=ranks, mpirun_args=mpirun_args)
+        sent = None
+        while job.poll() is None and time.monotonic() - began < limit_s:
+            if any(r.get("step", 0) >= after for r in records(metrics) if "loss" in r):
+                send(job)
+                sent = time.monotonic()
+                break
+            time.sleep(0.005)
+        code, _, output = finish(job, began, limit_s)
+        stops = [r for r in records(metrics) if r.get("rank") == 0 and "stopped_by" in r]
+        seconds = time.monotonic() - sent if sent else None
+        return code, seconds, output, directory, stops[0] if stops else None
+
+    def stops_and_resumes(self, name, program, args, ranks, program_name):
+        expected = self.reference(name, program, args, ranks)
+
+        def to_every_rank(job):
+            for pid in ranks_of(job.pid).values():
+                os.kill(pid, signal.SIGTERM)
+
+        case = f"{name}-np{ranks}"
+        code, seconds, output, directory, stop = self.interrupt(case, program, args, ranks, to_every_rank)
+        step = stop["step"] if stop else None
+        line = (f"{program_name}: stopped by SIGTERM after step {step}: checkpoint {stop['checkpoint']} saved, "
+                f"continue with --resume") if stop else None
+        stopped = (code == STOPPED and stop is not None and SIGNAL_AFTER <= step < STEPS and line in output
+                   and complete_steps(directory) == [step])
+        self.check(f"{program_name} np {ranks}: SIGTERM to every rank after step {SIGNAL_AFTER} stops after step "
+                   f"{step}, its checkpoint written and named, exit {code} ({seconds and round(seconds, 1)} s)",
+                   stopped, f"complete {complete_steps(directory)}, stop record {stop}\n{output}")
+        if not stopped:
+            self.check(f"{program_name} np {ranks}: --resume continues bit for bit", False, "nothing to resume")
+            return
+        metrics = self.path(f"{case}-resumed.jsonl")
+        code, _, output = run_timed(self.mpirun, program, args + ["--checkpoint-dir", directory, "--resume",
+                                                                  "--metrics", metrics], ranks=ranks)
+        resumed = losses(metrics)
+        self.check(f"{program_name} np {ranks}: --resume from step {step} gives the uninterrupted run's losses "
+                   f"bit for bit", code == 0 and sorted(resumed) == list(range(step + 1, STEPS + 1))
+                   and all(resumed[s] == expected[s] for s in resumed),
+                   f"exit {code}: {resumed}\nreference {expected}\n{output}")
+
+    def other_ways(self, cnn):
+        code, _, output, directory, stop = self.interrupt("usr1", cnn, CNN_ARGS, 2,
+                                                          lambda job: os.kill(job.pid, signal.SIGUSR1))
+        self.check("train_cnn np 2: SIGUSR1 to mpirun (forwarded at once) stops with its checkpoint, exit 75",
+                   code == STOPPED and stop is not None and stop["stopped_by"] == "SIGUSR1"
+                   and f"train_cnn: stopped by SIGUSR1 after step {stop['step']}" in output
+                   and complete_steps(directory) == [stop["step"]], f"exit {code}, stop {stop}\n{output}")
+
+        # Open MPI passes SIGTERM on to the ranks odls_base_sigkill_timeout after it got it and kills
+        # them as long after: a run of 400 steps (about 30 s), the timeout raised to 3 s.
+        long_run = CNN_BASE + ["--epochs", "40", "--steps", "400"]
+        code, seconds, output, directory, stop = self.interrupt(
+            "mpirun-term", cnn, long_run, 2, lambda job: os.kill(job.pid, signal.SIGTERM),
+            mpirun_args=("--mca", "odls_base_sigkill_timeout", "3"))
+        self.check(f"train_cnn np 2: SIGTERM to mpirun with odls_base_sigkill_timeout 3 stops with its checkpoint "
+                   f"({seconds and round(seconds, 1)} s; mpirun's own exit {code})",
+                   code not in (0, None) and stop is not None and stop["stopped_by"] == "SIGTERM"
+                   and complete_steps(directory) == [stop["step"]] and stop["step"] < 400,
+                   f"exit {code}, stop {stop}\n{output}")
+
+        def twice(job):
+            victims = ranks_of(job.pid).values()
+            for pid in victims:
+                os.kill(pid, signal.SIGTERM)
+            time.sleep(0.005)
+            for pid in victims:
+                os.kill(pid, signal.SIGTERM)
+
+        code, seconds, output, directory, stop = self.interrupt("twice", cnn, CNN_ARGS, 2, twice)
+        self.check(f"train_cnn np 2: a second SIGTERM ends the ranks at once ({seconds and round(seconds, 1)} s, "
+                   f"exit {code}), no stop line, no checkpoint",
+                   code not in (0, STOPPED, None) and stop is None and "stopped by" not in output
+                   and complete_steps(directory) == [] and seconds is not None and seconds < 10,
+                   f"stop {stop}\n{output}")
+
+
+def main(mpirun, cnn, llama):
+    check = Checks()
+    skipped = 0
+    with tempfile.TemporaryDirectory(prefix="preemption.") as scratch:
+        suite = Suite(mpirun, scratch, check)
+        if os.path.isdir(CNN_DATA):
+            for ranks in RANKS:
+                suite.stops_and_resumes("cnn", cnn, CNN_ARGS, ranks, "train_cnn")
+            suite.other_ways(cnn)
+        else:
+            print(f"skipped: {CASES_PER_APP + CNN_ONLY_CASES} train_cnn cases, {CNN_DATA} is missing "
+                  f"(scripts/setup installs dataset-fashion-mnist)")
+            skipped += CASES_PER_APP + CNN_ONLY_CASES
+        if os.path.isdir(LLAMA_DATA):
+            for ranks in RANKS:
+                suite.stops_and_resumes("llama", llama, LLAMA_ARGS, ranks, "train_llama")
+        else:
+            print(f"skipped: {CASES_PER_APP} train_llama cases, {LLAMA_DATA} is missing (scripts/setup installs "
+                  f"fortunes)")
+            skipped += CASES_PER_APP
+    return check.summary("preemption", skipped)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4:
+        sys.exit("usage: preemption_tests.py <mpirun> <train_cnn> <train_llama>")
+    sys.exit(main(*sys.argv[1:]))
