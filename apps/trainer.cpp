@@ -138,8 +138,11 @@ void Trainer::start(const Setup& setup) {
                              });
   }
   SHARDLAB_CHECK(!common_.resume || !common_.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
+  SHARDLAB_CHECK(common_.checkpoint_every == 0 || !common_.checkpoint_dir.empty(),
+                 "--checkpoint-every needs --checkpoint-dir");
   if (common_.resume) resume(setup.unchanged);
-  if (!common_.metrics.empty()) metrics_.emplace(common_.metrics, session_.cpu_world());
+  // A resumed run continues the file: one loss curve across the runs of a job.
+  if (!common_.metrics.empty()) metrics_.emplace(common_.metrics, session_.cpu_world(), common_.resume);
   profile_ = StepProfile(common_.profile);
   trace_.emplace(
       common_.trace,

@@ -12,9 +12,10 @@
 
 namespace shardlab::apps {
 
-MetricsFile::MetricsFile(const std::string& path, dist::Communicator& comm) {
-  // Rank 0 truncates before anyone appends: the sum over ranks is also the barrier.
-  if (comm.rank() == 0) fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0644);
+MetricsFile::MetricsFile(const std::string& path, dist::Communicator& comm, bool continues) {
+  // Rank 0 makes (or truncates) it before anyone appends: the sum over ranks is also the barrier.
+  if (comm.rank() == 0)
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | (continues ? 0 : O_TRUNC) | O_APPEND, 0644);
   const int error = errno;
   SHARDLAB_CHECK(sum_over_ranks(comm, {comm.rank() == 0 && fd_ < 0 ? 1.0 : 0.0})[0] == 0,
                  "cannot write metrics to '{}'{}", path,

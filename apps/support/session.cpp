@@ -5,6 +5,9 @@
 
 #include <chrono>
 #include <cstdio>
+#include <optional>
+
+#include "dist/comm/monitor.h"
 
 namespace shardlab::apps {
 
@@ -28,6 +31,18 @@ int report_failure(const char* program, dist::Session& session, const std::strin
     std::fputs(fmt::format("{}{}: {}\n", prefix, program, message).c_str(), stderr);  // one write per line
   }
   return 1;
+}
+
+void report_waiting_collective(const char* program, const dist::Session& session, int signal) {
+  // A collective of a healthy step takes milliseconds; mpirun kills a job it ends a second after its SIGTERM.
+  constexpr std::chrono::milliseconds kLongWait{250};
+  const std::optional<dist::LedgerEntry> waiting = session.monitor().longest_in_flight();
+  const auto now = dist::Clock::now();
+  if (!waiting || now - waiting->started < kLongWait) return;
+  std::fputs(fmt::format("[rank {}] {}: {} on host {} while in {}\n", session.rank(), program,
+                         signal_name(signal), dist::host_name(), dist::format_entry(*waiting, now))
+                 .c_str(),
+             stderr);
 }
 
 std::unique_ptr<dist::Session> start_session(int& argc, char**& argv, const char* program,

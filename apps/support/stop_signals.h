@@ -4,7 +4,9 @@
 // ends the process at once.
 #pragma once
 
+#include <functional>
 #include <string>
+#include <thread>
 
 namespace shardlab::apps {
 
@@ -17,13 +19,21 @@ inline constexpr int kExitStoppedBySignal = 75;
 // replaces come back when it goes). One at a time in a process.
 class StopSignals {
  public:
-  StopSignals();
+  // `noticed` runs for each such signal on a thread of the object's own, not in the handler, so it
+  // may do anything (say where the process is, when that is not where it can stop).
+  explicit StopSignals(std::function<void(int signal)> noticed = {});
   ~StopSignals();
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
 
   // The first signal noted since it was made, 0 for none.
   static int received();
+
+ private:
+  void watch(int read_end) const;
+
+  std::function<void(int)> noticed_;
+  std::thread watcher_;
 };
 
 // "SIGTERM", "SIGINT", "SIGUSR1" (or "signal N").

@@ -132,7 +132,9 @@ Session::Session(int& argc, char**& argv, const InitOptions& options)
   device_ = choose_device(options, world, local_rank_, local_size_);
   if (device_.is_cuda()) cuda::set_current_device(device_.index);
   monitor_ = std::make_shared<Monitor>(
-      MonitorOptions{.rank = rank_, .timeout = options.collective_timeout.value_or(timeout_from_env())});
+      MonitorOptions{.rank = rank_,
+                     .host = host_name(),
+                     .timeout = options.collective_timeout.value_or(timeout_from_env())});
   const bool debug = options.debug.value_or(debug_from_env());
   const char* fault_text = std::getenv("SHARDLAB_INJECT_FAULT");
   const std::optional<FaultInjection> fault = parse_fault_injection(fault_text == nullptr ? "" : fault_text);

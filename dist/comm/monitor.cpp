@@ -3,8 +3,10 @@
 
 #include <fmt/format.h>
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 
@@ -166,6 +168,21 @@ void Monitor::poll_until_complete(std::uint64_t id, std::function<bool()> is_com
   flying->second.is_complete = std::move(is_complete);
 }
 
+std::optional<LedgerEntry> Monitor::longest_in_flight() const {
+  const std::lock_guard lock(mutex_);
+  const LedgerEntry* longest = nullptr;
+  for (const auto& [id, flying] : in_flight_) {
+    if (longest == nullptr || flying.entry.started < longest->started) longest = &flying.entry;
+  }
+  return longest ? std::optional<LedgerEntry>(*longest) : std::nullopt;
+}
+
+std::string host_name() {
+  std::array<char, 256> name{};
+  if (gethostname(name.data(), name.size() - 1) != 0 || name[0] == '\0') return "unknown host";
+  return name.data();
+}
+
 std::vector<LedgerEntry> Monitor::tail(std::size_t count) const {
   std::lock_guard lock(mutex_);
   const std::size_t first = ledger_.size() - std::min(count, ledger_.size());
@@ -197,11 +214,11 @@ std::chrono::milliseconds Monitor::timeout() const {
 std::string Monitor::timeout_report(const LedgerEntry& stuck, Clock::time_point now) const {
   constexpr std::size_t kTailLength = 16;
   std::string text = fmt::format(
-      "[rank {}] collective watchdog: {} did not complete within the {:.1f} s timeout; a rank that never "
+      "[rank {}] collective watchdog{}: {} did not complete within the {:.1f} s timeout; a rank that never "
       "issued it, issued a different one, or died leaves the others waiting. Last {} collectives of this "
       "rank (oldest first):\n",
-      options_.rank, format_entry(stuck, now), std::chrono::duration<double>(options_.timeout).count(),
-      std::min(kTailLength, ledger_.size()));
+      options_.rank, options_.host.empty() ? "" : " on host " + options_.host, format_entry(stuck, now),
+      std::chrono::duration<double>(options_.timeout).count(), std::min(kTailLength, ledger_.size()));
   const std::size_t first = ledger_.size() - std::min(kTailLength, ledger_.size());
   for (std::size_t i = first; i < ledger_.size(); ++i) {
     text += fmt::format("[rank {}]   {}\n", options_.rank, format_entry(ledger_[i], now));

@@ -44,12 +44,16 @@ std::string format_entry(const LedgerEntry& entry, Clock::time_point now);
 
 struct MonitorOptions {
   int rank = 0;
+  std::string host;  // this machine's name, in the timeout report (none: left out)
   std::chrono::milliseconds timeout{std::chrono::minutes(10)};
   std::size_t ledger_capacity = 256;
   // Called once, from the watchdog thread, with the report (what is stuck and the ledger
   // tail). Default: print it to stderr and abort the MPI job with kWatchdogExitCode.
   std::function<void(const std::string& report)> on_timeout;
 };
+
+// This machine's name (gethostname), "unknown host" when it has none.
+std::string host_name();
 
 // The exit status of a process the watchdog ended.
 inline constexpr int kWatchdogExitCode = 124;
@@ -74,6 +78,8 @@ class Monitor {
   // The last `count` entries, oldest first.
   std::vector<LedgerEntry> tail(std::size_t count) const;
   std::string format_tail(std::size_t count) const;
+  // The call that has been in flight (checking or running) the longest, if any.
+  std::optional<LedgerEntry> longest_in_flight() const;
 
   void set_timeout(std::chrono::milliseconds timeout);
   std::chrono::milliseconds timeout() const;

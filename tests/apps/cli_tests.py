@@ -63,6 +63,7 @@ def training_cases(scratch):
          f"cannot write metrics to '{a_file}/m.jsonl': Not a directory"),
         (["--checkpoint-dir", a_file], f"--checkpoint-dir '{a_file}': cannot create the directory: Not a directory"),
         (["--resume"], "--resume needs --checkpoint-dir"),
+        (["--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint-dir"),
         (["--device", "gpu"], "--device: got 'gpu', expected one of auto, cpu, cuda"),
         (["--bogus"], "The following argument was not expected: --bogus"),
         (["--explain", "x"], "The following argument was not expected: x"),

@@ -28,6 +28,7 @@ import filecmp
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -116,7 +117,7 @@ def check_faults(suite, check):
     suite.fault("rank 1 hangs before step 5's reduce-scatter of fc1", [],
                 {"SHARDLAB_INJECT_FAULT": "hang:rank=1:call=5:tag=fc1", "SHARDLAB_COLLECTIVE_TIMEOUT": "3"}, 60,
                 ["[rank 1] fault injection: hanging before reduce_scatter(f32,",
-                 "[rank 0] collective watchdog: #"], newest=4)
+                 f"[rank 0] collective watchdog on host {socket.gethostname()}: #"], newest=4)
 
     # From outside: rank 0 writes step 5's record after its step; rank 1 is then in step 6.
     def after_step_5(directory, metrics):

@@ -34,10 +34,12 @@ def run_command(command, env=None):
 
 
 def start(mpirun, program, args, env_extra=None, ranks=2, mpirun_args=()):
-    """The job `program args` under mpirun, started, its output piped."""
+    """The job `program args` under mpirun, started, its output piped. `mpirun` is its path, or a
+    command line that ends with it (["scripts/netns-hosts", "exec", "slh-1", "mpirun"])."""
     env = dict(os.environ, SHARDLAB_COLLECTIVE_TIMEOUT="120")
     env.update(env_extra or {})
-    command = [mpirun, "--allow-run-as-root", "--oversubscribe", *mpirun_args, "-np", str(ranks), program] + args
+    launcher = mpirun if isinstance(mpirun, list) else [mpirun]
+    command = [*launcher, "--allow-run-as-root", "--oversubscribe", *mpirun_args, "-np", str(ranks), program] + args
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             errors="replace")
 

@@ -13,6 +13,7 @@ Usage: fault_tests.py <mpirun> <fault_program>. Prints one line per check with t
 exit status and time, then "dist_faults: N passed, N failed, 0 skipped".
 """
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -51,8 +52,8 @@ def main(mpirun, program):
                                         {"SHARDLAB_COLLECTIVE_TIMEOUT": str(HANG_TIMEOUT_S)}, limit)
         # Every waiting rank's watchdog fires; the first to abort has mpirun kill the rest, so
         # at least one report (with its ledger tail) must be there.
-        reports = [f"[rank {r}] collective watchdog: #4 world all_reduce(f32, 1024, sum) 'never matched' running for"
-                   for r in range(ranks) if r != 1]
+        reports = [f"[rank {r}] collective watchdog on host {socket.gethostname()}: #4 world all_reduce(f32, 1024, "
+                   f"sum) 'never matched' running for" for r in range(ranks) if r != 1]
         ok = (code not in (0, None) and seconds <= limit and any(line in output for line in reports)
               and "#3 world all_reduce(f32, 16, sum) 'warm-up' completed in" in output)
         check(f"hung rank at np {ranks} ends the job via the watchdog", ok, code, seconds, limit, output)
