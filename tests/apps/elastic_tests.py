@@ -8,8 +8,10 @@
   checkpoint; the first 3 are within 1e-5 of those the lost run took from the same checkpoint (the
   curve goes on; rounding differences between world sizes grow with training, so later steps drift
   from the uninterrupted run: the largest difference is reported); the metrics record each restart.
-- train_llama (tiny) at 2 ranks, one kill and one restart at 1 rank, the same checks.
-- Refusals: no --checkpoint-dir; a failure that is no lost rank is not restarted.
+- train_llama (tiny) at 2 ranks from a hostfile of 2 slots, cut to 1 slot before one kill: one
+  restart at 1 rank (the hostfile read again), the same checks.
+- Refusals: no --checkpoint-dir; a failure that is no lost rank is not restarted; SIGTERM to the
+  launcher stops the ranks cleanly (SIGUSR1 to mpirun), exit 75, no restart.
 
 Usage: elastic_tests.py <mpirun> <train_cnn> <train_llama> <train-elastic>. Needs Fashion-MNIST and
 Debian's fortunes (scripts/setup); without them their cases are skipped. Ends with "elastic: N
@@ -38,9 +40,12 @@ class Case:
     """A program's training flags, its checkpoint interval, its steps, ranks, and the steps after which
     its highest rank is killed."""
 
-    def __init__(self, name, program, args, every, steps, ranks, kills):
+    def __init__(self, name, program, args, every, steps, ranks, kills, hostfile=False):
         self.name, self.program, self.args, self.steps, self.ranks, self.kills = name, program, args, steps, ranks, kills
         self.checkpoints = ["--checkpoint-every", str(every), "--keep", "100"]  # every one kept to resume from
+        # The world size from a hostfile that each kill shrinks by a slot first (a cluster listing the
+        # machines still up), instead of --np.
+        self.hostfile = hostfile
 
 
 def cnn_case(program):
@@ -51,7 +56,7 @@ def cnn_case(program):
 def llama_case(program):
     return Case("train_llama", program, ["--config", "tiny", "--seq", "48", "--global-batch", "12",
                                          "--limit-documents", "240", "--lr", "3e-3", "--threads", "1", "--steps",
-                                         "12"], 5, 12, 2, (8,))
+                                         "12"], 5, 12, 2, (8,), hostfile=True)
 
 
 def tolerant_records(path):
@@ -95,7 +100,15 @@ def run_elastic(elastic, mpirun, case, scratch):
     directory, metrics = os.path.join(scratch, f"{case.name}-ckpt"), os.path.join(scratch, f"{case.name}.jsonl")
     marker = uuid.uuid4().hex
     env = dict(os.environ, SHARDLAB_ELASTIC_TEST=marker, SHARDLAB_COLLECTIVE_TIMEOUT="120")
-    command = [elastic, "--np", str(case.ranks), "--max-restarts", str(len(case.kills)), "--mpirun", mpirun,
+    hostfile = os.path.join(scratch, f"{case.name}-hosts")
+
+    def list_slots(slots):
+        with open(hostfile, "w", encoding="utf-8") as f:
+            f.write(f"# the machines still up\nlocalhost slots={slots}\n")
+
+    list_slots(case.ranks)
+    size = ["--hostfile", hostfile] if case.hostfile else ["--np", str(case.ranks)]
+    command = [elastic, *size, "--max-restarts", str(len(case.kills)), "--mpirun", mpirun,
                *MPIRUN_FLAGS, "--", case.program, *case.args, *case.checkpoints, "--checkpoint-dir", directory,
                "--metrics", metrics]
     job = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -111,6 +124,7 @@ def run_elastic(elastic, mpirun, case, scratch):
             if killed is None and len(restarts) == k and max(runs[-1], default=0) >= kill_step:
                 pid = rank_pid(marker, world - 1, world)
                 if pid:
+                    list_slots(world - 1)
                     os.kill(pid, signal.SIGKILL)
                     killed = time.monotonic()
             if killed is not None and len(restarts) > k:
@@ -182,7 +196,7 @@ def check_case(check, mpirun, elastic, case, scratch):
               f"exit {code}\nelastic {logged}\nplain {plain}\nuninterrupted {reference}\n{output}")
 
 
-def check_refusals(check, mpirun, elastic, cnn, scratch):
+def check_other_ends(check, mpirun, elastic, cnn, scratch):
     done = subprocess.run([elastic, "--np", "2", "--", cnn, "--steps", "2"], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
     check("no --checkpoint-dir: refused, exit 2", done.returncode == 2 and
@@ -194,6 +208,30 @@ def check_refusals(check, mpirun, elastic, cnn, scratch):
     check("a job that fails by itself (a bad flag) is not restarted", done.returncode not in (0, 75)
           and "without losing a rank: not restarting" in done.stdout and "restart 1" not in done.stdout, done.stdout)
 
+    # SIGTERM to the launcher (a scheduler stopping it): the ranks stop cleanly with their checkpoint,
+    # and the launcher exits 75 without restarting.
+    case = cnn_case(cnn)
+    directory, metrics = os.path.join(scratch, "stopped-ckpt"), os.path.join(scratch, "stopped.jsonl")
+    job = subprocess.Popen([elastic, "--np", "2", "--mpirun", mpirun, *MPIRUN_FLAGS, "--", cnn, *case.args,
+                            "--checkpoint-dir", directory, "--metrics", metrics], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    output = []
+    reader = subprocess_reader(job, output)
+    began = time.monotonic()
+    while job.poll() is None and time.monotonic() - began < 120:
+        if any(r.get("step", 0) >= 3 for r in tolerant_records(metrics)):
+            job.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.01)
+    code = job.wait(timeout=120)
+    reader.join()
+    text = "".join(output)
+    stops = [r for r in tolerant_records(metrics) if "stopped_by" in r and r.get("rank") == 0]
+    check("SIGTERM to train-elastic: SIGUSR1 to mpirun, the ranks stop with their checkpoint, exit 75, no restart",
+          code == 75 and len(stops) == 1 and f"train_cnn: stopped by SIGUSR1 after step {stops[0]['step']}" in text
+          and "restart 1" not in text and os.path.isdir(os.path.join(directory, f"step-{stops[0]['step']:08d}")),
+          f"exit {code}, stops {stops}\n{text}")
+
 
 def main(mpirun, cnn, llama, elastic):
     check = Checks()
@@ -201,10 +239,10 @@ def main(mpirun, cnn, llama, elastic):
     with tempfile.TemporaryDirectory(prefix="elastic.") as scratch:
         if os.path.isdir(CNN_DATA):
             check_case(check, mpirun, elastic, cnn_case(cnn), scratch)
-            check_refusals(check, mpirun, elastic, cnn, scratch)
+            check_other_ends(check, mpirun, elastic, cnn, scratch)
         else:
-            print(f"skipped: 5 train_cnn cases, {CNN_DATA} is missing (scripts/setup installs dataset-fashion-mnist)")
-            skipped += 5
+            print(f"skipped: 6 train_cnn cases, {CNN_DATA} is missing (scripts/setup installs dataset-fashion-mnist)")
+            skipped += 6
         if os.path.isdir(LLAMA_DATA):
             check_case(check, mpirun, elastic, llama_case(llama), scratch)
         else:
