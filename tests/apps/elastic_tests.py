@@ -201,6 +201,14 @@ def check_other_ends(check, mpirun, elastic, cnn, scratch):
                           stderr=subprocess.STDOUT, text=True)
     check("no --checkpoint-dir: refused, exit 2", done.returncode == 2 and
           "train-elastic: the program needs --checkpoint-dir DIR" in done.stdout, done.stdout)
+    for args, message in ((["--np", "0", "--", cnn], "train-elastic: --np must be at least 1, got 0"),
+                          (["--np", "2", "--max-restarts", "-1", "--", cnn],
+                           "--min-ranks must be at least 1 and --max-restarts at least 0, got 1 and -1"),
+                          (["--np", "2"], "train-elastic: usage: train-elastic"),
+                          (["--np", "2", "--"], "train-elastic: no program after --")):
+        done = subprocess.run([elastic, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        check(f"train-elastic {' '.join(args[:-1] if args[-1] == cnn else args)}: refused, exit 2",
+              done.returncode == 2 and message in done.stdout, done.stdout)
     directory = os.path.join(scratch, "refused-ckpt")
     done = subprocess.run([elastic, "--np", "2", "--mpirun", mpirun, *MPIRUN_FLAGS, "--", cnn, "--checkpoint-dir",
                            directory, "--global-batch", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -241,8 +249,8 @@ def main(mpirun, cnn, llama, elastic):
             check_case(check, mpirun, elastic, cnn_case(cnn), scratch)
             check_other_ends(check, mpirun, elastic, cnn, scratch)
         else:
-            print(f"skipped: 6 train_cnn cases, {CNN_DATA} is missing (scripts/setup installs dataset-fashion-mnist)")
-            skipped += 6
+            print(f"skipped: 10 train_cnn cases, {CNN_DATA} is missing (scripts/setup installs dataset-fashion-mnist)")
+            skipped += 10
         if os.path.isdir(LLAMA_DATA):
             check_case(check, mpirun, elastic, llama_case(llama), scratch)
         else:

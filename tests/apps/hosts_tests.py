@@ -25,7 +25,7 @@ from jobs import Checks, complete_steps, finish, read_metrics, start
 
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
 PREFIX = "slhosts"
-CASES = 6
+CASES = 8
 STEPS = 20
 ARGS = ["--limit-train", "640", "--limit-test", "200", "--global-batch", "64", "--epochs", "2", "--threads", "1",
         "--steps", str(STEPS)]
@@ -140,15 +140,26 @@ def read_metrics_tolerant(path):
         return []
 
 
+def check_refusals(check, netns):
+    """The script's own errors, which need neither root nor the data."""
+    for args, status, message in ((["up", "0"], 2, "up: between 1 and 200 hosts, got 0"),
+                                  (["exec", "no-such-host", "true"], 1,
+                                   "netns-hosts: no network namespace is, or has the address, no-such-host")):
+        done = subprocess.run([netns, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        check(f"netns-hosts {' '.join(args)}: refused, exit {status}, saying why",
+              done.returncode == status and message in done.stdout, f"exit {done.returncode}\n{done.stdout}")
+
+
 def main(mpirun, program, netns):
     check = Checks()
+    check_refusals(check, netns)
     if not os.path.isdir(DATA_DIR):
-        print(f"skipped: every case, {DATA_DIR} is missing (scripts/setup installs it)")
-        return check.summary("hosts", CASES)
+        print(f"skipped: {CASES - 2} cases, {DATA_DIR} is missing (scripts/setup installs it)")
+        return check.summary("hosts", CASES - 2)
     with tempfile.TemporaryDirectory(prefix="hosts_tests.") as scratch, Hosts(netns, scratch) as hosts:
         if hosts.status != 0:
-            print(f"skipped: every case, the hosts could not be made here: {hosts.output.strip()}")
-            return check.summary("hosts", CASES)
+            print(f"skipped: {CASES - 2} cases, the hosts could not be made here: {hosts.output.strip()}")
+            return check.summary("hosts", CASES - 2)
         equal_runs(check, mpirun, program, hosts, scratch)
         lost, host1 = hosts.addresses[1], hosts.names[0]
         # Ours: the surviving rank 0, its host and the collective it waited in when mpirun ended it.
