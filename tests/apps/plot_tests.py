@@ -4,7 +4,8 @@ Fashion-MNIST (np 1 to 3, full, grad_op and none, a few steps) and checks what i
 .dat files --keep-data keeps:
 
 - every chart is a PNG of 900 x 500;
-- loss: each run's points are its rank-0 step losses;
+- loss: each run's points are its rank-0 step losses; a step logged twice (a job resumed after its run
+  went past its last checkpoint) is drawn with its later record;
 - memory: the formula line equals the plan's persistent_bytes of rank 0 at every world size measured,
   and the points equal the measured_persistent_bytes;
 - traffic: each bar and plan mark equals the run's step_bytes_received and planned_step_bytes;
@@ -33,7 +34,7 @@ ARGS = ["--steps", "3", "--limit-train", "480", "--limit-test", "96", "--global-
 # (2, "full") is traced; at np 3 every unit is padded, and the memory formula must pad as the plan does.
 RUNS = [(1, "full"), (2, "full"), (3, "full"), (2, "grad_op"), (1, "none"), (2, "none")]
 TRACED_STEP = 2
-CHECKS = 4 + 2 + 4 + 2 + 3 + 5  # PNGs, loss, memory, traffic, timeline, errors
+CHECKS = 5 + 3 + 4 + 2 + 3 + 5  # PNGs, loss, memory, traffic, timeline, errors
 TIME_TOLERANCE_MS = 1e-9
 
 
@@ -125,6 +126,18 @@ def check_plots(mpirun, program, plot, scratch, check):
         drawn = rows(os.path.join(keep, f"loss-{index}.dat"))
         check(f"loss: the np {run[0]} curve is its rank-0 step losses", drawn == expected and len(drawn) == 3,
               f"{drawn} vs {expected}")
+
+    # A job that restarted from step 1's checkpoint: steps 2 and 3 logged again, by the run that went on.
+    restarted = os.path.join(scratch, "restarted.jsonl")
+    first_run = [r for r in metrics[(1, "full")] if r.get("rank") == 0 and "loss" in r]
+    again = [dict(r, loss=r["loss"] + 1.0) for r in first_run if r["step"] > 1]
+    with open(restarted, "w", encoding="utf-8") as file:
+        file.writelines(json.dumps(r) + "\n" for r in first_run + [{"restart": 1}] + again)
+    keep, _ = draw("loss", f"restarted={restarted}")
+    expected = [[str(r["step"]), repr(r["loss"])] for r in first_run[:1] + again]
+    drawn = rows(os.path.join(keep, "loss-0.dat"))
+    check("loss: a step logged twice is drawn once, with the later record", drawn == expected and len(drawn) == 3,
+          f"{drawn} vs {expected}")
 
     keep, _ = draw("memory", *paths.values())
     for strategy in ("full", "grad_op", "none"):
