@@ -86,8 +86,8 @@ void HostStepRunner::run(std::vector<optim::ParamUpdate> updates, optim::UpdateR
             trace::on() ? "host step " + (part.unit ? display_name(part.unit->name()) : "(no unit)")
                         : std::string(),
             "compute");
+        // Every parameter is in host memory (overlap_host_step refuses the others): one gate for all.
         for (optim::ParamUpdate& update : part.updates) update.apply = on_host;
-        optim::place_gates(part.updates);
         rule(part.updates);
         part.updates.clear();  // the gradients go as soon as they are used
         (*done)[finished++].set_value();

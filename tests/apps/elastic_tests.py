@@ -27,7 +27,7 @@ import threading
 import time
 import uuid
 
-from jobs import Checks, read_metrics, run_timed
+from jobs import Checks, read_metrics, read_metrics_so_far, run_timed
 
 CNN_DATA = "/usr/share/datasets/fashion-mnist"
 LLAMA_DATA = "/usr/share/games/fortunes"
@@ -57,13 +57,6 @@ def llama_case(program):
     return Case("train_llama", program, ["--config", "tiny", "--seq", "48", "--global-batch", "12",
                                          "--limit-documents", "240", "--lr", "3e-3", "--threads", "1", "--steps",
                                          "12"], 5, 12, 2, (8,), hostfile=True)
-
-
-def tolerant_records(path):
-    try:
-        return read_metrics(path)
-    except ValueError:  # a line being written
-        return []
 
 
 def segments(records):
@@ -120,7 +113,7 @@ def run_elastic(elastic, mpirun, case, scratch):
         world = case.ranks - k
         killed = None
         while job.poll() is None and time.monotonic() - began < 300:
-            runs, restarts = segments(tolerant_records(metrics))
+            runs, restarts = segments(read_metrics_so_far(metrics))
             if killed is None and len(restarts) == k and max(runs[-1], default=0) >= kill_step:
                 pid = rank_pid(marker, world - 1, world)
                 if pid:
@@ -130,7 +123,7 @@ def run_elastic(elastic, mpirun, case, scratch):
             if killed is not None and len(restarts) > k:
                 detect.append(time.monotonic() - killed)
                 noted = time.monotonic()
-                while job.poll() is None and not segments(tolerant_records(metrics))[0][-1]:
+                while job.poll() is None and not segments(read_metrics_so_far(metrics))[0][-1]:
                     time.sleep(0.01)
                 restart.append(time.monotonic() - noted)
                 break
@@ -227,14 +220,14 @@ def check_other_ends(check, mpirun, elastic, cnn, scratch):
     reader = subprocess_reader(job, output)
     began = time.monotonic()
     while job.poll() is None and time.monotonic() - began < 120:
-        if any(r.get("step", 0) >= 3 for r in tolerant_records(metrics)):
+        if any(r.get("step", 0) >= 3 for r in read_metrics_so_far(metrics)):
             job.send_signal(signal.SIGTERM)
             break
         time.sleep(0.01)
     code = job.wait(timeout=120)
     reader.join()
     text = "".join(output)
-    stops = [r for r in tolerant_records(metrics) if "stopped_by" in r and r.get("rank") == 0]
+    stops = [r for r in read_metrics_so_far(metrics) if "stopped_by" in r and r.get("rank") == 0]
     check("SIGTERM to train-elastic: SIGUSR1 to mpirun, the ranks stop with their checkpoint, exit 75, no restart",
           code == 75 and len(stops) == 1 and f"train_cnn: stopped by SIGUSR1 after step {stops[0]['step']}" in text
           and "restart 1" not in text and os.path.isdir(os.path.join(directory, f"step-{stops[0]['step']:08d}")),

@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 
-from jobs import Checks, complete_steps, finish, ranks_of, read_metrics, run_timed, start
+from jobs import Checks, complete_steps, finish, rank0_losses, ranks_of, read_metrics, run_timed, start
 
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
 # 10 steps per epoch; 8 steps in all, a checkpoint every 2.
@@ -43,16 +43,12 @@ STEPS = 8
 CASES = 11
 
 
-def losses(metrics):
-    return {r["step"]: r["loss"] for r in read_metrics(metrics) if r.get("rank") == 0 and "loss" in r}
-
-
 class Suite:
     def __init__(self, mpirun, cnn, llama, scratch, check):
         self.mpirun, self.cnn, self.llama, self.scratch, self.check = mpirun, cnn, llama, scratch, check
         metrics = self.path("reference.jsonl")
         code, _, output = run_timed(mpirun, cnn, ARGS + ["--steps", str(STEPS), "--metrics", metrics])
-        self.reference = losses(metrics)
+        self.reference = rank0_losses(metrics)
         if code != 0 or sorted(self.reference) != list(range(1, STEPS + 1)):
             raise RuntimeError(f"the uninterrupted run failed: exit {code}\n{output}")
 
@@ -66,7 +62,7 @@ class Suite:
         found = complete_steps(directory)
         code, _, output = run_timed(self.mpirun, self.cnn, ARGS + ["--steps", str(STEPS), "--checkpoint-dir", directory,
                                                              "--resume", "--metrics", metrics])
-        resumed = losses(metrics)
+        resumed = rank0_losses(metrics)
         ok = (found and found[-1] == newest and code == 0 and sorted(resumed) == list(range(newest + 1, STEPS + 1))
               and all(resumed[s] == self.reference[s] for s in resumed))
         return ok, f"complete {found}, resumed exit {code}: {resumed}\nreference {self.reference}\n{output}"
@@ -121,7 +117,7 @@ def check_faults(suite, check):
 
     # From outside: rank 0 writes step 5's record after its step; rank 1 is then in step 6.
     def after_step_5(directory, metrics):
-        return 5 in losses(metrics)
+        return 5 in rank0_losses(metrics)
 
     for name, ready, newest in (
             ("rank 1 killed by SIGKILL mid-step (step 6)", after_step_5, 4),

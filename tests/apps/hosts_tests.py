@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 
-from jobs import Checks, complete_steps, finish, read_metrics, start
+from jobs import Checks, complete_steps, finish, read_metrics, read_metrics_so_far, start
 
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
 PREFIX = "slhosts"
@@ -102,7 +102,7 @@ def fault(check, mpirun, program, hosts, scratch, name, strike, messages):
                                                          "--metrics", metrics], env, 2, hosts.mpirun_args(1))
     struck = None
     while job.poll() is None and time.monotonic() - began < 120:
-        if any(r.get("step", 0) >= FAULT_AFTER for r in read_metrics_tolerant(metrics)):
+        if any(r.get("step", 0) >= FAULT_AFTER for r in read_metrics_so_far(metrics)):
             strike()
             struck = time.monotonic()
             break
@@ -131,13 +131,6 @@ def fault(check, mpirun, program, hosts, scratch, name, strike, messages):
           code == 0 and sorted({s for _, s, _ in resumed}) == list(range(newest + 1, STEPS + 1))
           and all(reference.get((rank, step)) == loss for rank, step, loss in resumed),
           f"exit {code}: {resumed}\n{output}")
-
-
-def read_metrics_tolerant(path):
-    try:
-        return read_metrics(path)
-    except ValueError:  # a line being written
-        return []
 
 
 def check_refusals(check, netns):

@@ -96,6 +96,25 @@ def read_metrics(path):
         return [json.loads(line) for line in lines if line.strip()]
 
 
+def read_metrics_so_far(path):
+    """The records of a metrics file a running job is still writing: a line being written is left out."""
+    if not os.path.exists(path):
+        return []
+    found = []
+    with open(path, encoding="utf-8") as lines:
+        for line in lines:
+            try:
+                found.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return found
+
+
+def rank0_losses(path):
+    """{step: loss} of rank 0's per-step records."""
+    return {r["step"]: r["loss"] for r in read_metrics(path) if r.get("rank") == 0 and "loss" in r}
+
+
 class Checks:
     """check(name, ok, detail): one line per check ("ok: ..." or "FAILED: ..." and the detail);
     summary(suite, skipped) prints "suite: N passed, N failed, N skipped" and returns the exit status."""

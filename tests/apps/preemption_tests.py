@@ -12,14 +12,13 @@ Usage: preemption_tests.py <mpirun> <train_cnn> <train_llama>. Needs Fashion-MNI
 fortunes (scripts/setup); without them their cases are skipped. Ends with "preemption: N passed,
 N failed, N skipped".
 """
-import json
 import os
 import signal
 import sys
 import tempfile
 import time
 
-from jobs import Checks, complete_steps, finish, ranks_of, run_timed, start
+from jobs import Checks, complete_steps, finish, rank0_losses, ranks_of, read_metrics_so_far, run_timed, start
 
 STOPPED = 75  # apps/support/stop_signals.h: kExitStoppedBySignal
 STEPS = 12
@@ -33,24 +32,6 @@ LLAMA_ARGS = ["--config", "tiny", "--seq", "48", "--global-batch", "12", "--limi
 RANKS = (2, 4)
 CASES_PER_APP = 2 * len(RANKS)  # per world size: the stop, and the resume
 CNN_ONLY_CASES = 3  # SIGUSR1 to mpirun, SIGTERM to mpirun, a second SIGTERM
-
-
-def records(path):
-    """The metrics records written so far (a line being written is left out)."""
-    if not os.path.exists(path):
-        return []
-    found = []
-    with open(path, encoding="utf-8") as lines:
-        for line in lines:
-            try:
-                found.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return found
-
-
-def losses(path):
-    return {r["step"]: r["loss"] for r in records(path) if r.get("rank") == 0 and "loss" in r}
 
 
 class Suite:
@@ -69,7 +50,7 @@ class Suite:
             code, _, output = run_timed(self.mpirun, program, args + ["--metrics", metrics], ranks=ranks)
             if code != 0:
                 raise RuntimeError(f"the uninterrupted {name} run at np {ranks} failed: exit {code}\n{output}")
-            self.references[key] = losses(metrics)
+            self.references[key] = rank0_losses(metrics)
         return self.references[key]
 
     def interrupt(self, name, program, args, ranks, send, mpirun_args=(), after=SIGNAL_AFTER, limit_s=120):
@@ -81,13 +62,13 @@ class Suite:
                                                   "--metrics", metrics], ranks=ranks, mpirun_args=mpirun_args)
         sent = None
         while job.poll() is None and time.monotonic() - began < limit_s:
-            if any(r.get("step", 0) >= after for r in records(metrics) if "loss" in r):
+            if any(r.get("step", 0) >= after for r in read_metrics_so_far(metrics) if "loss" in r):
                 send(job)
                 sent = time.monotonic()
                 break
             time.sleep(0.005)
         code, _, output = finish(job, began, limit_s)
-        stops = [r for r in records(metrics) if r.get("rank") == 0 and "stopped_by" in r]
+        stops = [r for r in read_metrics_so_far(metrics) if r.get("rank") == 0 and "stopped_by" in r]
         seconds = time.monotonic() - sent if sent else None
         return code, seconds, output, directory, stops[0] if stops else None
 
@@ -114,7 +95,7 @@ class Suite:
         metrics = self.path(f"{case}-resumed.jsonl")
         code, _, output = run_timed(self.mpirun, program, args + ["--checkpoint-dir", directory, "--resume",
                                                                   "--metrics", metrics], ranks=ranks)
-        resumed = losses(metrics)
+        resumed = rank0_losses(metrics)
         self.check(f"{program_name} np {ranks}: --resume from step {step} gives the uninterrupted run's losses "
                    f"bit for bit", code == 0 and sorted(resumed) == list(range(step + 1, STEPS + 1))
                    and all(resumed[s] == expected[s] for s in resumed),
