@@ -1,22 +1,81 @@
-// apps/parallelize_llama.cpp: FSDP units and activation checkpointing for the Llama.
+// apps/parallelize_llama.cpp: tensor parallelism, activation checkpointing and FSDP units for the Llama.
 #include "apps/parallelize_llama.h"
-
-#include <string>
 
 #include "nn/module.h"
 
 namespace shardlab::apps {
 
-void parallelize_llama(models::Llama& model, const dist::FsdpOptions& fsdp, bool activation_checkpointing) {
-  for (auto& layer : *model->model->layers) dist::fully_shard(*layer, fsdp);
-  dist::FsdpOptions root = fsdp;
-  root.mixed_precision.output_dtype = DType::f32;  // f32 logits for the loss
-  dist::fully_shard(*model, root);
-  if (activation_checkpointing) {
+std::vector<std::pair<std::string, dist::ParallelStyle>> llama_tensor_parallel_plan() {
+  using enum dist::ParallelStyle;
+  // Each block half is one region: its input enters once (one all-reduce of its gradient in
+  // backward), its output leaves through the rowwise layer's sum (one all-reduce in forward).
+  return {{"model.embed_tokens", rowwise},
+          {"model.layers.*.self_attn", region_input},
+          {"model.layers.*.self_attn.q_proj", colwise},
+          {"model.layers.*.self_attn.k_proj", colwise},
+          {"model.layers.*.self_attn.v_proj", colwise},
+          {"model.layers.*.self_attn.o_proj", rowwise},
+          {"model.layers.*.mlp", region_input},
+          {"model.layers.*.mlp.gate_proj", colwise},
+          {"model.layers.*.mlp.up_proj", colwise},
+          {"model.layers.*.mlp.down_proj", rowwise},
+          {"lm_head", colwise}};
+}
+
+namespace {
+
+void check_tensor_parallel_fits(const models::LlamaConfig& config, int ranks) {
+  SHARDLAB_CHECK(
+      config.num_attention_heads % ranks == 0 && config.num_key_value_heads % ranks == 0,
+      "tensor parallel over {} ranks: each rank holds whole heads, but the Llama's {} attention heads "
+      "(num_attention_heads) and {} key/value heads (num_key_value_heads) do not both divide by tp {}",
+      ranks, config.num_attention_heads, config.num_key_value_heads, ranks);
+  SHARDLAB_CHECK(
+      !config.tie_word_embeddings,
+      "tensor parallel over {} ranks: tied embeddings (tie_word_embeddings) are not supported; the head "
+      "would need the embedding's split as its own",
+      ranks);
+}
+
+ParallelLlama split_over(models::Llama& model, dist::Communicator& group) {
+  check_tensor_parallel_fits(model->config, group.size());
+  ParallelLlama result{.splits = dist::parallelize_module(*model, group, llama_tensor_parallel_plan())};
+  for (const dist::TensorParallelSplit& split : result.splits) {
+    if (split.name == "lm_head.weight") result.vocabulary = {split.offset, model->config.vocab_size};
+  }
+  return result;
+}
+
+}  // namespace
+
+ParallelLlama parallelize_llama(models::Llama& model, const LlamaParallelism& options) {
+  dist::FsdpOptions fsdp = options.fsdp;
+  ParallelLlama result{.vocabulary = {0, model->config.vocab_size}};
+  if (options.mesh != nullptr) {
+    const dist::DeviceMesh& mesh = *options.mesh;
+    SHARDLAB_CHECK(mesh.ndim() == 2 && mesh.names()[0] == "dp" && mesh.names()[1] == "tp",
+                   "parallelize_llama: the mesh must be dp x tp, got {}", mesh.str());
+    SHARDLAB_CHECK(
+        fsdp.communicator == nullptr || fsdp.communicator == &mesh["dp"],
+        "parallelize_llama: with a mesh, FSDP runs over its \"dp\" ranks; leave fsdp.communicator unset");
+    fsdp.communicator = &mesh["dp"];
+    if (mesh.size("tp") > 1) result = split_over(model, mesh["tp"]);
+  }
+  if (options.activation_checkpointing) {
     nn::apply_activation_checkpointing(*model, [](const std::string&, nn::Module& module) {
       return dynamic_cast<models::LlamaDecoderLayerImpl*>(&module) != nullptr;
     });
   }
+  for (auto& layer : *model->model->layers) dist::fully_shard(*layer, fsdp);
+  dist::FsdpOptions root = fsdp;
+  root.mixed_precision.output_dtype = DType::f32;  // f32 logits for the loss
+  dist::fully_shard(*model, root);
+  for (const dist::TensorParallelSplit& split : result.splits) {
+    for (const auto& [name, shard] : model->named_parameters()) {
+      if (name == split.name) dist::sum_shards_over(shard, options.mesh->world());
+    }
+  }
+  return result;
 }
 
 }  // namespace shardlab::apps

@@ -1,18 +1,49 @@
-// apps/parallelize_llama.h: how the training program parallelises the Llama: one FSDP unit per
-// decoder layer plus the root (embedding, final norm and head), as the FSDP2 article's script
-// shards it, and activation checkpointing per decoder layer. The one place that knows both the
-// model (models/llama.h) and FSDP (dist/fsdp/fsdp.h): the model does not know it is sharded, and
-// FSDP does not know the model.
+// apps/parallelize_llama.h: how the training program parallelises the Llama, as torchtitan's
+// parallelize_llama: tensor parallelism inside a group of ranks (Megatron's split: q, k, v, gate and
+// up by output features, o and down by input features, the vocabulary of the embedding and the
+// head), then activation checkpointing per decoder layer, then FSDP across the groups: one unit per
+// decoder layer plus the root (embedding, final norm and head), as the FSDP2 article's script shards
+// it. The one place that knows both the model (models/llama.h) and dist/: the model does not know
+// it is sharded, and dist/ does not know the model.
 #pragma once
 
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dist/comm/mesh.h"
 #include "dist/fsdp/fsdp.h"
+#include "dist/tp/cross_entropy.h"
+#include "dist/tp/parallelize.h"
 #include "models/llama.h"
 
 namespace shardlab::apps {
 
-// Shards `model` in place: the decoder layers with `fsdp`, then the root, whose output stays f32
-// (the loss's logits) under mixed precision. Parameters still deferred (nn::DeferredInitGuard) are
-// drawn shard by shard; materialised ones (a loaded model) are cut into shards.
-void parallelize_llama(models::Llama& model, const dist::FsdpOptions& fsdp, bool activation_checkpointing);
+struct LlamaParallelism {
+  dist::FsdpOptions fsdp;  // over fsdp.communicator (the world by default) without a mesh
+  // "dp" x "tp" (dist/comm/mesh.h): tensor parallelism inside each "tp" group, FSDP over "dp" (which
+  // fsdp.communicator then is, or is left unset for).
+  const dist::DeviceMesh* mesh = nullptr;
+  bool activation_checkpointing = false;
+};
+
+// What the training program needs of the result.
+struct ParallelLlama {
+  std::vector<dist::TensorParallelSplit> splits;  // the split parameters; none without tensor parallelism
+  dist::VocabPiece vocabulary;                    // the logits' columns on this rank: all of them without
+};
+
+// The Llama's tensor-parallel plan for dist::parallelize_module.
+std::vector<std::pair<std::string, dist::ParallelStyle>> llama_tensor_parallel_plan();
+
+// Parallelises `model` in place; the root's output stays f32 (the loss's logits) under mixed
+// precision. Parameters still deferred (nn::DeferredInitGuard) are drawn piece by piece;
+// materialised ones (a loaded model) are cut. With tensor parallelism the model's logits hold this
+// rank's vocabulary columns: take the loss with dist::vocab_parallel_cross_entropy; the gradient
+// norm's sums run over the whole mesh for split parameters (dist::sum_shards_over), over "dp" for
+// the others (each tensor-parallel rank holds the same). Refused, naming the numbers: heads or
+// key/value heads that tp does not divide, tied embeddings with tensor parallelism, a mesh without
+// "dp" and "tp", an FSDP communicator other than the mesh's "dp".
+ParallelLlama parallelize_llama(models::Llama& model, const LlamaParallelism& options);
 
 }  // namespace shardlab::apps

@@ -1,9 +1,9 @@
 // apps/train_llama: trains the Llama (models/llama.h) on a text corpus (Debian's fortunes by
 // default) with FSDP over the ranks mpirun starts: one unit per decoder layer plus the root
-// (apps/parallelize_llama.h). AdamW (0.9, 0.99, wd 0.1), linear warm-up from 0.1 then cosine to 0,
-// gradient clipping at 1.0, cross-entropy that ignores [PAD]. Besides what every training program
-// has (apps/trainer.h), prints a progress bar with loss and tokens/s, saves a Hugging Face
-// directory, and can print a few samples after training.
+// (apps/parallelize_llama.h); with --tp N, tensor parallelism inside groups of N ranks and FSDP across. AdamW
+// (0.9, 0.99, wd 0.1), linear warm-up from 0.1 then cosine to 0, gradient clipping at 1.0, cross-entropy that
+// ignores [PAD]. Besides what every training program has (apps/trainer.h), prints a progress bar with loss
+// and tokens/s, saves a Hugging Face directory, and can print a few samples after training.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -51,6 +51,7 @@ struct Options : apps::TrainerOptions {
   double clip = 1.0;
   bool activation_checkpointing = false;
   bool cpu_offload = false;
+  int tp = 1;
   std::string init_from;
   std::int64_t samples = 0;
   std::int64_t sample_tokens = 200;
@@ -115,10 +116,34 @@ std::unique_ptr<optim::LRScheduler> make_schedule(optim::Optimizer& optimizer, s
 
 bool is_norm(const std::string& name) { return name.ends_with("norm.weight"); }
 
+// What --tp does not combine with, refused before anything loads.
+void check_tensor_parallel(const Options& options, int world_size) {
+  SHARDLAB_CHECK(world_size % options.tp == 0, "--tp {} does not divide the {} ranks", options.tp,
+                 world_size);
+  if (options.tp == 1) return;
+  SHARDLAB_CHECK(options.sharding == "full",
+                 "--tp shards fully across the tensor-parallel groups; --sharding {} "
+                 "is not supported with it",
+                 options.sharding);
+  for (const auto& [given, flag] :
+       {std::pair{!options.checkpoint_dir.empty(), "--checkpoint-dir"}, std::pair{options.resume, "--resume"},
+        std::pair{!options.save_model.empty(), "--save-model"}, std::pair{options.samples > 0, "--sample"},
+        std::pair{options.explain, "--explain"}, std::pair{!options.memory_limit.empty(), "--memory-limit"},
+        std::pair{options.cpu_offload, "--cpu-offload"}}) {
+    SHARDLAB_CHECK(!given, "{} is not supported with --tp {}", flag, options.tp);
+  }
+}
+
+struct ShardedLlama {
+  models::Llama model;
+  apps::ParallelLlama layout;
+};
+
 // The model on `device`, drawn shard by shard there (no rank holds the whole model), or loaded
-// from a directory (each rank reads it and keeps its shards).
-models::Llama sharded_llama(const Options& options, const models::LlamaConfig& config,
-                            const dist::FsdpOptions& fsdp, Device device) {
+// from a directory (each rank reads it and keeps its shards); split over the mesh's "tp" ranks
+// when there is one.
+ShardedLlama sharded_llama(const Options& options, const models::LlamaConfig& config,
+                           const dist::FsdpOptions& fsdp, const dist::DeviceMesh* mesh, Device device) {
   auto build = [&] {
     if (!options.init_from.empty()) {
       models::Llama model(config, options.seed);
@@ -132,8 +157,9 @@ models::Llama sharded_llama(const Options& options, const models::LlamaConfig& c
   };
   models::Llama model = build();
   model->to(device);
-  apps::parallelize_llama(model, fsdp, options.activation_checkpointing);
-  return model;
+  apps::ParallelLlama layout = apps::parallelize_llama(
+      model, {.fsdp = fsdp, .mesh = mesh, .activation_checkpointing = options.activation_checkpointing});
+  return {std::move(model), std::move(layout)};
 }
 
 class Training : public apps::Trainer {
@@ -152,6 +178,8 @@ class Training : public apps::Trainer {
   void add_summary(nlohmann::json& summary, double median_seconds) const override;
 
   Variable forward_backward(const data::Batch& batch, double scale);
+  // The ranks that share out the batch: the mesh's "dp" with --tp, else all.
+  dist::Communicator& data_parallel() const { return mesh_ ? (*mesh_)["dp"] : session_.world(); }
   double tokens_per_second(double seconds) const {
     return seconds > 0 ? static_cast<double>(options_.global_batch * options_.seq) / seconds : 0;
   }
@@ -162,7 +190,9 @@ class Training : public apps::Trainer {
   models::LlamaConfig config_;
   std::optional<data::PretrainingDataset> corpus_;
   std::optional<data::DataLoader> loader_;
+  std::unique_ptr<dist::DeviceMesh> mesh_;  // dp x tp, with --tp
   std::optional<models::Llama> model_;
+  apps::ParallelLlama layout_;
   std::unique_ptr<optim::AdamW> optimizer_;
   std::unique_ptr<optim::LRScheduler> scheduler_;
   std::int64_t total_steps_ = 0;
@@ -178,6 +208,7 @@ Training::Training(const Options& options, dist::Session& session)
   SHARDLAB_CHECK(options.seq <= config_.max_position_embeddings, "--seq {} exceeds the model's {} positions",
                  options.seq, config_.max_position_embeddings);
   fsdp_.cpu_offload = options.cpu_offload;
+  check_tensor_parallel(options, world_size_);
 
   std::vector<std::string> documents = data::read_documents(options.data, options.separator);
   if (options.limit_documents > 0 && options.limit_documents < static_cast<std::int64_t>(documents.size())) {
@@ -193,9 +224,15 @@ Training::Training(const Options& options, dist::Session& session)
                  "the model's vocab_size {} is smaller than the {} tokenizer's {} ids", config_.vocab_size,
                  tokenizer_->name(), tokenizer_->vocab_size());
   corpus_.emplace(documents, *tokenizer_, options.seq);
+  if (options.tp > 1) {
+    // Consecutive ranks form a tensor-parallel group, as on one machine each.
+    mesh_ = std::make_unique<dist::DeviceMesh>(session.world(),
+                                               std::vector<int>{world_size_ / options.tp, options.tp},
+                                               std::vector<std::string>{"dp", "tp"});
+  }
   loader_.emplace(data::rank_loader(corpus_->dataset(), {.size = options.global_batch,
-                                                         .world_size = world_size_,
-                                                         .rank = rank_,
+                                                         .world_size = data_parallel().size(),
+                                                         .rank = data_parallel().rank(),
                                                          .shuffle = true,
                                                          .seed = options.seed}));
   data_bytes_ = memory_stats(device_).bytes_in_use;
@@ -206,7 +243,9 @@ Training::Training(const Options& options, dist::Session& session)
       options.warmup_steps >= 0 ? options.warmup_steps : std::max<std::int64_t>(1, total_steps_ / 10);
 
   model_bytes_baseline_ = memory_stats(device_).bytes_in_use;
-  model_.emplace(sharded_llama(options, config_, fsdp_, device_));
+  ShardedLlama sharded = sharded_llama(options, config_, fsdp_, mesh_.get(), device_);
+  model_.emplace(std::move(sharded.model));
+  layout_ = std::move(sharded.layout);
   nn::Named<Variable> decayed, undecayed;
   for (auto& [name, shard] : (*model_)->named_parameters()) {  // this rank's shards, after fully_shard
     (options.no_decay_norms && is_norm(name) ? undecayed : decayed).emplace_back(name, shard);
@@ -232,11 +271,12 @@ Training::Training(const Options& options, dist::Session& session)
   dist::log(
       "train_llama: {} documents, {} sequences of {} tokens ({} tokenizer, vocab {}), model {} with {} "
       "parameters, "
-      "{} rank{} x {} threads, sharding {}, global batch {} ({}), {} steps, AdamW lr {:g}{}{}",
+      "{} rank{} x {} threads, sharding {}{}, global batch {} ({}), {} steps, AdamW lr {:g}{}{}",
       documents.size(), corpus_->size(), options.seq, tokenizer_->name(), config_.vocab_size,
       options.init_from.empty() ? options.config : options.init_from, config_.parameter_count(), world_size_,
-      world_size_ == 1 ? "" : "s", num_threads(), plan_.sharding, options.global_batch,
-      apps::rank_shares(options.global_batch, world_size_), total_steps_, options.lr,
+      world_size_ == 1 ? "" : "s", num_threads(), plan_.sharding,
+      mesh_ ? fmt::format(" over {}, tensor parallel in tp", mesh_->str()) : "", options.global_batch,
+      apps::rank_shares(options.global_batch, data_parallel().size()), total_steps_, options.lr,
       options.mixed_precision == "none" ? "" : ", mixed precision " + options.mixed_precision,
       options.activation_checkpointing ? ", activation checkpointing" : "");
 }
@@ -277,17 +317,21 @@ Training::StepValues Training::compute_step(const data::Batch& batch, const data
   // divides by the global count, so any number of ranks computes the 1-process loss. Counted in
   // host memory: on a GPU, reading a count back would wait for the device.
   const double local_targets = sum(ne(on_host.targets, tokenizer_->pad_id()).to(DType::i64)).item<double>();
-  const double targets = std::max(apps::sum_over_ranks(session_.cpu_world(), {local_targets})[0], 1.0);
+  // The ranks of a tensor-parallel group hold the same rows: the world counts each row tp times.
+  const double targets = std::max(
+      apps::sum_over_ranks(session_.cpu_world(), {local_targets})[0] / static_cast<double>(options_.tp), 1.0);
   dist::reset_collective_counters(**model_);
-  // FSDP averages gradients over the ranks: scaled by W, the average is the global mean's gradient.
-  const Tensor loss_sum = forward_backward(batch, static_cast<double>(world_size_) / targets).data();
+  // FSDP averages gradients over the data-parallel ranks: scaled by their number, the average is the
+  // global mean's gradient.
+  const Tensor loss_sum =
+      forward_backward(batch, static_cast<double>(data_parallel().size()) / targets).data();
   // FSDP's collectives of the step, what the plan predicts (clipping's all-reduce comes after).
   step_bytes_received_ = dist::collective_counters(**model_).total().bytes_received;
   // Over the shards, the norm of the whole gradient: their sums of squares are added over the ranks.
   const Tensor grad_norm = optim::clip_grad_norm_((*model_)->parameters(), options_.clip);
-  // The loss over the ranks, summed on the device.
+  // The loss over the data-parallel ranks, summed on the device.
   const Tensor total = loss_sum.to(DType::f64).reshape({1}).clone();
-  session_.world().all_reduce(total, dist::ReduceOp::sum, "step loss").wait();
+  data_parallel().all_reduce(total, dist::ReduceOp::sum, "step loss").wait();
   return {.loss = div(total, targets), .grad_norm = grad_norm, .samples = targets};
 }
 
@@ -299,8 +343,13 @@ Variable Training::forward_backward(const data::Batch& batch, double scale) {
   optimizer_->zero_grad();
   gathering.wait();
   const Variable logits = (*model_)(batch.inputs, padding);
-  const Variable loss_sum = cross_entropy(reshape(logits, {-1, config_.vocab_size}),
-                                          batch.targets.reshape({-1}), tokenizer_->pad_id(), Reduction::sum);
+  // With --tp the logits hold this rank's vocabulary columns: no rank holds [B, T, vocab].
+  const Variable rows = reshape(logits, {-1, logits.size(-1)});
+  const Tensor targets = batch.targets.reshape({-1});
+  const Variable loss_sum =
+      mesh_ ? dist::vocab_parallel_cross_entropy(rows, targets, layout_.vocabulary, (*mesh_)["tp"],
+                                                 tokenizer_->pad_id(), Reduction::sum)
+            : cross_entropy(rows, targets, tokenizer_->pad_id(), Reduction::sum);
   (loss_sum * scale).backward();
   return loss_sum;
 }
@@ -409,6 +458,11 @@ void add_options(CLI::App& app, Options& options) {
   app.add_flag("--activation-checkpointing", options.activation_checkpointing,
                "recompute each decoder layer in backward instead of keeping its activations");
   app.add_flag("--cpu-offload", options.cpu_offload, "keep shards and optimizer state in host memory");
+  app.add_option(
+         "--tp", options.tp,
+         "tensor-parallel ranks per group (consecutive ranks; they divide the world): the layers split "
+         "over them, FSDP across the groups")
+      ->check(apps::integer_at_least(1));
   app.add_option("--save-model", options.save_model,
                  "write model.safetensors + config.json here (Hugging Face's LlamaForCausalLM format)");
   app.add_option("--init-from", options.init_from,

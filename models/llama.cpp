@@ -234,9 +234,11 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& config)
 
 namespace {
 
-// [B, T, heads * head_dim] -> [B, heads, T, head_dim].
-Variable split_heads(const Variable& x, std::int64_t heads, std::int64_t head_dim) {
-  return transpose(reshape(x, {x.size(0), x.size(1), heads, head_dim}), 1, 2);
+// [B, T, heads * head_dim] -> [B, heads, T, head_dim]. The heads are the projection's width over
+// head_dim, as in Hugging Face's attention: a projection split over tensor-parallel ranks gives each
+// rank its own heads.
+Variable split_heads(const Variable& x, std::int64_t head_dim) {
+  return transpose(reshape(x, {x.size(0), x.size(1), -1, head_dim}), 1, 2);
 }
 
 // Writes the new keys or values [B, kv_heads, T, D] at the cache's next positions and returns
@@ -258,9 +260,9 @@ Variable LlamaAttentionImpl::operator()(const Variable& input, const Tensor& cos
   return with_hooks(
       [this, cache, layer](const Variable& x, const Tensor& cos, const Tensor& sin, const Tensor& padding) {
         const std::int64_t batch = x.size(0), length = x.size(1);
-        const Variable q = rotary_embedding(split_heads(q_proj(x), heads, head_dim), cos, sin);
-        Variable k = rotary_embedding(split_heads(k_proj(x), kv_heads, head_dim), cos, sin);
-        Variable v = split_heads(v_proj(x), kv_heads, head_dim);
+        const Variable q = rotary_embedding(split_heads(q_proj(x), head_dim), cos, sin);
+        Variable k = rotary_embedding(split_heads(k_proj(x), head_dim), cos, sin);
+        Variable v = split_heads(v_proj(x), head_dim);
         bool causal = true;
         if (cache != nullptr) {
           // Generation only: a recomputed forward (activation checkpointing) would append twice.
@@ -277,7 +279,7 @@ Variable LlamaAttentionImpl::operator()(const Variable& input, const Tensor& cos
         }
         const Variable attended =
             scaled_dot_product_attention(q, k, v, {.causal = causal, .padding = padding});
-        return o_proj(reshape(contiguous(transpose(attended, 1, 2)), {batch, length, heads * head_dim}));
+        return o_proj(reshape(contiguous(transpose(attended, 1, 2)), {batch, length, -1}));
       },
       input, cos_rows, sin_rows, padding_mask);
 }

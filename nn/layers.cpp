@@ -13,8 +13,9 @@ LinearImpl::LinearImpl(const LinearOptions& opts) : Module("Linear"), options(op
 Variable LinearImpl::operator()(const Variable& input) {
   return with_hooks(
       [&](const Variable& x) {
-        SHARDLAB_CHECK(x.dim() >= 1 && x.size(-1) == options.in(),
-                       "Linear: input of shape {} does not end in {}", shape_str(x.shape()), options.in());
+        // The weight's in features: a tensor-parallel row split holds some of options.in().
+        SHARDLAB_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1),
+                       "Linear: input of shape {} does not end in {}", shape_str(x.shape()), weight.size(1));
         const Variable y = matmul(x, transpose(weight, 0, 1));
         return bias.defined() ? add(y, bias) : y;
       },

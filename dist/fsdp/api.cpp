@@ -316,6 +316,16 @@ nn::Named<ParameterShard> parameter_shards(nn::Module& root) {
   return shards;
 }
 
+void sum_shards_over(const Variable& parameter, Communicator& ranks) {
+  const ShardInfo* shard = parameter.shard_info();
+  SHARDLAB_CHECK(shard != nullptr,
+                 "sum_shards_over: '{}' is not sharded by FSDP (fully_shard its module first)",
+                 parameter.name());
+  ShardInfo info = *shard;
+  info.ranks = ranks_of(ranks, parameter.data().device());
+  parameter.set_shard_info(std::move(info));
+}
+
 Communicator& root_communicator(nn::Module& root) { return *ensure_root(root)->units.front()->groups().base; }
 
 nn::Named<Tensor> gather_full_parameters(nn::Module& root) {

@@ -222,6 +222,11 @@ struct ParameterShard {
 // Every parameter under `root`, by dotted name in root.named_parameters() order (a tied parameter
 // once, under its first name).
 nn::Named<ParameterShard> parameter_shards(nn::Module& root);
+// For a sharded parameter that is itself one piece of a larger one (a tensor-parallel split, whose
+// other pieces FSDP shards on other ranks): sums over its shards (clip_grad_norm_'s sum of squares)
+// then run over `ranks`, which together hold every piece's shards, instead of FSDP's communicator
+// alone. `ranks` must outlive the parameter's use; a parameter FSDP does not shard is an error.
+void sum_shards_over(const Variable& parameter, Communicator& ranks);
 // The ranks that train the units under `root` (FsdpOptions::communicator, or the world): the
 // ranks of a collective over the whole model, such as a checkpoint's save and load.
 Communicator& root_communicator(nn::Module& root);

@@ -96,6 +96,7 @@ def app_cases(scratch):
         number("--clip", "0", "> 0"),
         integer("--sample", "-1", 0),
         integer("--sample-tokens", "0", 1),
+        integer("--tp", "0", 1),
         (["--steps", "2", "--epochs", "1"], "--steps excludes --epochs"),
         (["--config", "huge"], "LlamaConfig: no preset named 'huge' (tiny, small, 1b)"),
         (["--tokenizer", "words"], "make_tokenizer: unknown tokenizer 'words'"),

@@ -18,6 +18,9 @@ checks what its users rely on:
   tokenizer.json np 1 saves, with the same losses), --save-model holds it and generate and
   --init-from use it, and --resume refuses another tokenizer;
 - --profile prints where a step goes (kernel time per op) and changes no loss;
+- tensor parallelism (--tp): 2 ranks as one tp group, 4 as 2 x 2 (also with activation
+  checkpointing, and with the uneven global batch) give every step's loss and gradient norm within
+  1e-5 of the 1-process run's;
 - bad options, a missing corpus and a config that does not fit exit 1 with one clear message;
 - will it fit: the training peak --explain predicts (above the loaded data) is within 10% of the
   measured one on every rank at np 1-4 for every strategy, with and without activation
@@ -75,11 +78,12 @@ def main(mpirun, train_llama, generate):
     check_errors(mpirun, train_llama, check)
     skipped = 0
     if not os.path.isdir(DATA_DIR):
-        skipped = len(PARITY_RUNS) + 2 + 14 + 5 + len(FIT_RUNS) + 1 + 4 + TRACE_CHECKS + 1
+        skipped = len(PARITY_RUNS) + 2 + 14 + 5 + len(FIT_RUNS) + 1 + 4 + TRACE_CHECKS + 1 + len(TP_RUNS)
         print(f"skipped: {skipped} cases that train, {DATA_DIR} is missing (scripts/setup installs fortunes)")
     else:
         with tempfile.TemporaryDirectory(prefix="train_llama_tests.") as scratch:
             check_parity_and_memory(mpirun, train_llama, scratch, check)
+            check_tensor_parallel(mpirun, train_llama, scratch, check)
             check_mixed_precision(mpirun, train_llama, scratch, check)
             check_checkpointing(mpirun, train_llama, scratch, check)
             check_resume(mpirun, train_llama, scratch, check)
@@ -106,6 +110,14 @@ def check_errors(mpirun, program, check):
         (2, ["--resume"], "train_llama: --resume needs --checkpoint-dir"),
         (2, ["--tokenizer", "bpe:x"], "train_llama: --tokenizer 'bpe:x': expected bpe:VOCAB with VOCAB a positive integer"),
         (2, ["--tokenizer", "words"], "train_llama: make_tokenizer: unknown tokenizer 'words'"),
+        (4, ["--tp", "3"], "train_llama: --tp 3 does not divide the 4 ranks"),
+        (4, ["--tp", "4"], "train_llama: tensor parallel over 4 ranks: each rank holds whole heads, but the Llama's 4 "
+                           "attention heads (num_attention_heads) and 2 key/value heads (num_key_value_heads) do not "
+                           "both divide by tp 4"),
+        (2, ["--tp", "2", "--sharding", "grad_op"],
+         "train_llama: --tp shards fully across the tensor-parallel groups; --sharding grad_op is not supported with it"),
+        (2, ["--tp", "2", "--checkpoint-dir", "/tmp"], "train_llama: --checkpoint-dir is not supported with --tp 2"),
+        (2, ["--tp", "2", "--explain"], "train_llama: --explain is not supported with --tp 2"),
     ]
     for ranks, args, message in cases:
         code, output = run_job(mpirun, program, ranks, args + ["--steps", "1"])
@@ -166,6 +178,31 @@ def check_parity_and_memory(mpirun, program, scratch, check):
                                 f"!= {r['planned_held_after_forward_bytes']}")
         check(f"np {key[0]} --sharding {' '.join((key[1],) + key[2])}: every rank's memory and traffic equal the plan",
               code == 0 and len(finals) == key[0] and not problems, f"exit {code}; {problems}\n{output}")
+
+
+# (ranks, --tp, extra flags, the reference's flags): consecutive ranks form the tensor-parallel groups.
+TP_RUNS = [(2, 2, (), ()), (4, 2, (), ()), (4, 2, ("--activation-checkpointing",), ()), (4, 2, UNEVEN, UNEVEN)]
+
+
+def check_tensor_parallel(mpirun, program, scratch, check):
+    references = {}
+    for ranks, tp, extra, reference_flags in TP_RUNS:
+        if reference_flags not in references:
+            metrics = os.path.join(scratch, f"tp-reference{''.join(reference_flags)}.jsonl")
+            code, _ = run_job(mpirun, program, 1, BASE_ARGS + ["--metrics", metrics] + list(reference_flags))
+            records = read_metrics(metrics) if code == 0 else []
+            references[reference_flags] = (per_step(records, 0, "loss"), per_step(records, 0, "grad_norm"))
+        losses, norms = references[reference_flags]
+        metrics = os.path.join(scratch, f"tp-np{ranks}-tp{tp}{''.join(extra)}.jsonl")
+        code, output = run_job(mpirun, program, ranks, BASE_ARGS + ["--tp", str(tp), "--metrics", metrics] + list(extra))
+        records = read_metrics(metrics) if code == 0 else []
+        good = code == 0 and len(losses) == STEPS and all(
+            per_step(records, rank, "loss").keys() == losses.keys()
+            and all(close(per_step(records, rank, "loss")[s], losses[s]) for s in losses)
+            and all(close(per_step(records, rank, "grad_norm")[s], norms[s]) for s in norms)
+            for rank in range(ranks))
+        check(f"np {ranks} --tp {tp} {' '.join(extra)}: every rank's losses and gradient norms within {RTOL} of "
+              f"1 process", good, f"exit {code}\nexpected {losses}\nrank 0 {per_step(records, 0, 'loss')}\n{output}")
 
 
 def check_mixed_precision(mpirun, program, scratch, check):

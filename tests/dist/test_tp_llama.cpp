@@ -1,0 +1,280 @@
+// tests/dist/test_tp_llama.cpp (mpirun): 2-D parallelism on the Llama (apps/parallelize_llama.h):
+// tensor parallelism inside a group, FSDP across, on a device mesh, against one process computing the
+// whole model on the whole batch: the gradient of every parameter piece after one step within 1e-5
+// of the whole gradient's, and 20 AdamW steps' losses within 1e-5, with the loss taken by
+// dist::vocab_parallel_cross_entropy (no rank holds [B, T, vocab] logits). Every (dp, tp) the world
+// allows for the tiny Llama (4 heads, 2 key/value heads; vocabulary 259, which no tp > 1 divides) and
+// one with 8 heads and 4 key/value heads. Also: the one all-reduce per block half each way, the
+// refusal of tp 4 for the tiny Llama, and the plan's own refusals.
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "apps/parallelize_llama.h"
+#include "autograd/functional.h"
+#include "core/ops.h"
+#include "core/random.h"
+#include "dist/comm/mesh.h"
+#include "optim/optimizer.h"
+#include "tests/dist/world.h"
+
+using namespace shardlab;
+using shardlab::test::world;
+
+namespace {
+
+constexpr std::int64_t kBatch = 12, kLength = 8;  // 12 rows: 1, 2, 3 and 4 data-parallel ranks divide them
+constexpr std::uint64_t kSeed = 7;
+
+models::LlamaConfig tiny() { return models::LlamaConfig::preset("tiny"); }
+
+models::LlamaConfig eight_heads() {
+  models::LlamaConfig config = tiny();
+  config.hidden_size = 64;
+  config.num_attention_heads = 8;
+  config.num_key_value_heads = 4;
+  return config;
+}
+
+// Step `step`'s tokens and next-token targets [kBatch, kLength], a few targets ignored (-100).
+std::pair<Tensor, Tensor> batch(std::int64_t vocab, std::int64_t step) {
+  const Tensor tokens =
+      cast(mul(uniform({kBatch, kLength + 1}, {.seed = 99, .stream = static_cast<std::uint64_t>(step)}),
+               static_cast<double>(vocab)),
+           DType::i64);
+  const Tensor inputs = tokens.narrow(1, 0, kLength).contiguous();
+  const Tensor targets = tokens.narrow(1, 1, kLength).contiguous().clone();
+  targets.narrow(1, 0, 2).narrow(0, 0, 1).fill_(Scalar(-100));
+  return {inputs, targets};
+}
+
+struct Rows {
+  std::int64_t first, count;
+};
+
+// One process: the mean loss over the whole batch's counted targets.
+Variable whole_loss(models::Llama& model, std::int64_t step) {
+  const auto [inputs, targets] = batch(model->config.vocab_size, step);
+  const Variable logits = model(inputs);
+  return cross_entropy(reshape(logits, {-1, model->config.vocab_size}), targets.reshape({-1}));
+}
+
+struct Parallel {
+  std::unique_ptr<dist::DeviceMesh> mesh;
+  models::Llama model;
+  apps::ParallelLlama layout;
+};
+
+Parallel parallel_llama(const models::LlamaConfig& config, int dp, int tp, bool deferred) {
+  auto mesh = std::make_unique<dist::DeviceMesh>(world(), std::vector<int>{dp, tp},
+                                                 std::vector<std::string>{"dp", "tp"});
+  auto build = [&] {
+    if (!deferred) return models::Llama(config, kSeed);
+    const nn::DeferredInitGuard guard;
+    return models::Llama(config, kSeed);
+  };
+  models::Llama model = build();
+  apps::ParallelLlama layout = apps::parallelize_llama(model, {.mesh = mesh.get()});
+  return {std::move(mesh), std::move(model), layout};
+}
+
+// This rank's rows of the global batch: the data-parallel coordinate picks them; the ranks of a
+// tensor-parallel group share them.
+Rows my_rows(const dist::DeviceMesh& mesh) {
+  const std::int64_t count = kBatch / mesh.size("dp");
+  return {mesh.coordinate("dp") * count, count};
+}
+
+// The parallel model's loss (the same on every rank) after its backward: each data-parallel rank's
+// sum over its rows, scaled so that FSDP's average over those ranks is the whole mean's gradient.
+double parallel_step_loss(Parallel& run, std::int64_t step) {
+  const auto [inputs, targets] = batch(run.model->config.vocab_size, step);
+  const Rows rows = my_rows(*run.mesh);
+  const double counted = sum(ne(targets, -100).to(DType::i64)).item<double>();
+  const Tensor my_targets = targets.narrow(0, rows.first, rows.count).reshape({-1});
+  const Variable logits = run.model(inputs.narrow(0, rows.first, rows.count).contiguous());
+  // This rank's vocabulary columns only.
+  CHECK(logits.size(-1) == dist::split_range(run.model->config.vocab_size, run.mesh->size("tp"),
+                                             run.mesh->coordinate("tp"), "vocabulary")
+                               .second);
+  const Variable local_sum =
+      dist::vocab_parallel_cross_entropy(reshape(logits, {-1, logits.size(-1)}), my_targets,
+                                         run.layout.vocabulary, (*run.mesh)["tp"], -100, Reduction::sum);
+  mul(local_sum, static_cast<double>(run.mesh->size("dp")) / counted).backward();
+  const Tensor total = local_sum.data().to(DType::f64).reshape({1}).clone();
+  (*run.mesh)["dp"].all_reduce(total).wait();
+  return total.item<double>() / counted;
+}
+
+// The largest |parallel - whole| over this rank's piece of every parameter's gradient, relative to
+// the largest |whole| of that parameter.
+double worst_gradient_error(Parallel& run, models::Llama& whole) {
+  std::map<std::string, dist::TensorParallelSplit> splits;
+  for (const auto& split : run.layout.splits) splits[split.name] = split;
+  const auto expected = whole->named_parameters();
+  double worst = 0;
+  std::size_t index = 0;
+  for (const auto& [name, piece] : run.model->named_parameters()) {
+    REQUIRE(expected[index].first == name);
+    Tensor reference = expected[index++].second.grad();
+    const double scale = std::max(1e-12, max(abs(reference)).item<double>());
+    if (const auto it = splits.find(name); it != splits.end()) {
+      reference = reference.narrow(it->second.dim, it->second.offset, it->second.extent).contiguous();
+    }
+    const ShardInfo* shard = piece.shard_info();
+    REQUIRE(shard != nullptr);
+    REQUIRE(shard->full_shape == reference.shape());
+    const Tensor mine = reference.reshape({-1}).narrow(0, shard->first, shard->count);
+    if (shard->count > 0) worst = std::max(worst, max(abs(sub(piece.grad(), mine))).item<double>() / scale);
+  }
+  return worst;
+}
+
+std::vector<std::pair<int, int>> meshes(int world_size, const models::LlamaConfig& config) {
+  std::vector<std::pair<int, int>> out;
+  for (int tp = 1; tp <= world_size; ++tp) {
+    if (world_size % tp == 0 && config.num_key_value_heads % tp == 0) out.emplace_back(world_size / tp, tp);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("2-D Llama: each rank's gradient pieces after one step are the whole model's",
+          "[dist][tp][llama]") {
+  for (const auto& [label, config] : {std::pair{"tiny", tiny()}, std::pair{"8 heads", eight_heads()}}) {
+    models::Llama whole(config, kSeed);
+    whole_loss(whole, 0).backward();
+    double whole_norm = 0;
+    for (const Variable& parameter : whole->parameters())
+      whole_norm += sum_squares(parameter.grad()).item<double>();
+    whole_norm = std::sqrt(whole_norm);
+    for (const auto& [dp, tp] : meshes(world().size(), config)) {
+      if (kBatch % dp != 0) continue;
+      for (const bool deferred : {false, true}) {
+        INFO(label << " at dp " << dp << " x tp " << tp
+                   << (deferred ? ", drawn deferred" : ", cut from the whole"));
+        Parallel run = parallel_llama(config, dp, tp, deferred);
+        const double loss = parallel_step_loss(run, 0);
+        CHECK(std::abs(loss - whole_loss(whole, 0).data().item<double>()) <= 1e-5);
+        CHECK(worst_gradient_error(run, whole) <= 1e-5);
+        // The global gradient norm: split pieces summed over the whole mesh, the rest over dp.
+        const double norm = optim::clip_grad_norm_(run.model->parameters(), 1e30).item<double>();
+        CHECK(std::abs(norm - whole_norm) <= 1e-5 * whole_norm);
+      }
+    }
+  }
+}
+
+TEST_CASE("2-D Llama: 20 AdamW steps over the model's own parameters give one process's losses",
+          "[dist][tp][llama]") {
+  constexpr int kSteps = 20;
+  for (const auto& [label, config] : {std::pair{"tiny", tiny()}, std::pair{"8 heads", eight_heads()}}) {
+    models::Llama whole(config, kSeed);
+    optim::AdamW whole_optimizer(whole->named_parameters(), {.lr = 1e-3});
+    std::vector<double> expected;
+    for (int step = 0; step < kSteps; ++step) {
+      whole_optimizer.zero_grad();
+      const Variable loss = whole_loss(whole, step);
+      loss.backward();
+      whole_optimizer.step();
+      expected.push_back(loss.data().item<double>());
+    }
+    for (const auto& [dp, tp] : meshes(world().size(), config)) {
+      if (kBatch % dp != 0) continue;
+      INFO(label << " at dp " << dp << " x tp " << tp);
+      Parallel run = parallel_llama(config, dp, tp, true);
+      optim::AdamW optimizer(run.model->named_parameters(), {.lr = 1e-3});
+      double worst = 0;
+      for (int step = 0; step < kSteps; ++step) {
+        optimizer.zero_grad();
+        worst = std::max(worst,
+                         std::abs(parallel_step_loss(run, step) - expected[static_cast<std::size_t>(step)]));
+        optimizer.step();
+      }
+      CHECK(worst <= 1e-5);
+    }
+  }
+}
+
+TEST_CASE("2-D Llama: one all-reduce per block half in forward and one in backward on the tp group",
+          "[dist][tp][llama]") {
+  const int tp = world().size();
+  if (tp == 1 || eight_heads().num_key_value_heads % tp != 0) return;
+  Parallel run = parallel_llama(eight_heads(), 1, tp, true);
+  dist::Communicator& group = (*run.mesh)["tp"];
+  const auto [inputs, targets] = batch(eight_heads().vocab_size, 0);
+  const auto calls = [&] { return group.counters()[dist::Collective::all_reduce].calls; };
+  const auto before = calls();
+  const Variable logits = run.model(inputs);
+  const auto forward = calls() - before;
+  // The embedding's sum, then per layer the attention's and the MLP's outputs.
+  CHECK(forward == 1 + 2 * eight_heads().num_hidden_layers);
+  CHECK(logits.size(-1) ==
+        dist::split_range(eight_heads().vocab_size, tp, group.rank(), "vocabulary").second);
+  const Variable loss = dist::vocab_parallel_cross_entropy(
+      reshape(logits, {-1, logits.size(-1)}), targets.reshape({-1}), run.layout.vocabulary, group);
+  CHECK(calls() - before - forward == 3);  // the loss: max, sum of exponentials, target logit
+  const auto before_backward = calls();
+  loss.backward();
+  // The head's input gradient, then per layer the MLP's and the attention's input gradients.
+  CHECK(calls() - before_backward == 1 + 2 * eight_heads().num_hidden_layers);
+}
+
+TEST_CASE("2-D Llama: refusals name what does not fit", "[dist][tp][llama]") {
+  if (world().size() == 4) {
+    models::Llama model(tiny(), kSeed);
+    dist::DeviceMesh mesh(world(), {1, 4}, {"dp", "tp"});
+    CHECK_THROWS_ERROR(
+        apps::parallelize_llama(model, {.mesh = &mesh}),
+        "4 attention heads (num_attention_heads) and 2 key/value heads (num_key_value_heads) do not "
+        "both divide by tp 4");
+    // Nothing changed: the model still trains whole.
+    CHECK((*model->lm_head)->weight.size(0) == tiny().vocab_size);
+  }
+  {
+    models::Llama model(tiny(), kSeed);
+    dist::DeviceMesh mesh(world(), {world().size(), 1}, {"dp", "tp"});
+    CHECK_THROWS_ERROR(apps::parallelize_llama(model, {.fsdp = {.communicator = &mesh["tp"]}, .mesh = &mesh}),
+                       "with a mesh, FSDP runs over its \"dp\" ranks");
+    dist::DeviceMesh backwards(world(), {1, world().size()}, {"tp", "dp"});
+    CHECK_THROWS_ERROR(apps::parallelize_llama(model, {.mesh = &backwards}),
+                       fmt::format("the mesh must be dp x tp, got tp=1 x dp={}", world().size()));
+    CHECK_THROWS_ERROR(dist::sum_shards_over((*model->lm_head)->weight, world()),
+                       "is not sharded by FSDP (fully_shard its module first)");
+  }
+  models::Llama model(tiny(), kSeed);
+  dist::Communicator& group = world();
+  CHECK_THROWS_ERROR(
+      dist::parallelize_module(*model, group, {{"model.layers.*.no_such", dist::ParallelStyle::colwise}}),
+      "the plan's 'model.layers.*.no_such' (colwise) matches no module of LlamaForCausalLM");
+  CHECK_THROWS_ERROR(
+      dist::parallelize_module(*model, group, {{"model.embed_tokens", dist::ParallelStyle::colwise}}),
+      "colwise fits a Linear, but 'model.embed_tokens' is a Embedding");
+  CHECK_THROWS_ERROR(dist::parallelize_module(*model, group,
+                                              {{"lm_head", dist::ParallelStyle::colwise},
+                                               {"model.layers.*.mlp", dist::ParallelStyle::region_input},
+                                               {"lm_head", dist::ParallelStyle::rowwise}}),
+                     "module 'lm_head' is matched by 'lm_head' (colwise) and by 'lm_head' (rowwise)");
+  CHECK_THROWS_ERROR(
+      dist::parallelize_module(*model, group, {{"model.*", dist::ParallelStyle::region_input}}),
+      "'model.layers' (ModuleList) has no forward of its own to hook");
+  CHECK((*model->lm_head)->weight.size(0) == tiny().vocab_size);
+  (void)dist::parallelize_module(*model, group, {{"lm_head", dist::ParallelStyle::colwise}});
+  CHECK_THROWS_ERROR(dist::parallelize_module(*model, group, {{"lm_head", dist::ParallelStyle::colwise}}),
+                     "'lm_head' is already parallelised");
+  CHECK_THROWS_ERROR(dist::split_range(3, 4, 0, "'x'"), "'x' has 3 elements to split over 4 ranks");
+}
+
+TEST_CASE("vocab_parallel_cross_entropy refuses bad operands", "[dist][tp]") {
+  dist::Communicator& group = world();
+  const Variable logits(zeros({2, 5}), true);
+  CHECK_THROWS_ERROR(dist::vocab_parallel_cross_entropy(logits, zeros({2}), {0, 5 * group.size()}, group),
+                     "targets must be i64 or i32, got f32");
+  CHECK_THROWS_ERROR(dist::vocab_parallel_cross_entropy(logits, zeros({3}, dtype(DType::i64)), {0, 5}, group),
+                     "targets must be [2] like the logits' rows, got [3]");
+  CHECK_THROWS_ERROR(dist::vocab_parallel_cross_entropy(logits, zeros({2}, dtype(DType::i64)), {3, 5}, group),
+                     "this rank's 5 columns from entry 3 do not lie in a vocabulary of 5");
+  CHECK_THROWS_ERROR(
+      dist::vocab_parallel_cross_entropy(logits, from_vector<std::int64_t>({1, 5}), {0, 5}, group), "5");
+}
