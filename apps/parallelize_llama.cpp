@@ -1,6 +1,9 @@
 // apps/parallelize_llama.cpp: tensor parallelism, activation checkpointing and FSDP units for the Llama.
 #include "apps/parallelize_llama.h"
 
+#include <fmt/format.h>
+
+#include "dist/comm/collective.h"
 #include "nn/module.h"
 
 namespace shardlab::apps {
@@ -20,6 +23,27 @@ std::vector<std::pair<std::string, dist::ParallelStyle>> llama_tensor_parallel_p
           {"model.layers.*.mlp.up_proj", colwise},
           {"model.layers.*.mlp.down_proj", rowwise},
           {"lm_head", colwise}};
+}
+
+std::string TensorParallelTraffic::str() const {
+  return fmt::format("tp={}: {} all-reduces, {} B received per rank and step", ranks, all_reduces,
+                     bytes_received);
+}
+
+TensorParallelTraffic tensor_parallel_traffic(const models::LlamaConfig& config, int ranks,
+                                              std::int64_t tokens, DType activations,
+                                              bool activation_checkpointing) {
+  const std::int64_t layers = config.num_hidden_layers;
+  const std::int64_t hidden_sums = 2 + 4 * layers + (activation_checkpointing ? 2 * layers : 0);
+  const auto received = [&](DType dtype, std::int64_t count) {
+    return dist::traffic_of({.op = dist::Collective::all_reduce, .dtype = dtype, .count = count}, 0, ranks)
+        .bytes_received;
+  };
+  constexpr std::int64_t kLossSums = 3;  // max, sum of exponentials, target logit
+  return {.ranks = ranks,
+          .all_reduces = hidden_sums + kLossSums,
+          .bytes_received = hidden_sums * received(activations, tokens * config.hidden_size) +
+                            kLossSums * received(DType::f32, tokens)};
 }
 
 namespace {
@@ -70,10 +94,14 @@ ParallelLlama parallelize_llama(models::Llama& model, const LlamaParallelism& op
   dist::FsdpOptions root = fsdp;
   root.mixed_precision.output_dtype = DType::f32;  // f32 logits for the loss
   dist::fully_shard(*model, root);
-  for (const dist::TensorParallelSplit& split : result.splits) {
-    for (const auto& [name, shard] : model->named_parameters()) {
-      if (name == split.name) dist::sum_shards_over(shard, options.mesh->world());
+  if (options.mesh != nullptr && options.mesh->size("tp") > 1) {
+    // Norms, checkpoints and the full safetensors over the whole mesh: the split parameters as pieces
+    // of the whole, the others (the norms) counted on the first tensor-parallel rank.
+    nn::Named<ShardInfo::Piece> pieces;
+    for (const dist::TensorParallelSplit& split : result.splits) {
+      pieces.emplace_back(split.name, ShardInfo::Piece{split.full_shape, split.dim, split.offset});
     }
+    dist::place_in_mesh(*model, options.mesh->world(), pieces, options.mesh->coordinate("tp") == 0);
   }
   return result;
 }

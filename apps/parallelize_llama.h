@@ -33,15 +33,28 @@ struct ParallelLlama {
   dist::VocabPiece vocabulary;                    // the logits' columns on this rank: all of them without
 };
 
+// What the tensor-parallel ranks exchange in one training step of `tokens` tokens per rank: the
+// plan's all-reduces (per decoder layer two in forward and two in backward, two more under
+// activation checkpointing's recompute; the embedding's and the head's; the loss's three of one f32
+// per token), the bytes each rank receives as dist::traffic_of counts them.
+struct TensorParallelTraffic {
+  int ranks = 1;
+  std::int64_t all_reduces = 0, bytes_received = 0;
+  std::string str() const;  // "tp=2: 13 all-reduces, 8160 B received per rank and step"
+};
+TensorParallelTraffic tensor_parallel_traffic(const models::LlamaConfig& config, int ranks,
+                                              std::int64_t tokens, DType activations,
+                                              bool activation_checkpointing);
+
 // The Llama's tensor-parallel plan for dist::parallelize_module.
 std::vector<std::pair<std::string, dist::ParallelStyle>> llama_tensor_parallel_plan();
 
 // Parallelises `model` in place; the root's output stays f32 (the loss's logits) under mixed
 // precision. Parameters still deferred (nn::DeferredInitGuard) are drawn piece by piece;
 // materialised ones (a loaded model) are cut. With tensor parallelism the model's logits hold this
-// rank's vocabulary columns: take the loss with dist::vocab_parallel_cross_entropy; the gradient
-// norm's sums run over the whole mesh for split parameters (dist::sum_shards_over), over "dp" for
-// the others (each tensor-parallel rank holds the same). Refused, naming the numbers: heads or
+// rank's vocabulary columns: take the loss with dist::vocab_parallel_cross_entropy. The parameters
+// are placed in the mesh (dist::place_in_mesh): gradient norms, checkpoints and the full
+// safetensors run over all its ranks, each element counted once. Refused, naming the numbers: heads or
 // key/value heads that tp does not divide, tied embeddings with tensor parallelism, a mesh without
 // "dp" and "tp", an FSDP communicator other than the mesh's "dp".
 ParallelLlama parallelize_llama(models::Llama& model, const LlamaParallelism& options);

@@ -126,10 +126,7 @@ void check_tensor_parallel(const Options& options, int world_size) {
                  "is not supported with it",
                  options.sharding);
   for (const auto& [given, flag] :
-       {std::pair{!options.checkpoint_dir.empty(), "--checkpoint-dir"}, std::pair{options.resume, "--resume"},
-        std::pair{!options.save_model.empty(), "--save-model"}, std::pair{options.samples > 0, "--sample"},
-        std::pair{options.explain, "--explain"}, std::pair{!options.memory_limit.empty(), "--memory-limit"},
-        std::pair{options.cpu_offload, "--cpu-offload"}}) {
+       {std::pair{options.samples > 0, "--sample"}, std::pair{options.cpu_offload, "--cpu-offload"}}) {
     SHARDLAB_CHECK(!given, "{} is not supported with --tp {}", flag, options.tp);
   }
 }
@@ -175,6 +172,7 @@ class Training : public apps::Trainer {
   void after_step(const StepResult& result) override;
   void finish() override;
   std::string throughput(double median_seconds) const override;
+  void report_memory() const override;
   void add_summary(nlohmann::json& summary, double median_seconds) const override;
 
   Variable forward_backward(const data::Batch& batch, double scale);
@@ -191,6 +189,7 @@ class Training : public apps::Trainer {
   std::optional<data::PretrainingDataset> corpus_;
   std::optional<data::DataLoader> loader_;
   std::unique_ptr<dist::DeviceMesh> mesh_;  // dp x tp, with --tp
+  std::int64_t tensor_parallel_bytes_ = 0;  // what the tp ranks exchanged in the last step
   std::optional<models::Llama> model_;
   apps::ParallelLlama layout_;
   std::unique_ptr<optim::AdamW> optimizer_;
@@ -266,7 +265,8 @@ Training::Training(const Options& options, dist::Session& session)
          .optimizer_state_bytes_per_element = kOptimizerStateBytesPerElement,
          .checkpointing_available = true,
          .checkpointing = options.activation_checkpointing,
-         .unchanged = {"seq", "sequences", "tokenizer_json", "config"}});
+         .unchanged = {"seq", "sequences", "tokenizer_json", "config"},
+         .data_parallel = &data_parallel()});
 
   dist::log(
       "train_llama: {} documents, {} sequences of {} tokens ({} tokenizer, vocab {}), model {} with {} "
@@ -281,14 +281,37 @@ Training::Training(const Options& options, dist::Session& session)
       options.activation_checkpointing ? ", activation checkpointing" : "");
 }
 
+// The plan of what tensor parallelism exchanges in a step, for this rank's rows of the global batch.
+apps::TensorParallelTraffic planned_tensor_parallel_traffic(const Options& options,
+                                                            const models::LlamaConfig& config,
+                                                            const dist::DeviceMesh& mesh) {
+  const std::int64_t rows =
+      data::rank_batch_size(options.global_batch, mesh.size("dp"), mesh.coordinate("dp"));
+  return apps::tensor_parallel_traffic(config, mesh.size("tp"), rows * options.seq,
+                                       options.mixed_precision == "bf16" ? DType::bf16 : DType::f32,
+                                       options.activation_checkpointing);
+}
+
 void Training::begin_training() {
   if (options_.explain) {
     // What the FSDP2 article prints as param.placements: where rank 0's piece of each parameter lies.
     std::string shards = "rank 0's shards (parameter, shape: placement):\n";
     for (const auto& [name, shard] : dist::parameter_shards(**model_)) {
-      shards += fmt::format("  {} {}: {}\n", name, shape_str(shard.full_shape), shard.placement);
+      // With --tp, first where the rank's piece lies in the whole, then FSDP's shard of the piece.
+      const std::string piece =
+          shard.piece
+              ? fmt::format(
+                    "Shard(dim {}) [{}, {}) of {}, then ", shard.piece->dim, shard.piece->offset,
+                    shard.piece->offset + shard.full_shape[static_cast<std::size_t>(shard.piece->dim)],
+                    shape_str(shard.piece->whole))
+              : "";
+      shards += fmt::format("  {} {}: {}{}\n", name, shape_str(shard.full_shape), piece, shard.placement);
     }
     dist::log("{}", shards);
+    if (mesh_) {
+      dist::log("tensor parallel over {} (FSDP's traffic above is the dp ranks'): {}", mesh_->str(),
+                planned_tensor_parallel_traffic(options_, config_, *mesh_).str());
+    }
   }
   progress_.emplace("train", total_steps_, "tok/s", rank_ == 0);
 }
@@ -321,12 +344,14 @@ Training::StepValues Training::compute_step(const data::Batch& batch, const data
   const double targets = std::max(
       apps::sum_over_ranks(session_.cpu_world(), {local_targets})[0] / static_cast<double>(options_.tp), 1.0);
   dist::reset_collective_counters(**model_);
+  if (mesh_) (*mesh_)["tp"].reset_counters();
   // FSDP averages gradients over the data-parallel ranks: scaled by their number, the average is the
   // global mean's gradient.
   const Tensor loss_sum =
       forward_backward(batch, static_cast<double>(data_parallel().size()) / targets).data();
   // FSDP's collectives of the step, what the plan predicts (clipping's all-reduce comes after).
   step_bytes_received_ = dist::collective_counters(**model_).total().bytes_received;
+  if (mesh_) tensor_parallel_bytes_ = (*mesh_)["tp"].counters().total().bytes_received;
   // Over the shards, the norm of the whole gradient: their sums of squares are added over the ranks.
   const Tensor grad_norm = optim::clip_grad_norm_((*model_)->parameters(), options_.clip);
   // The loss over the data-parallel ranks, summed on the device.
@@ -412,6 +437,13 @@ void Training::finish() {
   }
 }
 
+void Training::report_memory() const {
+  if (!mesh_) return;
+  dist::log("train_llama: rank 0 tensor-parallel collectives of the last step: received {} B, planned {} B",
+            tensor_parallel_bytes_,
+            planned_tensor_parallel_traffic(options_, config_, *mesh_).bytes_received);
+}
+
 std::string Training::throughput(double median_seconds) const {
   return fmt::format(", {:.0f} tokens/s", tokens_per_second(median_seconds));
 }
@@ -423,6 +455,11 @@ void Training::add_summary(nlohmann::json& summary, double median_seconds) const
                   {"step_counters", (*model_)->named_parameters().size()},
                   {"unsharded_peak_bytes", dist::unsharded_memory().peak_bytes},
                   {"planned_unsharded_peak_bytes", plan_.peak_unsharded_bytes()}});
+  if (mesh_) {
+    summary.update({{"tensor_parallel_step_bytes", tensor_parallel_bytes_},
+                    {"planned_tensor_parallel_step_bytes",
+                     planned_tensor_parallel_traffic(options_, config_, *mesh_).bytes_received}});
+  }
 }
 
 void add_options(CLI::App& app, Options& options) {

@@ -123,19 +123,22 @@ void Trainer::start(const Setup& setup) {
   if (common_.explain || !common_.memory_limit.empty()) {
     const std::optional<std::int64_t> limit =
         common_.memory_limit.empty() ? std::nullopt : parse_bytes(common_.memory_limit);
+    dist::Communicator& data_parallel =
+        setup.data_parallel != nullptr ? *setup.data_parallel : session_.world();
     const FitLevers levers{.global_batch = common_.global_batch,
                            .world_size = world_size_,
+                           .data_ranks = data_parallel.size(),
                            .sharding = plan_.sharding,
                            .checkpointing_available = setup.checkpointing_available,
                            .checkpointing = setup.checkpointing,
                            .device = device_};
-    predicted_ = will_it_fit(session_.cpu_world(), plan_, model_bytes_baseline_,
-                             data::rank_batch_size(common_.global_batch, world_size_, rank_), limit, levers,
-                             *setup.optimizer, [&](std::int64_t samples) {
-                               const std::vector<std::int64_t> first =
-                                   setup.loader->batch_indices(setup.first_epoch).front();
-                               dry_run(batch_on_device({first.begin(), first.begin() + samples}));
-                             });
+    predicted_ = will_it_fit(
+        session_.cpu_world(), plan_, model_bytes_baseline_,
+        data::rank_batch_size(common_.global_batch, data_parallel.size(), data_parallel.rank()), limit,
+        levers, *setup.optimizer, [&](std::int64_t samples) {
+          const std::vector<std::int64_t> first = setup.loader->batch_indices(setup.first_epoch).front();
+          dry_run(batch_on_device({first.begin(), first.begin() + samples}));
+        });
   }
   SHARDLAB_CHECK(!common_.resume || !common_.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
   SHARDLAB_CHECK(common_.checkpoint_every == 0 || !common_.checkpoint_dir.empty(),

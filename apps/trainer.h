@@ -127,6 +127,9 @@ class Trainer {
     bool checkpointing_available = false, checkpointing = false;  // for --memory-limit's advice
     // The fields of training_state() a resumed run must have unchanged.
     std::vector<std::string> unchanged;
+    // The ranks that share out the global batch (a mesh's "dp" under tensor parallelism); the world
+    // when null.
+    dist::Communicator* data_parallel = nullptr;
   };
 
   // Sets the threads, the FSDP options (fsdp_) and checks --save-model (a file, or a directory

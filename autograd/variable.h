@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/tensor.h"
@@ -39,6 +40,15 @@ struct ShardInfo {
   // parts are held by several).
   bool counts_once = true;
   std::shared_ptr<const ShardRanks> ranks;  // never null
+  // When the parameter is itself one piece of a larger one (tensor parallelism's split, which FSDP
+  // then shards): the whole's shape, and the piece's place in it, along `dim` from `offset`,
+  // full_shape[dim] long. None: full_shape is the whole.
+  struct Piece {
+    Shape whole;
+    int dim = 0;
+    std::int64_t offset = 0;
+  };
+  std::optional<Piece> piece;
 };
 
 class Variable {

@@ -93,7 +93,7 @@ void check_memory_limit(dist::Communicator& comm, const PeakPrediction& predicti
     const std::int64_t fitting =
         peak.micro_batch - (worst_total - limit + peak.per_sample - 1) / peak.per_sample;
     if (fitting >= 1) {
-      suggest(fmt::format("--global-batch {} (per-rank batch {})", fitting * levers.world_size, fitting),
+      suggest(fmt::format("--global-batch {} (per-rank batch {})", fitting * levers.data_ranks, fitting),
               peak.total_with(fitting));
     }
   }

@@ -17,7 +17,8 @@ namespace shardlab::apps {
 struct FitLevers {
   std::int64_t global_batch = 0;
   int world_size = 1;
-  std::string sharding;                                         // dist::Plan::sharding
+  int data_ranks = 1;    // the ranks that share out the global batch: world_size / tp
+  std::string sharding;  // dist::Plan::sharding
   bool checkpointing_available = false, checkpointing = false;  // --activation-checkpointing
   Device device = Device::cpu();                                // --cpu-offload frees a GPU only
 };

@@ -87,17 +87,21 @@ Json write_pieces(const std::string& path, const std::string& file, const nn::Na
   std::uint64_t offset = 0;
   std::uint32_t crc = crc_update(0, nullptr, 0);
   Json chunks = Json::array();
+  // One chunk per run of the whole tensor's elements (one, unless a tensor-parallel piece splits rows).
   const auto write = [&](const std::string& tensor, const Tensor& local, const ParameterShard& shard) {
     const Tensor host = local.to(Device::cpu()).contiguous();
-    const auto bytes = static_cast<std::size_t>(shard.count * kElementBytes);
-    out.pwrite_all(host.raw_data(), bytes, offset, where);
-    crc = crc_update(crc, host.raw_data(), bytes);
-    chunks.push_back({{"tensor", tensor},
-                      {"offset", offset},
-                      {"bytes", bytes},
-                      {"first", shard.first},
-                      {"count", shard.count}});
-    offset += bytes;
+    for (const ElementRun& run : whole_runs(shard)) {
+      const auto bytes = static_cast<std::size_t>(run.count * kElementBytes);
+      const auto* from = static_cast<const char*>(host.raw_data()) + run.at * kElementBytes;
+      out.pwrite_all(from, bytes, offset, where);
+      crc = crc_update(crc, from, bytes);
+      chunks.push_back({{"tensor", tensor},
+                        {"offset", offset},
+                        {"bytes", bytes},
+                        {"first", run.first},
+                        {"count", run.count}});
+      offset += bytes;
+    }
   };
   Json parameters = Json::object();
   for (const auto& [name, shard] : shards) {
@@ -167,7 +171,7 @@ OrderedJson build_metadata(const std::vector<Json>& ranks, const nn::Named<Param
     return OrderedJson{{"shape", shape}, {"dtype", "F32"}, {"chunks", std::move(list)}};
   };
   for (const auto& [name, shard] : shards) {
-    tensors[name] = entry(name, shard.full_shape);
+    tensors[name] = entry(name, whole_shape(shard));
     // The ranks that hold elements of the parameter (all ranks for an empty one) must agree on
     // its state; the others update a piece of no elements and may have any.
     const std::int64_t numel = shape_numel(shard.full_shape);
@@ -192,7 +196,7 @@ OrderedJson build_metadata(const std::vector<Json>& ranks, const nn::Named<Param
     parameter_steps[name] = state["step"].get<std::int64_t>();
     for (const Json& slot : state["slots"]) {
       const std::string tensor = fmt::format("{}{}.{}", kOptimPrefix, name, slot.get<std::string>());
-      optim_tensors[tensor] = entry(tensor, shard.full_shape);
+      optim_tensors[tensor] = entry(tensor, whole_shape(shard));
     }
   }
   for (auto& [name, value] : optim_tensors.items()) tensors[name] = std::move(value);
@@ -318,9 +322,9 @@ void check_against_model(const CheckpointInfo& metadata, const nn::Named<Paramet
     const CheckpointTensor* tensor = metadata.tensor(name);
     SHARDLAB_CHECK(tensor != nullptr, "{}: {}: the model's parameter '{}' is not in the checkpoint", where,
                    kMetadata, name);
-    SHARDLAB_CHECK(tensor->shape == shard.full_shape,
+    SHARDLAB_CHECK(tensor->shape == whole_shape(shard),
                    "{}: {}: tensor '{}' has shape {} in the checkpoint but {} in the model", where, kMetadata,
-                   name, shape_str(tensor->shape), shape_str(shard.full_shape));
+                   name, shape_str(tensor->shape), shape_str(whole_shape(shard)));
   }
   for (const CheckpointTensor& entry : metadata.tensors) {
     const std::string& name = entry.name;
@@ -339,9 +343,9 @@ void check_against_model(const CheckpointInfo& metadata, const nn::Named<Paramet
                    "{}: {}: tensor '{}' is optimizer state of parameter '{}', which has no step count in "
                    "'parameter_steps'",
                    where, kMetadata, name, parameter);
-    SHARDLAB_CHECK(entry.shape == it->second->full_shape,
+    SHARDLAB_CHECK(entry.shape == whole_shape(*it->second),
                    "{}: {}: tensor '{}' has shape {} in the checkpoint but its parameter has shape {}", where,
-                   kMetadata, name, shape_str(entry.shape), shape_str(it->second->full_shape));
+                   kMetadata, name, shape_str(entry.shape), shape_str(whole_shape(*it->second)));
   }
   for (const auto& [name, step] : metadata.parameter_steps) {
     SHARDLAB_CHECK(parameters.contains(name),
@@ -374,10 +378,12 @@ Prepared prepare_load(const std::string& dir, const nn::Named<ParameterShard>& s
   std::vector<Read> reads;
   const auto plan = [&](const CheckpointTensor& entry, const ParameterShard& shard, Tensor* into) {
     *into = empty({shard.count}, dtype(DType::f32));
-    for (const CheckpointChunk& chunk : entry.chunks) {
-      const std::int64_t from = std::max(chunk.first, shard.first),
-                         to = std::min(chunk.first + chunk.count, shard.first + shard.count);
-      if (from < to) reads.push_back({&chunk, from, to - from, from - shard.first, into});
+    for (const ElementRun& run : whole_runs(shard)) {
+      for (const CheckpointChunk& chunk : entry.chunks) {
+        const std::int64_t from = std::max(chunk.first, run.first),
+                           to = std::min(chunk.first + chunk.count, run.first + run.count);
+        if (from < to) reads.push_back({&chunk, from, to - from, run.at + from - run.first, into});
+      }
     }
   };
   std::map<std::string, std::vector<std::string>> slots_of;

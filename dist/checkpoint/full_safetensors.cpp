@@ -36,7 +36,7 @@ void refuse_persistent_buffers(nn::Module& root, std::string_view where) {
 std::vector<nn::SafetensorsEntry> entries_of(const nn::Named<ParameterShard>& shards) {
   std::vector<nn::SafetensorsEntry> entries;
   for (const auto& [name, shard] : shards)
-    entries.push_back({.name = name, .dtype = DType::f32, .shape = shard.full_shape});
+    entries.push_back({.name = name, .dtype = DType::f32, .shape = whole_shape(shard)});
   return entries;
 }
 
@@ -53,8 +53,11 @@ void write_elements(const std::string& temp, const nn::Named<ParameterShard>& sh
     const ParameterShard& shard = shards[i].second;
     const Tensor host = shard.local.data().to(Device::cpu()).contiguous();
     const std::size_t element = host.element_size();  // f32: the dtype of every parameter shard
-    file.pwrite_all(host.raw_data(), static_cast<std::size_t>(shard.count) * element,
-                    layout.offsets[i] + static_cast<std::uint64_t>(shard.first) * element, where);
+    for (const ElementRun& run : whole_runs(shard)) {
+      file.pwrite_all(static_cast<const char*>(host.raw_data()) + run.at * element,
+                      static_cast<std::size_t>(run.count) * element,
+                      layout.offsets[i] + static_cast<std::uint64_t>(run.first) * element, where);
+    }
   }
   file.sync(where);
   file.close(where);

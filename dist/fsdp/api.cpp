@@ -311,22 +311,62 @@ nn::Named<ParameterShard> parameter_shards(nn::Module& root) {
                                              .count = info.count,
                                              .local = shard,
                                              .placement = info.placement,
-                                             .first_replica = info.counts_once});
+                                             .first_replica = info.counts_once,
+                                             .piece = info.piece});
   }
   return shards;
 }
 
-void sum_shards_over(const Variable& parameter, Communicator& ranks) {
-  const ShardInfo* shard = parameter.shard_info();
-  SHARDLAB_CHECK(shard != nullptr,
-                 "sum_shards_over: '{}' is not sharded by FSDP (fully_shard its module first)",
-                 parameter.name());
-  ShardInfo info = *shard;
-  info.ranks = ranks_of(ranks, parameter.data().device());
-  parameter.set_shard_info(std::move(info));
+void place_in_mesh(nn::Module& root, Communicator& all, const nn::Named<ShardInfo::Piece>& pieces,
+                   bool counts_copies) {
+  const std::shared_ptr<RootState> state = ensure_root(root);
+  const nn::Named<Variable> shards = sharded_parameters(root);
+  std::map<std::string, const ShardInfo::Piece*> by_name;
+  for (const auto& [name, piece] : pieces) {
+    const std::string& wanted = name;
+    SHARDLAB_CHECK(std::ranges::any_of(shards, [&](const auto& shard) { return shard.first == wanted; }),
+                   "place_in_mesh: '{}' is no parameter of the {}", name, root.type_name());
+    by_name[name] = &piece;
+  }
+  for (const auto& [name, shard] : shards) {
+    ShardInfo info = *shard.shard_info();
+    info.ranks = ranks_of(all, shard.data().device());
+    if (const auto it = by_name.find(name); it != by_name.end()) {
+      info.piece = *it->second;
+    } else {
+      info.counts_once = info.counts_once && counts_copies;
+    }
+    shard.set_shard_info(std::move(info));
+  }
+  state->mesh_ranks = &all;
 }
 
-Communicator& root_communicator(nn::Module& root) { return *ensure_root(root)->units.front()->groups().base; }
+Communicator& root_communicator(nn::Module& root) {
+  const std::shared_ptr<RootState> state = ensure_root(root);
+  return state->mesh_ranks != nullptr ? *state->mesh_ranks : *state->units.front()->groups().base;
+}
+
+Shape whole_shape(const ParameterShard& shard) { return shard.piece ? shard.piece->whole : shard.full_shape; }
+
+std::vector<ElementRun> whole_runs(const ParameterShard& shard) {
+  if (!shard.piece) return {{.first = shard.first, .count = shard.count, .at = 0}};
+  // The piece's flat index (o * extent + e) * inner + n lies at (o * whole extent + offset + e) * inner + n
+  // of the whole: contiguous within one o.
+  const ShardInfo::Piece& piece = *shard.piece;
+  const auto dim = static_cast<std::size_t>(piece.dim);
+  std::int64_t inner = 1;
+  for (std::size_t d = dim + 1; d < shard.full_shape.size(); ++d) inner *= shard.full_shape[d];
+  const std::int64_t row = shard.full_shape[dim] * inner, whole_row = piece.whole[dim] * inner;
+  std::vector<ElementRun> runs;
+  for (std::int64_t i = shard.first; i < shard.first + shard.count;) {
+    const std::int64_t o = i / row, within = i % row;
+    const std::int64_t count = std::min(row - within, shard.first + shard.count - i);
+    runs.push_back(
+        {.first = o * whole_row + piece.offset * inner + within, .count = count, .at = i - shard.first});
+    i += count;
+  }
+  return runs;
+}
 
 nn::Named<Tensor> gather_full_parameters(nn::Module& root) {
   std::map<std::string, Tensor> by_name;

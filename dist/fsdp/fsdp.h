@@ -218,17 +218,33 @@ struct ParameterShard {
   // Whether this rank's copy is the one that counts once: always for full and grad_op, on the
   // first replica for none and hybrid (the others hold the same elements). What a checkpoint writes.
   bool first_replica = true;
+  // With tensor parallelism (place_in_mesh): full_shape is this rank's piece of a larger parameter,
+  // placed in the whole by `piece`.
+  std::optional<ShardInfo::Piece> piece;
 };
+// The whole parameter's shape: piece->whole, else full_shape.
+Shape whole_shape(const ParameterShard& shard);
+// Where `local`'s elements lie in the whole parameter, flattened, in their order: one run
+// [first, first + count) for a whole parameter, a run per row a piece crosses otherwise.
+struct ElementRun {
+  std::int64_t first = 0, count = 0;  // of the whole, flattened
+  std::int64_t at = 0;                // in `local`
+};
+std::vector<ElementRun> whole_runs(const ParameterShard& shard);
 // Every parameter under `root`, by dotted name in root.named_parameters() order (a tied parameter
 // once, under its first name).
 nn::Named<ParameterShard> parameter_shards(nn::Module& root);
-// For a sharded parameter that is itself one piece of a larger one (a tensor-parallel split, whose
-// other pieces FSDP shards on other ranks): sums over its shards (clip_grad_norm_'s sum of squares)
-// then run over `ranks`, which together hold every piece's shards, instead of FSDP's communicator
-// alone. `ranks` must outlive the parameter's use; a parameter FSDP does not shard is an error.
-void sum_shards_over(const Variable& parameter, Communicator& ranks);
-// The ranks that train the units under `root` (FsdpOptions::communicator, or the world): the
-// ranks of a collective over the whole model, such as a checkpoint's save and load.
+// Tensor parallelism's layout around FSDP's: places the parameters FSDP shards under `root` in a
+// mesh whose ranks are `all` (FSDP's communicator being one dimension of it). Those named in
+// `pieces` are that piece of a larger parameter; the others every group of the other dimension
+// holds alike, and they count once, on the group where `counts_copies` is true. Sums over shards
+// (clip_grad_norm_), checkpoints and full safetensors then run over `all`. `all` must outlive the
+// model; a name in `pieces` that is no parameter of `root` is an error, and nothing changes.
+void place_in_mesh(nn::Module& root, Communicator& all, const nn::Named<ShardInfo::Piece>& pieces,
+                   bool counts_copies);
+// The ranks that train the units under `root` (FsdpOptions::communicator, or the world; place_in_mesh's
+// `all` with tensor parallelism): the ranks of a collective over the whole model, such as a
+// checkpoint's save and load.
 Communicator& root_communicator(nn::Module& root);
 
 // The collectives the units under `root` issued since the last reset, summed over the distinct

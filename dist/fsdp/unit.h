@@ -63,6 +63,7 @@ struct RootState {
   bool forward_recorded = false, backward_recorded = false;
   bool callback_queued = false;
   bool sync = true;
+  Communicator* mesh_ranks = nullptr;  // place_in_mesh's `all`: the ranks of the whole model
 
   void finish_backward();
   // A backward that threw before its end (its callbacks never ran): the units drop its partial

@@ -191,6 +191,7 @@ void apply_rowwise_embedding(const Context& context, nn::EmbeddingImpl& embeddin
         Shape mask_shape = held->shape();
         mask_shape.push_back(1);
         const Tensor mask = cast(*held, output.dtype()).reshape(mask_shape);
+        *held = Tensor();  // nothing of the batch stays between steps
         output = reduce_from_parallel_region(mul(output, constant(mask)), group, tag);
       });
 }

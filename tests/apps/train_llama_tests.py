@@ -20,7 +20,8 @@ checks what its users rely on:
 - --profile prints where a step goes (kernel time per op) and changes no loss;
 - tensor parallelism (--tp): 2 ranks as one tp group, 4 as 2 x 2 (also with activation
   checkpointing, and with the uneven global batch) give every step's loss and gradient norm within
-  1e-5 of the 1-process run's;
+  1e-5 of the 1-process run's; a checkpoint saved at 2 x 2 resumes there bit for bit (losses, and
+  the step-10 rank files), and at 1 x 2, 4 x 1 and 2 x 1 within 1e-5;
 - bad options, a missing corpus and a config that does not fit exit 1 with one clear message;
 - will it fit: the training peak --explain predicts (above the loaded data) is within 10% of the
   measured one on every rank at np 1-4 for every strategy, with and without activation
@@ -78,7 +79,7 @@ def main(mpirun, train_llama, generate):
     check_errors(mpirun, train_llama, check)
     skipped = 0
     if not os.path.isdir(DATA_DIR):
-        skipped = len(PARITY_RUNS) + 2 + 14 + 5 + len(FIT_RUNS) + 1 + 4 + TRACE_CHECKS + 1 + len(TP_RUNS)
+        skipped = len(PARITY_RUNS) + 2 + 14 + 5 + len(FIT_RUNS) + 1 + 4 + TRACE_CHECKS + 1 + 2 * len(TP_RUNS) - 1 + len(TP_RESUMES) + 4
         print(f"skipped: {skipped} cases that train, {DATA_DIR} is missing (scripts/setup installs fortunes)")
     else:
         with tempfile.TemporaryDirectory(prefix="train_llama_tests.") as scratch:
@@ -116,8 +117,8 @@ def check_errors(mpirun, program, check):
                            "both divide by tp 4"),
         (2, ["--tp", "2", "--sharding", "grad_op"],
          "train_llama: --tp shards fully across the tensor-parallel groups; --sharding grad_op is not supported with it"),
-        (2, ["--tp", "2", "--checkpoint-dir", "/tmp"], "train_llama: --checkpoint-dir is not supported with --tp 2"),
-        (2, ["--tp", "2", "--explain"], "train_llama: --explain is not supported with --tp 2"),
+        (2, ["--tp", "2", "--sample", "1"], "train_llama: --sample is not supported with --tp 2"),
+        (2, ["--tp", "2", "--cpu-offload"], "train_llama: --cpu-offload is not supported with --tp 2"),
     ]
     for ranks, args, message in cases:
         code, output = run_job(mpirun, program, ranks, args + ["--steps", "1"])
@@ -162,26 +163,37 @@ def check_parity_and_memory(mpirun, program, scratch, check):
     # resharded-to-pairs runs.
     for key in ((3, "full", ()), (4, "hybrid:2", ()), (4, "optimizer", ()), (4, "full", RESHARD_TO_PAIRS)):
         code, output, records = runs[key]
-        finals = [r for r in records if "measured_persistent_bytes" in r]
-        problems = []
-        for r in finals:
-            planned = r["persistent_bytes"] + 8 * r["step_counters"]
-            if r["measured_persistent_bytes"] != planned:
-                problems.append(f"rank {r['rank']}: persistent {r['measured_persistent_bytes']} != {planned}")
-            if r["unsharded_peak_bytes"] > r["planned_unsharded_peak_bytes"]:
-                problems.append(f"rank {r['rank']}: gathered peak {r['unsharded_peak_bytes']} > "
-                                f"{r['planned_unsharded_peak_bytes']}")
-            if r["step_bytes_received"] != r["planned_step_bytes"]:
-                problems.append(f"rank {r['rank']}: received {r['step_bytes_received']} != {r['planned_step_bytes']}")
-            if r["held_after_forward_bytes"] != r["planned_held_after_forward_bytes"]:
-                problems.append(f"rank {r['rank']}: held from forward to backward {r['held_after_forward_bytes']} "
-                                f"!= {r['planned_held_after_forward_bytes']}")
+        finals, problems = plan_problems(records)
         check(f"np {key[0]} --sharding {' '.join((key[1],) + key[2])}: every rank's memory and traffic equal the plan",
               code == 0 and len(finals) == key[0] and not problems, f"exit {code}; {problems}\n{output}")
 
 
-# (ranks, --tp, extra flags, the reference's flags): consecutive ranks form the tensor-parallel groups.
-TP_RUNS = [(2, 2, (), ()), (4, 2, (), ()), (4, 2, ("--activation-checkpointing",), ()), (4, 2, UNEVEN, UNEVEN)]
+def plan_problems(records):
+    """The final records of a run's ranks, and where they differ from the plan they hold."""
+    finals = [r for r in records if "measured_persistent_bytes" in r]
+    problems = []
+    for r in finals:
+        planned = r["persistent_bytes"] + 8 * r["step_counters"]
+        if r["measured_persistent_bytes"] != planned:
+            problems.append(f"rank {r['rank']}: persistent {r['measured_persistent_bytes']} != {planned}")
+        if r["unsharded_peak_bytes"] > r["planned_unsharded_peak_bytes"]:
+            problems.append(f"rank {r['rank']}: gathered peak {r['unsharded_peak_bytes']} > "
+                            f"{r['planned_unsharded_peak_bytes']}")
+        if r["step_bytes_received"] != r["planned_step_bytes"]:
+            problems.append(f"rank {r['rank']}: received {r['step_bytes_received']} != {r['planned_step_bytes']}")
+        if r["held_after_forward_bytes"] != r["planned_held_after_forward_bytes"]:
+            problems.append(f"rank {r['rank']}: held from forward to backward {r['held_after_forward_bytes']} "
+                            f"!= {r['planned_held_after_forward_bytes']}")
+        if r.get("tensor_parallel_step_bytes") != r.get("planned_tensor_parallel_step_bytes"):
+            problems.append(f"rank {r['rank']}: tensor-parallel bytes {r.get('tensor_parallel_step_bytes')} != "
+                            f"{r.get('planned_tensor_parallel_step_bytes')}")
+    return finals, problems
+
+
+# (ranks, --tp, extra flags, the reference's flags): consecutive ranks form the tensor-parallel groups. The
+# 2 x 2 runs print the plan (--explain), whose bytes per rank and step both dimensions must meet.
+TP_RUNS = [(2, 2, (), ()), (4, 2, ("--explain",), ()), (4, 2, ("--activation-checkpointing", "--explain"), ()),
+           (4, 2, UNEVEN + ("--explain",), UNEVEN)]
 
 
 def check_tensor_parallel(mpirun, program, scratch, check):
@@ -203,6 +215,75 @@ def check_tensor_parallel(mpirun, program, scratch, check):
             for rank in range(ranks))
         check(f"np {ranks} --tp {tp} {' '.join(extra)}: every rank's losses and gradient norms within {RTOL} of "
               f"1 process", good, f"exit {code}\nexpected {losses}\nrank 0 {per_step(records, 0, 'loss')}\n{output}")
+        if "--explain" in extra:
+            finals, problems = plan_problems(records)
+            check(f"np {ranks} --tp {tp} {' '.join(extra)}: every rank's memory, FSDP traffic (dp) and tensor-parallel "
+                  f"traffic (tp) equal the plan", code == 0 and len(finals) == ranks and not problems
+                  and "tensor parallel over dp=2 x tp=2" in output and all(
+                      "tensor_parallel_step_bytes" in r for r in finals), f"exit {code}; {problems}\n{output}")
+    check_tensor_parallel_resume(mpirun, program, scratch, check, references[()][0])
+    check_tensor_parallel_trace(mpirun, program, scratch, check)
+
+
+def check_tensor_parallel_trace(mpirun, program, scratch, check):
+    """np 4 --tp 2 --trace: the tensor-parallel collectives on their own track, one step's exactly the design's:
+    per decoder layer two all-reduces in forward (the attention's and the MLP's sums) and two in backward (their
+    inputs' gradients), the embedding's sum, the head's input gradient and the loss's three."""
+    directory = os.path.join(scratch, "tp-trace")
+    code, output = run_job(mpirun, program, 4, BASE_ARGS + ["--tp", "2", "--trace", directory, "--trace-steps", "2:2"])
+    layers = 2  # the tiny config
+    expected = sorted(["all_reduce model.embed_tokens output", "all_reduce lm_head input (input gradient)",
+                       "all_reduce cross-entropy max", "all_reduce cross-entropy sum of exponentials",
+                       "all_reduce cross-entropy target logit"] +
+                      [f"all_reduce model.layers.{i}.{name}" for i in range(layers)
+                       for name in ("self_attn.o_proj output", "mlp.down_proj output", "self_attn input (input gradient)",
+                                    "mlp input (input gradient)")])
+    for rank in range(4):
+        try:
+            with open(os.path.join(directory, f"trace-rank{rank}.json"), encoding="utf-8") as file:
+                events = json.load(file)["traceEvents"]
+        except (OSError, ValueError, KeyError) as error:
+            events, output = [], f"{output}\n{error}"
+        tracks = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+        spans = sorted(e["name"] for e in events if e["ph"] == "X" and e.get("cat") == "communication"
+                       and e["args"].get("communicator") == "tp")
+        on_track = all(tracks.get(e["tid"]) == "communication: tp" for e in events
+                       if e["ph"] == "X" and e.get("cat") == "communication" and e["args"].get("communicator") == "tp")
+        check(f"np 4 --tp 2 --trace: rank {rank}'s traced step holds exactly the design's {len(expected)} "
+              f"tensor-parallel all-reduces, on the track 'communication: tp'",
+              code == 0 and spans == expected and on_track, f"exit {code}\n{spans}\n{output}")
+
+
+# Saved at np 4 --tp 2 (2 x 2); resumed at (ranks, --tp).
+TP_RESUMES = [(4, 2), (2, 2), (4, 1), (2, 1)]
+
+
+def check_tensor_parallel_resume(mpirun, program, scratch, check, reference):
+    directory = os.path.join(scratch, "tp-checkpoints")
+    code1, output1 = run_job(mpirun, program, 4, BASE_ARGS + ["--tp", "2", "--checkpoint-dir", directory,
+                                                               "--checkpoint-every", "5"])
+    uninterrupted = os.path.join(scratch, "tp-uninterrupted")
+    if os.path.isdir(os.path.join(directory, "step-00000010")):
+        os.rename(os.path.join(directory, "step-00000010"), uninterrupted)
+    same_layout = per_step(read_metrics(os.path.join(scratch, "tp-np4-tp2--explain.jsonl")), 0, "loss")
+    for ranks, tp in TP_RESUMES:
+        metrics = os.path.join(scratch, f"tp-resumed-np{ranks}-tp{tp}.jsonl")
+        code2, output = run_job(mpirun, program, ranks, BASE_ARGS + ["--tp", str(tp), "--checkpoint-dir", directory,
+                                                                     "--resume", "--metrics", metrics])
+        resumed = per_step(read_metrics(metrics), 0, "loss")
+        if (ranks, tp) == (4, 2):
+            ends = [os.path.join(d, f"rank-{r:05d}-of-00004.bin")
+                    for r in range(4) for d in (uninterrupted, os.path.join(directory, "step-00000010"))]
+            equal = all(os.path.exists(f) for f in ends) and all(
+                filecmp.cmp(ends[i], ends[i + 1], shallow=False) for i in range(0, len(ends), 2)) and all(
+                resumed[s] == same_layout.get(s) for s in resumed)
+            how = "bit for bit, and so are the step-10 rank files"
+        else:
+            equal, how = all(close(resumed[s], reference[s]) for s in resumed), f"within {RTOL:g} of 1 process"
+        ok = code1 == 0 and code2 == 0 and equal and sorted(resumed) == list(range(6, STEPS + 1))
+        check(f"saved at np 4 --tp 2, resumed at np {ranks} --tp {tp} from step 5: steps 6-10 {how}", ok,
+              f"exit {code1}/{code2}\n{resumed}\n{same_layout}\n{output1}\n{output}")
+        shutil.rmtree(os.path.join(directory, "step-00000010"), ignore_errors=True)  # the next resumes from 5
 
 
 def check_mixed_precision(mpirun, program, scratch, check):

@@ -4,8 +4,10 @@
 // of the whole gradient's, and 20 AdamW steps' losses within 1e-5, with the loss taken by
 // dist::vocab_parallel_cross_entropy (no rank holds [B, T, vocab] logits). Every (dp, tp) the world
 // allows for the tiny Llama (4 heads, 2 key/value heads; vocabulary 259, which no tp > 1 divides) and
-// one with 8 heads and 4 key/value heads. Also: the one all-reduce per block half each way, the
-// refusal of tp 4 for the tiny Llama, and the plan's own refusals.
+// one with 8 heads and 4 key/value heads. A checkpoint saved at the largest tp loads at every layout
+// bit for bit (parameters and optimizer state), and the full safetensors it writes equals the one
+// process's file byte for byte. Also: the one all-reduce per block half each way, the refusal of
+// tp 4 for the tiny Llama, and the plan's own refusals.
 #include <cmath>
 #include <map>
 #include <vector>
@@ -14,8 +16,13 @@
 #include "autograd/functional.h"
 #include "core/ops.h"
 #include "core/random.h"
+#include "dist/checkpoint/checkpoint.h"
+#include "dist/checkpoint/full_safetensors.h"
+#include "dist/checkpoint/reader.h"
 #include "dist/comm/mesh.h"
+#include "nn/safetensors.h"
 #include "optim/optimizer.h"
+#include "tests/dist/shared_dir.h"
 #include "tests/dist/world.h"
 
 using namespace shardlab;
@@ -65,13 +72,14 @@ struct Parallel {
   apps::ParallelLlama layout;
 };
 
-Parallel parallel_llama(const models::LlamaConfig& config, int dp, int tp, bool deferred) {
+Parallel parallel_llama(const models::LlamaConfig& config, int dp, int tp, bool deferred,
+                        std::uint64_t seed = kSeed) {
   auto mesh = std::make_unique<dist::DeviceMesh>(world(), std::vector<int>{dp, tp},
                                                  std::vector<std::string>{"dp", "tp"});
   auto build = [&] {
-    if (!deferred) return models::Llama(config, kSeed);
+    if (!deferred) return models::Llama(config, seed);
     const nn::DeferredInitGuard guard;
-    return models::Llama(config, kSeed);
+    return models::Llama(config, seed);
   };
   models::Llama model = build();
   apps::ParallelLlama layout = apps::parallelize_llama(model, {.mesh = mesh.get()});
@@ -138,6 +146,54 @@ std::vector<std::pair<int, int>> meshes(int world_size, const models::LlamaConfi
   return out;
 }
 
+// Trains 3 steps at (save_dp, save_tp), saves a checkpoint and the full safetensors, and loads the
+// checkpoint at every layout: saved again, the same bytes; and one process writes the same file.
+void check_reloads(const models::LlamaConfig& config, int save_dp, int save_tp,
+                   const std::vector<std::pair<int, int>>& layouts) {
+  const test::SharedDir dir;
+  const std::string saved = dir.file("saved"), saved_file = dir.file("saved.safetensors");
+  {
+    Parallel run = parallel_llama(config, save_dp, save_tp, true);
+    optim::AdamW optimizer(run.model->named_parameters(), {.lr = 1e-3});
+    for (int step = 0; step < 3; ++step) {
+      optimizer.zero_grad();
+      parallel_step_loss(run, step);
+      optimizer.step();
+    }
+    dist::save_checkpoint(saved, *run.model, optimizer);
+    dist::save_full_safetensors(saved_file, *run.model);
+  }
+  if (world().rank() == 0)
+    dist::consolidate_checkpoint(saved, dir.file("saved-all.safetensors"), {.optimizer = true});
+  for (const auto& [dp, tp] : layouts) {
+    INFO("saved at dp " << save_dp << " x tp " << save_tp << ", loaded at dp " << dp << " x tp " << tp);
+    Parallel run = parallel_llama(config, dp, tp, true, kSeed + 1);  // other values until loaded
+    optim::AdamW optimizer(run.model->named_parameters(), {.lr = 1e-3});
+    dist::load_checkpoint(saved, *run.model, optimizer);
+    const std::string again = dir.file(fmt::format("again-{}x{}", dp, tp));
+    dist::save_checkpoint(again, *run.model, optimizer);
+    dist::save_full_safetensors(again + ".safetensors", *run.model);
+    if (world().rank() == 0) {
+      dist::consolidate_checkpoint(again, again + "-all.safetensors", {.optimizer = true});
+      CHECK(test::read_file(again + "-all.safetensors") ==
+            test::read_file(dir.file("saved-all.safetensors")));
+      CHECK(test::read_file(again + ".safetensors") == test::read_file(saved_file));
+      const dist::CheckpointInfo before = dist::checkpoint_info(saved), after = dist::checkpoint_info(again);
+      CHECK(after.step == before.step);
+      CHECK(after.parameter_steps == before.parameter_steps);
+    }
+  }
+  if (world().rank() == 0) {
+    // One process, no FSDP and no tensor parallelism: the saved parameters written by safetensors itself.
+    const std::string whole_file = dir.file("saved-params.safetensors");
+    dist::consolidate_checkpoint(saved, whole_file);
+    models::Llama whole(config, kSeed + 2);
+    whole->load_state_dict(nn::load_safetensors(whole_file).tensors);
+    nn::save_safetensors(dir.file("one-process.safetensors"), whole->state_dict(), {{"format", "pt"}});
+    CHECK(test::read_file(dir.file("one-process.safetensors")) == test::read_file(saved_file));
+  }
+}
+
 }  // namespace
 
 TEST_CASE("2-D Llama: each rank's gradient pieces after one step are the whole model's",
@@ -197,6 +253,13 @@ TEST_CASE("2-D Llama: 20 AdamW steps over the model's own parameters give one pr
   }
 }
 
+TEST_CASE("2-D Llama: a checkpoint saved at each (dp, tp) loads at every other bit for bit",
+          "[dist][tp][llama]") {
+  const models::LlamaConfig config = eight_heads();
+  const auto layouts = meshes(world().size(), config);
+  for (const auto& [dp, tp] : layouts) check_reloads(config, dp, tp, layouts);
+}
+
 TEST_CASE("2-D Llama: one all-reduce per block half in forward and one in backward on the tp group",
           "[dist][tp][llama]") {
   const int tp = world().size();
@@ -240,8 +303,9 @@ TEST_CASE("2-D Llama: refusals name what does not fit", "[dist][tp][llama]") {
     dist::DeviceMesh backwards(world(), {1, world().size()}, {"tp", "dp"});
     CHECK_THROWS_ERROR(apps::parallelize_llama(model, {.mesh = &backwards}),
                        fmt::format("the mesh must be dp x tp, got tp=1 x dp={}", world().size()));
-    CHECK_THROWS_ERROR(dist::sum_shards_over((*model->lm_head)->weight, world()),
-                       "is not sharded by FSDP (fully_shard its module first)");
+    dist::fully_shard(*model);
+    CHECK_THROWS_ERROR(dist::place_in_mesh(*model, world(), {{"lm_head.bias", {}}}, true),
+                       "place_in_mesh: 'lm_head.bias' is no parameter of the LlamaForCausalLM");
   }
   models::Llama model(tiny(), kSeed);
   dist::Communicator& group = world();
