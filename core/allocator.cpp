@@ -16,6 +16,7 @@ void StatsCounter::on_allocate(std::size_t nbytes) {
   stats_.bytes_in_use += static_cast<std::int64_t>(nbytes);
   stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.bytes_in_use);
   stats_.allocations += 1;
+  stats_.largest_allocation = std::max(stats_.largest_allocation, static_cast<std::int64_t>(nbytes));
 }
 
 void StatsCounter::on_free(std::size_t nbytes) { stats_.bytes_in_use -= static_cast<std::int64_t>(nbytes); }

@@ -13,6 +13,9 @@ struct MemoryStats {
   std::int64_t peak_bytes = 0;    // high-water mark of bytes_in_use since the last reset
   std::int64_t allocations = 0;   // number of allocate() calls since start
   std::int64_t bytes_cached = 0;  // bytes held by a caching allocator but not in use
+  // The largest single allocate() since the last reset of the peak (what a caching allocator hands
+  // out: a request rounded up to its block): the biggest tensor a computation made.
+  std::int64_t largest_allocation = 0;
 };
 
 class Allocator {
@@ -39,7 +42,10 @@ class StatsCounter {
  public:
   void on_allocate(std::size_t nbytes);
   void on_free(std::size_t nbytes);
-  void reset_peak() { stats_.peak_bytes = stats_.bytes_in_use; }
+  void reset_peak() {
+    stats_.peak_bytes = stats_.bytes_in_use;
+    stats_.largest_allocation = 0;
+  }
   MemoryStats& raw() { return stats_; }
   const MemoryStats& raw() const { return stats_; }
 

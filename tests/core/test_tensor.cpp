@@ -224,8 +224,12 @@ TEST_CASE("storage reallocation keeps tensors attached; allocator statistics add
   const MemoryStats after = memory_stats(Device::cpu());
   CHECK(after.bytes_in_use == before.bytes_in_use);
   CHECK(after.peak_bytes >= before.bytes_in_use + 4000);
+  CHECK(after.largest_allocation >= 4000);
   reset_peak_memory(Device::cpu());
   CHECK(memory_stats(Device::cpu()).peak_bytes == after.bytes_in_use);
+  CHECK(memory_stats(Device::cpu()).largest_allocation == 0);
+  { const Tensor small = zeros({10}), large = zeros({300}), medium = zeros({20}); }
+  CHECK(memory_stats(Device::cpu()).largest_allocation == 1200);  // the largest of the three
 }
 
 TEST_CASE("ops name both devices when their inputs live on different ones", "[tensor][device]") {

@@ -14,6 +14,7 @@
 
 #include "apps/parallelize_llama.h"
 #include "autograd/functional.h"
+#include "core/allocator.h"
 #include "core/ops.h"
 #include "core/random.h"
 #include "dist/checkpoint/checkpoint.h"
@@ -73,7 +74,7 @@ struct Parallel {
 };
 
 Parallel parallel_llama(const models::LlamaConfig& config, int dp, int tp, bool deferred,
-                        std::uint64_t seed = kSeed) {
+                        std::uint64_t seed = kSeed, Device device = Device::cpu()) {
   auto mesh = std::make_unique<dist::DeviceMesh>(world(), std::vector<int>{dp, tp},
                                                  std::vector<std::string>{"dp", "tp"});
   auto build = [&] {
@@ -82,6 +83,7 @@ Parallel parallel_llama(const models::LlamaConfig& config, int dp, int tp, bool 
     return models::Llama(config, seed);
   };
   models::Llama model = build();
+  model->to(device);
   apps::ParallelLlama layout = apps::parallelize_llama(model, {.mesh = mesh.get()});
   return {std::move(mesh), std::move(model), layout};
 }
@@ -99,8 +101,9 @@ double parallel_step_loss(Parallel& run, std::int64_t step) {
   const auto [inputs, targets] = batch(run.model->config.vocab_size, step);
   const Rows rows = my_rows(*run.mesh);
   const double counted = sum(ne(targets, -100).to(DType::i64)).item<double>();
-  const Tensor my_targets = targets.narrow(0, rows.first, rows.count).reshape({-1});
-  const Variable logits = run.model(inputs.narrow(0, rows.first, rows.count).contiguous());
+  const Device device = run.model->parameters().front().device();
+  const Tensor my_targets = targets.narrow(0, rows.first, rows.count).reshape({-1}).to(device);
+  const Variable logits = run.model(inputs.narrow(0, rows.first, rows.count).contiguous().to(device));
   // This rank's vocabulary columns only.
   CHECK(logits.size(-1) == dist::split_range(run.model->config.vocab_size, run.mesh->size("tp"),
                                              run.mesh->coordinate("tp"), "vocabulary")
@@ -133,7 +136,9 @@ double worst_gradient_error(Parallel& run, models::Llama& whole) {
     REQUIRE(shard != nullptr);
     REQUIRE(shard->full_shape == reference.shape());
     const Tensor mine = reference.reshape({-1}).narrow(0, shard->first, shard->count);
-    if (shard->count > 0) worst = std::max(worst, max(abs(sub(piece.grad(), mine))).item<double>() / scale);
+    if (shard->count > 0) {
+      worst = std::max(worst, max(abs(sub(piece.grad().to(Device::cpu()), mine))).item<double>() / scale);
+    }
   }
   return worst;
 }
@@ -222,6 +227,21 @@ TEST_CASE("2-D Llama: each rank's gradient pieces after one step are the whole m
   }
 }
 
+TEST_CASE("2-D Llama on a GPU: each rank's gradient pieces after one step are the CPU whole model's",
+          "[dist][tp][llama][cuda]") {
+  const Device gpu = dist::session().device().is_cuda() ? dist::session().device() : Device::cuda(0);
+  const models::LlamaConfig config = eight_heads();
+  models::Llama whole(config, kSeed);
+  whole_loss(whole, 0).backward();
+  for (const auto& [dp, tp] : meshes(world().size(), config)) {
+    INFO("dp " << dp << " x tp " << tp << " on " << gpu.str() << " through " << world().backend_name());
+    Parallel run = parallel_llama(config, dp, tp, true, kSeed, gpu);
+    const double loss = parallel_step_loss(run, 0);
+    CHECK(std::abs(loss - whole_loss(whole, 0).data().item<double>()) <= 1e-4);
+    CHECK(worst_gradient_error(run, whole) <= 1e-4);
+  }
+}
+
 TEST_CASE("2-D Llama: 20 AdamW steps over the model's own parameters give one process's losses",
           "[dist][tp][llama]") {
   constexpr int kSteps = 20;
@@ -282,6 +302,22 @@ TEST_CASE("2-D Llama: one all-reduce per block half in forward and one in backwa
   loss.backward();
   // The head's input gradient, then per layer the MLP's and the attention's input gradients.
   CHECK(calls() - before_backward == 1 + 2 * eight_heads().num_hidden_layers);
+}
+
+TEST_CASE("2-D Llama: no rank allocates [B, T, vocab] logits", "[dist][tp][llama]") {
+  const models::LlamaConfig config = eight_heads();
+  const std::int64_t whole_logits = kBatch * kLength * config.vocab_size * 4;  // f32
+  for (const auto& [dp, tp] : meshes(world().size(), config)) {
+    if (dp != 1) continue;  // every rank runs the whole batch: the largest tensors are the logits
+    INFO("dp 1 x tp " << tp);
+    Parallel run = parallel_llama(config, dp, tp, true);
+    reset_peak_memory(Device::cpu());
+    parallel_step_loss(run, 0);
+    const std::int64_t largest = memory_stats(Device::cpu()).largest_allocation;
+    // One process holds the whole logits; split over tp ranks, none does (the rest are far smaller).
+    if (tp == 1) CHECK(largest >= whole_logits);
+    if (tp > 1) CHECK(largest < whole_logits);
+  }
 }
 
 TEST_CASE("2-D Llama: refusals name what does not fit", "[dist][tp][llama]") {
