@@ -364,6 +364,31 @@ TEST_CASE("2-D Llama: refusals name what does not fit", "[dist][tp][llama]") {
   CHECK_THROWS_ERROR(dist::parallelize_module(*model, group, {{"lm_head", dist::ParallelStyle::colwise}}),
                      "'lm_head' is already parallelised");
   CHECK_THROWS_ERROR(dist::split_range(3, 4, 0, "'x'"), "'x' has 3 elements to split over 4 ranks");
+  CHECK_THROWS_ERROR(dist::parallelize_module(*model, group, {{"model.norm", dist::ParallelStyle::rowwise}}),
+                     "rowwise fits a Linear or an Embedding, but 'model.norm' is a RMSNorm");
+  {
+    models::Llama sharded(tiny(), kSeed);
+    dist::fully_shard(*sharded);
+    CHECK_THROWS_ERROR(dist::parallelize_module(*sharded, group, {{"lm_head", dist::ParallelStyle::colwise}}),
+                       "'lm_head' is already sharded by FSDP ('weight'); apply tensor parallelism first");
+  }
+  {
+    const nn::DeferredInitGuard deferred;  // and no nn::initialize: nothing to draw the pieces from
+    nn::Linear linear(nn::LinearOptions(4, 6));
+    CHECK_THROWS_ERROR(
+        dist::parallelize_module(*linear, group, {{"", dist::ParallelStyle::colwise}}),
+        "'weight' was made under nn::DeferredInitGuard, but nn::initialize(root, seed) was not "
+        "called on the root Linear");
+  }
+  if (world().size() % 2 == 0) {
+    models::LlamaConfig tied = tiny();
+    tied.tie_word_embeddings = true;
+    models::Llama model_tied(tied, kSeed);
+    dist::DeviceMesh mesh(world(), {world().size() / 2, 2}, {"dp", "tp"});
+    CHECK_THROWS_ERROR(
+        apps::parallelize_llama(model_tied, {.mesh = &mesh}),
+        "tensor parallel over 2 ranks: tied embeddings (tie_word_embeddings) are not supported");
+  }
 }
 
 TEST_CASE("vocab_parallel_cross_entropy refuses bad operands", "[dist][tp]") {
@@ -371,6 +396,12 @@ TEST_CASE("vocab_parallel_cross_entropy refuses bad operands", "[dist][tp]") {
   const Variable logits(zeros({2, 5}), true);
   CHECK_THROWS_ERROR(dist::vocab_parallel_cross_entropy(logits, zeros({2}), {0, 5 * group.size()}, group),
                      "targets must be i64 or i32, got f32");
+  CHECK_THROWS_ERROR(dist::vocab_parallel_cross_entropy(Variable(zeros({2, 5}, dtype(DType::i64))),
+                                                        zeros({2}, dtype(DType::i64)), {0, 5}, group),
+                     "logits must be floating, got i64");
+  CHECK_THROWS_ERROR(
+      dist::vocab_parallel_cross_entropy(Variable(zeros({5})), zeros({5}, dtype(DType::i64)), {0, 5}, group),
+      "logits must be 2-D [N, V_r], got [5]");
   CHECK_THROWS_ERROR(dist::vocab_parallel_cross_entropy(logits, zeros({3}, dtype(DType::i64)), {0, 5}, group),
                      "targets must be [2] like the logits' rows, got [3]");
   CHECK_THROWS_ERROR(dist::vocab_parallel_cross_entropy(logits, zeros({2}, dtype(DType::i64)), {3, 5}, group),
