@@ -22,6 +22,7 @@
 #include "core/parallel.h"
 #include "data/bpe.h"
 #include "data/loader.h"
+#include "data/random_tokens.h"
 #include "data/text_corpus.h"
 #include "data/tokenizer.h"
 #include "dist/checkpoint/full_safetensors.h"
@@ -55,14 +56,16 @@ struct Options : apps::TrainerOptions {
   std::string init_from;
   std::int64_t samples = 0;
   std::int64_t sample_tokens = 200;
+  bool random_tokens = false;
 };
 
 // AdamW keeps exp_avg and exp_avg_sq in f32: what the plan counts as optimizer state.
 constexpr std::int64_t kOptimizerStateBytesPerElement = 8;
 
-// A preset's shape takes the tokenizer's vocabulary; a config file or a directory keeps its own.
+// A preset's shape takes the tokenizer's vocabulary; a config file, a directory, and random tokens
+// (drawn from the model's vocabulary) keep its own.
 bool takes_tokenizer_vocab(const Options& options) {
-  return options.init_from.empty() && !options.config.ends_with(".json");
+  return options.init_from.empty() && !options.config.ends_with(".json") && !options.random_tokens;
 }
 
 models::LlamaConfig resolve_config(const Options& options) {
@@ -186,7 +189,9 @@ class Training : public apps::Trainer {
   std::unique_ptr<data::Tokenizer> tokenizer_;
   nlohmann::json tokenizer_document_;  // its tokenizer.json text, null for bytes
   models::LlamaConfig config_;
-  std::optional<data::PretrainingDataset> corpus_;
+  std::optional<data::PretrainingDataset> corpus_;  // none with --random-tokens
+  std::int64_t sequences_ = 0;                      // in the training set
+  std::int64_t pad_id_ = -1;                        // the tokenizer's [PAD]; -1 (no id) with --random-tokens
   std::optional<data::DataLoader> loader_;
   std::unique_ptr<dist::DeviceMesh> mesh_;  // dp x tp, with --tp
   std::int64_t tensor_parallel_bytes_ = 0;  // what the tp ranks exchanged in the last step
@@ -209,7 +214,8 @@ Training::Training(const Options& options, dist::Session& session)
   fsdp_.cpu_offload = options.cpu_offload;
   check_tensor_parallel(options, world_size_);
 
-  std::vector<std::string> documents = data::read_documents(options.data, options.separator);
+  std::vector<std::string> documents;
+  if (!options.random_tokens) documents = data::read_documents(options.data, options.separator);
   if (options.limit_documents > 0 && options.limit_documents < static_cast<std::int64_t>(documents.size())) {
     documents.resize(static_cast<std::size_t>(options.limit_documents));
   }
@@ -219,21 +225,28 @@ Training::Training(const Options& options, dist::Session& session)
   tokenizer_ = corpus_tokenizer(tokenizer, documents, session.cpu_world());
   tokenizer_document_ = tokenizer_document(*tokenizer_);
   if (takes_tokenizer_vocab(options)) config_.vocab_size = tokenizer_->vocab_size();
-  SHARDLAB_CHECK(config_.vocab_size >= tokenizer_->vocab_size(),
+  SHARDLAB_CHECK(options.random_tokens || config_.vocab_size >= tokenizer_->vocab_size(),
                  "the model's vocab_size {} is smaller than the {} tokenizer's {} ids", config_.vocab_size,
                  tokenizer_->name(), tokenizer_->vocab_size());
-  corpus_.emplace(documents, *tokenizer_, options.seq);
+  // Random tokens: a fresh batch for every step, the same on every rank and world size.
+  const data::TensorDataset training_set =
+      options.random_tokens
+          ? data::random_token_dataset(options.global_batch * options.steps, options.seq, config_.vocab_size,
+                                       static_cast<std::uint64_t>(options.seed))
+          : corpus_.emplace(documents, *tokenizer_, options.seq).dataset();
+  sequences_ = training_set.size();
+  pad_id_ = options.random_tokens ? -1 : tokenizer_->pad_id();
   if (options.tp > 1) {
     // Consecutive ranks form a tensor-parallel group, as on one machine each.
     mesh_ = std::make_unique<dist::DeviceMesh>(session.world(),
                                                std::vector<int>{world_size_ / options.tp, options.tp},
                                                std::vector<std::string>{"dp", "tp"});
   }
-  loader_.emplace(data::rank_loader(corpus_->dataset(), {.size = options.global_batch,
-                                                         .world_size = data_parallel().size(),
-                                                         .rank = data_parallel().rank(),
-                                                         .shuffle = true,
-                                                         .seed = options.seed}));
+  loader_.emplace(data::rank_loader(training_set, {.size = options.global_batch,
+                                                   .world_size = data_parallel().size(),
+                                                   .rank = data_parallel().rank(),
+                                                   .shuffle = true,
+                                                   .seed = options.seed}));
   data_bytes_ = memory_stats(device_).bytes_in_use;
   total_steps_ = options.steps > 0 ? options.steps : options.epochs * loader_->batches_per_epoch();
   SHARDLAB_CHECK(total_steps_ > 0, "nothing to train: {} documents give no batch of {}", documents.size(),
@@ -272,7 +285,8 @@ Training::Training(const Options& options, dist::Session& session)
       "train_llama: {} documents, {} sequences of {} tokens ({} tokenizer, vocab {}), model {} with {} "
       "parameters, "
       "{} rank{} x {} threads, sharding {}{}, global batch {} ({}), {} steps, AdamW lr {:g}{}{}",
-      documents.size(), corpus_->size(), options.seq, tokenizer_->name(), config_.vocab_size,
+      options.random_tokens ? "no" : std::to_string(documents.size()), sequences_, options.seq,
+      options.random_tokens ? "random token ids, no" : tokenizer_->name(), config_.vocab_size,
       options.init_from.empty() ? options.config : options.init_from, config_.parameter_count(), world_size_,
       world_size_ == 1 ? "" : "s", num_threads(), plan_.sharding,
       mesh_ ? fmt::format(" over {}, tensor parallel in tp", mesh_->str()) : "", options.global_batch,
@@ -321,7 +335,7 @@ void Training::begin_training() {
 nlohmann::json Training::training_state() const {
   return {{"scheduler_epoch", scheduler_->epoch()},
           {"seq", options_.seq},
-          {"sequences", corpus_->size()},
+          {"sequences", sequences_},
           {"total_steps", total_steps_},
           {"config", config_.to_json()},
           {"tokenizer", tokenizer_->name()},
@@ -339,7 +353,7 @@ Training::StepValues Training::compute_step(const data::Batch& batch, const data
   // The loss is the mean over the global batch's non-padding targets: each rank sums its own and
   // divides by the global count, so any number of ranks computes the 1-process loss. Counted in
   // host memory: on a GPU, reading a count back would wait for the device.
-  const double local_targets = sum(ne(on_host.targets, tokenizer_->pad_id()).to(DType::i64)).item<double>();
+  const double local_targets = sum(ne(on_host.targets, pad_id_).to(DType::i64)).item<double>();
   // The ranks of a tensor-parallel group hold the same rows: the world counts each row tp times.
   const double targets = std::max(
       apps::sum_over_ranks(session_.cpu_world(), {local_targets})[0] / static_cast<double>(options_.tp), 1.0);
@@ -364,17 +378,17 @@ Training::StepValues Training::compute_step(const data::Batch& batch, const data
 Variable Training::forward_backward(const data::Batch& batch, double scale) {
   // The root's all-gather first, as the FSDP2 article's model.unshard(): it overlaps preparing the step.
   dist::UnshardHandle gathering = dist::unshard(**model_);
-  const Tensor padding = eq(batch.inputs, tokenizer_->pad_id());
+  const Tensor padding = eq(batch.inputs, pad_id_);
   optimizer_->zero_grad();
   gathering.wait();
   const Variable logits = (*model_)(batch.inputs, padding);
   // With --tp the logits hold this rank's vocabulary columns: no rank holds [B, T, vocab].
   const Variable rows = reshape(logits, {-1, logits.size(-1)});
   const Tensor targets = batch.targets.reshape({-1});
-  const Variable loss_sum =
-      mesh_ ? dist::vocab_parallel_cross_entropy(rows, targets, layout_.vocabulary, (*mesh_)["tp"],
-                                                 tokenizer_->pad_id(), Reduction::sum)
-            : cross_entropy(rows, targets, tokenizer_->pad_id(), Reduction::sum);
+  const Variable loss_sum = mesh_
+                                ? dist::vocab_parallel_cross_entropy(rows, targets, layout_.vocabulary,
+                                                                     (*mesh_)["tp"], pad_id_, Reduction::sum)
+                                : cross_entropy(rows, targets, pad_id_, Reduction::sum);
   (loss_sum * scale).backward();
   return loss_sum;
 }
@@ -465,15 +479,18 @@ void Training::add_summary(nlohmann::json& summary, double median_seconds) const
 void add_options(CLI::App& app, Options& options) {
   auto* config =
       app.add_option("--config", options.config, "tiny, small, 1b, or a Hugging Face config.json file");
-  app.add_option(
+  auto* tokenizer = app.add_option(
       "--tokenizer", options.tokenizer,
       "bytes (256 byte ids + [BOT], [EOT], [PAD]), bpe:VOCAB (byte-level BPE learned from the "
       "corpus), or a Hugging Face tokenizer.json (default: --init-from's tokenizer.json, else bytes)");
-  app.add_option("--data", options.data, "text files or directories of them (default: Debian's fortunes)")
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  app.add_option("--separator", options.separator, "the line that separates documents in a file");
-  app.add_option("--limit-documents", options.limit_documents, "use only the first N documents")
-      ->check(apps::integer_at_least(0));
+  auto* data =
+      app.add_option("--data", options.data, "text files or directories of them (default: Debian's fortunes)")
+          ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  auto* separator =
+      app.add_option("--separator", options.separator, "the line that separates documents in a file");
+  auto* limit_documents =
+      app.add_option("--limit-documents", options.limit_documents, "use only the first N documents")
+          ->check(apps::integer_at_least(0));
   app.add_option("--seq", options.seq, "tokens per sequence")->check(apps::integer_at_least(1));
   app.add_option("--global-batch", options.global_batch, "sequences per step over all ranks (any world size)")
       ->check(apps::integer_at_least(1));
@@ -505,10 +522,22 @@ void add_options(CLI::App& app, Options& options) {
   app.add_option("--init-from", options.init_from,
                  "start from a saved or Hugging Face Llama directory (its config)")
       ->excludes(config);
-  app.add_option("--sample", options.samples, "print this many generated texts after training")
-      ->check(apps::integer_at_least(0));
-  app.add_option("--sample-tokens", options.sample_tokens, "at most this many tokens per sample")
-      ->check(apps::integer_at_least(1));
+  auto* sample = app.add_option("--sample", options.samples, "print this many generated texts after training")
+                     ->check(apps::integer_at_least(0));
+  auto* sample_tokens =
+      app.add_option("--sample-tokens", options.sample_tokens, "at most this many tokens per sample")
+          ->check(apps::integer_at_least(1));
+  app.add_flag(
+         "--random-tokens", options.random_tokens,
+         "train on uniform random token ids in [0, vocab_size) drawn from --seed, a fresh batch each step, "
+         "no padding; no corpus or tokenizer is read (for speed comparisons)")
+      ->needs(steps)
+      ->excludes(data)
+      ->excludes(tokenizer)
+      ->excludes(separator)
+      ->excludes(limit_documents)
+      ->excludes(sample)
+      ->excludes(sample_tokens);
 }
 
 }  // namespace

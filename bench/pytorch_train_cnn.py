@@ -16,7 +16,6 @@ import statistics
 import struct
 import time
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -42,6 +41,8 @@ class Net(nn.Module):
 
 
 def read_idx(path):
+    import numpy as np  # here only: the GPU peer imports Net from this file without numpy
+
     with gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb") as f:
         data = f.read()
     _, _, code, ndim = struct.unpack(">BBBB", data[:4])
@@ -64,9 +65,9 @@ def main():
     torch.manual_seed(args.seed)
     images = read_idx(os.path.join(args.data, "train-images-idx3-ubyte.gz"))[: args.limit_train]
     labels = read_idx(os.path.join(args.data, "train-labels-idx1-ubyte.gz"))[: args.limit_train]
-    x = (torch.from_numpy(images.astype(np.float32)) / 255.0 - 0.1307) / 0.3081
+    x = (torch.from_numpy(images).to(torch.float32) / 255.0 - 0.1307) / 0.3081
     x = x.unsqueeze(1)
-    y = torch.from_numpy(labels.astype(np.int64))
+    y = torch.from_numpy(labels).to(torch.int64)
     net = Net()
     optimizer = torch.optim.Adadelta(net.parameters(), lr=1.0)
     model = torch.compile(net) if args.compile else net

@@ -48,7 +48,7 @@ CachingAllocator::~CachingAllocator() {
   try {
     for (auto& [data, block] : blocks_) {
       for (void* event : block->pending_events) memory_->destroy_event(event);
-      memory_->free(data);
+      if (block->prev == nullptr) memory_->free(data);  // the first block holds its device allocation
     }
   } catch (const std::exception&) {
   }
@@ -71,6 +71,7 @@ void* CachingAllocator::allocate(std::size_t nbytes) {
   if (block == nullptr) {
     void* data = memory_->malloc(size);
     if (data == nullptr) {
+      const HostWaitsUnavoidable retry("out of memory: cached blocks returned to the device");
       release_idle_blocks();
       data = memory_->malloc(size);
     }
@@ -79,7 +80,7 @@ void* CachingAllocator::allocate(std::size_t nbytes) {
                    "{}: out of memory: cannot allocate {} bytes ({} bytes rounded); {} bytes are "
                    "in use and {} bytes cached (freed, awaiting work on other streams)",
                    device_name_, nbytes, size, stats.bytes_in_use, stats.bytes_cached);
-    auto owned = std::make_unique<Block>(Block{data, size, stream, {}, {}});
+    auto owned = std::make_unique<Block>(Block{data, size, stream, {}, {}, nullptr, nullptr});
     block = owned.get();
     blocks_.emplace(data, std::move(owned));
   }
@@ -102,13 +103,13 @@ void CachingAllocator::deallocate(void* data, std::size_t nbytes) {
     block->pending_events.push_back(memory_->record_event(other));
   }
   block->other_streams.clear();
+  stats_.on_free(block->size);
+  stats_.raw().bytes_cached += static_cast<std::int64_t>(block->size);
   if (block->pending_events.empty()) {
-    idle_.insert(block);
+    make_idle(block);
   } else {
     held_back_.push_back(block);
   }
-  stats_.on_free(block->size);
-  stats_.raw().bytes_cached += static_cast<std::int64_t>(block->size);
 }
 
 MemoryStats CachingAllocator::stats() const {
@@ -151,31 +152,68 @@ void CachingAllocator::collect_completed_frees() {
       return true;
     });
     if (!block->pending_events.empty()) return false;
-    idle_.insert(block);
+    make_idle(block);
     return true;
   });
 }
 
 CachingAllocator::Block* CachingAllocator::take_cached(void* stream, std::size_t size) {
-  // The smallest idle block of this stream that holds `size`; a bigger one than 2x would waste
-  // more than it saves, and every later block in the order is bigger still.
-  Block probe{nullptr, size, stream, {}, {}};
+  // The smallest idle block of this stream that holds `size`. A large request splits it; a small
+  // one takes it whole, so one bigger than 2x would waste more than it saves, and every later
+  // block in the order is bigger still.
+  Block probe{nullptr, size, stream, {}, {}, nullptr, nullptr};
   const auto it = idle_.lower_bound(&probe);
-  if (it == idle_.end() || (*it)->stream != stream || (*it)->size > 2 * size) return nullptr;
+  if (it == idle_.end() || (*it)->stream != stream) return nullptr;
   Block* block = *it;
+  const bool splits = size >= kSmallLimit && block->size - size >= kSmallLimit;
+  if (!splits && block->size > 2 * size) return nullptr;
   idle_.erase(it);
+  if (splits) split(block, size);
   stats_.raw().bytes_cached -= static_cast<std::int64_t>(block->size);
   return block;
 }
 
+void CachingAllocator::split(Block* block, std::size_t size) {
+  auto rest = std::make_unique<Block>(Block{
+      static_cast<char*>(block->data) + size, block->size - size, block->stream, {}, {}, block, block->next});
+  if (block->next != nullptr) block->next->prev = rest.get();
+  block->next = rest.get();
+  block->size = size;
+  idle_.insert(rest.get());
+  blocks_.emplace(rest->data, std::move(rest));
+}
+
+void CachingAllocator::make_idle(Block* block) {
+  // Only idle neighbours merge: a held-back one still waits for other streams' work.
+  if (Block* next = block->next; next != nullptr && idle_.contains(next)) {
+    idle_.erase(next);
+    block->size += next->size;
+    block->next = next->next;
+    if (next->next != nullptr) next->next->prev = block;
+    blocks_.erase(next->data);  // destroys *next
+  }
+  if (Block* prev = block->prev; prev != nullptr && idle_.contains(prev)) {
+    idle_.erase(prev);
+    prev->size += block->size;
+    prev->next = block->next;
+    if (block->next != nullptr) block->next->prev = prev;
+    blocks_.erase(block->data);  // destroys *block
+    block = prev;
+  }
+  idle_.insert(block);
+}
+
 void CachingAllocator::release_idle_blocks() {
-  if (idle_.empty()) return;
+  std::vector<Block*> whole;  // idle blocks that are a whole device allocation
+  for (Block* block : idle_) {
+    if (block->prev == nullptr && block->next == nullptr) whole.push_back(block);
+  }
+  if (whole.empty()) return;
   // A device's free (cudaFree, cudaFreeHost) waits for all of its queued work.
   host_wait("return cached blocks to the device", device_name_);
-  while (!idle_.empty()) {
-    Block* block = *idle_.begin();
+  for (Block* block : whole) {
     memory_->free(block->data);
-    idle_.erase(idle_.begin());
+    idle_.erase(block);
     stats_.raw().bytes_cached -= static_cast<std::int64_t>(block->size);
     blocks_.erase(block->data);  // destroys *block
   }

@@ -31,9 +31,16 @@ class DeviceMemory {
 //   for requests on that same stream (stream order makes that safe without a sync);
 // - a block also used on other streams (record_stream) is held back after its free until
 //   events recorded on those streams at free time have completed;
-// - requests round up (512 B below 1 MiB, 128 KiB above) and a cached block is reused only
-//   when at most twice the rounded request; on out-of-memory every idle cached block is
-//   returned to the device and the request retried once, then Error is thrown.
+// - requests round up (512 B below 1 MiB, 128 KiB above). A request of 1 MiB or more takes the
+//   smallest idle block of its stream that holds it and splits off the rest when at least 1 MiB
+//   is left, which stays cached; freed neighbours from one device allocation merge again. So
+//   shapes that change from step to step (a last partial batch, an evaluation) are served from
+//   the cache instead of emptying it. A smaller request takes a cached block whole, only when
+//   at most twice the rounded request;
+// - on out-of-memory every idle cached device allocation (whole: none of its blocks in use) is
+//   returned to the device and the request retried once, then Error is thrown. The return waits
+//   for the device's queued work: it is an unavoidable host wait (core/host_wait.h), allowed
+//   inside a training step and counted under "out of memory: cached blocks returned to the device".
 class CachingAllocator final : public Allocator {
  public:
   CachingAllocator(std::string device_name, std::unique_ptr<DeviceMemory> memory);
@@ -59,6 +66,10 @@ class CachingAllocator final : public Allocator {
     void* stream;                      // the stream it was allocated on
     std::vector<void*> other_streams;  // streams recorded with record_stream
     std::vector<void*> pending_events;
+    // The blocks before and after it in the same device allocation, once it was split; a block
+    // without either is a whole device allocation, which alone can go back to the device.
+    Block* prev = nullptr;
+    Block* next = nullptr;
   };
   struct BlockOrder {  // by (stream, size, address): best fit within one stream
     bool operator()(const Block* a, const Block* b) const;
@@ -66,6 +77,8 @@ class CachingAllocator final : public Allocator {
 
   void collect_completed_frees();  // moves held-back blocks whose events finished to the pool
   Block* take_cached(void* stream, std::size_t size);
+  void split(Block* block, std::size_t size);  // the rest after `size` bytes becomes an idle block
+  void make_idle(Block* block);                // into the pool, merged with idle neighbours
   void release_idle_blocks();
 
   std::string device_name_;

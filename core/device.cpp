@@ -2,6 +2,8 @@
 #include "core/device.h"
 
 #include <charconv>
+#include <mutex>
+#include <utility>
 
 #include "core/cuda/runtime.h"
 #include "core/error.h"
@@ -38,5 +40,28 @@ Device device_for(DeviceChoice choice) {
 }
 
 std::string Device::str() const { return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index); }
+
+namespace {
+std::mutex binder_mutex;
+ThreadBinder binder;  // empty: the real binding
+}  // namespace
+
+void bind_thread_to_device(Device device) {
+  ThreadBinder replaced;
+  {
+    const std::lock_guard lock(binder_mutex);
+    replaced = binder;
+  }
+  if (replaced) {
+    replaced(device);
+  } else if (device.is_cuda()) {
+    cuda::set_current_device(device.index);
+  }
+}
+
+ThreadBinder replace_thread_binder(ThreadBinder replacement) {
+  const std::lock_guard lock(binder_mutex);
+  return std::exchange(binder, std::move(replacement));
+}
 
 }  // namespace shardlab

@@ -16,6 +16,20 @@ std::vector<HostWaitCount> counts;
 
 // The name of this thread's innermost HostWaitsForbidden scope, or nullptr outside any.
 thread_local const std::string* innermost_scope = nullptr;
+// The reason of this thread's innermost HostWaitsUnavoidable scope, or nullptr outside any.
+thread_local const std::string* unavoidable_reason = nullptr;
+
+void add_to_counts(std::string_view reason, std::string_view where) {
+  {
+    const std::lock_guard lock(counts_mutex);
+    auto it = std::find_if(counts.begin(), counts.end(),
+                           [&](const HostWaitCount& count) { return count.reason == reason; });
+    if (it == counts.end()) it = counts.insert(counts.end(), HostWaitCount{std::string(reason), 0});
+    ++it->count;
+  }
+  if (trace::on())
+    trace::instant("host wait: " + std::string(reason), "wait", {{"device", std::string(where)}});
+}
 
 }  // namespace
 
@@ -28,20 +42,23 @@ HostWaitsForbidden::~HostWaitsForbidden() { innermost_scope = outer_; }
 
 bool host_waits_forbidden() { return innermost_scope != nullptr; }
 
+HostWaitsUnavoidable::HostWaitsUnavoidable(std::string reason)
+    : reason_(std::move(reason)), outer_(unavoidable_reason) {
+  unavoidable_reason = &reason_;
+}
+
+HostWaitsUnavoidable::~HostWaitsUnavoidable() { unavoidable_reason = outer_; }
+
 void host_wait(std::string_view reason, std::string_view where) {
+  if (unavoidable_reason != nullptr) {
+    add_to_counts(*unavoidable_reason, where);
+    return;
+  }
   SHARDLAB_CHECK(innermost_scope == nullptr,
                  "host wait inside '{}': {} on {} would block the host until the device's queued work "
                  "has run; do it outside the scope (after the step), or keep the value on the device",
                  *innermost_scope, reason, where);
-  {
-    const std::lock_guard lock(counts_mutex);
-    auto it = std::find_if(counts.begin(), counts.end(),
-                           [&](const HostWaitCount& count) { return count.reason == reason; });
-    if (it == counts.end()) it = counts.insert(counts.end(), HostWaitCount{std::string(reason), 0});
-    ++it->count;
-  }
-  if (trace::on())
-    trace::instant("host wait: " + std::string(reason), "wait", {{"device", std::string(where)}});
+  add_to_counts(reason, where);
 }
 
 std::vector<HostWaitCount> host_wait_counts() {

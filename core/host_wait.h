@@ -19,7 +19,8 @@ namespace shardlab {
 
 // Called by every piece of code just before the host blocks until work queued on a device has
 // run (`where`: the device, "cuda:0"). Throws Error naming the reason, the device and the scope
-// inside a HostWaitsForbidden scope of this thread; counts the wait otherwise.
+// inside a HostWaitsForbidden scope of this thread (unless a HostWaitsUnavoidable scope is inside
+// it); counts the wait otherwise.
 void host_wait(std::string_view reason, std::string_view where);
 
 // The waits counted since the start (or reset_host_wait_counts), per reason, in order of first use.
@@ -47,5 +48,27 @@ class HostWaitsForbidden {
 
 // True when this thread is inside a HostWaitsForbidden scope.
 bool host_waits_forbidden();
+
+// For the few waits nothing can avoid once they are needed (an allocation that fits only after the
+// cache went back to the device; which parameters some other rank gave a gradient): while one lives,
+// the host waits of this thread are allowed even inside a HostWaitsForbidden scope, and each is
+// counted and traced under the scope's reason instead of its own, so a step that had one shows it
+// in its counts as a slowdown with its cause, never as an error.
+//
+//   {
+//     HostWaitsUnavoidable retry("out of memory: cached blocks returned to the device");
+//     release the cache;  // its wait counts under that reason, inside a training step too
+//   }
+class HostWaitsUnavoidable {
+ public:
+  explicit HostWaitsUnavoidable(std::string reason);
+  ~HostWaitsUnavoidable();
+  HostWaitsUnavoidable(const HostWaitsUnavoidable&) = delete;
+  HostWaitsUnavoidable& operator=(const HostWaitsUnavoidable&) = delete;
+
+ private:
+  std::string reason_;
+  const std::string* outer_;
+};
 
 }  // namespace shardlab

@@ -23,8 +23,8 @@ template <auto Entry>
 auto kernel(Device device, const char* op) {
   auto fn = kernels_for(device).*Entry;
   SHARDLAB_CHECK(fn != nullptr, "{}: not supported on {} (no kernel for it in this build)", op, device.str());
-  return [fn, op](auto&&... args) {
-    const profile::KernelTimer timer(op);
+  return [fn, op, device](auto&&... args) {
+    const profile::KernelTimer timer(op, device);
     return fn(std::forward<decltype(args)>(args)...);
   };
 }

@@ -26,7 +26,7 @@ void fill_random(const Tensor& out, const RandomSpec& spec) {
   const auto fn = kernels_for(out.device()).random;
   SHARDLAB_CHECK(fn != nullptr, "fill_random: not supported on {} (no kernel for it in this build)",
                  out.device().str());
-  const profile::KernelTimer timer("random");
+  const profile::KernelTimer timer("random", out.device());
   fn(spec, out);
 }
 

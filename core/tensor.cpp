@@ -337,7 +337,7 @@ Tensor Tensor::pin_memory() const {
 
 const Tensor& Tensor::fill_(Scalar value) const {
   if (numel() == 0) return *this;
-  const profile::KernelTimer timer("fill");
+  const profile::KernelTimer timer("fill", device());
   kernels_for(device()).fill(*this, value);
   return *this;
 }
@@ -350,7 +350,7 @@ const Tensor& Tensor::copy_(const Tensor& src) const {
     // Stage through a contiguous copy so the bytes cross the bus once, in one piece.
     expanded = expanded.contiguous().to(device());
   }
-  const profile::KernelTimer timer(src.dtype() == dtype() ? "copy" : "cast");
+  const profile::KernelTimer timer(src.dtype() == dtype() ? "copy" : "cast", device());
   kernels_for(device()).copy(*this, expanded);
   return *this;
 }

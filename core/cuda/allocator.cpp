@@ -3,6 +3,7 @@
 // memory that the host does not wait for.
 #include <cuda_runtime_api.h>
 
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -15,7 +16,9 @@
 namespace shardlab::cuda {
 namespace {
 
-// Events on CUDA streams, for memory of any kind that CUDA streams use.
+// Events on CUDA streams, for memory of any kind that CUDA streams use. Each event keeps its
+// device: it is queried and destroyed under that device, from whichever thread frees memory (a
+// thread that chose no device would otherwise act on GPU 0).
 class StreamEvents : public DeviceMemory {
  public:
   void* record_event(void* stream) override {
@@ -28,11 +31,13 @@ class StreamEvents : public DeviceMemory {
     const cudaError_t record_status = cudaEventRecord(event, static_cast<cudaStream_t>(stream));
     if (record_status != cudaSuccess) cudaEventDestroy(event);  // best effort: we throw next
     SHARDLAB_CUDA_CHECK(record_status);
-    return event;
+    return new DeviceEvent{event, device};
   }
 
-  bool event_done(void* event) override {
-    const cudaError_t status = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  bool event_done(void* handle) override {
+    const auto* event = static_cast<DeviceEvent*>(handle);
+    const DeviceGuard guard(event->device);
+    const cudaError_t status = cudaEventQuery(event->event);
     if (status == cudaErrorNotReady) {
       cudaGetLastError();  // "not ready" is an answer, not a failure
       return false;
@@ -41,9 +46,17 @@ class StreamEvents : public DeviceMemory {
     return true;
   }
 
-  void destroy_event(void* event) override {
-    SHARDLAB_CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(event)));
+  void destroy_event(void* handle) override {
+    const std::unique_ptr<DeviceEvent> event(static_cast<DeviceEvent*>(handle));
+    const DeviceGuard guard(event->device);
+    SHARDLAB_CUDA_CHECK(cudaEventDestroy(event->event));
   }
+
+ private:
+  struct DeviceEvent {
+    cudaEvent_t event;
+    int device;
+  };
 };
 
 // An out-of-memory answer is the allocator's to handle (free its cache, retry, or throw).

@@ -17,7 +17,9 @@ inline void check_status(cudaError_t status, const char* expr, const char* file,
 }
 
 // Makes `device` the calling thread's current CUDA device for the guard's lifetime, because
-// cudaMalloc, stream and event creation and kernel launches all act on the current device.
+// cudaMalloc, stream and event creation and kernel launches all act on the current device. It
+// switches back at its end only to a device whose context this process already has: it never
+// opens a context on another GPU (a thread that chose none would otherwise get one on GPU 0).
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device);

@@ -13,6 +13,7 @@
 #include "core/cuda/check.h"
 #include "core/cuda/runtime.h"
 #include "core/error.h"
+#include "core/notice.h"
 
 namespace shardlab::cuda::cudnn {
 
@@ -66,6 +67,7 @@ class Descriptors {
     SHARDLAB_CUDNN_CHECK(cudnnCreateTensorDescriptor(&output));
     SHARDLAB_CUDNN_CHECK(cudnnCreateFilterDescriptor(&filter));
     SHARDLAB_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&convolution));
+    // The sizes fit: convolve checked them (cudnn_size_problem) first.
     const auto i = [](std::int64_t v) { return static_cast<int>(v); };
     SHARDLAB_CUDNN_CHECK(cudnnSetTensor4dDescriptor(input, CUDNN_TENSOR_NCHW, type, i(g.batch), i(g.channels),
                                                     i(g.height), i(g.width)));
@@ -127,26 +129,43 @@ struct Scaling {
   float one_f = 1.0f, zero_f = 0.0f;
 };
 
+// Says once per op and dtype why cuDNN declined, and that im2col + cuBLAS takes the op instead.
+bool declined(const char* op, DType dtype, const std::string& why) {
+  notice_once(fmt::format("cudnn {} {}", op, dtype_name(dtype)),
+              fmt::format("{} in {} on cuda: cuDNN declined ({}); im2col + cuBLAS computes it instead", op,
+                          dtype_name(dtype), why));
+  return false;
+}
+
 // One convolution call: its workspace size asked by `size`, the workspace allocated, `run` called
-// with it (alpha 1, beta 0: the output is overwritten).
+// with it (alpha 1, beta 0: the output is overwritten). False where cuDNN does not support it.
 template <typename Size, typename Run>
-void convolve(DType dtype, const ConvShape& shape, int device, cudaStream_t stream, Size&& size, Run&& run) {
+bool convolve(const char* op, DType dtype, const ConvShape& shape, int device, cudaStream_t stream,
+              Size&& size, Run&& run) {
+  if (const std::string problem = cudnn_size_problem(shape); !problem.empty())
+    return declined(op, dtype, problem);
   const Descriptors d(dtype, shape);
   cudnnHandle_t handle = handle_for(device, stream);
   std::size_t bytes = 0;
-  SHARDLAB_CUDNN_CHECK(size(handle, d, &bytes));
+  cudnnStatus_t status = size(handle, d, &bytes);
+  if (status == CUDNN_STATUS_NOT_SUPPORTED) return declined(op, dtype, cudnnGetErrorString(status));
+  SHARDLAB_CUDNN_CHECK(status);
   const Workspace workspace(device, bytes);
   const Scaling scaling(dtype);
-  SHARDLAB_CUDNN_CHECK(run(handle, d, workspace.data(), workspace.bytes(), scaling.one(), scaling.zero()));
+  // NOT_SUPPORTED is answered before anything is queued, so the fallback starts from the same state.
+  status = run(handle, d, workspace.data(), workspace.bytes(), scaling.one(), scaling.zero());
+  if (status == CUDNN_STATUS_NOT_SUPPORTED) return declined(op, dtype, cudnnGetErrorString(status));
+  SHARDLAB_CUDNN_CHECK(status);
+  return true;
 }
 
 }  // namespace
 
-void conv2d(DType dtype, const void* input, const void* weight, void* out, const ConvShape& shape, int device,
+bool conv2d(DType dtype, const void* input, const void* weight, void* out, const ConvShape& shape, int device,
             cudaStream_t stream) {
   constexpr cudnnConvolutionFwdAlgo_t algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
-  convolve(
-      dtype, shape, device, stream,
+  return convolve(
+      "conv2d", dtype, shape, device, stream,
       [&](cudnnHandle_t h, const Descriptors& d, std::size_t* bytes) {
         return cudnnGetConvolutionForwardWorkspaceSize(h, d.input, d.filter, d.convolution, d.output, algo,
                                                        bytes);
@@ -158,11 +177,11 @@ void conv2d(DType dtype, const void* input, const void* weight, void* out, const
       });
 }
 
-void conv2d_backward_input(DType dtype, const void* grad_out, const void* weight, void* grad_in,
+bool conv2d_backward_input(DType dtype, const void* grad_out, const void* weight, void* grad_in,
                            const ConvShape& shape, int device, cudaStream_t stream) {
   constexpr cudnnConvolutionBwdDataAlgo_t algo = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
-  convolve(
-      dtype, shape, device, stream,
+  return convolve(
+      "conv2d_backward_input", dtype, shape, device, stream,
       [&](cudnnHandle_t h, const Descriptors& d, std::size_t* bytes) {
         return cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.filter, d.output, d.convolution, d.input,
                                                             algo, bytes);
@@ -174,11 +193,11 @@ void conv2d_backward_input(DType dtype, const void* grad_out, const void* weight
       });
 }
 
-void conv2d_backward_weight(DType dtype, const void* grad_out, const void* input, void* grad_weight,
+bool conv2d_backward_weight(DType dtype, const void* grad_out, const void* input, void* grad_weight,
                             const ConvShape& shape, int device, cudaStream_t stream) {
   constexpr cudnnConvolutionBwdFilterAlgo_t algo = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
-  convolve(
-      dtype, shape, device, stream,
+  return convolve(
+      "conv2d_backward_weight", dtype, shape, device, stream,
       [&](cudnnHandle_t h, const Descriptors& d, std::size_t* bytes) {
         return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.input, d.output, d.convolution, d.filter,
                                                               algo, bytes);

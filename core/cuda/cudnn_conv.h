@@ -1,6 +1,9 @@
 // core/cuda/cudnn_conv.h: internal to core/cuda: conv2d and its two gradients through cuDNN, in
 // builds that found it (SHARDLAB_CUDNN); table.cpp's im2col path serves the others. Contiguous NCHW
-// operands of one floating dtype; the bias is added by table.cpp.
+// operands of one floating dtype; the bias is added by table.cpp. Each returns false, queuing
+// nothing, when cuDNN cannot take the convolution (sizes over its int limits, or its fixed algorithm
+// not supported for this case: CUDNN_STATUS_NOT_SUPPORTED); the reason is then said once per
+// process (core/notice.h) and the caller takes the im2col path.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -9,12 +12,13 @@
 
 namespace shardlab::cuda::cudnn {
 
-void conv2d(DType dtype, const void* input, const void* weight, void* out, const ConvShape& shape, int device,
-            cudaStream_t stream);
+[[nodiscard]] bool conv2d(DType dtype, const void* input, const void* weight, void* out,
+                          const ConvShape& shape, int device, cudaStream_t stream);
 // grad_in and grad_weight are overwritten.
-void conv2d_backward_input(DType dtype, const void* grad_out, const void* weight, void* grad_in,
-                           const ConvShape& shape, int device, cudaStream_t stream);
-void conv2d_backward_weight(DType dtype, const void* grad_out, const void* input, void* grad_weight,
-                            const ConvShape& shape, int device, cudaStream_t stream);
+[[nodiscard]] bool conv2d_backward_input(DType dtype, const void* grad_out, const void* weight, void* grad_in,
+                                         const ConvShape& shape, int device, cudaStream_t stream);
+[[nodiscard]] bool conv2d_backward_weight(DType dtype, const void* grad_out, const void* input,
+                                          void* grad_weight, const ConvShape& shape, int device,
+                                          cudaStream_t stream);
 
 }  // namespace shardlab::cuda::cudnn

@@ -39,6 +39,12 @@ void Event::wait(const Stream&) const { fail_unavailable(device_); }
 bool Event::query() const { fail_unavailable(device_); }
 void Event::synchronize(std::string_view) const { fail_unavailable(device_); }
 
+TimingSpan::TimingSpan(const Stream& stream) : device_(stream.device()) { fail_unavailable(device_); }
+TimingSpan::~TimingSpan() = default;  // never reached: no Stream exists to time
+void TimingSpan::stop(const Stream&) { fail_unavailable(device_); }
+std::optional<double> TimingSpan::seconds() const { fail_unavailable(device_); }
+double TimingSpan::wait_seconds(std::string_view) const { fail_unavailable(device_); }
+
 Stream& current_stream(int device) { fail_unavailable(device); }
 
 StreamGuard::StreamGuard(Stream& stream) : previous_(nullptr), device_(stream.device()) {

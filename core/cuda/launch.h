@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "core/adam_math.h"
+#include "core/cuda/conv_shape.h"
 #include "core/dtype.h"
 #include "core/op_codes.h"
 
@@ -222,13 +223,6 @@ void launch_max_pool2d_backward(DType dtype, const void* grad_out, const std::in
 
 // --- core/cuda/conv.cu --------------------------------------------------------------------------
 
-// conv2d's sizes: input [batch, channels, height, width], weight [O, channels, kernel_h, kernel_w],
-// output [batch, O, out_h, out_w].
-struct ConvShape {
-  std::int64_t batch = 0, channels = 0, height = 0, width = 0, outs = 0;
-  std::int64_t kernel_h = 0, kernel_w = 0, out_h = 0, out_w = 0;
-  std::int64_t stride = 1, padding = 0;
-};
 // Floating dtypes (false for others). cols is [batch, channels*kernel_h*kernel_w, out_h*out_w].
 [[nodiscard]] bool launch_im2col(DType dtype, const void* input, void* cols, const ConvShape& shape,
                                  cudaStream_t stream);

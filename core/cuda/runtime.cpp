@@ -2,6 +2,7 @@
 // stream and host/device copies (core/cuda/runtime.h), plus the checks of core/cuda/check.h.
 #include "core/cuda/runtime.h"
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <atomic>
@@ -26,8 +27,43 @@ void fail_status(cudaError_t status, const char* expr, const char* file, int lin
        cudaGetErrorString(status));
 }
 
+namespace {
+
+using DeviceGet = CUresult (*)(CUdevice*, int);
+using PrimaryContextState = CUresult (*)(CUdevice, unsigned int*, int*);
+
+// The driver's functions, reached through the runtime: cudart is linked statically and libcuda
+// is not linked at all, so that binaries start on machines without a driver.
+template <typename Function>
+Function driver_function(const char* name) {
+  void* function = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion(name, &function, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return reinterpret_cast<Function>(function);
+}
+
+// Whether `device`'s primary context exists in this process, asked without creating it (which
+// cudaSetDevice would do). Unknown counts as active: a switch back is then made as before.
+bool has_primary_context(int device) {
+  static const auto get = driver_function<DeviceGet>("cuDeviceGet");
+  static const auto state = driver_function<PrimaryContextState>("cuDevicePrimaryCtxGetState");
+  CUdevice handle = 0;
+  unsigned int flags = 0;
+  int active = 1;
+  if (get == nullptr || state == nullptr || get(&handle, device) != CUDA_SUCCESS ||
+      state(handle, &flags, &active) != CUDA_SUCCESS)
+    return true;
+  return active != 0;
+}
+
+}  // namespace
+
 DeviceGuard::DeviceGuard(int device) {
-  SHARDLAB_CUDA_CHECK(cudaGetDevice(&previous_));
+  SHARDLAB_CUDA_CHECK(cudaGetDevice(&previous_));  // asks only: opens no context
   if (previous_ != device) {
     SHARDLAB_CUDA_CHECK(cudaSetDevice(device));
     switched_ = true;
@@ -35,10 +71,13 @@ DeviceGuard::DeviceGuard(int device) {
 }
 
 DeviceGuard::~DeviceGuard() {
-  // A destructor cannot throw. Switching back to a device that was current a moment ago fails
-  // only when the context is already broken, and the next checked call reports that; clear
-  // the last error so no launch check mistakes it for its own.
-  if (switched_ && cudaSetDevice(previous_) != cudaSuccess) cudaGetLastError();
+  // Switching back makes the previous device's primary context, since CUDA 12: a thread that
+  // never chose a device (cudaGetDevice says 0) would open one on GPU 0 on every guard. So the
+  // thread switches back only to a device this process already uses, and otherwise stays on the
+  // guard's device. A destructor cannot throw: a failure here means the context is already
+  // broken and the next checked call reports that; clear it so no launch check takes it as its own.
+  if (switched_ && has_primary_context(previous_) && cudaSetDevice(previous_) != cudaSuccess)
+    cudaGetLastError();
 }
 
 namespace {
@@ -193,6 +232,55 @@ void Event::synchronize(std::string_view reason) const {
     SHARDLAB_CUDA_CHECK(cudaEventSynchronize(raw_event(handle_)));
   }
   report_index_fault();
+}
+
+// --- TimingSpan ------------------------------------------------------------------------------
+
+TimingSpan::TimingSpan(const Stream& stream) : device_(stream.device()) {
+  const DeviceGuard guard(device_);
+  for (void** event : {&start_, &end_}) {
+    cudaEvent_t created = nullptr;
+    SHARDLAB_CUDA_CHECK(cudaEventCreate(&created));  // with timing, unlike Event
+    *event = created;
+  }
+  SHARDLAB_CUDA_CHECK(cudaEventRecord(raw_event(start_), raw(stream)));
+}
+
+TimingSpan::~TimingSpan() {
+  const DeviceGuard guard(device_);
+  for (void* event : {start_, end_}) {
+    if (event != nullptr && cudaEventDestroy(raw_event(event)) != cudaSuccess)
+      cudaGetLastError();  // as ~Stream
+  }
+}
+
+void TimingSpan::stop(const Stream& stream) {
+  SHARDLAB_CHECK(stream.device() == device_,
+                 "TimingSpan::stop: the span started on {} but the stream is on {}",
+                 Device::cuda(device_).str(), Device::cuda(stream.device()).str());
+  SHARDLAB_CUDA_CHECK(cudaEventRecord(raw_event(end_), raw(stream)));
+}
+
+std::optional<double> TimingSpan::seconds() const {
+  const DeviceGuard guard(device_);
+  const cudaError_t status = cudaEventQuery(raw_event(end_));
+  if (status == cudaErrorNotReady) {
+    cudaGetLastError();
+    return std::nullopt;
+  }
+  SHARDLAB_CUDA_CHECK(status);
+  float milliseconds = 0;
+  SHARDLAB_CUDA_CHECK(cudaEventElapsedTime(&milliseconds, raw_event(start_), raw_event(end_)));
+  return 1e-3 * milliseconds;
+}
+
+double TimingSpan::wait_seconds(std::string_view reason) const {
+  host_wait(reason, Device::cuda(device_).str());
+  {
+    const DeviceGuard guard(device_);
+    SHARDLAB_CUDA_CHECK(cudaEventSynchronize(raw_event(end_)));
+  }
+  return *seconds();
 }
 
 // --- current stream --------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -59,6 +60,27 @@ class Event {
  private:
   int device_;
   void* handle_ = nullptr;
+};
+
+// The device's time between two points of one stream's queue (two CUDA timing events): what the
+// kernels queued in between took on the GPU, which the host clock around their launch cannot tell.
+class TimingSpan {
+ public:
+  explicit TimingSpan(const Stream& stream);  // records the start on `stream`
+  ~TimingSpan();
+  TimingSpan(const TimingSpan&) = delete;
+  TimingSpan& operator=(const TimingSpan&) = delete;
+
+  void stop(const Stream& stream);  // records the end on `stream`, after the work to time
+  // The seconds between start and end once the end has run, without waiting; nothing before.
+  std::optional<double> seconds() const;
+  // The same, waiting for the end (a host wait counted under `reason`).
+  double wait_seconds(std::string_view reason) const;
+
+ private:
+  int device_;
+  void* start_ = nullptr;
+  void* end_ = nullptr;
 };
 
 // The stream ops on `device` run on from this thread: the device's default compute stream

@@ -90,7 +90,11 @@ __global__ void cross_entropy_kernel(const T* logits, const std::int64_t* target
       const C shift = isfinite(all.largest) ? all.largest : C(0);
       const C lse = shift + log(all.total * exp(all.largest - shift));
       logsumexp[r] = lse;
-      losses[r] = targets[r] == ignore_index ? T{} : narrow<T>(lse - widen(row[targets[r]]));
+      // A target out of [0, classes) was recorded by the op's index check, reported at the host's
+      // next wait: skipped here as the index kernels skip one, not read outside the row.
+      const std::int64_t target = targets[r];
+      const bool counted = target != ignore_index && target >= 0 && target < classes;
+      losses[r] = counted ? narrow<T>(lse - widen(row[target])) : T{};
     }
     __syncthreads();  // `all` in shared memory is reused by the next row
   }

@@ -400,9 +400,10 @@ void cuda_max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, con
   });
 }
 
-// --- conv2d: im2col + cuBLAS GEMM (cuDNN is not used yet) -------------------------------------------
+// --- conv2d: cuDNN where it takes the case, else im2col + cuBLAS GEMM ---------------------------------
 
-// Builds that found cuDNN convolve through it (core/cuda/cudnn_conv.h); the others take im2col + cuBLAS.
+// Builds that found cuDNN convolve through it (core/cuda/cudnn_conv.h); the others, and the cases cuDNN
+// declines, take im2col + cuBLAS.
 #ifdef SHARDLAB_CUDNN
 constexpr bool kCudnn = true;
 #else
@@ -440,10 +441,11 @@ void cuda_conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, 
   const LaunchContext context(out);
   const cuda::ConvShape g = conv_shape(input.shape(), weight.shape(), out.shape(), p);
   const std::int64_t patch = patch_of(g), pixels = pixels_of(g), outs = weight.size(0);
-  if constexpr (kCudnn) {
-    cuda::cudnn::conv2d(out.dtype(), input.raw_data(), weight.raw_data(), out.raw_data(), g,
-                        out.device().index, context.stream());
-  } else {
+  bool by_cudnn = false;
+  if constexpr (kCudnn)
+    by_cudnn = cuda::cudnn::conv2d(out.dtype(), input.raw_data(), weight.raw_data(), out.raw_data(), g,
+                                   out.device().index, context.stream());
+  if (!by_cudnn) {
     const Tensor cols = im2col("conv2d", input, g, context.stream());
     cuda::gemm_batched(out.dtype(), g.batch, pixels, outs, patch,
                        {cols.raw_data(), false, pixels, patch * pixels}, {weight.raw_data(), false, patch, 0},
@@ -462,9 +464,9 @@ void cuda_conv2d_backward_input(const Tensor& grad_out, const Tensor& weight, Co
   const LaunchContext context(grad_in);
   const cuda::ConvShape g = conv_shape(grad_in.shape(), weight.shape(), grad_out.shape(), p);
   if constexpr (kCudnn) {
-    return cuda::cudnn::conv2d_backward_input(grad_in.dtype(), grad_out.raw_data(), weight.raw_data(),
-                                              grad_in.raw_data(), g, grad_in.device().index,
-                                              context.stream());
+    if (cuda::cudnn::conv2d_backward_input(grad_in.dtype(), grad_out.raw_data(), weight.raw_data(),
+                                           grad_in.raw_data(), g, grad_in.device().index, context.stream()))
+      return;
   }
   const std::int64_t patch = patch_of(g), pixels = pixels_of(g), outs = weight.size(0);
   const Tensor cols = empty({g.batch, patch, pixels}, TensorOptions{grad_in.dtype(), grad_in.device()});
@@ -483,9 +485,10 @@ void cuda_conv2d_backward_weight(const Tensor& grad_out, const Tensor& input, Co
   const LaunchContext context(grad_weight);
   const cuda::ConvShape g = conv_shape(input.shape(), grad_weight.shape(), grad_out.shape(), p);
   if constexpr (kCudnn) {
-    return cuda::cudnn::conv2d_backward_weight(grad_weight.dtype(), grad_out.raw_data(), input.raw_data(),
-                                               grad_weight.raw_data(), g, grad_weight.device().index,
-                                               context.stream());
+    if (cuda::cudnn::conv2d_backward_weight(grad_weight.dtype(), grad_out.raw_data(), input.raw_data(),
+                                            grad_weight.raw_data(), g, grad_weight.device().index,
+                                            context.stream()))
+      return;
   }
   const std::int64_t patch = patch_of(g), pixels = pixels_of(g), outs = grad_weight.size(0);
   const Tensor cols = im2col("conv2d_backward_weight", input, g, context.stream());

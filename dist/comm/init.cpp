@@ -134,6 +134,7 @@ Session::Session(int& argc, char**& argv, const InitOptions& options)
   monitor_ = std::make_shared<Monitor>(
       MonitorOptions{.rank = rank_,
                      .host = host_name(),
+                     .device = device_,
                      .timeout = options.collective_timeout.value_or(timeout_from_env())});
   const bool debug = options.debug.value_or(debug_from_env());
   const char* fault_text = std::getenv("SHARDLAB_INJECT_FAULT");

@@ -9,7 +9,9 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "core/trace.h"
 
@@ -101,6 +103,7 @@ Monitor::Monitor(MonitorOptions options) : options_(std::move(options)) {
   SHARDLAB_CHECK(options_.ledger_capacity > 0, "collective ledger: the capacity must be positive");
   if (!options_.on_timeout) options_.on_timeout = abort_job;
   watchdog_ = std::thread([this] { watch(); });
+  poller_ = std::thread([this] { poll(); });
 }
 
 Monitor::~Monitor() {
@@ -110,6 +113,7 @@ Monitor::~Monitor() {
   }
   wake_.notify_all();
   watchdog_.join();
+  poller_.join();
 }
 
 std::uint64_t Monitor::record(const std::string& communicator, std::uint64_t sequence,
@@ -168,6 +172,17 @@ void Monitor::poll_until_complete(std::uint64_t id, std::function<bool()> is_com
   flying->second.is_complete = std::move(is_complete);
 }
 
+std::uint64_t Monitor::add_abort(std::function<void()> abort) {
+  std::lock_guard lock(mutex_);
+  aborts_.emplace(next_abort_, std::move(abort));
+  return next_abort_++;
+}
+
+void Monitor::remove_abort(std::uint64_t key) {
+  std::lock_guard lock(mutex_);
+  aborts_.erase(key);
+}
+
 std::optional<LedgerEntry> Monitor::longest_in_flight() const {
   const std::lock_guard lock(mutex_);
   const LedgerEntry* longest = nullptr;
@@ -211,14 +226,12 @@ std::chrono::milliseconds Monitor::timeout() const {
   return options_.timeout;
 }
 
-std::string Monitor::timeout_report(const LedgerEntry& stuck, Clock::time_point now) const {
+std::string Monitor::report(const LedgerEntry& call, const std::string& what, Clock::time_point now) const {
   constexpr std::size_t kTailLength = 16;
-  std::string text = fmt::format(
-      "[rank {}] collective watchdog{}: {} did not complete within the {:.1f} s timeout; a rank that never "
-      "issued it, issued a different one, or died leaves the others waiting. Last {} collectives of this "
-      "rank (oldest first):\n",
-      options_.rank, options_.host.empty() ? "" : " on host " + options_.host, format_entry(stuck, now),
-      std::chrono::duration<double>(options_.timeout).count(), std::min(kTailLength, ledger_.size()));
+  std::string text =
+      fmt::format("[rank {}] collective watchdog{}: {}{}. Last {} collectives of this rank (oldest first):\n",
+                  options_.rank, options_.host.empty() ? "" : " on host " + options_.host,
+                  format_entry(call, now), what, std::min(kTailLength, ledger_.size()));
   const std::size_t first = ledger_.size() - std::min(kTailLength, ledger_.size());
   for (std::size_t i = first; i < ledger_.size(); ++i) {
     text += fmt::format("[rank {}]   {}\n", options_.rank, format_entry(ledger_[i], now));
@@ -226,37 +239,92 @@ std::string Monitor::timeout_report(const LedgerEntry& stuck, Clock::time_point 
   return text;
 }
 
+Clock::duration Monitor::poll_interval() const {
+  return std::clamp<Clock::duration>(options_.timeout / 20, std::chrono::milliseconds(1),
+                                     std::chrono::milliseconds(100));
+}
+
+void Monitor::fire(std::unique_lock<std::mutex>& lock, const std::string& text) {
+  fired_ = true;
+  const std::map<std::uint64_t, std::function<void()>> aborts = aborts_;
+  lock.unlock();
+  for (const auto& [key, abort] : aborts) {
+    try {
+      abort();
+    } catch (const std::exception& error) {  // the report matters more: it still goes out
+      std::fprintf(stderr, "[rank %d] collective watchdog: aborting a communicator failed: %s\n",
+                   options_.rank, error.what());
+    }
+  }
+  options_.on_timeout(text);
+  lock.lock();
+}
+
+void Monitor::trace_finished(std::unique_lock<std::mutex>& lock, std::vector<LedgerEntry>& finished) {
+  if (finished.empty()) return;
+  lock.unlock();
+  for (const LedgerEntry& entry : finished) trace_call(entry);
+  lock.lock();
+  finished.clear();
+}
+
 void Monitor::watch() {
+  bind_thread_to_device(options_.device);
   std::unique_lock lock(mutex_);
   while (!stopping_) {
-    const auto poll =
-        std::clamp(options_.timeout / 20, std::chrono::milliseconds(1), std::chrono::milliseconds(100));
-    wake_.wait_for(lock, poll);
+    wake_.wait_for(lock, poll_interval());
+    if (fired_) continue;
     const auto now = Clock::now();
+    for (const auto& [id, flying] : in_flight_) {
+      if (now - flying.entry.started <= options_.timeout) continue;
+      fire(lock,
+           report(flying.entry,
+                  fmt::format(" did not complete within the {:.1f} s timeout; a rank that never issued it, "
+                              "issued a different one, or died leaves the others waiting",
+                              std::chrono::duration<double>(options_.timeout).count()),
+                  now));
+      break;  // fire let go of the lock: in_flight_ may have changed
+    }
+  }
+}
+
+// The queries run without the lock: one may block (a CUDA event query behind a hung kernel, or
+// behind the main thread's own blocked call), and the watchdog must be able to fire meanwhile.
+void Monitor::poll() {
+  bind_thread_to_device(options_.device);
+  std::unique_lock lock(mutex_);
+  std::vector<LedgerEntry> finished;
+  while (!stopping_) {
+    wake_.wait_for(lock, poll_interval());
+    std::vector<std::pair<std::uint64_t, std::function<bool()>>> queries;
+    for (const auto& [id, flying] : in_flight_) {
+      if (flying.is_complete) queries.emplace_back(id, flying.is_complete);
+    }
+    if (queries.empty()) continue;
+    lock.unlock();
     std::vector<std::uint64_t> done;
-    const LedgerEntry* stuck = nullptr;
-    for (auto& [id, flying] : in_flight_) {
-      if (flying.is_complete && flying.is_complete()) {
-        done.push_back(id);
-      } else if (stuck == nullptr && now - flying.entry.started > options_.timeout) {
-        stuck = &flying.entry;
+    std::optional<std::pair<std::uint64_t, std::string>> failure;
+    for (const auto& [id, is_complete] : queries) {
+      try {
+        if (is_complete()) done.push_back(id);
+      } catch (const std::exception& error) {
+        if (!failure) failure.emplace(id, error.what());
       }
     }
-    if (stuck != nullptr && !fired_) {
-      fired_ = true;
-      const std::string report = timeout_report(*stuck, now);
-      lock.unlock();
-      options_.on_timeout(report);
-      lock.lock();
-    }
-    std::vector<LedgerEntry> finished;
+    lock.lock();
+    const auto now = Clock::now();
     for (const std::uint64_t id : done) {
       if (auto entry = set_state_locked(id, CallState::completed, now)) finished.push_back(std::move(*entry));
     }
-    if (finished.empty()) continue;
-    lock.unlock();
-    for (const LedgerEntry& entry : finished) trace_call(entry);
-    lock.lock();
+    if (auto flying = failure ? in_flight_.find(failure->first) : in_flight_.end();
+        flying != in_flight_.end() && !fired_) {
+      LedgerEntry call = flying->second.entry;
+      if (auto entry = set_state_locked(call.id, CallState::failed, now)) finished.push_back(*entry);
+      call.state = CallState::failed;
+      call.finished = now;
+      fire(lock, report(call, ": " + failure->second, now));
+    }
+    trace_finished(lock, finished);
   }
 }
 

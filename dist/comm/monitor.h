@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/device.h"
 #include "dist/comm/collective.h"
 
 namespace shardlab::dist {
@@ -45,10 +46,13 @@ std::string format_entry(const LedgerEntry& entry, Clock::time_point now);
 struct MonitorOptions {
   int rank = 0;
   std::string host;  // this machine's name, in the timeout report (none: left out)
+  // The rank's device: the watchdog's threads and the communication threads make it current at
+  // their start (bind_thread_to_device), so their CUDA calls open no context on another GPU.
+  Device device = Device::cpu();
   std::chrono::milliseconds timeout{std::chrono::minutes(10)};
   std::size_t ledger_capacity = 256;
-  // Called once, from the watchdog thread, with the report (what is stuck and the ledger
-  // tail). Default: print it to stderr and abort the MPI job with kWatchdogExitCode.
+  // Called once, from a watchdog thread, with the report (what is stuck, or what failed, and the
+  // ledger tail). Default: print it to stderr and abort the MPI job with kWatchdogExitCode.
   std::function<void(const std::string& report)> on_timeout;
 };
 
@@ -71,9 +75,16 @@ class Monitor {
   // State changes. The watchdog's clock for a call starts when it enters `checking` or
   // `running` and stops when it leaves them.
   void set_state(std::uint64_t id, CallState state);
-  // For work that completes without telling anyone (a CUDA event): the watchdog polls
-  // `is_complete` and marks the call completed when it answers true.
+  // For work that completes without telling anyone (a CUDA event): a thread of the watchdog polls
+  // `is_complete`, without holding the ledger's lock, and marks the call completed when it answers
+  // true. A query may block (behind a hung kernel): the timeout still fires. A query that throws
+  // (NCCL's asynchronous error) fails the call, and the report names the error at once.
   void poll_until_complete(std::uint64_t id, std::function<bool()> is_complete);
+  // Called from the watchdog, before on_timeout, when it fires: how a backend stops what it has in
+  // flight (NCCL: ncclCommAbort), so that no kernel waits forever for a rank that will not come.
+  // Returns the key that remove_abort takes when the backend goes.
+  std::uint64_t add_abort(std::function<void()> abort);
+  void remove_abort(std::uint64_t key);
 
   // The last `count` entries, oldest first.
   std::vector<LedgerEntry> tail(std::size_t count) const;
@@ -84,6 +95,7 @@ class Monitor {
   void set_timeout(std::chrono::milliseconds timeout);
   std::chrono::milliseconds timeout() const;
   int rank() const { return options_.rank; }
+  Device device() const { return options_.device; }
 
  private:
   // A call the watchdog times: kept apart from the ledger, which may drop old entries.
@@ -95,8 +107,15 @@ class Monitor {
   // Returns the entry of a call that just finished while a trace records: the caller traces it
   // once the lock is released, so that building the event never holds up the other threads.
   std::optional<LedgerEntry> set_state_locked(std::uint64_t id, CallState state, Clock::time_point now);
-  void watch();
-  std::string timeout_report(const LedgerEntry& stuck, Clock::time_point now) const;
+  void watch();  // the watchdog: times the calls in flight, and fires; never calls CUDA
+  void poll();   // the poller: runs the completion queries
+  Clock::duration poll_interval() const;
+  // Runs the aborts, then on_timeout with the report, once; unlocks `lock` meanwhile.
+  void fire(std::unique_lock<std::mutex>& lock, const std::string& report);
+  // `call` as the ledger shows it, what happened to it (" did not complete within ...", ": <error>"
+  // after a failed one), and the ledger's tail.
+  std::string report(const LedgerEntry& call, const std::string& what, Clock::time_point now) const;
+  void trace_finished(std::unique_lock<std::mutex>& lock, std::vector<LedgerEntry>& finished);
 
   MonitorOptions options_;
   mutable std::mutex mutex_;
@@ -104,9 +123,11 @@ class Monitor {
   std::deque<LedgerEntry> ledger_;  // ids ledger_.front().id, ..., next_id_ - 1
   std::map<std::uint64_t, InFlight> in_flight_;
   std::uint64_t next_id_ = 1;
+  std::map<std::uint64_t, std::function<void()>> aborts_;
+  std::uint64_t next_abort_ = 1;
   bool stopping_ = false;
   bool fired_ = false;
-  std::thread watchdog_;
+  std::thread watchdog_, poller_;  // last: started once the members above exist
 };
 
 }  // namespace shardlab::dist

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "core/cuda/runtime.h"
+#include "core/device.h"
 #include "core/error.h"
 
 namespace shardlab::dist {
@@ -199,6 +200,7 @@ class MpiBackend final : public Backend {
   };
 
   void serve() {
+    bind_thread_to_device(monitor_->device());  // its staging copies use the rank's GPU
     std::unique_lock lock(mutex_);
     while (true) {
       wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });

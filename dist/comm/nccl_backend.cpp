@@ -7,9 +7,12 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <atomic>
+
 #include "core/cuda/check.h"
 #include "core/cuda/runtime.h"
 #include "core/error.h"
+#include "core/profile.h"
 
 namespace shardlab::dist {
 
@@ -61,6 +64,23 @@ ncclRedOp_t nccl_reduction(ReduceOp op, int ranks) {
   fail("NCCL: unknown reduction");
 }
 
+// A collective's name in the profile: a literal, as the profiler keys its ops.
+const char* profiled_name(Collective op) {
+  switch (op) {
+    case Collective::all_gather:
+      return "nccl all_gather";
+    case Collective::reduce_scatter:
+      return "nccl reduce_scatter";
+    case Collective::all_reduce:
+      return "nccl all_reduce";
+    case Collective::broadcast:
+      return "nccl broadcast";
+    case Collective::barrier:
+      return "nccl barrier";
+  }
+  return "nccl collective";
+}
+
 // An owned ncclComm_t.
 class NcclComm {
  public:
@@ -71,26 +91,48 @@ class NcclComm {
     cuda::DeviceGuard guard(device);
     SHARDLAB_NCCL_CHECK(ncclCommInitRank(&comm_, bootstrap.size(), id, bootstrap.rank()));
   }
-  ~NcclComm() { ncclCommDestroy(comm_); }
+  ~NcclComm() {
+    if (!aborted_) ncclCommDestroy(comm_);  // an aborted communicator is freed by the abort
+  }
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
 
   ncclComm_t get() const { return comm_; }
 
+  // From the watchdog: ends the communicator's kernels in flight, so a rank stuck in one returns.
+  void abort() {
+    if (!aborted_.exchange(true)) ncclCommAbort(comm_);
+  }
+
+  // Throws the error NCCL met in the background (a peer gone, a network failure), if any.
+  void check_async_error() const {
+    ncclResult_t state = ncclSuccess;
+    SHARDLAB_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+    if (state != ncclSuccess && state != ncclInProgress)
+      fail("NCCL asynchronous error: {} ({})", ncclGetErrorString(state), ncclGetLastError(comm_));
+  }
+
  private:
   ncclComm_t comm_ = nullptr;
+  std::atomic<bool> aborted_{false};
 };
 
-// Complete when the event recorded after the collective on the communication stream is.
+// Complete when the event recorded after the collective on the communication stream is; a
+// communicator's asynchronous error fails it.
 class StreamWork final : public WorkState {
  public:
-  explicit StreamWork(int device) : device_(device), done_(device) {}
+  StreamWork(int device, const NcclComm& comm) : device_(device), comm_(&comm), done_(device) {}
   cuda::Event& done() { return done_; }
   void wait() override { done_.wait(cuda::current_stream(device_)); }
-  bool completed() override { return done_.query(); }
+  bool completed() override {
+    if (done_.query()) return true;
+    comm_->check_async_error();
+    return false;
+  }
 
  private:
   int device_;
+  const NcclComm* comm_;  // the backend outlives its calls: its destructor waits for them
   cuda::Event done_;
 };
 
@@ -102,10 +144,14 @@ class NcclBackend final : public Backend {
         monitor_(std::move(monitor)),
         comm_(bootstrap_, device),
         stream_(device),
-        barrier_word_(zeros({1}, dtype(DType::i32).with_device(Device::cuda(device)))) {}
+        barrier_word_(zeros({1}, dtype(DType::i32).with_device(Device::cuda(device)))),
+        abort_key_(monitor_->add_abort([this] { comm_.abort(); })) {}
 
   // Queued collectives finish before the communicator and stream they use are destroyed.
-  ~NcclBackend() override { cudaStreamSynchronize(static_cast<cudaStream_t>(stream_.handle())); }
+  ~NcclBackend() override {
+    monitor_->remove_abort(abort_key_);
+    cudaStreamSynchronize(static_cast<cudaStream_t>(stream_.handle()));
+  }
 
   std::string_view name() const override { return "nccl"; }
 
@@ -121,12 +167,19 @@ class NcclBackend final : public Backend {
       inputs_ready.record(cuda::current_stream(device_));
       inputs_ready.wait(stream_);
       monitor_->set_state(call.ledger_id, CallState::running);
+      // --profile: the collective's time on the communication stream joins the kernels' (category
+      // "communication"), which it overlaps.
+      auto span = profile::on() ? std::make_unique<cuda::TimingSpan>(stream_) : nullptr;
       enqueue(call);
+      if (span) {
+        span->stop(stream_);
+        profile::add_device_span(profiled_name(call.fingerprint.op), std::move(span));
+      }
       for (const Tensor* tensor : {&call.input, &call.output}) {
         // By the block that holds it: a view (rank r's slot of an in-place all-gather) starts inside one.
         if (tensor->defined() && tensor->numel() > 0) cuda::record_stream(tensor->storage()->data(), stream_);
       }
-      auto work = std::make_shared<StreamWork>(device_);
+      auto work = std::make_shared<StreamWork>(device_, comm_);
       work->done().record(stream_);
       monitor_->poll_until_complete(call.ledger_id, [work] { return work->completed(); });
       return Work(work);
@@ -179,6 +232,7 @@ class NcclBackend final : public Backend {
   NcclComm comm_;
   cuda::Stream stream_;
   Tensor barrier_word_;
+  std::uint64_t abort_key_;
 };
 
 }  // namespace

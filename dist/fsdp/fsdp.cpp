@@ -20,6 +20,7 @@
 #include "autograd/function.h"
 #include "autograd/ops.h"
 #include "core/error.h"
+#include "core/host_wait.h"
 #include "core/ops.h"
 #include "core/storage.h"
 #include "dist/comm/init.h"
@@ -865,6 +866,9 @@ std::vector<std::uint8_t> RootState::agree_on_gradients(const std::vector<Unit*>
   // With NCCL the wait is the compute stream's, not the host's; the read below is the host's.
   all->all_reduce(agreed, ReduceOp::max, "gradient flags").wait();
   if (all_known) return flags;
+  // Whether a parameter this rank left without a gradient gets one at all is the host's to know
+  // now: inside a training step that forbids host waits this read is allowed, and counted apart.
+  const HostWaitsUnavoidable read("which parameters got a gradient on another rank");
   const Tensor on_host = agreed.to(Device::cpu());
   std::copy_n(on_host.data<std::uint8_t>(), flags.size(), flags.begin());
   return flags;

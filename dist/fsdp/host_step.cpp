@@ -9,6 +9,7 @@
 #include <map>
 #include <utility>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "core/pending_read.h"
 #include "core/trace.h"
@@ -47,8 +48,8 @@ std::vector<Unit*> update_order(const RootState& root) {
 
 }  // namespace
 
-HostStepRunner::HostStepRunner(std::weak_ptr<RootState> root)
-    : root_(std::move(root)), thread_([this] { work(); }) {}
+HostStepRunner::HostStepRunner(std::weak_ptr<RootState> root, Device device)
+    : root_(std::move(root)), device_(device), thread_([this] { work(); }) {}
 
 HostStepRunner::~HostStepRunner() {
   {
@@ -116,6 +117,7 @@ void HostStepRunner::enqueue(std::function<void()> job) {
 
 void HostStepRunner::work() {
   trace::name_this_thread("host step");
+  bind_thread_to_device(device_);
   std::unique_lock lock(mutex_);
   while (true) {
     changed_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
@@ -155,7 +157,8 @@ void overlap_host_step(optim::Optimizer& optimizer, nn::Module& root) {
                      name, variable.data().device().str());
     }
   }
-  optimizer.set_update_runner(std::make_shared<detail::HostStepRunner>(state));
+  const Device device = state->units.front()->device();
+  optimizer.set_update_runner(std::make_shared<detail::HostStepRunner>(state, device));
 }
 
 }  // namespace shardlab::dist

@@ -27,7 +27,8 @@ std::vector<StepPart> split_by_unit(std::vector<optim::ParamUpdate> updates, con
 
 class HostStepRunner final : public optim::UpdateRunner {
  public:
-  explicit HostStepRunner(std::weak_ptr<RootState> root);
+  // The thread works on `device`, the units' (a GPU, whose shards it steps in host memory).
+  HostStepRunner(std::weak_ptr<RootState> root, Device device);
   ~HostStepRunner() override;  // waits for the queued steps, then ends the thread
   HostStepRunner(const HostStepRunner&) = delete;
   HostStepRunner& operator=(const HostStepRunner&) = delete;
@@ -40,6 +41,7 @@ class HostStepRunner final : public optim::UpdateRunner {
   void work();  // the thread: runs the jobs in order
 
   std::weak_ptr<RootState> root_;
+  Device device_;
   std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<std::function<void()>> jobs_;

@@ -98,6 +98,11 @@ def app_cases(scratch):
         integer("--sample-tokens", "0", 1),
         integer("--tp", "0", 1),
         (["--steps", "2", "--epochs", "1"], "--steps excludes --epochs"),
+        (["--random-tokens", "--epochs", "1"], "--random-tokens requires --steps"),
+        *[(["--random-tokens", option, value], f"{option} excludes --random-tokens")
+          for option, value in (("--data", "/usr/share/games/fortunes"), ("--tokenizer", "bytes"),
+                                ("--separator", "%%"), ("--limit-documents", "3"), ("--sample", "1"),
+                                ("--sample-tokens", "5"))],
         (["--config", "huge"], "LlamaConfig: no preset named 'huge' (tiny, small, 1b)"),
         (["--tokenizer", "words"], "make_tokenizer: unknown tokenizer 'words'"),
         (["--data", "/nonexistent/corpus"], "read_documents: '/nonexistent/corpus' does not exist"),

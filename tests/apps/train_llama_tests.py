@@ -23,6 +23,7 @@ checks what its users rely on:
   1e-5 of the 1-process run's; a checkpoint saved at 2 x 2 resumes there bit for bit (losses, and
   the step-10 rank files), and at 1 x 2, 4 x 1 and 2 x 1 within 1e-5;
 - bad options, a missing corpus and a config that does not fit exit 1 with one clear message;
+- --random-tokens reads no corpus, starts near ln(vocab) and gives one process's losses at np 2;
 - will it fit: the training peak --explain predicts (above the loaded data) is within 10% of the
   measured one on every rank at np 1-4 for every strategy, with and without activation
   checkpointing; its dry forward/backwards change nothing (losses and saved model bit for bit);
@@ -77,6 +78,8 @@ def main(mpirun, train_llama, generate):
     check = Checks()
 
     check_errors(mpirun, train_llama, check)
+    with tempfile.TemporaryDirectory(prefix="train_llama_tests.") as scratch:
+        check_random_tokens(mpirun, train_llama, scratch, check)
     skipped = 0
     if not os.path.isdir(DATA_DIR):
         skipped = len(PARITY_RUNS) + 2 + 14 + 5 + len(FIT_RUNS) + 1 + 4 + TRACE_CHECKS + 1 + 2 * len(TP_RUNS) - 1 + len(TP_RESUMES) + 4
@@ -286,6 +289,26 @@ def check_tensor_parallel_resume(mpirun, program, scratch, check, reference):
         shutil.rmtree(os.path.join(directory, "step-00000010"), ignore_errors=True)  # the next resumes from 5
 
 
+def check_random_tokens(mpirun, program, scratch, check):
+    # No corpus is read: the same batches at any world size, and a first loss near ln(vocab) (uniform
+    # targets, a model that starts near uniform).
+    args = ["--config", "tiny", "--random-tokens", "--seq", "16", "--global-batch", "8", "--steps", "4",
+            "--threads", "1"]
+    runs = {}
+    for ranks in (1, 2):
+        metrics = os.path.join(scratch, f"random-np{ranks}.jsonl")
+        code, output = run_job(mpirun, program, ranks, args + ["--metrics", metrics])
+        runs[ranks] = (code, output, per_step(read_metrics(metrics), 0, "loss"))
+    (code1, output1, losses1), (code2, output2, losses2) = runs[1], runs[2]
+    first = losses1.get(1, float("nan"))
+    check(f"--random-tokens: the first loss {first:.3f} is within 0.3 of ln(259) = {math.log(259):.3f}, no corpus "
+          "read", code1 == 0 and abs(first - math.log(259)) < 0.3 and "no documents" in output1
+          and "random token ids" in output1, f"exit {code1}\n{losses1}\n{output1}")
+    check("--random-tokens at np 2: every step's loss within 1e-5 of one process's",
+          code2 == 0 and len(losses2) == 4 and losses1.keys() == losses2.keys()
+          and all(close(losses2[step], losses1[step]) for step in losses1), f"exit {code2}\n{losses1}\n{losses2}\n{output2}")
+
+
 def check_mixed_precision(mpirun, program, scratch, check):
     # bf16 gathers and compute with f32 master shards: the same curve as f32 up to bf16 rounding.
     metrics = os.path.join(scratch, "bf16.jsonl")
@@ -371,9 +394,17 @@ def check_profile(mpirun, program, scratch, check):
             problems.append(f"rank {rank}: {r['profile_steps']} steps, kernels {kernel_seconds} s of {r['profile_seconds']} s")
         if not {"matmul", "attention_forward", "adam_step"} <= ops:
             problems.append(f"rank {rank}: ops {sorted(ops)}")
+        # On the CPU the categories share out the kernels' host time, and the host gaps are the rest.
+        split = {c["category"]: c["seconds"] for c in r.get("categories", [])}
+        gaps = split.pop("host gaps", None)
+        if (not {"GEMM", "attention", "optimizer", "elementwise", "reductions", "indexing"} <= split.keys()
+                or abs(sum(split.values()) - kernel_seconds) > 1e-9 * kernel_seconds
+                or gaps is None or abs(gaps - (r["profile_seconds"] - kernel_seconds)) > 1e-9 * r["profile_seconds"]):
+            problems.append(f"rank {rank}: categories {split}, host gaps {gaps}")
     ok = (code == 0 and sorted(profiles) == [0, 1] and not problems and output.count("kernel time per step") == 1
-          and "outside kernels" in output and per_step(records, 0, "loss") == reference)
-    check("np 2 --profile: rank 0's table, every rank's kernel totals within the steps' time, the same losses",
+          and "outside kernels" in output and "by category" in output and per_step(records, 0, "loss") == reference)
+    check("np 2 --profile: rank 0's tables (per op, by category), every rank's kernel totals within the steps' "
+          "time and shared out by category, the same losses",
           ok, f"exit {code}; {problems}\n{output}")
 
 

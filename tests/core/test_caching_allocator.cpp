@@ -285,35 +285,127 @@ TEST_CASE("caching allocator: out of memory releases idle blocks and retries onc
   f.allocator.deallocate(c, 3072);
 }
 
-TEST_CASE("caching allocator: returning cached blocks is a host wait, refused inside a step") {
+TEST_CASE("caching allocator: emptying the cache is a host wait, refused inside a step") {
+  Fixture f;
+  void* a = f.allocator.allocate(2048);
+  f.allocator.deallocate(a, 2048);
+  reset_host_wait_counts();
+  {
+    // The device's free waits for its queued work: asked for inside the scope, it is refused and
+    // nothing changes; the cached block is still there to be reused.
+    HostWaitsForbidden step("training step");
+    CHECK_THROWS_ERROR(f.allocator.empty_cache(),
+                       "host wait inside 'training step': return cached blocks to the device on fake:0");
+    CHECK(f.device->frees == 0);
+    CHECK(f.allocator.stats().bytes_cached == 2048);
+  }
+  f.allocator.empty_cache();
+  f.allocator.empty_cache();  // nothing idle: no wait
+  CHECK(f.device->frees == 1);
+  REQUIRE(host_wait_counts().size() == 1);
+  CHECK(host_wait_counts()[0].reason == "return cached blocks to the device");
+  CHECK(host_wait_counts()[0].count == 1);
+  reset_host_wait_counts();
+}
+
+TEST_CASE("caching allocator: the out-of-memory retry is allowed inside a step and counted apart") {
   Fixture f;
   f.device->budget = 4096;
   void* a = f.allocator.allocate(2048);
   f.allocator.deallocate(a, 2048);
   reset_host_wait_counts();
   {
-    // The device's free waits for its queued work: inside the scope the retry is refused and
-    // nothing changes; the cached block is still there to be reused.
+    // Emptying the cache cures this request: a step that meets it is slower, not broken.
     HostWaitsForbidden step("training step");
-    CHECK_THROWS_ERROR(f.allocator.allocate(3072),
-                       "host wait inside 'training step': return cached blocks to the device on fake:0");
-    CHECK(f.device->frees == 0);
-    CHECK(f.allocator.stats().bytes_cached == 2048);
-    void* reused = f.allocator.allocate(2048);  // served from the cache: no wait
-    f.allocator.deallocate(reused, 2048);
+    void* c = f.allocator.allocate(3072);
+    CHECK(f.device->frees == 1);
+    CHECK(f.allocator.stats().bytes_cached == 0);
+    f.allocator.deallocate(c, 3072);
   }
-  CHECK(host_wait_total() == 0);
-  void* c = f.allocator.allocate(3072);  // outside: the cache goes back, counted once
-  CHECK(f.device->frees == 1);
-  CHECK(host_wait_total() == 1);
-  f.allocator.empty_cache();  // nothing idle: no wait
-  CHECK(host_wait_total() == 1);
-  f.allocator.deallocate(c, 3072);
-  f.allocator.empty_cache();
   REQUIRE(host_wait_counts().size() == 1);
-  CHECK(host_wait_counts()[0].reason == "return cached blocks to the device");
-  CHECK(host_wait_counts()[0].count == 2);
+  CHECK(host_wait_counts()[0].reason == "out of memory: cached blocks returned to the device");
+  CHECK(host_wait_counts()[0].count == 1);
   reset_host_wait_counts();
+}
+
+TEST_CASE("caching allocator: a large cached block is split for a smaller request, the rest stays cached") {
+  Fixture f;
+  f.device->budget = 128 * MiB;
+  void* whole = f.allocator.allocate(64 * MiB);
+  f.allocator.deallocate(whole, 64 * MiB);
+
+  // 40 MiB and then 20 MiB come out of the one 64 MiB block: its first 40 MiB, then the next 20.
+  void* first = f.allocator.allocate(40 * MiB);
+  CHECK(first == whole);
+  CHECK(f.allocator.stats().bytes_cached == static_cast<std::int64_t>(24 * MiB));
+  void* second = f.allocator.allocate(20 * MiB);
+  CHECK(second == static_cast<char*>(whole) + 40 * MiB);
+  CHECK(f.allocator.stats().bytes_cached == static_cast<std::int64_t>(4 * MiB));
+  CHECK(f.allocator.stats().bytes_in_use == static_cast<std::int64_t>(60 * MiB));
+  CHECK(f.mallocs() == 1);
+
+  // Less than 1 MiB would be left: the request takes the block whole.
+  void* tail = f.allocator.allocate(3 * MiB + 256 * KiB);
+  CHECK(tail == static_cast<char*>(whole) + 60 * MiB);
+  CHECK(f.allocator.stats().bytes_cached == 0);
+  CHECK(f.allocator.stats().bytes_in_use == static_cast<std::int64_t>(64 * MiB));
+
+  // record_stream finds the split blocks by any address inside them.
+  f.allocator.record_stream(static_cast<char*>(second) + 5 * MiB, kStreamB);
+  f.allocator.deallocate(tail, 3 * MiB + 256 * KiB);
+  f.allocator.deallocate(first, 40 * MiB);
+  f.allocator.deallocate(second, 20 * MiB);  // held back for stream B: its neighbours cannot merge yet
+  void* while_pending = f.allocator.allocate(64 * MiB);
+  CHECK(f.mallocs() == 2);
+  f.allocator.deallocate(while_pending, 64 * MiB);
+  f.allocator.empty_cache();  // returns the second device allocation, whole and idle; not the split one
+  CHECK(f.device->frees == 1);
+
+  // Once B's work ran the three merge again: the whole 64 MiB block serves a 64 MiB request.
+  f.device->finish(kStreamB);
+  CHECK(f.allocator.allocate(64 * MiB) == whole);
+  CHECK(f.mallocs() == 2);
+  CHECK(f.allocator.stats().bytes_cached == 0);
+  f.allocator.deallocate(whole, 64 * MiB);
+}
+
+TEST_CASE("caching allocator: shapes that change from step to step are served from the cache") {
+  Fixture f;
+  f.device->budget = 96 * MiB;
+  // Steps of a full batch, then a last partial one and an evaluation of other sizes, twice over:
+  // after the first step every request is served from what the first step left cached.
+  const std::vector<std::vector<std::size_t>> steps = {
+      {24 * MiB, 16 * MiB, 8 * MiB}, {24 * MiB, 16 * MiB, 8 * MiB}, {15 * MiB, 10 * MiB, 5 * MiB},
+      {20 * MiB, 2 * MiB},           {24 * MiB, 16 * MiB, 8 * MiB}, {7 * MiB, 7 * MiB, 7 * MiB, 7 * MiB}};
+  for (const std::vector<std::size_t>& sizes : steps) {
+    std::vector<void*> held;
+    for (const std::size_t size : sizes) held.push_back(f.allocator.allocate(size));
+    for (std::size_t i = 0; i < held.size(); ++i) f.allocator.deallocate(held[i], sizes[i]);
+  }
+  CHECK(f.mallocs() == 3);
+  CHECK(f.device->failed_mallocs == 0);
+  CHECK(f.device->frees == 0);
+}
+
+TEST_CASE("caching allocator: out of memory returns only whole device allocations") {
+  Fixture f;
+  f.device->budget = 8 * MiB;
+  void* segment = f.allocator.allocate(6 * MiB);
+  f.allocator.deallocate(segment, 6 * MiB);
+  void* part = f.allocator.allocate(2 * MiB);  // split: 4 MiB of the allocation stay cached
+  CHECK(part == segment);
+  // 3 MiB comes out of the 4 MiB rest, split again.
+  void* more = f.allocator.allocate(3 * MiB);
+  CHECK(more == static_cast<char*>(segment) + 2 * MiB);
+  // 4 MiB: nothing cached holds it and the allocation in use cannot go back: out of memory.
+  CHECK_THROWS_ERROR(f.allocator.allocate(4 * MiB), "fake:0: out of memory");
+  CHECK(f.device->frees == 0);
+  f.allocator.deallocate(part, 2 * MiB);
+  f.allocator.deallocate(more, 3 * MiB);
+  // Whole and idle again: the retry returns it and the request fits.
+  void* big = f.allocator.allocate(7 * MiB);
+  CHECK(f.device->frees == 1);
+  f.allocator.deallocate(big, 7 * MiB);
 }
 
 TEST_CASE("caching allocator: out of memory after the retry throws an Error with the numbers") {

@@ -10,10 +10,12 @@
 
 #include "core/allocator.h"
 #include "core/caching_allocator.h"
+#include "core/cuda/conv_shape.h"
 #include "core/cuda/runtime.h"
 #include "core/host_wait.h"
 #include "core/kernels.h"
 #include "core/pending_read.h"
+#include "core/profile.h"
 #include "tests/cuda_compare.h"
 
 namespace shardlab {
@@ -76,6 +78,30 @@ TEST_CASE("only host memory can be pinned, and only a CPU tensor pinned") {
   CHECK_THROWS_ERROR(Tensor().pin_memory(), "pin_memory: tensor is undefined");
   CHECK_FALSE(ones({3}).is_pinned());
   CHECK_FALSE(Tensor().is_pinned());
+}
+
+TEST_CASE("cuDNN is declined, naming the size, for convolutions over its int limits") {
+  cuda::ConvShape shape{.batch = 64,
+                        .channels = 32,
+                        .height = 26,
+                        .width = 26,
+                        .outs = 64,
+                        .kernel_h = 3,
+                        .kernel_w = 3,
+                        .out_h = 24,
+                        .out_w = 24};
+  CHECK(cuda::cudnn_size_problem(shape).empty());
+  shape.batch = 60'000;  // 60000 * 64 * 24 * 24 > 2^31 - 1 output elements; the input stays under
+  CHECK(cuda::cudnn_size_problem(shape) ==
+        "its output elements (2211840000) exceed cuDNN's int sizes (2147483647)");
+  shape.batch = 2;
+  shape.height = shape.width = 40'000;  // 2 * 32 * 1.6e9 input elements
+  CHECK(cuda::cudnn_size_problem(shape) ==
+        "its input elements (102400000000) exceed cuDNN's int sizes (2147483647)");
+  shape.height = shape.width = 26;
+  shape.outs = 1 << 20;
+  shape.channels = 1 << 10;  // a filter of 2^30 * 9 elements
+  CHECK(cuda::cudnn_size_problem(shape).starts_with("its filter elements (9663676416)"));
 }
 
 // --- helpers ---------------------------------------------------------------------------------
@@ -611,6 +637,39 @@ TEST_CASE("an out-of-range index on cuda is reported at the next host wait, and 
   cuda::current_stream(0).synchronize();  // nothing left to report
 }
 
+TEST_CASE("the profiler times a GPU kernel with timing events, not only its launch", "[cuda]") {
+  const Tensor a = random_tensor({1024, 1024}, 88).to(kCuda);
+  (void)matmul(a, a);  // cuBLAS's first call sets up its handle: not what is timed
+  cuda::current_stream(0).synchronize();
+  profile::start();
+  for (int i = 0; i < 3; ++i) (void)matmul(a, a);
+  profile::stop();
+  const std::vector<profile::OpTotal> totals = profile::totals();  // waits for the GPU's work
+  REQUIRE_FALSE(totals.empty());
+  CHECK(totals.front().op == "matmul");
+  CHECK(totals.front().calls == 3);
+  // 3 x 2 x 1024^3 FLOPs: more than a microsecond on any GPU, less than a second.
+  CHECK(totals.front().device_seconds > 1e-6);
+  CHECK(totals.front().device_seconds < 1.0);
+  CHECK(profile::by_category(totals, 1.0).front().category == "GEMM");
+}
+
+TEST_CASE("a cross-entropy target far out of range on cuda is the named index error, not a dead context",
+          "[cuda]") {
+  const Tensor logits = random_tensor({3, 5}, 87).to(kCuda);
+  // 2^40 classes past the row: read unguarded it would be an illegal address.
+  const Tensor targets =
+      from_vector(std::vector<std::int64_t>{1, std::int64_t{1} << 40, -100}, {3}).to(kCuda);
+  CrossEntropyResult result;
+  REQUIRE_NOTHROW(result = cross_entropy_forward(logits, targets, -100));
+  CHECK_THROWS_ERROR(result.losses.to(kCpu), "cross_entropy: index 1099511627776 is out of range");
+  // The device is still sound: a good row's loss is the CPU's.
+  const Tensor good = from_vector(std::vector<std::int64_t>{1, 4, -100}, {3});
+  CHECK(test::count_mismatches(cross_entropy_forward(logits, good.to(kCuda), -100).losses.to_vector<double>(),
+                               cross_entropy_forward(logits.to(kCpu), good, -100).losses.to_vector<double>(),
+                               {1e-6, 1e-6}) == 0);
+}
+
 // --- softmax (core/cuda/softmax.cu) ---------------------------------------------------------------
 
 // Rows longer than a block, shorter than a warp, along the last dim and along a middle one
@@ -916,6 +975,20 @@ SHARDLAB_CUDA_VS_CPU(
     "conv2d of the tutorial CNN's second layer shape in bf16",
     {random_tensor({2, 32, 26, 26}, 114, DType::bf16), random_tensor({64, 32, 3, 3}, 115, DType::bf16)},
     [](const Inputs& x) { return conv2d(x[0], x[1]).to(DType::f32); }, Tolerance{5e-3, 0x1p-7});
+// Both gradients in bf16 at stride 2 and padding 1: at most 54 (input) and 50 (weight) products per
+// value, accumulated in f32 on both devices and rounded to bf16 once, so one bf16 ulp apart at most.
+SHARDLAB_CUDA_VS_CPU(
+    "conv2d's two gradients in bf16, stride 2 and padding 1",
+    {random_tensor({2, 8, 9, 10}, 118, DType::bf16), random_tensor({6, 8, 3, 3}, 119, DType::bf16),
+     random_tensor({2, 6, 5, 5}, 120, DType::bf16)},
+    [](const Inputs& x) {
+      const Conv2dParams p{.stride = 2, .padding = 1};
+      return cat({conv2d_backward_input(x[2], x[1], x[0].shape(), p).flatten(),
+                  conv2d_backward_weight(x[2], x[0], x[1].shape(), p).flatten()},
+                 0)
+          .to(DType::f32);
+    },
+    Tolerance{1e-2, 0x1p-7});
 
 // Adam and AdamW over three steps on a flat f32 shard with a bf16 copy-out, as FSDP uses it.
 SHARDLAB_CUDA_VS_CPU("adam_step (Adam and AdamW) on a flat f32 shard with bf16 copy-out",

@@ -71,3 +71,29 @@ TEST_CASE("CPU ops, reading values included, are no host waits", "[host_wait]") 
                      "index_select: index 3 is out of range for the dimension of size 3");
   CHECK(host_wait_total() == 0);
 }
+
+TEST_CASE("an unavoidable wait is counted under its scope's reason, inside a forbidding scope too",
+          "[host_wait]") {
+  reset_host_wait_counts();
+  {
+    HostWaitsForbidden step("training step");
+    {
+      HostWaitsUnavoidable retry("out of memory: cached blocks returned to the device");
+      host_wait("return cached blocks to the device", "cuda:0");
+      {
+        HostWaitsUnavoidable inner("gradient flags");
+        host_wait("copy to host memory", "cuda:0");
+      }
+      host_wait("copy to host memory", "cuda:0");  // the outer reason again
+    }
+    // Its end restores the refusal.
+    CHECK_THROWS_ERROR(host_wait("copy to host memory", "cuda:0"), "host wait inside 'training step'");
+  }
+  const std::vector<HostWaitCount> counts = host_wait_counts();
+  REQUIRE(counts.size() == 2);
+  CHECK(counts[0].reason == "out of memory: cached blocks returned to the device");
+  CHECK(counts[0].count == 2);
+  CHECK(counts[1].reason == "gradient flags");
+  CHECK(counts[1].count == 1);
+  reset_host_wait_counts();
+}

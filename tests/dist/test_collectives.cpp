@@ -9,6 +9,7 @@
 #include "dist/comm/mpi_backend.h"
 #include "dist/comm/mpi_support.h"
 #include "tests/dist/world.h"
+#include "tests/thread_bindings.h"
 
 using namespace shardlab;
 using dist::Collective;
@@ -170,6 +171,18 @@ TEST_CASE("the MPI backend's host staging (what CUDA tensors take), run with CPU
   check_reduce_scatter(staged, Device::cpu(), kSmallCounts);
   check_all_reduce(staged, Device::cpu(), kSmallCounts);
   check_broadcast(staged, Device::cpu(), kSmallCounts);
+}
+
+TEST_CASE("the MPI backend's communication thread makes the rank's device current first",
+          "[dist][collectives]") {
+  const test::ThreadBindings bindings;
+  {
+    const auto monitor = std::make_shared<dist::Monitor>(
+        dist::MonitorOptions{.rank = world().rank(), .device = Device::cuda(6)});
+    const auto backend = dist::make_mpi_backend(dist::MpiComm::duplicate(MPI_COMM_WORLD), monitor);
+  }
+  // The monitor's two threads and the backend's worker, all on the rank's device.
+  CHECK(bindings.by_other_threads() == std::vector<Device>(3, Device::cuda(6)));
 }
 
 TEST_CASE(

@@ -5,6 +5,7 @@
 // named by the gather that waits for it; what cannot be overlapped is refused.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -19,6 +20,7 @@
 #include "tests/dist/fsdp_models.h"
 #include "tests/dist/fsdp_parity.h"
 #include "tests/dist/world.h"
+#include "tests/thread_bindings.h"
 
 using namespace shardlab;
 using namespace shardlab::test;  // Nested, its batches, and the parity runs
@@ -211,4 +213,17 @@ TEST_CASE("overlap_host_step refuses a module that is no FSDP root", "[dist][fsd
   optim::SGD optimizer(plain->named_parameters(), {.lr = 0.1});
   CHECK_THROWS_ERROR(dist::overlap_host_step(optimizer, *plain),
                      "FSDP: the root Linear is not sharded; call dist::fully_shard on it last");
+}
+
+TEST_CASE("the host step thread makes the units' device current first", "[dist][fsdp][host_step]") {
+  const test::ThreadBindings bindings;
+  {
+    Nested model = offloaded_model();
+    optim::SGD optimizer(model->named_parameters(), {.lr = 0.1});
+    dist::overlap_host_step(optimizer, *model);
+  }
+  // The host step thread (and any communication thread sharding started) bound the units' device.
+  const std::vector<Device> bound = bindings.by_other_threads();
+  CHECK_FALSE(bound.empty());
+  CHECK(std::count(bound.begin(), bound.end(), Device::cpu()) == static_cast<std::ptrdiff_t>(bound.size()));
 }

@@ -4,12 +4,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <future>
 #include <thread>
 
 #include "dist/comm/init.h"
 #include "dist/comm/log.h"
 #include "dist/comm/monitor.h"
 #include "tests/dist/world.h"
+#include "tests/thread_bindings.h"
 
 using namespace shardlab;
 using dist::CallState;
@@ -111,8 +113,10 @@ struct RecordingMonitor {
   std::atomic<int> fired{0};
   dist::Monitor monitor;
 
-  explicit RecordingMonitor(std::chrono::milliseconds timeout, std::size_t capacity = 256)
+  explicit RecordingMonitor(std::chrono::milliseconds timeout, std::size_t capacity = 256,
+                            Device device = Device::cpu())
       : monitor({.rank = 3,
+                 .device = device,
                  .timeout = timeout,
                  .ledger_capacity = capacity,
                  .on_timeout = [this](const std::string& text) {
@@ -194,6 +198,97 @@ TEST_CASE("the ledger keeps the newest entries but still times calls it dropped"
   std::lock_guard lock(recording.mutex);
   CHECK_THAT(recording.report,
              Catch::Matchers::StartsWith("[rank 3] collective watchdog: #1 world all_reduce"));
+}
+
+TEST_CASE("the watchdog fires while a completion query blocks", "[dist][watchdog]") {
+  // A CUDA event query can block behind a hung kernel: the timeout report must still come. (What
+  // the query uses outlives the monitor, whose poller queries the call until it stops.)
+  std::promise<void> release;
+  const std::shared_future<void> released = release.get_future().share();
+  std::atomic<int> queries{0};
+  RecordingMonitor recording(std::chrono::milliseconds(100));
+  const std::uint64_t stuck = recording.monitor.record("world", 1, kReduce);
+  recording.monitor.set_state(stuck, CallState::running);
+  recording.monitor.poll_until_complete(stuck, [&] {
+    ++queries;
+    released.wait();
+    return false;
+  });
+  const bool fired = recording.wait_for_fire(std::chrono::seconds(10));
+  release.set_value();  // lets the query return, so the monitor can stop
+  REQUIRE(fired);
+  CHECK(queries.load() >= 1);
+  std::lock_guard lock(recording.mutex);
+  CHECK_THAT(recording.report,
+             Catch::Matchers::StartsWith("[rank 3] collective watchdog: #1 world all_reduce"));
+  CHECK_THAT(recording.report, Catch::Matchers::Contains("did not complete within the 0.1 s timeout"));
+}
+
+TEST_CASE("a completion query that throws fails its call at once, the report naming the error",
+          "[dist][watchdog]") {
+  RecordingMonitor recording(std::chrono::minutes(10));
+  const std::uint64_t broken = recording.monitor.record("world", 1, kReduce);
+  recording.monitor.set_state(broken, CallState::running);
+  recording.monitor.poll_until_complete(broken, []() -> bool {
+    throw Error("NCCL asynchronous error: remote process exited or there was a network error");
+  });
+  REQUIRE(recording.wait_for_fire(std::chrono::seconds(10)));  // long before the 10 minutes
+  std::lock_guard lock(recording.mutex);
+  CHECK_THAT(
+      recording.report,
+      Catch::Matchers::StartsWith("[rank 3] collective watchdog: #1 world all_reduce(f32, 8, sum) 'blocks.1' "
+                                  "failed in "));
+  CHECK_THAT(
+      recording.report,
+      Catch::Matchers::Contains(" s: NCCL asynchronous error: remote process exited or there was a network "
+                                "error. Last 1 collectives"));
+  CHECK(recording.monitor.tail(1).at(0).state == CallState::failed);
+}
+
+TEST_CASE("the watchdog runs the backends' aborts before its report, once, the removed ones not",
+          "[dist][watchdog]") {
+  std::vector<std::string> events;
+  std::mutex mutex;
+  dist::Monitor monitor(
+      {.rank = 1, .timeout = std::chrono::milliseconds(50), .on_timeout = [&](const std::string&) {
+         std::lock_guard lock(mutex);
+         events.emplace_back("report");
+       }});
+  const auto note = [&](const char* what) {
+    return [&, what] {
+      std::lock_guard lock(mutex);
+      events.emplace_back(what);
+    };
+  };
+  monitor.add_abort(note("abort world"));
+  const std::uint64_t gone = monitor.add_abort(note("abort of a communicator destroyed since"));
+  monitor.add_abort([] { throw Error("ncclCommAbort failed"); });  // the report still goes out
+  monitor.remove_abort(gone);
+  const std::uint64_t stuck = monitor.record("world", 1, kReduce);
+  monitor.set_state(stuck, CallState::running);
+  const auto deadline = dist::Clock::now() + std::chrono::seconds(10);
+  while (dist::Clock::now() < deadline) {
+    {
+      std::lock_guard lock(mutex);
+      if (!events.empty() && events.back() == "report") break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  std::lock_guard lock(mutex);
+  CHECK(events == std::vector<std::string>{"abort world", "report"});
+}
+
+TEST_CASE("the watchdog's threads make the rank's device current first", "[dist][watchdog]") {
+  const test::ThreadBindings bindings;
+  {
+    RecordingMonitor recording(std::chrono::minutes(10), 256, Device::cuda(5));
+    const auto deadline = dist::Clock::now() + std::chrono::seconds(10);
+    while (bindings.by_other_threads().size() < 2 && dist::Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  // The watchdog and the poller, each once, and nothing on this thread.
+  CHECK(bindings.by_other_threads() == std::vector<Device>{Device::cuda(5), Device::cuda(5)});
 }
 
 TEST_CASE("the monitor refuses a non-positive timeout or capacity", "[dist][watchdog][errors]") {
