@@ -236,8 +236,11 @@ Variable layer_norm(const Variable& x, const Variable& weight, const Variable& b
 Variable scaled_dot_product_attention(const Variable& q, const Variable& k, const Variable& v,
                                       const AttentionOptions& options) {
   check_attention(q, k, v, options);
-  const bool fusable = !options.mask.defined() && (q.dtype() == DType::f32 || q.dtype() == DType::f64) &&
-                       supports<&Kernels::attention_forward>(q.device());
+  // bf16 and f16 fuse where flash attention takes them (a GPU, head dims 64 or 128); elsewhere the
+  // composed path keeps them in their own dtype rather than in f32.
+  const bool fusable =
+      !options.mask.defined() && supports<&Kernels::attention_forward>(q.device()) &&
+      attention_kernel(q.dtype(), q.device(), q.size(-1), v.size(-1)) != AttentionKernel::in_f32;
   return fusable ? fused(q, k, v, options) : naive(q, k, v, options);
 }
 

@@ -165,6 +165,9 @@ Tensor reduce(ReduceOp op, const Tensor& x, const Dims& dims, bool keepdim, DTyp
 
 DType sum_dtype(DType dtype) { return is_floating(dtype) ? dtype : DType::i64; }
 
+// The dtype of a row statistic saved for backward: f32 for halves.
+DType logsumexp_dtype(DType logits) { return logits == DType::f64 ? DType::f64 : DType::f32; }
+
 }  // namespace
 
 // --- elementwise ---------------------------------------------------------------------------
@@ -461,36 +464,50 @@ void check_attention_operands(const char* op, const Tensor& q, const Tensor& k, 
 namespace {
 
 // The operands of a fused attention op, checked, with what the kernels expect: contiguous
-// operands on one device, f32 or f64, and the scale resolved.
+// operands on one device, floating, and the scale resolved.
 AttentionParams checked_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                                   const AttentionParams& params) {
   check_attention_operands(op, q, k, v, params.padding);
-  SHARDLAB_CHECK(q.dtype() == DType::f32 || q.dtype() == DType::f64, "{}: needs f32 or f64, got {}", op,
-                 dtype_name(q.dtype()));
+  check_floating(op, q);
   AttentionParams resolved = params;
   if (params.padding.defined()) resolved.padding = params.padding.contiguous();
   resolved.scale = params.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
   return resolved;
 }
 
-// Checks that `t` has `shape` and q's dtype and device, for attention_backward's extra operands.
+// Checks that `t` has `shape`, `dtype` and q's device, for attention_backward's extra operands.
 void check_attention_tensor(const char* op, const char* what, const Tensor& t, const Tensor& q,
-                            const Shape& shape) {
+                            const Shape& shape, DType dtype) {
   SHARDLAB_CHECK(t.defined(), "{}: {} is undefined", op, what);
   check_same_device(op, q, t);
-  SHARDLAB_CHECK(t.shape() == shape && t.dtype() == q.dtype(), "{}: {} must be {} {}, got {} {}", op, what,
-                 shape_str(shape), dtype_name(q.dtype()), shape_str(t.shape()), dtype_name(t.dtype()));
+  SHARDLAB_CHECK(t.shape() == shape && t.dtype() == dtype, "{}: {} must be {} {}, got {} {}", op, what,
+                 shape_str(shape), dtype_name(dtype), shape_str(t.shape()), dtype_name(t.dtype()));
+}
+
+bool in_f32(const Tensor& q, const Tensor& v) {
+  return attention_kernel(q.dtype(), q.device(), q.size(3), v.size(3)) == AttentionKernel::in_f32;
 }
 
 }  // namespace
+
+AttentionKernel attention_kernel(DType dtype, Device device, std::int64_t head_dim, std::int64_t value_dim) {
+  if (dtype != DType::bf16 && dtype != DType::f16) return AttentionKernel::fused;
+  const bool flash = device.is_cuda() && head_dim == value_dim && (head_dim == 64 || head_dim == 128);
+  return flash ? AttentionKernel::flash : AttentionKernel::in_f32;
+}
 
 AttentionResult attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                   const AttentionParams& params) {
   const char* op = "attention_forward";
   const AttentionParams resolved = checked_attention(op, q, k, v, params);
-  const TensorOptions options{q.dtype(), q.device()};
-  AttentionResult result{empty({q.size(0), q.size(1), q.size(2), v.size(3)}, options),
-                         empty({q.size(0), q.size(1), q.size(2)}, options)};
+  if (in_f32(q, v)) {
+    const AttentionResult wide =
+        attention_forward(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32), resolved);
+    return {wide.out.to(q.dtype()), wide.logsumexp};
+  }
+  AttentionResult result{
+      empty({q.size(0), q.size(1), q.size(2), v.size(3)}, TensorOptions{q.dtype(), q.device()}),
+      empty({q.size(0), q.size(1), q.size(2)}, TensorOptions{logsumexp_dtype(q.dtype()), q.device()})};
   if (result.logsumexp.numel() > 0) {
     kernel<&Kernels::attention_forward>(q.device(), op)(q.contiguous(), k.contiguous(), v.contiguous(),
                                                         resolved, result);
@@ -503,9 +520,16 @@ AttentionGrads attention_backward(const Tensor& grad_out, const Tensor& q, const
   const char* op = "attention_backward";
   const AttentionParams resolved = checked_attention(op, q, k, v, params);
   const Shape out_shape{q.size(0), q.size(1), q.size(2), v.size(3)};
-  check_attention_tensor(op, "grad_out", grad_out, q, out_shape);
-  check_attention_tensor(op, "out", forward.out, q, out_shape);
-  check_attention_tensor(op, "logsumexp", forward.logsumexp, q, {q.size(0), q.size(1), q.size(2)});
+  check_attention_tensor(op, "grad_out", grad_out, q, out_shape, q.dtype());
+  check_attention_tensor(op, "out", forward.out, q, out_shape, q.dtype());
+  check_attention_tensor(op, "logsumexp", forward.logsumexp, q, {q.size(0), q.size(1), q.size(2)},
+                         logsumexp_dtype(q.dtype()));
+  if (in_f32(q, v)) {
+    const auto wide = [](const Tensor& t) { return t.to(DType::f32); };
+    const AttentionGrads grads = attention_backward(wide(grad_out), wide(q), wide(k), wide(v),
+                                                    {wide(forward.out), forward.logsumexp}, resolved);
+    return {grads.q.to(q.dtype()), grads.k.to(q.dtype()), grads.v.to(q.dtype())};
+  }
   const TensorOptions options{q.dtype(), q.device()};
   AttentionGrads grads{zeros(q.shape(), options), zeros(k.shape(), options), zeros(v.shape(), options)};
   if (grad_out.numel() > 0 && k.size(2) > 0) {
@@ -976,9 +1000,6 @@ void check_cross_entropy_operands(const char* op, const Tensor& logits, const Te
                  "{}: targets must be 1-D [N] = [{}] for logits {}, got {}", op, logits.size(0),
                  shape_str(logits.shape()), shape_str(targets.shape()));
 }
-
-// The dtype of a row statistic saved for backward: f32 for halves.
-DType logsumexp_dtype(DType logits) { return logits == DType::f64 ? DType::f64 : DType::f32; }
 
 // Operands of a fused op: `reference` floating; the others defined, of its dtype and device.
 void check_fused_operands(const char* op, const Tensor& reference,

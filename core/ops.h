@@ -180,10 +180,17 @@ struct AttentionParams {
 // gradient.
 struct AttentionResult {
   Tensor out;        // [B, H, T, Dv]
-  Tensor logsumexp;  // [B, H, T]: of each query's scaled scores over the keys it sees
+  Tensor logsumexp;  // [B, H, T]: of each query's scaled scores over the keys it sees (f32 for halves)
 };
 AttentionResult attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                   const AttentionParams& params = {});
+// The kernel attention_forward and attention_backward run, a pure function of the operands (the same
+// answer on any machine): f32 and f64 take the device's fused kernel; bf16 and f16 take flash
+// attention on tensor cores on a GPU where q's and v's head dims are both 64 or both 128, and
+// elsewhere the f32 kernel on operands cast to f32, the results cast back. logsumexp is f32 for
+// bf16 and f16.
+enum class AttentionKernel : unsigned char { fused, flash, in_f32 };
+AttentionKernel attention_kernel(DType dtype, Device device, std::int64_t head_dim, std::int64_t value_dim);
 struct AttentionGrads {
   Tensor q, k, v;  // in the shapes of q, k and v: k and v summed over each group's query heads
 };

@@ -151,6 +151,21 @@ inline constexpr std::int64_t kMaxAttentionHeadDim = 32 * kMaxValuesPerLane;
                                              void* delta, void* grad_q, void* grad_k, void* grad_v,
                                              cudaStream_t stream);
 
+// --- core/cuda/flash_attention.cu --------------------------------------------------------------
+
+// bf16 and f16 on tensor cores, head dims 64 and 128 with Dv == D (false, launching nothing, for any
+// other), every pointer 16-byte aligned; logsumexp [B, H, T] in f32.
+[[nodiscard]] bool launch_flash_attention_forward(DType dtype, const void* q, const void* k, const void* v,
+                                                  const bool* padding, const AttentionGeometry& geometry,
+                                                  void* out, float* logsumexp, cudaStream_t stream);
+// The gradients in q's, k's and v's shapes (written whole); delta is f32 scratch of [B, H, T].
+[[nodiscard]] bool launch_flash_attention_backward(DType dtype, const void* grad_out, const void* q,
+                                                   const void* k, const void* v, const void* out,
+                                                   const float* logsumexp, const bool* padding,
+                                                   const AttentionGeometry& geometry, float* delta,
+                                                   void* grad_q, void* grad_k, void* grad_v,
+                                                   cudaStream_t stream);
+
 // --- core/cuda/transformer.cu ------------------------------------------------------------------
 
 // Contiguous operands of one floating dtype (false, launching nothing, for the others); rstd in the

@@ -367,9 +367,29 @@ const bool* padding_of(const AttentionParams& params) {
   return params.padding.defined() ? params.padding.data<bool>() : nullptr;
 }
 
+bool is_half(DType dtype) { return dtype == DType::bf16 || dtype == DType::f16; }
+
+// `t`, or a copy of it where its data does not start on 16 bytes (a view's offset), as flash
+// attention's 16-byte loads need. The copy is freed after the call, stream-ordered behind the kernel.
+Tensor aligned(const Tensor& t) {
+  return reinterpret_cast<std::uintptr_t>(t.raw_data()) % 16 == 0 ? t : t.clone();
+}
+
+// bf16 and f16 (ops.cpp's attention_kernel sends only the head dims flash attention takes).
+void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
+                             const AttentionResult& result, cudaStream_t stream) {
+  SHARDLAB_CHECK(cuda::launch_flash_attention_forward(
+                     q.dtype(), aligned(q).raw_data(), aligned(k).raw_data(), aligned(v).raw_data(),
+                     padding_of(params), attention_geometry("attention", q, k, v, params),
+                     result.out.raw_data(), result.logsumexp.data<float>(), stream),
+                 "attention: flash attention does not take {} with head dims {} and {}",
+                 dtype_name(q.dtype()), q.size(3), v.size(3));
+}
+
 void cuda_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
                             const AttentionResult& result) {
   const LaunchContext context(q);
+  if (is_half(q.dtype())) return flash_attention_forward(q, k, v, params, result, context.stream());
   SHARDLAB_CHECK(
       cuda::launch_attention_forward(q.dtype(), q.raw_data(), k.raw_data(), v.raw_data(), padding_of(params),
                                      attention_geometry("attention", q, k, v, params), result.out.raw_data(),
@@ -381,6 +401,18 @@ void cuda_attention_backward(const Tensor& grad_out, const Tensor& q, const Tens
                              const AttentionResult& forward, const AttentionParams& params,
                              const AttentionGrads& grads) {
   const LaunchContext context(q);
+  if (is_half(q.dtype())) {
+    const Tensor delta = empty(forward.logsumexp.shape(), TensorOptions{DType::f32, q.device()});
+    SHARDLAB_CHECK(cuda::launch_flash_attention_backward(
+                       q.dtype(), aligned(grad_out).raw_data(), aligned(q).raw_data(), aligned(k).raw_data(),
+                       aligned(v).raw_data(), aligned(forward.out).raw_data(),
+                       forward.logsumexp.data<float>(), padding_of(params),
+                       attention_geometry("attention_backward", q, k, v, params), delta.data<float>(),
+                       grads.q.raw_data(), grads.k.raw_data(), grads.v.raw_data(), context.stream()),
+                   "attention_backward: flash attention does not take {} with head dims {} and {}",
+                   dtype_name(q.dtype()), q.size(3), v.size(3));
+    return;
+  }
   const Tensor delta = empty(forward.logsumexp.shape(), TensorOptions{q.dtype(), q.device()});
   SHARDLAB_CHECK(cuda::launch_attention_backward(
                      q.dtype(), grad_out.raw_data(), q.raw_data(), k.raw_data(), v.raw_data(),

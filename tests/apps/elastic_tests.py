@@ -5,11 +5,12 @@
   25 is done, then again once step 45 is done after the first restart. The launcher restarts at 3,
   then at 2 ranks, each time from the newest checkpoint, and the run finishes its 60 steps. The step
   losses after each restart equal, bit for bit, a plain --resume at that world size from that
-  checkpoint; the first 3 are within 1e-5 of those the lost run took from the same checkpoint (the
+  checkpoint; the first 3 (fewer where the kill landed late, at least 1) are within 1e-5 of those the
+  lost run took from the same checkpoint (the
   curve goes on; rounding differences between world sizes grow with training, so later steps drift
   from the uninterrupted run: the largest difference is reported); the metrics record each restart.
-- train_llama (tiny) at 2 ranks from a hostfile of 2 slots, cut to 1 slot before one kill: one
-  restart at 1 rank (the hostfile read again), the same checks.
+- train_llama (tiny) at 2 ranks from a hostfile of 2 slots, cut to 1 slot before one kill (once step 6
+  is done, a checkpoint every 5): one restart at 1 rank (the hostfile read again), the same checks.
 - Refusals: no --checkpoint-dir; a failure that is no lost rank is not restarted; SIGTERM to the
   launcher stops the ranks cleanly (SIGUSR1 to mpirun), exit 75, no restart.
 
@@ -56,7 +57,7 @@ def cnn_case(program):
 def llama_case(program):
     return Case("train_llama", program, ["--config", "tiny", "--seq", "48", "--global-batch", "12",
                                          "--limit-documents", "240", "--lr", "3e-3", "--threads", "1", "--steps",
-                                         "12"], 5, 12, 2, (8,), hostfile=True)
+                                         "12"], 5, 12, 2, (6,), hostfile=True)
 
 
 def segments(records):
@@ -177,14 +178,15 @@ def check_case(check, mpirun, elastic, case, scratch):
         # The curve goes on: the first steps after the restart agree with those the lost run took from
         # the same checkpoint (its world size sums in another order: rounding differences, which grow
         # with training, so only the first few are held to RTOL; the largest over the part is reported).
+        # A kill that lands late (a fast step on a busy machine) leaves fewer steps in common: each one is
+        # held, at least one is needed.
         lost = runs[k]
         overlap = [s for s in sorted(logged) if s in lost][:CONTINUITY_STEPS]
-        continuous = len(overlap) == CONTINUITY_STEPS and all(
-            abs(logged[s] - lost[s]) <= RTOL * abs(lost[s]) for s in overlap)
+        continuous = len(overlap) >= 1 and all(abs(logged[s] - lost[s]) <= RTOL * abs(lost[s]) for s in overlap)
         drift = max((abs(v - reference[s]) / abs(reference[s]) for s, v in logged.items()), default=0.0)
         check(f"{case.name}: after restart {k + 1} ({world} ranks from step {step}), steps {min(logged, default=0)}-"
               f"{max(logged, default=0)} equal a plain --resume at {world} ranks bit for bit; the first "
-              f"{CONTINUITY_STEPS} within {RTOL:g} of the lost {entry['from_world_size']}-rank run's (at most "
+              f"{len(overlap)} within {RTOL:g} of the lost {entry['from_world_size']}-rank run's (at most "
               f"{drift:.1e} from the uninterrupted {case.ranks}-rank run over the part)", same and continuous,
               f"exit {code}\nelastic {logged}\nplain {plain}\nuninterrupted {reference}\n{output}")
 

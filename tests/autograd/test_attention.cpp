@@ -264,6 +264,35 @@ TEST_CASE("scaled_dot_product_attention runs fused for f32/f64 without an additi
               test::Tolerance{2e-2, 2e-2});
 }
 
+TEST_CASE("attention ops in bf16 and f16 on the CPU: the f32 kernel's values, rounded; logsumexp in f32",
+          "[attention]") {
+  const Tensor q = test::random_tensor({2, 4, 9, 8}, 63), k = test::random_tensor({2, 2, 11, 8}, 64),
+               v = test::random_tensor({2, 2, 11, 8}, 65), grad = test::random_tensor({2, 4, 9, 8}, 66);
+  const AttentionParams params{
+      .causal = true,
+      .padding = padding_of({0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, {2, 11})};
+  for (const DType half : {DType::bf16, DType::f16}) {
+    INFO(dtype_name(half));
+    CHECK(attention_kernel(half, Device::cpu(), 8, 8) == AttentionKernel::in_f32);
+    const auto narrow = [&](const Tensor& t) { return t.to(half); };
+    const auto wide = [](const Tensor& t) { return t.to(DType::f32); };
+    const AttentionResult mine = attention_forward(narrow(q), narrow(k), narrow(v), params);
+    const AttentionResult f32 = attention_forward(wide(narrow(q)), wide(narrow(k)), wide(narrow(v)), params);
+    CHECK(mine.out.dtype() == half);
+    CHECK(mine.logsumexp.dtype() == DType::f32);
+    CHECK(test::same_bits(mine.out, f32.out.to(half)));
+    CHECK(test::same_bits(mine.logsumexp, f32.logsumexp));
+    const AttentionGrads grads =
+        attention_backward(narrow(grad), narrow(q), narrow(k), narrow(v), mine, params);
+    const AttentionGrads expected =
+        attention_backward(wide(narrow(grad)), wide(narrow(q)), wide(narrow(k)), wide(narrow(v)),
+                           {wide(mine.out), mine.logsumexp}, params);
+    CHECK(test::same_bits(grads.q, expected.q.to(half)));
+    CHECK(test::same_bits(grads.k, expected.k.to(half)));
+    CHECK(test::same_bits(grads.v, expected.v.to(half)));
+  }
+}
+
 TEST_CASE("attention rejects a bad padding, and inputs the fused path cannot take", "[attention][errors]") {
   const auto var = [](const Shape& shape, DType type = DType::f32) {
     return constant(zeros(shape, dtype(type)));
@@ -285,8 +314,8 @@ TEST_CASE("attention rejects a bad padding, and inputs the fused path cannot tak
       detail::fused_attention(q, k, v, {.mask = zeros({3, 5})}),
       "scaled_dot_product_attention: the fused path takes no additive mask (got one of shape [3, 5])");
   CHECK_THROWS_ERROR(
-      attention_forward(q.data().to(DType::bf16), k.data().to(DType::bf16), v.data().to(DType::bf16)),
-      "attention_forward: needs f32 or f64, got bf16");
+      attention_forward(q.data().to(DType::i64), k.data().to(DType::i64), v.data().to(DType::i64)),
+      "attention_forward: needs a floating dtype, got i64");
   const AttentionResult forward = attention_forward(q.data(), k.data(), v.data());
   CHECK_THROWS_ERROR(attention_backward(zeros({2, 4, 3, 7}), q.data(), k.data(), v.data(), forward),
                      "attention_backward: grad_out must be [2, 4, 3, 8] f32, got [2, 4, 3, 7] f32");

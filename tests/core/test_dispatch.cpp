@@ -1,6 +1,8 @@
 // tests/core/test_dispatch.cpp: the per-device kernel tables: the CPU table is complete, and so is the
-// CUDA one in a CUDA build (empty otherwise).
+// CUDA one in a CUDA build (empty otherwise); which attention kernel each dtype, device and head dim
+// takes, answered without a GPU.
 #include "core/kernels.h"
+#include "core/ops.h"
 #include "tests/check.h"
 
 using namespace shardlab;
@@ -47,5 +49,20 @@ TEST_CASE("conv2d on cuda through the table: the CPU's values", "[dispatch][cuda
   } else {
     CHECK_THROWS_ERROR(conv2d(x.to(Device::cuda(0)), w.to(Device::cuda(0)), {}, {}),
                        "conv2d: not supported on cuda:0 (no kernel for it in this build)");
+  }
+}
+
+TEST_CASE("the attention kernel is a function of dtype, device and head dims", "[dispatch][attention]") {
+  const Device gpu = Device::cuda(0), cpu = Device::cpu();
+  // The seed and 1b Llamas' heads (64 and 64 wide) in bf16 on a GPU: flash attention.
+  CHECK(attention_kernel(DType::bf16, gpu, 64, 64) == AttentionKernel::flash);
+  CHECK(attention_kernel(DType::f16, gpu, 128, 128) == AttentionKernel::flash);
+  // Head dims it is not built for, or q's and v's apart: the f32 kernel on widened operands.
+  CHECK(attention_kernel(DType::bf16, gpu, 80, 80) == AttentionKernel::in_f32);
+  CHECK(attention_kernel(DType::bf16, gpu, 64, 128) == AttentionKernel::in_f32);
+  CHECK(attention_kernel(DType::bf16, cpu, 64, 64) == AttentionKernel::in_f32);
+  for (const Device device : {cpu, gpu}) {
+    CHECK(attention_kernel(DType::f32, device, 64, 64) == AttentionKernel::fused);
+    CHECK(attention_kernel(DType::f64, device, 40, 24) == AttentionKernel::fused);
   }
 }

@@ -1,0 +1,527 @@
+// core/cuda/flash_attention.cu: attention in bf16 and f16 on tensor cores, FlashAttention-2's
+// algorithm (core/cpu/attention.cpp's tiles, on the GPU): head dims 64 and 128, GQA by index (K and
+// V never repeated), causal tiles skipped, padding keys hidden, logsumexp in f32.
+//
+// A block is 4 warps; a warp owns 16 rows and multiplies with mma.sync m16n8k16 (bf16 or f16 in,
+// f32 accumulate). Forward: a warp's 16 queries against key tiles of 64 in shared memory, an online
+// softmax over them, the output accumulated in registers and rescaled when a row's max grows.
+// Backward recomputes the probabilities from logsumexp, in two kernels that each own their sums:
+// one per query tile (dQ), one per key tile (dK and dV, over the group's query heads too). No
+// atomics: every run gives the same bits.
+//
+// The m16n8k16 fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16"), lane = 4 g + c:
+//   A (16 x 16, row-major): a0 = A[g][2c..2c+1], a1 = A[g+8][2c..], a2 = A[g][2c+8..], a3 = A[g+8][2c+8..]
+//   B (16 x 8, k x n):      b0 = B[2c..2c+1][g], b1 = B[2c+8..2c+9][g]
+//   C (16 x 8, f32):        c0, c1 = C[g][2c], C[g][2c+1]; c2, c3 = C[g+8][2c], C[g+8][2c+1]
+// so two neighbouring C tiles of 8 columns are, rounded to 16 bits, the A fragment of their 16
+// columns: the probabilities go from one product into the next without shared memory.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/cuda/check.h"
+#include "core/cuda/launch.h"
+
+namespace shardlab::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRows = 16;              // rows a warp owns
+constexpr int kTile = kWarps * kRows;  // queries (or keys) a block owns: 64
+constexpr int kKeyTile = 64;           // keys (or queries) a block walks at a time
+constexpr int kShift = 8;              // 16 bytes of padding per shared row: fewer bank conflicts
+constexpr float kLog2e = 1.4426950408889634f;
+
+// The 16-bit format: its conversions and its tensor-core product.
+struct Bf16Format {
+  static __device__ float to_float(std::uint16_t bits) {
+    return __uint_as_float(static_cast<std::uint32_t>(bits) << 16);
+  }
+  static __device__ std::uint16_t from_float(float value) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(value));
+  }
+  static __device__ void mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+struct F16Format {
+  static __device__ float to_float(std::uint16_t bits) { return __half2float(__ushort_as_half(bits)); }
+  static __device__ std::uint16_t from_float(float value) { return __half_as_ushort(__float2half_rn(value)); }
+  static __device__ void mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+template <typename Format>
+__device__ std::uint32_t pack(float low, float high) {
+  return static_cast<std::uint32_t>(Format::from_float(low)) |
+         (static_cast<std::uint32_t>(Format::from_float(high)) << 16);
+}
+
+// Two neighbouring elements of one row (the first at an even column): one 32-bit load.
+__device__ std::uint32_t pair(const std::uint16_t* at) { return *reinterpret_cast<const std::uint32_t*>(at); }
+// Two elements of one column in neighbouring rows `stride` apart.
+__device__ std::uint32_t column_pair(const std::uint16_t* at, int stride) {
+  return static_cast<std::uint32_t>(at[0]) | (static_cast<std::uint32_t>(at[stride]) << 16);
+}
+
+// Rows [first, first + 64) of a [rows, D] matrix into shared memory (row stride D + kShift), 16 bytes
+// at a time; rows past the end are zeros.
+template <int D>
+__device__ void load_tile(std::uint16_t (*tile)[D + kShift], const std::uint16_t* matrix, std::int64_t first,
+                          std::int64_t rows) {
+  constexpr int kChunks = D / 8;  // 16-byte pieces of a row
+  for (int i = static_cast<int>(threadIdx.x); i < kKeyTile * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    uint4 value = make_uint4(0, 0, 0, 0);
+    if (first + r < rows) value = *reinterpret_cast<const uint4*>(matrix + (first + r) * D + c * 8);
+    *reinterpret_cast<uint4*>(&tile[r][c * 8]) = value;
+  }
+}
+
+// The A fragments of 16 rows [row0, row0 + 16) of a [rows, D] matrix in global memory (zeros past the end).
+template <int D>
+__device__ void load_rows(std::uint32_t (&fragments)[D / 16][4], const std::uint16_t* matrix,
+                          std::int64_t row0, std::int64_t rows) {
+  const int g = static_cast<int>(threadIdx.x % 32) / 4, c = static_cast<int>(threadIdx.x % 4);
+  const std::int64_t top = row0 + g, bottom = row0 + g + 8;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const int column = kk * 16 + 2 * c;
+    fragments[kk][0] = top < rows ? pair(matrix + top * D + column) : 0;
+    fragments[kk][1] = bottom < rows ? pair(matrix + bottom * D + column) : 0;
+    fragments[kk][2] = top < rows ? pair(matrix + top * D + column + 8) : 0;
+    fragments[kk][3] = bottom < rows ? pair(matrix + bottom * D + column + 8) : 0;
+  }
+}
+
+// acc[n] (16 x 8 each, 8 of them: 64 columns) += A (16 x D, fragments) times the transpose of the
+// tile's rows [0, 64): row r of the tile is column r of the product.
+template <typename Format, int D>
+__device__ void times_tile_transposed(float (&acc)[8][4], const std::uint32_t (&a)[D / 16][4],
+                                      const std::uint16_t (*tile)[D + kShift]) {
+  const int g = static_cast<int>(threadIdx.x % 32) / 4, c = static_cast<int>(threadIdx.x % 4);
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const std::uint16_t* row = &tile[n * 8 + g][kk * 16 + 2 * c];
+      Format::mma(acc[n], a[kk], pair(row), pair(row + 8));
+    }
+  }
+}
+
+template <int D>
+__device__ void zero(float (&acc)[D][4]) {
+#pragma unroll
+  for (int i = 0; i < D; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[i][e] = 0.0f;
+}
+
+// x = a times tile_a's transpose and y = b times tile_b's, from zero: the two products a backward
+// kernel takes from each tile pair (the scores, and dO against V).
+template <typename Format, int D>
+__device__ void both_times_tiles_transposed(float (&x)[8][4], const std::uint32_t (&a)[D / 16][4],
+                                            const std::uint16_t (*tile_a)[D + kShift], float (&y)[8][4],
+                                            const std::uint32_t (&b)[D / 16][4],
+                                            const std::uint16_t (*tile_b)[D + kShift]) {
+  zero(x);
+  zero(y);
+  times_tile_transposed<Format, D>(x, a, tile_a);
+  times_tile_transposed<Format, D>(y, b, tile_b);
+}
+
+// out[d] (16 x 8 each: D columns) += P (16 x 64, as C fragments rounded to 16 bits) times the tile's
+// rows [0, 64) (64 x D).
+template <typename Format, int D>
+__device__ void probabilities_times_tile(float (&out)[D / 8][4], const float (&p)[8][4],
+                                         const std::uint16_t (*tile)[D + kShift]) {
+  const int g = static_cast<int>(threadIdx.x % 32) / 4, c = static_cast<int>(threadIdx.x % 4);
+#pragma unroll
+  for (int kp = 0; kp < 4; ++kp) {  // 16 rows of the tile at a time
+    const std::uint32_t a[4] = {
+        pack<Format>(p[2 * kp][0], p[2 * kp][1]), pack<Format>(p[2 * kp][2], p[2 * kp][3]),
+        pack<Format>(p[2 * kp + 1][0], p[2 * kp + 1][1]), pack<Format>(p[2 * kp + 1][2], p[2 * kp + 1][3])};
+#pragma unroll
+    for (int d = 0; d < D / 8; ++d) {
+      const std::uint16_t* column = &tile[kp * 16 + 2 * c][d * 8 + g];
+      Format::mma(out[d], a, column_pair(column, D + kShift),
+                  column_pair(column + 8 * (D + kShift), D + kShift));
+    }
+  }
+}
+
+// Whether query t of batch row b sees key s (core/ops.h: causal top-left aligned, padding keys hidden,
+// and with T == S a padding query sees nothing); false past either end.
+__device__ bool sees(const AttentionGeometry& g, const bool* padding, std::int64_t b, std::int64_t t,
+                     std::int64_t s) {
+  if (t >= g.queries || s >= g.keys) return false;
+  if (g.causal && s > t) return false;
+  if (padding == nullptr) return true;
+  if (padding[b * g.keys + s]) return false;
+  return !(g.queries == g.keys && padding[b * g.keys + t]);
+}
+
+// The keys a block of queries [t0, t0 + 64) can see: [0, end).
+__device__ std::int64_t key_end(const AttentionGeometry& g, std::int64_t t0) {
+  const std::int64_t last = t0 + kTile < g.queries ? t0 + kTile : g.queries;
+  return g.causal && last < g.keys ? last : g.keys;
+}
+
+// The rows of fragment element e (0..3): the thread's upper row for e < 2, its lower one else.
+__device__ int row_of(int e) { return e < 2 ? 0 : 1; }
+
+// The query rows of a forward or dQ block (blockIdx.x: batch row and head, blockIdx.y: the 64-query
+// tile): the thread's two rows of its warp's 16 and the column pair it holds of a fragment.
+struct QueryBlock {
+  std::int64_t bh, b, t0, row0, rows[2];
+  std::int64_t kv_row0;  // the first row of its key/value head in k and v ([B * Hkv * S, D])
+  int c;
+
+  __device__ explicit QueryBlock(const AttentionGeometry& g)
+      : bh(blockIdx.x),
+        b(bh / g.heads),
+        t0(static_cast<std::int64_t>(blockIdx.y) * kTile),
+        row0(t0 + static_cast<std::int64_t>(threadIdx.x / 32) * kRows),
+        rows{row0 + static_cast<std::int64_t>(threadIdx.x % 32) / 4,
+             row0 + static_cast<std::int64_t>(threadIdx.x % 32) / 4 + 8},
+        kv_row0((b * g.kv_heads + bh % g.heads / (g.heads / g.kv_heads)) * g.keys),
+        c(static_cast<int>(threadIdx.x % 4)) {}
+};
+
+// --- forward -------------------------------------------------------------------------------------
+
+template <typename Format, int D>
+__global__ void __launch_bounds__(kThreads)
+    flash_forward_kernel(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v,
+                         const bool* padding, AttentionGeometry g, std::uint16_t* out, float* logsumexp) {
+  __shared__ __align__(16) std::uint16_t keys[kKeyTile][D + kShift];
+  __shared__ __align__(16) std::uint16_t values[kKeyTile][D + kShift];
+  const QueryBlock block(g);
+  const std::int64_t bh = block.bh, b = block.b, t0 = block.t0, row0 = block.row0;
+  const std::int64_t* rows = block.rows;
+  const int c = block.c;
+  const std::uint16_t* q_head = q + bh * g.queries * D;
+  const std::uint16_t* k_head = k + block.kv_row0 * D;
+  const std::uint16_t* v_head = v + block.kv_row0 * D;
+
+  std::uint32_t qf[D / 16][4];
+  load_rows<D>(qf, q_head, row0, g.queries);
+  float o[D / 8][4];
+  zero(o);
+  float largest[2] = {-INFINITY, -INFINITY}, total[2] = {0.0f, 0.0f};  // total: this thread's share
+  const float scale = static_cast<float>(g.scale) * kLog2e;            // scores in log2 units
+
+  const std::int64_t end = key_end(g, t0);
+  for (std::int64_t s0 = 0; s0 < end; s0 += kKeyTile) {
+    __syncthreads();  // the previous tile is read
+    load_tile<D>(keys, k_head, s0, g.keys);
+    load_tile<D>(values, v_head, s0, g.keys);
+    __syncthreads();
+    float s[8][4];
+    zero(s);
+    times_tile_transposed<Format, D>(s, qf, keys);
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const std::int64_t key = s0 + n * 8 + 2 * c + (e & 1);
+        s[n][e] = sees(g, padding, b, rows[row_of(e)], key) ? s[n][e] * scale : -INFINITY;
+        tile_max[row_of(e)] = fmaxf(tile_max[row_of(e)], s[n][e]);
+      }
+    }
+    float rescale[2], shift[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      // The 4 lanes of a row group hold its 64 columns between them.
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+      const float grown = fmaxf(largest[r], tile_max[r]);
+      rescale[r] = largest[r] == -INFINITY ? 0.0f : exp2f(largest[r] - grown);
+      shift[r] = grown == -INFINITY ? 0.0f : grown;  // a row that sees nothing yet: exp2(-inf - 0) = 0
+      largest[r] = grown;
+      total[r] *= rescale[r];
+    }
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] = exp2f(s[n][e] - shift[row_of(e)]);
+        total[row_of(e)] += s[n][e];
+      }
+    }
+#pragma unroll
+    for (int d = 0; d < D / 8; ++d)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[d][e] *= rescale[row_of(e)];
+    probabilities_times_tile<Format, D>(o, s, values);
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    total[r] += __shfl_xor_sync(0xffffffffu, total[r], 1);
+    total[r] += __shfl_xor_sync(0xffffffffu, total[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (rows[r] >= g.queries) continue;
+    const float inverse = total[r] > 0.0f ? 1.0f / total[r] : 0.0f;
+    std::uint16_t* row_out = out + (bh * g.queries + rows[r]) * D;
+#pragma unroll
+    for (int d = 0; d < D / 8; ++d) {
+      const std::uint32_t two = pack<Format>(o[d][2 * r] * inverse, o[d][2 * r + 1] * inverse);
+      *reinterpret_cast<std::uint32_t*>(row_out + d * 8 + 2 * c) = two;
+    }
+    if (c == 0) {
+      logsumexp[bh * g.queries + rows[r]] =
+          total[r] > 0.0f ? (largest[r] + log2f(total[r])) / kLog2e : -INFINITY;
+    }
+  }
+}
+
+// --- backward ------------------------------------------------------------------------------------
+
+// delta[row] = grad_out[row] . out[row] in f32, one warp per row.
+template <typename Format, int D>
+__global__ void row_delta_kernel(const std::uint16_t* grad_out, const std::uint16_t* out, std::int64_t rows,
+                                 float* delta) {
+  const std::int64_t row = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (row >= rows) return;
+  float sum = 0.0f;
+  for (int e = static_cast<int>(threadIdx.x % 32); e < D; e += 32)
+    sum += Format::to_float(grad_out[row * D + e]) * Format::to_float(out[row * D + e]);
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (threadIdx.x % 32 == 0) delta[row] = sum;
+}
+
+// dQ of 64 queries: over the key tiles they see, P from logsumexp, dP = dO V^T, dS = P (dP - delta),
+// dQ += dS K, then times the scale.
+template <typename Format, int D>
+__global__ void __launch_bounds__(kThreads)
+    flash_grad_q_kernel(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v,
+                        const std::uint16_t* grad_out, const float* logsumexp, const float* delta,
+                        const bool* padding, AttentionGeometry g, std::uint16_t* grad_q) {
+  __shared__ __align__(16) std::uint16_t keys[kKeyTile][D + kShift];
+  __shared__ __align__(16) std::uint16_t values[kKeyTile][D + kShift];
+  const QueryBlock block(g);
+  const std::int64_t bh = block.bh, b = block.b, t0 = block.t0, row0 = block.row0;
+  const std::int64_t* rows = block.rows;
+  const int c = block.c;
+  const std::uint16_t* k_head = k + block.kv_row0 * D;
+  const std::uint16_t* v_head = v + block.kv_row0 * D;
+
+  std::uint32_t qf[D / 16][4], dof[D / 16][4];
+  load_rows<D>(qf, q + bh * g.queries * D, row0, g.queries);
+  load_rows<D>(dof, grad_out + bh * g.queries * D, row0, g.queries);
+  float lse[2], row_delta[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const bool inside = rows[r] < g.queries;
+    lse[r] = inside ? logsumexp[bh * g.queries + rows[r]] * kLog2e : -INFINITY;
+    row_delta[r] = inside ? delta[bh * g.queries + rows[r]] : 0.0f;
+  }
+  float dq[D / 8][4];
+  zero(dq);
+  const float scale = static_cast<float>(g.scale) * kLog2e;
+
+  const std::int64_t end = key_end(g, t0);
+  for (std::int64_t s0 = 0; s0 < end; s0 += kKeyTile) {
+    __syncthreads();
+    load_tile<D>(keys, k_head, s0, g.keys);
+    load_tile<D>(values, v_head, s0, g.keys);
+    __syncthreads();
+    float p[8][4], dp[8][4];  // the scores, then dS; dP
+    both_times_tiles_transposed<Format, D>(p, qf, keys, dp, dof, values);
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = row_of(e);
+        const std::int64_t key = s0 + n * 8 + 2 * c + (e & 1);
+        const bool seen = lse[r] != -INFINITY && sees(g, padding, b, rows[r], key);
+        const float probability = seen ? exp2f(p[n][e] * scale - lse[r]) : 0.0f;
+        p[n][e] = probability * (dp[n][e] - row_delta[r]);  // dS
+      }
+    }
+    probabilities_times_tile<Format, D>(dq, p, keys);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (rows[r] >= g.queries) continue;
+    std::uint16_t* row_out = grad_q + (bh * g.queries + rows[r]) * D;
+#pragma unroll
+    for (int d = 0; d < D / 8; ++d) {
+      const float s = static_cast<float>(g.scale);
+      *reinterpret_cast<std::uint32_t*>(row_out + d * 8 + 2 * c) =
+          pack<Format>(dq[d][2 * r] * s, dq[d][2 * r + 1] * s);
+    }
+  }
+}
+
+// dK and dV of 64 keys of one key/value head: over the group's query heads and the query tiles that
+// see them, P^T from logsumexp, dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q.
+template <typename Format, int D>
+__global__ void __launch_bounds__(kThreads)
+    flash_grad_kv_kernel(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v,
+                         const std::uint16_t* grad_out, const float* logsumexp, const float* delta,
+                         const bool* padding, AttentionGeometry g, std::uint16_t* grad_k,
+                         std::uint16_t* grad_v) {
+  __shared__ __align__(16) std::uint16_t queries[kKeyTile][D + kShift];
+  __shared__ __align__(16) std::uint16_t grads[kKeyTile][D + kShift];
+  __shared__ float tile_lse[kKeyTile], tile_delta[kKeyTile];
+  const std::int64_t bj = blockIdx.x, b = bj / g.kv_heads, j = bj % g.kv_heads;
+  const std::int64_t group = g.heads / g.kv_heads;
+  const std::int64_t s0 = static_cast<std::int64_t>(blockIdx.y) * kTile;
+  const std::int64_t row0 = s0 + static_cast<std::int64_t>(threadIdx.x / 32) * kRows;
+  const int lane = static_cast<int>(threadIdx.x % 32), gr = lane / 4, c = lane % 4;
+  const std::int64_t rows[2] = {row0 + gr, row0 + gr + 8};  // the thread's keys
+
+  std::uint32_t kf[D / 16][4], vf[D / 16][4];
+  load_rows<D>(kf, k + bj * g.keys * D, row0, g.keys);
+  load_rows<D>(vf, v + bj * g.keys * D, row0, g.keys);
+  float dk[D / 8][4], dv[D / 8][4];
+  zero(dk);
+  zero(dv);
+  const float scale = static_cast<float>(g.scale) * kLog2e;
+  // Causal: only queries at or after the block's first key see it.
+  const std::int64_t first_tile = g.causal ? s0 / kKeyTile * kKeyTile : 0;
+
+  for (std::int64_t h = j * group; h < (j + 1) * group; ++h) {
+    const std::int64_t bh = b * g.heads + h;
+    for (std::int64_t t0 = first_tile; t0 < g.queries; t0 += kKeyTile) {
+      __syncthreads();
+      load_tile<D>(queries, q + bh * g.queries * D, t0, g.queries);
+      load_tile<D>(grads, grad_out + bh * g.queries * D, t0, g.queries);
+      for (int i = static_cast<int>(threadIdx.x); i < kKeyTile; i += kThreads) {
+        const bool inside = t0 + i < g.queries;
+        tile_lse[i] = inside ? logsumexp[bh * g.queries + t0 + i] * kLog2e : -INFINITY;
+        tile_delta[i] = inside ? delta[bh * g.queries + t0 + i] : 0.0f;
+      }
+      __syncthreads();
+      float pt[8][4], dpt[8][4];  // S^T, then P^T; dP^T, then dS^T: 16 keys x 64 queries
+      both_times_tiles_transposed<Format, D>(pt, kf, queries, dpt, vf, grads);
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int column = n * 8 + 2 * c + (e & 1);
+          const float lse = tile_lse[column];
+          const bool seen = lse != -INFINITY && sees(g, padding, b, t0 + column, rows[row_of(e)]);
+          pt[n][e] = seen ? exp2f(pt[n][e] * scale - lse) : 0.0f;
+          dpt[n][e] = pt[n][e] * (dpt[n][e] - tile_delta[column]);  // dS^T
+        }
+      }
+      probabilities_times_tile<Format, D>(dv, pt, grads);
+      probabilities_times_tile<Format, D>(dk, dpt, queries);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (rows[r] >= g.keys) continue;
+    std::uint16_t* k_out = grad_k + (bj * g.keys + rows[r]) * D;
+    std::uint16_t* v_out = grad_v + (bj * g.keys + rows[r]) * D;
+    const float s = static_cast<float>(g.scale);
+#pragma unroll
+    for (int d = 0; d < D / 8; ++d) {
+      *reinterpret_cast<std::uint32_t*>(k_out + d * 8 + 2 * c) =
+          pack<Format>(dk[d][2 * r] * s, dk[d][2 * r + 1] * s);
+      *reinterpret_cast<std::uint32_t*>(v_out + d * 8 + 2 * c) = pack<Format>(dv[d][2 * r], dv[d][2 * r + 1]);
+    }
+  }
+}
+
+dim3 tiles(std::int64_t heads, std::int64_t rows) {
+  return dim3(static_cast<unsigned>(heads), static_cast<unsigned>((rows + kTile - 1) / kTile));
+}
+
+template <typename Format, int D>
+void forward(const void* q, const void* k, const void* v, const bool* padding, const AttentionGeometry& g,
+             void* out, float* logsumexp, cudaStream_t stream) {
+  flash_forward_kernel<Format, D><<<tiles(g.batch * g.heads, g.queries), kThreads, 0, stream>>>(
+      static_cast<const std::uint16_t*>(q), static_cast<const std::uint16_t*>(k),
+      static_cast<const std::uint16_t*>(v), padding, g, static_cast<std::uint16_t*>(out), logsumexp);
+  SHARDLAB_CUDA_CHECK_LAUNCH();
+}
+
+template <typename Format, int D>
+void backward(const void* grad_out, const void* q, const void* k, const void* v, const void* out,
+              const float* logsumexp, const bool* padding, const AttentionGeometry& g, float* delta,
+              void* grad_q, void* grad_k, void* grad_v, cudaStream_t stream) {
+  const auto* dout = static_cast<const std::uint16_t*>(grad_out);
+  const auto *tq = static_cast<const std::uint16_t*>(q), *tk = static_cast<const std::uint16_t*>(k),
+             *tv = static_cast<const std::uint16_t*>(v);
+  const std::int64_t rows = g.batch * g.heads * g.queries;
+  row_delta_kernel<Format, D><<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), kThreads, 0, stream>>>(
+      dout, static_cast<const std::uint16_t*>(out), rows, delta);
+  SHARDLAB_CUDA_CHECK_LAUNCH();
+  flash_grad_q_kernel<Format, D><<<tiles(g.batch * g.heads, g.queries), kThreads, 0, stream>>>(
+      tq, tk, tv, dout, logsumexp, delta, padding, g, static_cast<std::uint16_t*>(grad_q));
+  SHARDLAB_CUDA_CHECK_LAUNCH();
+  flash_grad_kv_kernel<Format, D><<<tiles(g.batch * g.kv_heads, g.keys), kThreads, 0, stream>>>(
+      tq, tk, tv, dout, logsumexp, delta, padding, g, static_cast<std::uint16_t*>(grad_k),
+      static_cast<std::uint16_t*>(grad_v));
+  SHARDLAB_CUDA_CHECK_LAUNCH();
+}
+
+// Calls fn.template operator()<Format, D>() for the dtype and head dim flash attention takes.
+template <typename Fn>
+bool visit_flash(DType dtype, std::int64_t head_dim, Fn&& fn) {
+  const auto by_dim = [&]<typename Format>() {
+    if (head_dim == 64) {
+      fn.template operator()<Format, 64>();
+    } else {
+      fn.template operator()<Format, 128>();
+    }
+  };
+  if (dtype == DType::bf16) {
+    by_dim.template operator()<Bf16Format>();
+  } else {
+    by_dim.template operator()<F16Format>();
+  }
+  return true;
+}
+
+// What the kernels take: the dtypes and head dims they are compiled for.
+bool takes(DType dtype, const AttentionGeometry& g) {
+  return (dtype == DType::bf16 || dtype == DType::f16) && g.head_dim == g.value_dim &&
+         (g.head_dim == 64 || g.head_dim == 128);
+}
+
+}  // namespace
+
+bool launch_flash_attention_forward(DType dtype, const void* q, const void* k, const void* v,
+                                    const bool* padding, const AttentionGeometry& g, void* out,
+                                    float* logsumexp, cudaStream_t stream) {
+  if (!takes(dtype, g)) return false;
+  if (g.batch * g.heads * g.queries == 0) return true;
+  return visit_flash(dtype, g.head_dim, [&]<typename Format, int D>() {
+    forward<Format, D>(q, k, v, padding, g, out, logsumexp, stream);
+  });
+}
+
+bool launch_flash_attention_backward(DType dtype, const void* grad_out, const void* q, const void* k,
+                                     const void* v, const void* out, const float* logsumexp,
+                                     const bool* padding, const AttentionGeometry& g, float* delta,
+                                     void* grad_q, void* grad_k, void* grad_v, cudaStream_t stream) {
+  if (!takes(dtype, g)) return false;
+  if (g.batch * g.heads * g.queries == 0 || g.keys == 0) return true;
+  return visit_flash(dtype, g.head_dim, [&]<typename Format, int D>() {
+    backward<Format, D>(grad_out, q, k, v, out, logsumexp, padding, g, delta, grad_q, grad_k, grad_v, stream);
+  });
+}
+
+}  // namespace shardlab::cuda
