@@ -10,6 +10,7 @@
 #include <set>
 
 #include "core/allocator.h"
+#include "core/host_wait.h"
 #include "dist/fsdp/fsdp.h"
 #include "optim/optimizer.h"
 #include "tests/dist/fsdp_models.h"
@@ -22,6 +23,11 @@ using test::mean_over_ranks;
 using test::world;
 
 namespace {
+
+// `rows` on `device`: from pinned memory where that is a GPU, so that the host does not wait.
+Tensor on_device(const Tensor& rows, Device device) {
+  return device == rows.device() ? rows : rows.pin_memory().to(device, /*non_blocking=*/true);
+}
 
 // The nested model of fsdp_models.h with a branch, Linear(7, 7) in the root unit, added to the
 // rows a mask selects, and not called at all when this rank has no selected row: a
@@ -47,7 +53,8 @@ class BranchyImpl : public nn::Module {
         [&](const Tensor& input, const Tensor& rows) {
           Variable x = embed(input);
           for (const auto& block : *blocks) x = (*block)(x);
-          if (sum(rows).item<double>() > 0) x = add(x, mul(branch(x), constant(rows)));
+          // Decided on the host from the host's mask (a GPU step reads nothing back), applied on x's device.
+          if (sum(rows).item<double>() > 0) x = add(x, mul(branch(x), constant(on_device(rows, x.device()))));
           return head(x);
         },
         tokens, selected);
@@ -477,5 +484,41 @@ TEST_CASE("a backward that throws leaves every strategy ready for the next step"
     }
     Outcome actual{.parameters = dist::gather_full_parameters(*model)};
     CHECK(differences(actual, expected) == 0);
+  }
+}
+
+TEST_CASE(
+    "on GPUs with NCCL, a rank that leaves a parameter without a gradient reads the agreed flags "
+    "inside a step that forbids host waits, counted apart",
+    "[dist][fsdp][params][cuda]") {
+  if (dist::session().world().backend_name() != "nccl" || world().size() < 2) {
+    WARN("needs NCCL across 2 or more GPUs; the session's world is "
+         << dist::session().world().backend_name() << " at " << world().size() << " rank(s)");
+    return;
+  }
+  const std::int64_t vocab = 4 * world().size() + 1;
+  Branchy model(vocab, kSeed);
+  model->to(dist::session().device());
+  uniformly({})(model);
+  optim::AdamW optimizer(dist::sharded_parameters(*model), {.lr = 1e-2});
+  // Row 0 alone takes the branch: every rank but 0 leaves its parameters without a gradient.
+  const Scenario scenario{.selected = [](int, std::int64_t row) { return row == 0; }};
+  const Rows rows = rows_of(scenario, vocab, 0, world().rank(), world().size());
+  const Tensor tokens = rows.tokens.to(dist::session().device()),
+               targets = rows.targets.to(dist::session().device());
+  reset_host_wait_counts();
+  {
+    HostWaitsForbidden step("FSDP step");
+    cross_entropy(model(tokens, rows.selected), targets).backward();
+    optimizer.step();
+  }
+  std::int64_t flag_reads = 0;
+  for (const HostWaitCount& count : host_wait_counts())
+    flag_reads += count.reason == "which parameters got a gradient on another rank" ? count.count : 0;
+  CHECK(flag_reads == (world().rank() == 0 ? 0 : 1));
+  // The branch got rank 0's gradient everywhere: its shards have one on every rank.
+  for (const auto& [name, shard] : dist::sharded_parameters(*model)) {
+    INFO(name);
+    if (name.starts_with("branch.")) CHECK(shard.grad().defined());
   }
 }
