@@ -13,6 +13,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/attention_mask.h"
 #include "core/cpu/gemm.h"
 #include "core/cpu/kernels.h"
 #include "core/parallel.h"
@@ -38,24 +39,10 @@ struct Layout {
   }
 };
 
-// Which keys a query sees: none after it when causal, no padding key, and none at all when the
-// query is itself a padding token (T == S: queries and keys are the same tokens).
-struct Visibility {
-  bool causal;
-  const bool* padding;  // [B, S], or null
-  bool padded_queries;
-  std::int64_t keys;
-
-  bool blind(std::int64_t b, std::int64_t t) const { return padded_queries && padding[b * keys + t]; }
-  bool padded_key(std::int64_t b, std::int64_t s) const {
-    return padding != nullptr && padding[b * keys + s];
-  }
-};
-
 template <typename T>
 struct Problem {
   Layout layout;
-  Visibility visibility;
+  AttentionMask visibility;
   T scale;
   const T *q, *k, *v;
 
@@ -63,7 +50,7 @@ struct Problem {
       : layout{q_in.size(0), q_in.size(1), k_in.size(1), q_in.size(2),
                k_in.size(2), q_in.size(3), v_in.size(3)},
         visibility{params.causal, params.padding.defined() ? params.padding.data<bool>() : nullptr,
-                   params.padding.defined() && layout.queries == layout.keys, layout.keys},
+                   layout.queries, layout.keys},
         scale(static_cast<T>(*params.scale)),
         q(q_in.data<T>()),
         k(k_in.data<T>()),
@@ -84,7 +71,7 @@ void score_tile(const Problem<T>& p, const Tile& tile, T* scores) {
   const std::int64_t d = l.head_dim;
   gemm_block(false, true, tile.rows, tile.cols, d, p.scale, p.q + l.query(tile.b, tile.h, tile.t0) * d, d,
              p.k + l.key(tile.b, tile.j, tile.s0) * d, d, T(0), scores, kTile);
-  const Visibility& vis = p.visibility;
+  const AttentionMask& vis = p.visibility;
   for (std::int64_t i = 0; i < tile.rows; ++i) {
     const std::int64_t t = tile.t0 + i;
     T* row = scores + i * kTile;
@@ -183,9 +170,10 @@ template <typename T>
 void forward_query_tile(const Problem<T>& p, std::int64_t b, std::int64_t h, std::int64_t t0, T* out,
                         T* logsumexp) {
   const Layout& l = p.layout;
-  const std::int64_t rows = std::min(kTile, l.queries - t0), dv = l.value_dim, j = h / l.group();
+  const std::int64_t rows = std::min(kTile, l.queries - t0), dv = l.value_dim,
+                     j = kv_head_of(h, l.heads, l.kv_heads);
   // Causal: keys after the tile's last query are hidden from all of it; their tiles are skipped.
-  const std::int64_t key_end = p.visibility.causal ? std::min(l.keys, t0 + rows) : l.keys;
+  const std::int64_t key_end = p.visibility.key_end(t0, rows);
   RunningSoftmax<T> state(rows, dv);
   std::vector<T> scores(kTile * kTile);
   for (std::int64_t s0 = 0; s0 < key_end; s0 += kTile) {
@@ -292,7 +280,7 @@ void backward_key_tile(const Problem<T>& p, const BackwardOperands<T>& o, std::i
   const std::int64_t cols = std::min(kTile, l.keys - s0), group = l.group();
   std::vector<T> probs(kTile * kTile), dscores(kTile * kTile);
   for (std::int64_t h = j * group; h < (j + 1) * group; ++h) {
-    for (std::int64_t t0 = p.visibility.causal ? s0 : 0; t0 < l.queries; t0 += kTile) {
+    for (std::int64_t t0 = p.visibility.first_query(s0); t0 < l.queries; t0 += kTile) {
       backward_tile(p, o, Tile{b, h, j, t0, std::min(kTile, l.queries - t0), s0, cols}, probs.data(),
                     dscores.data());
     }

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/attention_mask.h"
 #include "core/cuda/check.h"
 #include "core/cuda/launch.h"
 
@@ -38,13 +39,10 @@ __device__ T warp_max(T value) {
   return value;
 }
 
-// Whether query t of batch row b sees key s.
+// Whether query t of batch row b sees key s (core/attention_mask.h, shared with the CPU).
 __device__ bool sees(const AttentionGeometry& g, const bool* padding, std::int64_t b, std::int64_t t,
                      std::int64_t s) {
-  if (g.causal && s > t) return false;
-  if (padding == nullptr) return true;
-  if (padding[b * g.keys + s]) return false;
-  return !(g.queries == g.keys && padding[b * g.keys + t]);
+  return AttentionMask{g.causal, padding, g.queries, g.keys}.sees(b, t, s);
 }
 
 // a . b over `n` elements, summed by the calling lane alone.
@@ -71,11 +69,11 @@ __global__ void attention_forward_kernel(const T* q, const T* k, const T* v, con
   const std::int64_t row = warp_index();
   if (row >= g.batch * g.heads * g.queries) return;  // whole warps leave together
   const std::int64_t t = row % g.queries, h = row / g.queries % g.heads, b = row / (g.queries * g.heads);
-  const std::int64_t j = h / (g.heads / g.kv_heads);
+  const std::int64_t j = kv_head_of(h, g.heads, g.kv_heads);
   const T* query = q + row * g.head_dim;
   T acc[kMaxValuesPerLane] = {};
   T largest = -INFINITY, total = 0;
-  const std::int64_t key_end = g.causal ? (t + 1 < g.keys ? t + 1 : g.keys) : g.keys;
+  const std::int64_t key_end = AttentionMask{g.causal, padding, g.queries, g.keys}.key_end(t, 1);
   for (std::int64_t s0 = 0; s0 < key_end; s0 += kWarp) {
     const std::int64_t s = s0 + lane();
     const bool mine = s < key_end && sees(g, padding, b, t, s);
@@ -148,9 +146,9 @@ __global__ void attention_grad_q_kernel(const T* q, const T* k, const T* v, cons
   const std::int64_t row = warp_index();
   if (row >= g.batch * g.heads * g.queries) return;
   const std::int64_t t = row % g.queries, h = row / g.queries % g.heads, b = row / (g.queries * g.heads);
-  const std::int64_t j = h / (g.heads / g.kv_heads);
+  const std::int64_t j = kv_head_of(h, g.heads, g.kv_heads);
   T acc[kMaxValuesPerLane] = {};
-  const std::int64_t key_end = g.causal ? (t + 1 < g.keys ? t + 1 : g.keys) : g.keys;
+  const std::int64_t key_end = AttentionMask{g.causal, padding, g.queries, g.keys}.key_end(t, 1);
   for (std::int64_t s0 = 0; s0 < key_end; s0 += kWarp) {
     const std::int64_t s = s0 + lane();
     const T ds =
@@ -182,7 +180,7 @@ __global__ void attention_grad_kv_kernel(const T* q, const T* k, const T* v, con
   const std::int64_t s = key % g.keys, j = key / g.keys % g.kv_heads, b = key / (g.keys * g.kv_heads);
   const std::int64_t group = g.heads / g.kv_heads;
   T acc_k[kMaxValuesPerLane] = {}, acc_v[kMaxValuesPerLane] = {};
-  const std::int64_t first_query = g.causal ? s : 0;
+  const std::int64_t first_query = AttentionMask{g.causal, padding, g.queries, g.keys}.first_query(s);
   for (std::int64_t h = j * group; h < (j + 1) * group; ++h) {
     for (std::int64_t t0 = first_query; t0 < g.queries; t0 += kWarp) {
       const std::int64_t t = t0 + lane();

@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/attention_mask.h"
 #include "core/cuda/check.h"
 #include "core/cuda/launch.h"
 
@@ -164,21 +165,10 @@ __device__ void probabilities_times_tile(float (&out)[D / 8][4], const float (&p
   }
 }
 
-// Whether query t of batch row b sees key s (core/ops.h: causal top-left aligned, padding keys hidden,
-// and with T == S a padding query sees nothing); false past either end.
-__device__ bool sees(const AttentionGeometry& g, const bool* padding, std::int64_t b, std::int64_t t,
-                     std::int64_t s) {
-  if (t >= g.queries || s >= g.keys) return false;
-  if (g.causal && s > t) return false;
-  if (padding == nullptr) return true;
-  if (padding[b * g.keys + s]) return false;
-  return !(g.queries == g.keys && padding[b * g.keys + t]);
-}
-
-// The keys a block of queries [t0, t0 + 64) can see: [0, end).
-__device__ std::int64_t key_end(const AttentionGeometry& g, std::int64_t t0) {
-  const std::int64_t last = t0 + kTile < g.queries ? t0 + kTile : g.queries;
-  return g.causal && last < g.keys ? last : g.keys;
+// core/attention_mask.h's mask of the geometry: shared with the CPU kernel, whose tests in CI walk
+// the same tiles.
+__device__ AttentionMask mask_of(const AttentionGeometry& g, const bool* padding) {
+  return {g.causal, padding, g.queries, g.keys};
 }
 
 // The rows of fragment element e (0..3): the thread's upper row for e < 2, its lower one else.
@@ -198,7 +188,7 @@ struct QueryBlock {
         row0(t0 + static_cast<std::int64_t>(threadIdx.x / 32) * kRows),
         rows{row0 + static_cast<std::int64_t>(threadIdx.x % 32) / 4,
              row0 + static_cast<std::int64_t>(threadIdx.x % 32) / 4 + 8},
-        kv_row0((b * g.kv_heads + bh % g.heads / (g.heads / g.kv_heads)) * g.keys),
+        kv_row0((b * g.kv_heads + kv_head_of(bh % g.heads, g.heads, g.kv_heads)) * g.keys),
         c(static_cast<int>(threadIdx.x % 4)) {}
 };
 
@@ -225,7 +215,8 @@ __global__ void __launch_bounds__(kThreads)
   float largest[2] = {-INFINITY, -INFINITY}, total[2] = {0.0f, 0.0f};  // total: this thread's share
   const float scale = static_cast<float>(g.scale) * kLog2e;            // scores in log2 units
 
-  const std::int64_t end = key_end(g, t0);
+  const AttentionMask mask = mask_of(g, padding);
+  const std::int64_t end = mask.key_end(t0, kTile);
   for (std::int64_t s0 = 0; s0 < end; s0 += kKeyTile) {
     __syncthreads();  // the previous tile is read
     load_tile<D>(keys, k_head, s0, g.keys);
@@ -240,7 +231,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const std::int64_t key = s0 + n * 8 + 2 * c + (e & 1);
-        s[n][e] = sees(g, padding, b, rows[row_of(e)], key) ? s[n][e] * scale : -INFINITY;
+        s[n][e] = mask.sees(b, rows[row_of(e)], key) ? s[n][e] * scale : -INFINITY;
         tile_max[row_of(e)] = fmaxf(tile_max[row_of(e)], s[n][e]);
       }
     }
@@ -338,7 +329,8 @@ __global__ void __launch_bounds__(kThreads)
   zero(dq);
   const float scale = static_cast<float>(g.scale) * kLog2e;
 
-  const std::int64_t end = key_end(g, t0);
+  const AttentionMask mask = mask_of(g, padding);
+  const std::int64_t end = mask.key_end(t0, kTile);
   for (std::int64_t s0 = 0; s0 < end; s0 += kKeyTile) {
     __syncthreads();
     load_tile<D>(keys, k_head, s0, g.keys);
@@ -352,7 +344,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 4; ++e) {
         const int r = row_of(e);
         const std::int64_t key = s0 + n * 8 + 2 * c + (e & 1);
-        const bool seen = lse[r] != -INFINITY && sees(g, padding, b, rows[r], key);
+        const bool seen = lse[r] != -INFINITY && mask.sees(b, rows[r], key);
         const float probability = seen ? exp2f(p[n][e] * scale - lse[r]) : 0.0f;
         p[n][e] = probability * (dp[n][e] - row_delta[r]);  // dS
       }
@@ -397,8 +389,8 @@ __global__ void __launch_bounds__(kThreads)
   zero(dk);
   zero(dv);
   const float scale = static_cast<float>(g.scale) * kLog2e;
-  // Causal: only queries at or after the block's first key see it.
-  const std::int64_t first_tile = g.causal ? s0 / kKeyTile * kKeyTile : 0;
+  const AttentionMask mask = mask_of(g, padding);
+  const std::int64_t first_tile = mask.first_query(s0) / kKeyTile * kKeyTile;  // the tile holding it
 
   for (std::int64_t h = j * group; h < (j + 1) * group; ++h) {
     const std::int64_t bh = b * g.heads + h;
@@ -420,7 +412,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int e = 0; e < 4; ++e) {
           const int column = n * 8 + 2 * c + (e & 1);
           const float lse = tile_lse[column];
-          const bool seen = lse != -INFINITY && sees(g, padding, b, t0 + column, rows[row_of(e)]);
+          const bool seen = lse != -INFINITY && mask.sees(b, t0 + column, rows[row_of(e)]);
           pt[n][e] = seen ? exp2f(pt[n][e] * scale - lse) : 0.0f;
           dpt[n][e] = pt[n][e] * (dpt[n][e] - tile_delta[column]);  // dS^T
         }

@@ -1,0 +1,47 @@
+// core/attention_mask.h: internal to core: which keys an attention query sees, and which tiles of
+// queries and keys can hold a pair it sees, written once for the CPU kernel and both CUDA kernels
+// (SHARDLAB_HD), so that the CPU's tests in CI check the tile walks the GPUs take.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"  // SHARDLAB_HD
+
+namespace shardlab {
+
+// core/ops.h's rule: causal hides keys after the query (top-left aligned), padding keys are hidden,
+// and when T == S (queries and keys the same tokens) a padding query sees nothing.
+struct AttentionMask {
+  bool causal = false;
+  const bool* padding = nullptr;  // [B, S], or null
+  std::int64_t queries = 0, keys = 0;
+
+  // A padding query when queries and keys are the same tokens: it sees no key.
+  SHARDLAB_HD bool blind(std::int64_t b, std::int64_t t) const {
+    return padding != nullptr && queries == keys && padding[b * keys + t];
+  }
+  SHARDLAB_HD bool padded_key(std::int64_t b, std::int64_t s) const {
+    return padding != nullptr && padding[b * keys + s];
+  }
+  // Whether query t of batch row b sees key s; false past either end.
+  SHARDLAB_HD bool sees(std::int64_t b, std::int64_t t, std::int64_t s) const {
+    if (t < 0 || t >= queries || s < 0 || s >= keys) return false;
+    if (causal && s > t) return false;
+    return !padded_key(b, s) && !blind(b, t);
+  }
+  // The keys queries [t0, t0 + rows) can see at all: [0, key_end). Causal tiles past it are skipped.
+  SHARDLAB_HD std::int64_t key_end(std::int64_t t0, std::int64_t rows) const {
+    const std::int64_t last = t0 + rows < queries ? t0 + rows : queries;  // one past the last query
+    return causal && last < keys ? last : keys;
+  }
+  // The first query that can see key s: the backward's walk over query tiles for a key tile starts at
+  // the tile holding it.
+  SHARDLAB_HD std::int64_t first_query(std::int64_t s) const { return causal ? s : 0; }
+};
+
+// The key/value head that query head h reads under grouped-query attention.
+SHARDLAB_HD inline std::int64_t kv_head_of(std::int64_t h, std::int64_t heads, std::int64_t kv_heads) {
+  return h / (heads / kv_heads);
+}
+
+}  // namespace shardlab
