@@ -249,14 +249,29 @@ cuda::GemmOperand gemm_operand(const Tensor& x, Tensor& storage) {
   return {storage.raw_data(), false, std::max<std::int64_t>(1, cols), rows * cols};
 }
 
+// Whether the batches of `a` are rows evenly spaced one after another (row-major, batch stride = rows
+// times row stride) and `b` is one matrix for all of them (batch stride 0): a Linear's input times its
+// weight, which is then one GEMM over all the rows, [B * M, K] x [K, N], not B small ones.
+bool folds_into_one_gemm(const Tensor& a, const Tensor& b) {
+  return a.size(0) > 1 && b.stride(0) == 0 && a.stride(2) == 1 &&
+         a.stride(1) >= std::max<std::int64_t>(1, a.size(2)) && a.stride(0) == a.size(1) * a.stride(1);
+}
+
 // Row-major out = a b is column-major out^T = b^T a^T: cuBLAS's first operand is b.
 void cuda_matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
   const LaunchContext context(out);
   Tensor a_copy, b_copy;
-  const cuda::GemmOperand left = gemm_operand(b, b_copy), right = gemm_operand(a, a_copy);
-  const std::int64_t m = out.size(1), n = out.size(2);
-  cuda::gemm_batched(out.dtype(), out.size(0), n, m, a.size(2), left, right, out.raw_data(),
-                     std::max<std::int64_t>(1, n), m * n, out.device().index, context.stream());
+  const cuda::GemmOperand left = gemm_operand(b, b_copy);
+  const std::int64_t m = out.size(1), n = out.size(2), leading = std::max<std::int64_t>(1, n);
+  if (folds_into_one_gemm(a, b)) {
+    const cuda::GemmOperand rows{a.raw_data(), false, a.stride(1), 0};
+    cuda::gemm_batched(out.dtype(), 1, n, out.size(0) * m, a.size(2), left, rows, out.raw_data(), leading, 0,
+                       out.device().index, context.stream());
+    return;
+  }
+  const cuda::GemmOperand right = gemm_operand(a, a_copy);
+  cuda::gemm_batched(out.dtype(), out.size(0), n, m, a.size(2), left, right, out.raw_data(), leading, m * n,
+                     out.device().index, context.stream());
 }
 
 // Sizes around `dim` of `shape`: the product of the dims before and of those after.
