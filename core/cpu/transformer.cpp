@@ -4,7 +4,9 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
+#include "core/column_sums.h"
 #include "core/cpu/kernels.h"
 #include "core/parallel.h"
 
@@ -69,14 +71,22 @@ void rms_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& we
         }
       }
     });
-    // grad_weight = sum over rows of g x rstd, each column in row order.
-    parallel_for(0, width, 64, [&](std::int64_t first, std::int64_t last) {
-      for (std::int64_t e = first; e < last; ++e) {
-        double sum = 0;
-        for (std::int64_t row = 0; row < rows; ++row)
-          sum += double(widen(g[row * width + e])) * widen(in[row * width + e]) * r[row];
-        gw[e] = narrow<T>(static_cast<C>(sum));
+    // grad_weight = sum over rows of g x rstd per column, in core/column_sums.h's order (the GPU's).
+    const std::int64_t chunks = column_chunks(rows);
+    std::vector<double> partials(static_cast<std::size_t>(chunks * width), 0.0);
+    parallel_for(0, chunks, 1, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t chunk = first; chunk < last; ++chunk) {
+        const RowRange range = chunk_rows(chunk, rows);
+        double* partial = partials.data() + chunk * width;
+        for (std::int64_t row = range.begin; row < range.end; ++row) {
+          for (std::int64_t e = 0; e < width; ++e)
+            partial[e] += double(widen(g[row * width + e])) * widen(in[row * width + e]) * r[row];
+        }
       }
+    });
+    parallel_for(0, width, 256, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t e = first; e < last; ++e)
+        gw[e] = narrow<T>(static_cast<C>(sum_of_partials(partials.data(), chunks, width, e)));
     });
   });
 }

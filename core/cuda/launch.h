@@ -173,10 +173,11 @@ inline constexpr std::int64_t kMaxAttentionHeadDim = 32 * kMaxValuesPerLane;
 [[nodiscard]] bool launch_rms_norm(DType dtype, const void* x, const void* weight, double eps,
                                    std::int64_t rows, std::int64_t width, void* out, void* rstd,
                                    cudaStream_t stream);
+// partials: f64 scratch of [column_chunks(rows), width] (core/column_sums.h) for grad_weight's sums.
 [[nodiscard]] bool launch_rms_norm_backward(DType dtype, const void* grad_out, const void* x,
                                             const void* weight, const void* rstd, std::int64_t rows,
                                             std::int64_t width, void* grad_x, void* grad_weight,
-                                            cudaStream_t stream);
+                                            double* partials, cudaStream_t stream);
 [[nodiscard]] bool launch_swiglu(DType dtype, const void* gate, const void* up, std::int64_t n, void* out,
                                  cudaStream_t stream);
 [[nodiscard]] bool launch_swiglu_backward(DType dtype, const void* grad_out, const void* gate, const void* up,

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/column_sums.h"
 #include "core/cuda/check.h"
 #include "core/cuda/cudnn_conv.h"
 #include "core/cuda/gemm.h"
@@ -162,11 +163,13 @@ void cuda_rms_norm_forward(const Tensor& x, const Tensor& weight, double eps, co
 void cuda_rms_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& rstd,
                             const Tensor& grad_x, const Tensor& grad_weight) {
   const LaunchContext context(x);
-  const std::int64_t width = x.size(-1);
-  SHARDLAB_CHECK(cuda::launch_rms_norm_backward(x.dtype(), grad_out.raw_data(), x.raw_data(),
-                                                weight.raw_data(), rstd.raw_data(), x.numel() / width, width,
-                                                grad_x.raw_data(), grad_weight.raw_data(), context.stream()),
-                 "rms_norm_backward: no CUDA kernel for {}", dtype_name(x.dtype()));
+  const std::int64_t width = x.size(-1), rows = x.numel() / width;
+  const Tensor partials = empty({column_chunks(rows), width}, TensorOptions{DType::f64, x.device()});
+  SHARDLAB_CHECK(
+      cuda::launch_rms_norm_backward(x.dtype(), grad_out.raw_data(), x.raw_data(), weight.raw_data(),
+                                     rstd.raw_data(), rows, width, grad_x.raw_data(), grad_weight.raw_data(),
+                                     partials.data<double>(), context.stream()),
+      "rms_norm_backward: no CUDA kernel for {}", dtype_name(x.dtype()));
 }
 
 void cuda_swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out) {

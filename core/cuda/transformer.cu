@@ -1,11 +1,13 @@
 // core/cuda/transformer.cu: the Llama block's fused row and elementwise kernels
 // (core/cpu/transformer.cpp's CUDA side): RMS normalisation, one block per row with the row's sums
-// in double and its weight gradient one thread per column walking the rows in order (no atomics,
-// deterministic); SwiGLU and the rotary embedding, elementwise. Computed in the compute type.
+// in double and its weight gradient in two passes, partial sums per chunk of rows and column, then per
+// column over the chunks, in core/column_sums.h's order (no atomics, deterministic, the CPU's order);
+// SwiGLU and the rotary embedding, elementwise. Computed in the compute type.
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
 
+#include "core/column_sums.h"
 #include "core/cuda/check.h"
 #include "core/cuda/indexing.cuh"
 #include "core/cuda/launch.h"
@@ -67,16 +69,27 @@ __global__ void rms_norm_grad_x_kernel(const T* grad_out, const T* x, const T* w
   }
 }
 
+// grad_weight's partial sums: block (column block, chunk) sums its chunk's rows of a column per thread,
+// in row order (core/column_sums.h); neighbouring threads read neighbouring columns of a row.
 template <typename T>
-__global__ void rms_norm_grad_weight_kernel(const T* grad_out, const T* x, const compute_t<T>* rstd,
-                                            std::int64_t rows, std::int64_t width, T* grad_weight) {
+__global__ void rms_norm_grad_weight_partials_kernel(const T* grad_out, const T* x, const compute_t<T>* rstd,
+                                                     std::int64_t rows, std::int64_t width,
+                                                     double* partials) {
+  const std::int64_t e = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= width) return;
+  const RowRange range = chunk_rows(blockIdx.y, rows);
+  double sum = 0;
+  for (std::int64_t row = range.begin; row < range.end; ++row)
+    sum += double(widen(grad_out[row * width + e])) * widen(x[row * width + e]) * rstd[row];
+  partials[static_cast<std::int64_t>(blockIdx.y) * width + e] = sum;
+}
+
+template <typename T>
+__global__ void rms_norm_grad_weight_kernel(const double* partials, std::int64_t chunks, std::int64_t width,
+                                            T* grad_weight) {
   using C = compute_t<T>;
-  for (std::int64_t e = first_thread(); e < width; e += thread_step()) {
-    double sum = 0;
-    for (std::int64_t row = 0; row < rows; ++row)
-      sum += double(widen(grad_out[row * width + e])) * widen(x[row * width + e]) * rstd[row];
-    grad_weight[e] = narrow<T>(static_cast<C>(sum));
-  }
+  for (std::int64_t e = first_thread(); e < width; e += thread_step())
+    grad_weight[e] = narrow<T>(static_cast<C>(sum_of_partials(partials, chunks, width, e)));
 }
 
 template <typename C>
@@ -139,7 +152,7 @@ bool launch_rms_norm(DType dtype, const void* x, const void* weight, double eps,
 
 bool launch_rms_norm_backward(DType dtype, const void* grad_out, const void* x, const void* weight,
                               const void* rstd, std::int64_t rows, std::int64_t width, void* grad_x,
-                              void* grad_weight, cudaStream_t stream) {
+                              void* grad_weight, double* partials, cudaStream_t stream) {
   return floating(dtype, [&]<typename T>() {
     const auto* g = static_cast<const T*>(grad_out);
     const auto* in = static_cast<const T*>(x);
@@ -149,8 +162,16 @@ bool launch_rms_norm_backward(DType dtype, const void* grad_out, const void* x, 
           g, in, static_cast<const T*>(weight), r, rows, width, static_cast<T*>(grad_x));
       SHARDLAB_CUDA_CHECK_LAUNCH();
     }
+    const std::int64_t chunks = column_chunks(rows);
+    if (chunks > 0) {
+      const dim3 blocks(static_cast<unsigned>((width + kBlockSize - 1) / kBlockSize),
+                        static_cast<unsigned>(chunks));
+      rms_norm_grad_weight_partials_kernel<T>
+          <<<blocks, kBlockSize, 0, stream>>>(g, in, r, rows, width, partials);
+      SHARDLAB_CUDA_CHECK_LAUNCH();
+    }
     rms_norm_grad_weight_kernel<T>
-        <<<grid_size(width), kBlockSize, 0, stream>>>(g, in, r, rows, width, static_cast<T*>(grad_weight));
+        <<<grid_size(width), kBlockSize, 0, stream>>>(partials, chunks, width, static_cast<T*>(grad_weight));
     SHARDLAB_CUDA_CHECK_LAUNCH();
   });
 }

@@ -736,6 +736,16 @@ SHARDLAB_CUDA_VS_CPU(
     "rms_norm, swiglu and rotary embedding forward and backward, bf16",
     {random_tensor({3, 5, 300}, 70), random_tensor({3, 5, 300}, 71), random_tensor({300}, 72)},
     [](const Inputs& x) { return transformer_parts(x, DType::bf16); }, Tolerance{1e-2, 1e-2});
+// The weight gradient over 1000 rows: three whole chunks of 256 rows and a partial one, summed in the
+// same order on both devices (core/column_sums.h): f64 to the last bits.
+SHARDLAB_CUDA_VS_CPU(
+    "rms_norm's weight gradient over several chunks of rows, f64",
+    {random_tensor({1000, 300}, 73, DType::f64), random_tensor({1000, 300}, 74, DType::f64),
+     random_tensor({300}, 75, DType::f64)},
+    [](const Inputs& x) {
+      return rms_norm_backward(x[1], x[0], x[2], rms_norm_forward(x[0], x[2], 1e-6).rstd).weight;
+    },
+    Tolerance{1e-13, 1e-13});
 SHARDLAB_CUDA_VS_CPU("log_softmax along a middle dim of a strided input",
                      {test::random_strided({3, 37, 5}, 62)},
                      [](const Inputs& x) { return log_softmax(x[0], 1); });
