@@ -3,10 +3,13 @@
 // deterministic, and parallel tasks never write the same element.
 #include <algorithm>
 #include <cstring>
+#include <numeric>
+#include <vector>
 
 #include "core/cpu/kernels.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "core/segments.h"
 
 namespace shardlab::cpu {
 namespace {
@@ -109,23 +112,34 @@ void scatter_add(const Tensor& out, std::int64_t dim, const Tensor& index, const
 }
 
 void index_add(const Tensor& out, std::int64_t dim, const Tensor& index, const Tensor& src) {
-  // Tasks own a slab of `inner` columns for one outer position and walk the indices in
-  // order, so repeated indices accumulate deterministically without races.
+  // Tasks own a segment of picks of one row (core/segments.h) and a slab of `inner` columns for one
+  // outer position, and add the picks in their order: deterministic, no two tasks write one element.
   const Around a = around(out.shape(), dim);
   const std::int64_t picks = index.numel(), size = out.size(dim);
   constexpr std::int64_t kSlab = 256;
   const std::int64_t slabs = (a.inner + kSlab - 1) / kSlab;
   const std::int64_t* idx = static_cast<const std::int64_t*>(index.raw_data());
+  std::vector<std::int64_t> order(static_cast<std::size_t>(picks)), keys(static_cast<std::size_t>(picks));
+  std::iota(order.begin(), order.end(), std::int64_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::int64_t x, std::int64_t y) { return idx[x] < idx[y]; });
+  std::vector<std::int64_t> starts;
+  for (std::int64_t p = 0; p < picks; ++p) {
+    keys[static_cast<std::size_t>(p)] = idx[order[static_cast<std::size_t>(p)]];
+    if (starts_segment(keys.data(), p)) starts.push_back(p);
+  }
+  const auto segments = static_cast<std::int64_t>(starts.size());
   visit_dtype(out.dtype(), [&]<typename T>() {
     T* dst = static_cast<T*>(out.raw_data());
     const T* values = static_cast<const T*>(src.raw_data());
-    parallel_for(0, a.outer * slabs, 1, [&](std::int64_t first, std::int64_t last) {
+    parallel_for(0, a.outer * segments * slabs, 1, [&](std::int64_t first, std::int64_t last) {
       for (std::int64_t task = first; task < last; ++task) {
-        const std::int64_t o = task / slabs, begin = task % slabs * kSlab;
-        const std::int64_t end = std::min(begin + kSlab, a.inner);
-        for (std::int64_t j = 0; j < picks; ++j) {
-          T* row = dst + (o * size + idx[j]) * a.inner;
-          const T* from = values + (o * picks + j) * a.inner;
+        const std::int64_t o = task / (segments * slabs), segment = task / slabs % segments;
+        const std::int64_t begin = task % slabs * kSlab, end = std::min(begin + kSlab, a.inner);
+        const std::int64_t start = starts[static_cast<std::size_t>(segment)];
+        T* row = dst + (o * size + keys[static_cast<std::size_t>(start)]) * a.inner;
+        for (std::int64_t p = start; p < segment_end(keys.data(), start, picks); ++p) {
+          const T* from = values + (o * picks + order[static_cast<std::size_t>(p)]) * a.inner;
           for (std::int64_t i = begin; i < end; ++i) accumulate(row[i], from[i]);
         }
       }

@@ -1,15 +1,18 @@
 // core/cuda/index.cu: the index range check, and index_select, gather, scatter_add and index_add
 // on contiguous operands with i64 indices. Additions never race: each thread owns the output elements
 // it adds into and adds in the CPU kernels' order, so results are deterministic and equal to the
-// CPU's bit for bit. The check does not make the host wait: it records the first bad value where
+// CPU's bit for bit (index_add: the picks sorted stably by row with CUB, every row's segment at once,
+// core/segments.h). The check does not make the host wait: it records the first bad value where
 // the host reads it at its next wait (index_fault.h), and the kernels skip out-of-range values, so a
 // bad index never makes them touch memory outside their operands.
 #include <cstdint>
+#include <cub/device/device_radix_sort.cuh>
 
 #include "core/cuda/check.h"
 #include "core/cuda/index_fault.h"
 #include "core/cuda/indexing.cuh"
 #include "core/cuda/launch.h"
+#include "core/segments.h"
 
 namespace shardlab::cuda {
 namespace {
@@ -28,6 +31,9 @@ __device__ std::int64_t remapped(const IndexGeometry& g, const std::int64_t* str
 }
 
 __device__ inline bool in_range(std::int64_t value, std::int64_t size) { return value >= 0 && value < size; }
+
+// CUB's item count, an int (table.cpp refuses more picks first).
+int as_items(std::int64_t picks) { return static_cast<int>(picks); }
 
 __global__ void check_index_kernel(const std::int64_t* index, std::int64_t n, std::int64_t size,
                                    IndexFault* fault, const char* op, const char* what, int device) {
@@ -76,15 +82,25 @@ __global__ void scatter_add_kernel(T* out, const std::int64_t* index, const T* s
   }
 }
 
-// One thread per (outer, inner) column, walking the picks in order.
+__global__ void positions_kernel(std::int64_t* positions, std::int64_t n) {
+  for (std::int64_t p = first_thread(); p < n; p += thread_step()) positions[p] = p;
+}
+
+// Threads (column i, sorted position p, outer o): where p starts a segment (core/segments.h), the
+// thread adds the segment's picks to its row's column i, in their original order, onto the row's value:
+// the CPU's order, with every segment at once.
 template <typename T>
-__global__ void index_add_kernel(T* out, const std::int64_t* index, const T* src, std::int64_t columns,
-                                 std::int64_t picks, std::int64_t size, std::int64_t inner) {
-  for (std::int64_t c = first_thread(); c < columns; c += thread_step()) {
-    const std::int64_t o = c / inner, i = c % inner;
-    for (std::int64_t j = 0; j < picks; ++j) {
-      if (in_range(index[j], size))
-        accumulate(out[(o * size + index[j]) * inner + i], src[(o * picks + j) * inner + i]);
+__global__ void index_add_segments_kernel(T* out, const std::int64_t* keys, const std::int64_t* order,
+                                          const T* src, std::int64_t outer, std::int64_t picks,
+                                          std::int64_t size, std::int64_t inner) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= inner) return;
+  for (std::int64_t p = blockIdx.y; p < picks; p += gridDim.y) {
+    if (!starts_segment(keys, p) || !in_range(keys[p], size)) continue;
+    const std::int64_t end = segment_end(keys, p, picks);
+    for (std::int64_t o = blockIdx.z; o < outer; o += gridDim.z) {
+      T& target = out[(o * size + keys[p]) * inner + i];
+      for (std::int64_t q = p; q < end; ++q) accumulate(target, src[(o * picks + order[q]) * inner + i]);
     }
   }
 }
@@ -133,13 +149,32 @@ void launch_scatter_add(DType dtype, void* out, const std::int64_t* index, const
   });
 }
 
+std::size_t index_add_sort_bytes(std::int64_t picks) {
+  std::size_t bytes = 0;
+  SHARDLAB_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, bytes, static_cast<const std::int64_t*>(nullptr), static_cast<std::int64_t*>(nullptr),
+      static_cast<const std::int64_t*>(nullptr), static_cast<std::int64_t*>(nullptr), as_items(picks)));
+  return bytes;
+}
+
 void launch_index_add(DType dtype, void* out, const std::int64_t* index, const void* src, std::int64_t outer,
-                      std::int64_t picks, std::int64_t size, std::int64_t inner, cudaStream_t stream) {
-  const std::int64_t columns = outer * inner;
-  if (columns == 0 || picks == 0) return;
+                      std::int64_t picks, std::int64_t size, std::int64_t inner,
+                      const IndexAddScratch& scratch, cudaStream_t stream) {
+  if (outer == 0 || inner == 0 || picks == 0) return;
+  positions_kernel<<<grid_size(picks), kBlockSize, 0, stream>>>(scratch.positions, picks);
+  SHARDLAB_CUDA_CHECK_LAUNCH();
+  // Radix sort is stable: equal keys keep their positions' order.
+  std::size_t bytes = scratch.sort_bytes;
+  SHARDLAB_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(scratch.sort, bytes, index, scratch.keys,
+                                                      scratch.positions, scratch.order, as_items(picks), 0,
+                                                      64, stream));
+  const dim3 blocks(static_cast<unsigned>((inner + kBlockSize - 1) / kBlockSize),
+                    static_cast<unsigned>(picks < 65535 ? picks : 65535),
+                    static_cast<unsigned>(outer < 65535 ? outer : 65535));
   visit_dtype(dtype, [&]<typename T>() {
-    index_add_kernel<T><<<grid_size(columns), kBlockSize, 0, stream>>>(
-        static_cast<T*>(out), index, static_cast<const T*>(src), columns, picks, size, inner);
+    index_add_segments_kernel<T><<<blocks, kBlockSize, 0, stream>>>(static_cast<T*>(out), scratch.keys,
+                                                                    scratch.order, static_cast<const T*>(src),
+                                                                    outer, picks, size, inner);
     SHARDLAB_CUDA_CHECK_LAUNCH();
   });
 }

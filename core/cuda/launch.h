@@ -219,9 +219,19 @@ void launch_gather(DType dtype, const void* in, const std::int64_t* index, void*
 void launch_scatter_add(DType dtype, void* out, const std::int64_t* index, const void* src,
                         std::int64_t outer, std::int64_t length, std::int64_t inner,
                         const IndexGeometry& geometry, cudaStream_t stream);
-// out [outer, size, inner] += src [outer, picks, inner] at rows index[j].
+// index_add's scratch on the device: the picks' positions, sorted keys and order (i64 [picks] each),
+// and sort_bytes (index_add_sort_bytes) for the sort.
+struct IndexAddScratch {
+  std::int64_t *positions, *keys, *order;
+  void* sort;
+  std::size_t sort_bytes;
+};
+std::size_t index_add_sort_bytes(std::int64_t picks);
+// out [outer, size, inner] += src [outer, picks, inner] at rows index[j] (picks up to INT_MAX, CUB's
+// count): the picks sorted stably by row, each row's added in their order (core/segments.h).
 void launch_index_add(DType dtype, void* out, const std::int64_t* index, const void* src, std::int64_t outer,
-                      std::int64_t picks, std::int64_t size, std::int64_t inner, cudaStream_t stream);
+                      std::int64_t picks, std::int64_t size, std::int64_t inner,
+                      const IndexAddScratch& scratch, cudaStream_t stream);
 
 // --- core/cuda/pool.cu -------------------------------------------------------------------------
 

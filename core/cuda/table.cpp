@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <limits>
 #include <map>
 #include <span>
 #include <type_traits>
@@ -342,13 +343,25 @@ void cuda_scatter_add(const Tensor& out, std::int64_t dim, const Tensor& index, 
   });
 }
 
-// The embedding backward's: one thread per column of the table walks every pick in order.
+// The embedding backward's: the picks sorted by row, each row's segment added in order.
 void cuda_index_add(const Tensor& out, std::int64_t dim, const Tensor& index, const Tensor& src) {
   accumulate_in_f32(out, src, [&](const Tensor& sums, const Tensor& terms) {
     const LaunchContext context(sums);
     const auto [outer, inner] = outer_inner(sums.shape(), dim);
+    const std::int64_t picks = index.numel();
+    SHARDLAB_CHECK(picks <= std::numeric_limits<int>::max(), "index_add on cuda: at most {} indices, got {}",
+                   std::numeric_limits<int>::max(), picks);
+    const TensorOptions longs{DType::i64, sums.device()};
+    const Tensor positions = empty({picks}, longs), keys = empty({picks}, longs),
+                 order = empty({picks}, longs);
+    const std::size_t sort_bytes = picks > 0 ? cuda::index_add_sort_bytes(picks) : 0;
+    const Tensor sort =
+        empty({static_cast<std::int64_t>(sort_bytes)}, TensorOptions{DType::u8, sums.device()});
     cuda::launch_index_add(sums.dtype(), sums.raw_data(), index.data<std::int64_t>(), terms.raw_data(), outer,
-                           index.numel(), sums.size(dim), inner, context.stream());
+                           picks, sums.size(dim), inner,
+                           {positions.data<std::int64_t>(), keys.data<std::int64_t>(),
+                            order.data<std::int64_t>(), sort.raw_data(), sort_bytes},
+                           context.stream());
   });
 }
 

@@ -859,6 +859,17 @@ SHARDLAB_CUDA_VS_CPU(
       return cat(sums, 0);
     },
     Tolerance{0.0, 0.0});
+// Many picks per row (a batch's tokens over a small vocabulary): segments of up to ~30 picks, along a
+// middle dim (3 outer slices), onto nonzero rows; bit for bit, as both add each row's picks in order.
+SHARDLAB_CUDA_VS_CPU(
+    "index_add of 700 picks over 50 rows along a middle dim",
+    {random_tensor({3, 50, 40}, 95), random_tensor({3, 700, 40}, 96)},
+    [](const Inputs& x) {
+      std::vector<std::int64_t> picks;
+      for (std::int64_t j = 0; j < 700; ++j) picks.push_back(j * j % 47 + j % 3);
+      return index_add(x[0], 1, indices(picks, {700}).to(x[0].device()), x[1]);
+    },
+    Tolerance{0.0, 0.0});
 SHARDLAB_CUDA_VS_CPU("max_pool2d and its backward: 2x2 windows, and 3x3 stride 2 padded overlapping ones",
                      {random_tensor({2, 3, 13, 11}, 94)}, [](const Inputs& x) {
                        const MaxPool2dResult plain = max_pool2d(x[0], {.kernel_size = 2});
