@@ -1,5 +1,7 @@
 // core/cuda/reduce.cu: reductions (sum, mean, sum of squares, max, min, argmax), one block per
-// output element over a contiguous row of its inputs (table.cpp moves the reduced dims last).
+// output element over a contiguous row of its inputs (table.cpp moves the reduced dims last); the
+// sums of few long rows (a gradient's norm) in two passes, a block per chunk of a row and then the
+// chunks' partials (reduce_chunks), so that every SM reads.
 // Like the CPU kernel, floating values accumulate in double and integers in int64; max, min and
 // argmax keep the first NaN and, on ties, the first index. Threads combine in a fixed tree, so
 // results are deterministic.
@@ -58,6 +60,45 @@ __device__ V combine_across_block(V mine, V* slots, Combine combine) {
   return all;
 }
 
+// The block's sum of row[begin, end) (squared for sum_squares), threads striding, in a fixed tree.
+template <typename T, typename A>
+__device__ A block_sum(ReduceOp op, const T* row, std::int64_t begin, std::int64_t end, A* slots) {
+  A acc = 0;
+  for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const A v = static_cast<A>(widen(row[i]));
+    acc += op == ReduceOp::sum_squares ? v * v : v;
+  }
+  return combine_across_block(acc, slots, [](A a, A b) { return a + b; });
+}
+
+template <typename A, typename Out>
+__device__ Out finished_sum(ReduceOp op, A total, std::int64_t count) {
+  return op == ReduceOp::mean ? narrow<Out>(static_cast<double>(total) / static_cast<double>(count))
+                              : narrow<Out>(total);
+}
+
+// A long row's chunk per block (blockIdx.x: chunk, blockIdx.y: output): its partial sum.
+template <typename T>
+__global__ void partial_sums_kernel(ReduceOp op, const T* in, accumulate_t<T>* partials, std::int64_t count,
+                                    std::int64_t chunks) {
+  using A = accumulate_t<T>;
+  __shared__ A sums[kBlockSize];
+  const std::int64_t o = blockIdx.y, begin = static_cast<std::int64_t>(blockIdx.x) * kReduceChunk;
+  const std::int64_t end = begin + kReduceChunk < count ? begin + kReduceChunk : count;
+  const A part = block_sum(op, in + o * count, begin, end, sums);
+  if (threadIdx.x == 0) partials[o * chunks + blockIdx.x] = part;
+}
+
+// Each output's partials, summed in the same fixed tree, finished as the op says.
+template <typename A, typename Out>
+__global__ void finish_sums_kernel(ReduceOp op, const A* partials, Out* out, std::int64_t count,
+                                   std::int64_t chunks) {
+  __shared__ A sums[kBlockSize];
+  const std::int64_t o = blockIdx.x;
+  const A total = block_sum(ReduceOp::sum, partials + o * chunks, 0, chunks, sums);
+  if (threadIdx.x == 0) out[o] = finished_sum<A, Out>(op, total, count);
+}
+
 template <typename T, typename Out>
 __global__ void reduce_kernel(ReduceOp op, const T* in, Out* out, std::int64_t outputs, std::int64_t count) {
   using A = accumulate_t<T>;
@@ -66,16 +107,8 @@ __global__ void reduce_kernel(ReduceOp op, const T* in, Out* out, std::int64_t o
   for (std::int64_t o = blockIdx.x; o < outputs; o += gridDim.x) {
     const T* row = in + o * count;
     if (op == ReduceOp::sum || op == ReduceOp::mean || op == ReduceOp::sum_squares) {
-      A acc = 0;
-      for (std::int64_t i = threadIdx.x; i < count; i += blockDim.x) {
-        const A v = static_cast<A>(widen(row[i]));
-        acc += op == ReduceOp::sum_squares ? v * v : v;
-      }
-      const A total = combine_across_block(acc, sums, [](A a, A b) { return a + b; });
-      if (threadIdx.x == 0) {
-        out[o] = op == ReduceOp::mean ? narrow<Out>(static_cast<double>(total) / static_cast<double>(count))
-                                      : narrow<Out>(total);
-      }
+      const A total = block_sum(op, row, 0, count, sums);
+      if (threadIdx.x == 0) out[o] = finished_sum<A, Out>(op, total, count);
     } else {
       const bool smallest = op == ReduceOp::min;
       Best<A> best{A(0), 0, false};
@@ -93,12 +126,24 @@ __global__ void reduce_kernel(ReduceOp op, const T* in, Out* out, std::int64_t o
 }  // namespace
 
 bool launch_reduce(ReduceOp op, DType in_dtype, DType out_dtype, const void* in, void* out,
-                   std::int64_t outputs, std::int64_t count, cudaStream_t stream) {
+                   std::int64_t outputs, std::int64_t count, void* partials, cudaStream_t stream) {
   return visit_dtype(in_dtype, [&]<typename T>() {
     return visit_dtype(out_dtype, [&]<typename Out>() {
       // The pairs the op layer produces: the same dtype, or i64 for integer sums and argmax.
       if constexpr (std::is_same_v<T, Out> || std::is_same_v<Out, std::int64_t>) {
         if (outputs == 0) return true;
+        if (const std::int64_t chunks = reduce_chunks(op, outputs, count); chunks > 1) {
+          using A = accumulate_t<T>;
+          auto* parts = static_cast<A*>(partials);
+          partial_sums_kernel<T>
+              <<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(outputs)), kBlockSize, 0,
+                 stream>>>(op, static_cast<const T*>(in), parts, count, chunks);
+          SHARDLAB_CUDA_CHECK_LAUNCH();
+          finish_sums_kernel<A, Out><<<static_cast<unsigned>(outputs), kBlockSize, 0, stream>>>(
+              op, parts, static_cast<Out*>(out), count, chunks);
+          SHARDLAB_CUDA_CHECK_LAUNCH();
+          return true;
+        }
         const auto blocks = static_cast<unsigned>(outputs < kMaxBlocks ? outputs : kMaxBlocks);
         reduce_kernel<T, Out><<<blocks, kBlockSize, 0, stream>>>(op, static_cast<const T*>(in),
                                                                  static_cast<Out*>(out), outputs, count);

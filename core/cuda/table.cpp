@@ -220,6 +220,18 @@ void cuda_cross_entropy_backward(const Tensor& grad_losses, const Tensor& logits
 
 // The kept dims first and the reduced ones last, both in order: each output's inputs are then
 // one contiguous row, in the row-major order argmax counts in, and the outputs follow out's order.
+// launch_reduce over `outputs` contiguous rows of `count` elements of `rows`, with the partials'
+// scratch it needs for few long rows.
+bool reduce_rows(ReduceOp op, const Tensor& rows, const Tensor& out, std::int64_t outputs, std::int64_t count,
+                 cudaStream_t stream) {
+  const std::int64_t chunks = cuda::reduce_chunks(op, outputs, count);
+  const DType accumulator = is_floating(rows.dtype()) ? DType::f64 : DType::i64;
+  const Tensor partials =
+      empty({chunks > 1 ? outputs * chunks : 0}, TensorOptions{accumulator, out.device()});
+  return cuda::launch_reduce(op, rows.dtype(), out.dtype(), rows.raw_data(), out.raw_data(), outputs, count,
+                             partials.raw_data(), stream);
+}
+
 void cuda_reduce(ReduceOp op, const Tensor& in, const Dims& dims, const Tensor& out) {
   const LaunchContext context(out);
   std::vector<std::int64_t> order;
@@ -232,8 +244,7 @@ void cuda_reduce(ReduceOp op, const Tensor& in, const Dims& dims, const Tensor& 
     count *= in.size(d);
   }
   const Tensor rows = in.permute(order).contiguous();
-  SHARDLAB_CHECK(cuda::launch_reduce(op, in.dtype(), out.dtype(), rows.raw_data(), out.raw_data(),
-                                     out.numel(), count, context.stream()),
+  SHARDLAB_CHECK(reduce_rows(op, rows, out, out.numel(), count, context.stream()),
                  "{}: no CUDA kernel from {} to {}", op_name(op), dtype_name(in.dtype()),
                  dtype_name(out.dtype()));
 }
@@ -562,10 +573,8 @@ void cuda_conv2d_backward_weight(const Tensor& grad_out, const Tensor& input, Co
                      {grad_out.raw_data(), false, pixels, outs * pixels}, products.raw_data(), patch,
                      outs * patch, grad_weight.device().index, context.stream());
   const Tensor per_weight = products.transpose(0, 1).contiguous();  // [O * patch, batch]
-  SHARDLAB_CHECK(
-      cuda::launch_reduce(ReduceOp::sum, grad_weight.dtype(), grad_weight.dtype(), per_weight.raw_data(),
-                          grad_weight.raw_data(), outs * patch, g.batch, context.stream()),
-      "conv2d_backward_weight: no CUDA kernel for {}", dtype_name(grad_weight.dtype()));
+  SHARDLAB_CHECK(reduce_rows(ReduceOp::sum, per_weight, grad_weight, outs * patch, g.batch, context.stream()),
+                 "conv2d_backward_weight: no CUDA kernel for {}", dtype_name(grad_weight.dtype()));
 }
 
 bool all_contiguous(std::initializer_list<const Tensor*> tensors) {

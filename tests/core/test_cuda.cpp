@@ -772,6 +772,17 @@ SHARDLAB_CUDA_VS_CPU("sum, mean and sum_squares over any dims", {test::random_st
                                    sum_squares(x[0]).flatten(), sum(x[0], {}).flatten()},
                                   0);
                      });
+// Few long rows, which a GPU sums in two passes (a block per chunk of 32768, then the chunks): a
+// whole tensor, 3 rows with a partial last chunk, and bf16 and integer inputs; f64 sums on both sides.
+SHARDLAB_CUDA_VS_CPU("sum, mean and sum_squares of few rows longer than a chunk",
+                     {random_tensor({3, 70001}, 76)}, [](const Inputs& x) {
+                       const Tensor integers = (x[0] * 100.0).to(DType::i64);
+                       return cat({sum(x[0], {1}), mean(x[0], {1}), sum_squares(x[0], {1}),
+                                   sum(x[0], {}).reshape({1}),
+                                   sum_squares(x[0].to(DType::bf16), {}).to(DType::f32).reshape({1}),
+                                   sum(integers, {1}).to(DType::f32)},
+                                  0);
+                     });
 SHARDLAB_CUDA_VS_CPU("max, min and argmax, ties to the first index", {random_tensor({6, 513}, 72)},
                      [](const Inputs& x) {
                        const Tensor rounded = (x[0] * 4.0).to(DType::i32).to(DType::f32);  // many ties
