@@ -1,8 +1,9 @@
 // core/cuda/cudnn_conv.cpp: conv2d through cuDNN's convolution API (core/cuda/cudnn_conv.h). The
 // algorithms are fixed, deterministic ones (implicit precomputed GEMM forward, algorithm 1 for both
 // gradients), so a run repeats bit for bit; f32 and f64 use FMA math only (no TF32 tensor cores,
-// whose 10-bit mantissas would leave the CPU's tolerance), bf16 and f16 tensor cores accumulating
-// in f32. Workspace comes from the device's caching allocator on the stream the call runs on.
+// whose 10-bit mantissas would leave the CPU's tolerance) unless set_float32_matmul_precision("high")
+// allows TF32 for f32; bf16 and f16 tensor cores accumulating in f32. Workspace comes from the device's
+// caching allocator on the stream the call runs on.
 #include "core/cuda/cudnn_conv.h"
 
 #include <cudnn.h>
@@ -13,6 +14,7 @@
 #include "core/cuda/check.h"
 #include "core/cuda/runtime.h"
 #include "core/error.h"
+#include "core/matmul_precision.h"
 #include "core/notice.h"
 
 namespace shardlab::cuda::cudnn {
@@ -58,6 +60,14 @@ cudnnDataType_t data_type(DType dtype) {
   }
 }
 
+// Halves on tensor cores; f32 on TF32 ones where set_float32_matmul_precision("high") allows, else
+// FMA math, as f64.
+cudnnMathType_t math_type(DType dtype) {
+  if (dtype == DType::bf16 || dtype == DType::f16) return CUDNN_TENSOR_OP_MATH;
+  const bool tf32 = dtype == DType::f32 && float32_matmul_precision() == MatmulPrecision::high;
+  return tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+}
+
 // The descriptors of one convolution: input, output, filter and the convolution itself.
 class Descriptors {
  public:
@@ -80,9 +90,7 @@ class Descriptors {
     SHARDLAB_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(convolution, i(g.padding), i(g.padding), i(g.stride),
                                                          i(g.stride), 1, 1, CUDNN_CROSS_CORRELATION,
                                                          compute));
-    const bool half = dtype == DType::bf16 || dtype == DType::f16;
-    SHARDLAB_CUDNN_CHECK(
-        cudnnSetConvolutionMathType(convolution, half ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+    SHARDLAB_CUDNN_CHECK(cudnnSetConvolutionMathType(convolution, math_type(dtype)));
   }
   ~Descriptors() {
     cudnnDestroyConvolutionDescriptor(convolution);

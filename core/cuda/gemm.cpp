@@ -11,6 +11,7 @@
 
 #include "core/cuda/check.h"
 #include "core/error.h"
+#include "core/matmul_precision.h"
 
 namespace shardlab::cuda {
 namespace {
@@ -114,6 +115,14 @@ int as_int(std::int64_t value, const char* what) {
   return static_cast<int>(value);
 }
 
+// f64 in f64; f32 in f32, or on TF32 tensor cores where set_float32_matmul_precision("high") allows;
+// halves accumulate in f32.
+cublasComputeType_t compute_type(DType dtype) {
+  if (dtype == DType::f64) return CUBLAS_COMPUTE_64F;
+  const bool tf32 = dtype == DType::f32 && float32_matmul_precision() == MatmulPrecision::high;
+  return tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
+
 }  // namespace
 
 void gemm_batched(DType dtype, std::int64_t batches, std::int64_t rows, std::int64_t cols, std::int64_t inner,
@@ -132,8 +141,7 @@ void gemm_batched(DType dtype, std::int64_t batches, std::int64_t rows, std::int
       as_int(a.leading, "leading dimension"), a.batch_stride, b.data, type,
       as_int(b.leading, "leading dimension"), b.batch_stride,
       f64 ? static_cast<const void*>(&beta64) : &beta32, out, type, as_int(out_leading, "leading dimension"),
-      out_batch_stride, as_int(batches, "batch count"), f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F,
-      CUBLAS_GEMM_DEFAULT));
+      out_batch_stride, as_int(batches, "batch count"), compute_type(dtype), CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace shardlab::cuda
