@@ -224,12 +224,13 @@ void cuda_cross_entropy_backward(const Tensor& grad_losses, const Tensor& logits
 // scratch it needs for few long rows.
 bool reduce_rows(ReduceOp op, const Tensor& rows, const Tensor& out, std::int64_t outputs, std::int64_t count,
                  cudaStream_t stream) {
+  // Scratch only for the two-pass case: a one-pass reduction (most of them) allocates nothing.
   const std::int64_t chunks = cuda::reduce_chunks(op, outputs, count);
   const DType accumulator = is_floating(rows.dtype()) ? DType::f64 : DType::i64;
   const Tensor partials =
-      empty({chunks > 1 ? outputs * chunks : 0}, TensorOptions{accumulator, out.device()});
+      chunks > 1 ? empty({outputs * chunks}, TensorOptions{accumulator, out.device()}) : Tensor();
   return cuda::launch_reduce(op, rows.dtype(), out.dtype(), rows.raw_data(), out.raw_data(), outputs, count,
-                             partials.raw_data(), stream);
+                             partials.defined() ? partials.raw_data() : nullptr, stream);
 }
 
 void cuda_reduce(ReduceOp op, const Tensor& in, const Dims& dims, const Tensor& out) {
