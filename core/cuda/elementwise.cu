@@ -1,5 +1,6 @@
 // core/cuda/elementwise.cu: the elementwise CUDA kernels: fill, copy (with dtype conversion),
-// unary, isfinite, arithmetic, comparison and where, over strided operands.
+// unary, isfinite, arithmetic, comparison and where, over strided operands, and over dense ones in
+// 16-byte packs (core/kernel_choice.h says which).
 //
 // One kernel per element type, with the op as a runtime argument: the op is the same for every
 // thread, so its switch costs a uniform branch in memory-bound code, while a kernel per (op,
@@ -113,12 +114,18 @@ struct Math<double> {
 
 template <typename Word>
 __global__ void fill_kernel(Word* out, Word value, Layout<1> layout) {
-  for_each_element(layout, [&](const Offsets<1>& at) { out[at.of[0]] = value; });
+  map_elements(layout, [=]() { return value; }, out);
 }
 
 template <typename Word>
 __global__ void copy_kernel(const Word* src, Word* dst, Layout<2> layout) {
-  for_each_element(layout, [&](const Offsets<2>& at) { dst[at.of[1]] = src[at.of[0]]; });
+  map_elements(layout, [](Word x) { return x; }, dst, src);
+}
+
+// Between floating dtypes (a mixed-precision step's casts): typed on both sides, so packed.
+template <typename Dst, typename Src>
+__global__ void convert_floating_kernel(const Src* src, Dst* dst, Layout<2> layout) {
+  map_elements(layout, [](Src x) { return narrow<Dst>(widen(x)); }, dst, src);
 }
 
 template <typename Dst, typename Src>
@@ -214,22 +221,23 @@ bool is_integer_unary(UnaryOp op) { return op == UnaryOp::neg || op == UnaryOp::
 
 template <typename T>
 __global__ void unary_kernel(UnaryOp op, const T* in, T* out, Layout<2> layout) {
-  for_each_element(layout, [&](const Offsets<2>& at) {
-    if constexpr (is_floating_type<T>) {
-      out[at.of[1]] = narrow<T>(floating_unary(op, widen(in[at.of[0]])));
-    } else {
-      out[at.of[1]] = integer_unary(op, in[at.of[0]]);
-    }
-  });
+  map_elements(
+      layout,
+      [=](T x) {
+        if constexpr (is_floating_type<T>) {
+          return narrow<T>(floating_unary(op, widen(x)));
+        } else {
+          return integer_unary(op, x);
+        }
+      },
+      out, in);
 }
 
 template <typename T>
 __global__ void isfinite_kernel(const T* in, bool* out, Layout<2> layout) {
   using C = compute_t<T>;
-  for_each_element(layout, [&](const Offsets<2>& at) {
-    // False for NaN (the comparison fails) and for infinities.
-    out[at.of[1]] = Math<C>::abs(widen(in[at.of[0]])) <= std::numeric_limits<C>::max();
-  });
+  // False for NaN (the comparison fails) and for infinities.
+  map_elements(layout, [](T x) { return Math<C>::abs(widen(x)) <= std::numeric_limits<C>::max(); }, out, in);
 }
 
 // --- binary ------------------------------------------------------------------------------------
@@ -321,25 +329,36 @@ __device__ bool compare(BinaryOp op, C a, C b) {
 template <typename T>
 __global__ void arithmetic_kernel(BinaryOp op, const T* a, const T* b, T* out, Layout<3> layout) {
   using C = arithmetic_t<T>;
-  for_each_element(layout, [&](const Offsets<3>& at) {
-    const C x = static_cast<C>(widen(a[at.of[0]]));
-    const C y = static_cast<C>(widen(b[at.of[1]]));
-    out[at.of[2]] = narrow<T>(arithmetic(op, x, y));
-  });
+  map_elements(
+      layout,
+      [=](T x, T y) { return narrow<T>(arithmetic(op, static_cast<C>(widen(x)), static_cast<C>(widen(y)))); },
+      out, a, b);
 }
 
 template <typename T>
 __global__ void compare_kernel(BinaryOp op, const T* a, const T* b, bool* out, Layout<3> layout) {
-  for_each_element(layout, [&](const Offsets<3>& at) {
-    out[at.of[2]] = compare(op, widen(a[at.of[0]]), widen(b[at.of[1]]));
-  });
+  map_elements(layout, [=](T x, T y) { return compare(op, widen(x), widen(y)); }, out, a, b);
 }
 
 template <typename Word>
 __global__ void where_kernel(const bool* condition, const Word* a, const Word* b, Word* out,
                              Layout<4> layout) {
-  for_each_element(
-      layout, [&](const Offsets<4>& at) { out[at.of[3]] = condition[at.of[0]] ? a[at.of[1]] : b[at.of[2]]; });
+  map_elements(layout, [](bool c, Word x, Word y) { return c ? x : y; }, out, condition, a, b);
+}
+
+// The cast between two floating dtypes through convert_floating_kernel; false, launching nothing,
+// for any other pair.
+bool launch_convert_floating(const void* src, DType src_dtype, void* dst, DType dst_dtype,
+                             const Layout<2>& layout, cudaStream_t stream) {
+  bool launched = false;
+  floating(dst_dtype, [&]<typename Dst>() {
+    launched = floating(src_dtype, [&]<typename Src>() {
+      convert_floating_kernel<Dst, Src><<<map_grid<Dst, Src>(layout), kBlockSize, 0, stream>>>(
+          static_cast<const Src*>(src), static_cast<Dst*>(dst), layout);
+      SHARDLAB_CUDA_CHECK_LAUNCH();
+    });
+  });
+  return launched;
 }
 
 }  // namespace
@@ -352,8 +371,7 @@ void launch_fill(void* out, DType dtype, const void* value, const Layout<1>& lay
     using Word = word_t<T>;
     Word bits;
     std::memcpy(&bits, value, sizeof(Word));
-    fill_kernel<Word>
-        <<<grid_size(layout.numel), kBlockSize, 0, stream>>>(static_cast<Word*>(out), bits, layout);
+    fill_kernel<Word><<<map_grid<Word>(layout), kBlockSize, 0, stream>>>(static_cast<Word*>(out), bits, layout);
     SHARDLAB_CUDA_CHECK_LAUNCH();
   });
 }
@@ -361,11 +379,12 @@ void launch_fill(void* out, DType dtype, const void* value, const Layout<1>& lay
 void launch_copy(const void* src, DType src_dtype, void* dst, DType dst_dtype, const Layout<2>& layout,
                  cudaStream_t stream) {
   if (layout.numel == 0) return;
+  if (src_dtype != dst_dtype && launch_convert_floating(src, src_dtype, dst, dst_dtype, layout, stream)) return;
   visit_dtype(dst_dtype, [&]<typename Dst>() {
     if (src_dtype == dst_dtype) {
       using Word = word_t<Dst>;
-      copy_kernel<Word><<<grid_size(layout.numel), kBlockSize, 0, stream>>>(static_cast<const Word*>(src),
-                                                                            static_cast<Word*>(dst), layout);
+      copy_kernel<Word><<<map_grid<Word, Word>(layout), kBlockSize, 0, stream>>>(
+          static_cast<const Word*>(src), static_cast<Word*>(dst), layout);
       SHARDLAB_CUDA_CHECK_LAUNCH();
     } else {
       convert_kernel<Dst><<<grid_size(layout.numel), kBlockSize, 0, stream>>>(src, src_dtype,
@@ -384,7 +403,7 @@ bool launch_unary(UnaryOp op, DType dtype, const void* in, void* out, const Layo
     } else {
       if (!is_floating_type<T> && !is_integer_unary(op)) return false;
       if (layout.numel == 0) return true;
-      unary_kernel<T><<<grid_size(layout.numel), kBlockSize, 0, stream>>>(op, static_cast<const T*>(in),
+      unary_kernel<T><<<map_grid<T, T>(layout), kBlockSize, 0, stream>>>(op, static_cast<const T*>(in),
                                                                           static_cast<T*>(out), layout);
       SHARDLAB_CUDA_CHECK_LAUNCH();
       return true;
@@ -399,7 +418,7 @@ bool launch_isfinite(DType dtype, const void* in, bool* out, const Layout<2>& la
     } else {
       if (layout.numel == 0) return true;
       isfinite_kernel<T>
-          <<<grid_size(layout.numel), kBlockSize, 0, stream>>>(static_cast<const T*>(in), out, layout);
+          <<<map_grid<bool, T>(layout), kBlockSize, 0, stream>>>(static_cast<const T*>(in), out, layout);
       SHARDLAB_CUDA_CHECK_LAUNCH();
       return true;
     }
@@ -411,7 +430,7 @@ bool launch_arithmetic(BinaryOp op, DType dtype, const void* a, const void* b, v
   return visit_dtype(dtype, [&]<typename T>() {
     if (!is_floating_type<T> && op == BinaryOp::div) return false;
     if (layout.numel == 0) return true;
-    arithmetic_kernel<T><<<grid_size(layout.numel), kBlockSize, 0, stream>>>(
+    arithmetic_kernel<T><<<map_grid<T, T, T>(layout), kBlockSize, 0, stream>>>(
         op, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), layout);
     SHARDLAB_CUDA_CHECK_LAUNCH();
     return true;
@@ -422,7 +441,7 @@ void launch_compare(BinaryOp op, DType dtype, const void* a, const void* b, bool
                     const Layout<3>& layout, cudaStream_t stream) {
   if (layout.numel == 0) return;
   visit_dtype(dtype, [&]<typename T>() {
-    compare_kernel<T><<<grid_size(layout.numel), kBlockSize, 0, stream>>>(
+    compare_kernel<T><<<map_grid<bool, T, T>(layout), kBlockSize, 0, stream>>>(
         op, static_cast<const T*>(a), static_cast<const T*>(b), out, layout);
     SHARDLAB_CUDA_CHECK_LAUNCH();
   });
@@ -433,7 +452,7 @@ void launch_where(const bool* condition, DType dtype, const void* a, const void*
   if (layout.numel == 0) return;
   visit_dtype(dtype, [&]<typename T>() {
     using Word = word_t<T>;
-    where_kernel<Word><<<grid_size(layout.numel), kBlockSize, 0, stream>>>(
+    where_kernel<Word><<<map_grid<Word, bool, Word, Word>(layout), kBlockSize, 0, stream>>>(
         condition, static_cast<const Word*>(a), static_cast<const Word*>(b), static_cast<Word*>(out), layout);
     SHARDLAB_CUDA_CHECK_LAUNCH();
   });

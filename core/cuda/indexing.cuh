@@ -1,8 +1,11 @@
 // core/cuda/indexing.cuh: internal to core/cuda: element offsets of strided operands described by
-// a Layout (launch.h), the grid-stride loop over them, and accumulation as the CPU kernels do it.
+// a Layout (launch.h), the grid-stride loop over them (32-bit index math where it fits), the packed
+// walk of dense operands in 16-byte loads and stores, and accumulation as the CPU kernels do it.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "core/cuda/launch.h"
 
@@ -25,17 +28,19 @@ struct Offsets {
   std::int64_t of[N];
 };
 
-// Offsets of row-major element `index` in each operand: peel coordinates off from the last dim.
-template <int N>
-__device__ Offsets<N> offsets_of(const Layout<N>& layout, std::int64_t index) {
+// Offsets of row-major element `index` in each operand: peel coordinates off from the last dim, in
+// Index arithmetic (32 bits where the layout's narrow_index allows: no 64-bit division per dim).
+template <typename Index, int N>
+__device__ Offsets<N> offsets_of(const Layout<N>& layout, Index index) {
   Offsets<N> result{};
   for (int d = layout.rank - 1; d > 0; --d) {
-    const std::int64_t coordinate = index % layout.sizes[d];
-    index /= layout.sizes[d];
-    for (int k = 0; k < N; ++k) result.of[k] += coordinate * layout.strides[k][d];
+    const Index size = static_cast<Index>(layout.sizes[d]);
+    const Index coordinate = index % size;
+    index /= size;
+    for (int k = 0; k < N; ++k) result.of[k] += coordinate * static_cast<Index>(layout.strides[k][d]);
   }
   if (layout.rank > 0) {
-    for (int k = 0; k < N; ++k) result.of[k] += index * layout.strides[k][0];
+    for (int k = 0; k < N; ++k) result.of[k] += index * static_cast<Index>(layout.strides[k][0]);
   }
   return result;
 }
@@ -43,9 +48,95 @@ __device__ Offsets<N> offsets_of(const Layout<N>& layout, std::int64_t index) {
 // Grid-stride loop: calls fn(offsets) for every element of the layout.
 template <int N, typename Fn>
 __device__ void for_each_element(const Layout<N>& layout, Fn&& fn) {
-  for (std::int64_t i = first_thread(); i < layout.numel; i += thread_step()) {
-    fn(offsets_of(layout, i));
+  if (layout.narrow_index) {
+    // Unsigned: i + step stays below 2^32 for i < 2^31; each index fits an int32.
+    const auto count = static_cast<std::uint32_t>(layout.numel);
+    for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) {
+      fn(offsets_of<std::int32_t>(layout, static_cast<std::int32_t>(i)));
+    }
+    return;
   }
+  for (std::int64_t i = first_thread(); i < layout.numel; i += thread_step()) {
+    fn(offsets_of<std::int64_t>(layout, i));
+  }
+}
+
+// --- packed layouts: 16 bytes of each operand per load and store ---------------------------------
+
+// V consecutive elements moved as one load or store.
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T lane[V];
+};
+
+// Elements per pack: 16 bytes of the widest operand (the others move fewer bytes per pack).
+template <typename... T>
+constexpr int pack_width() {
+  std::size_t widest = 1;
+  ((widest = sizeof(T) > widest ? sizeof(T) : widest), ...);
+  return static_cast<int>(16 / widest);
+}
+
+// Pack p of an operand stepping by `step`: 1, or 0 for one element shared by all.
+template <int V, typename T>
+__device__ Pack<T, V> load_pack(const T* base, std::int64_t step, std::uint32_t p) {
+  if (step != 0) return reinterpret_cast<const Pack<T, V>*>(base)[p];
+  Pack<T, V> pack;
+  const T shared = base[0];
+#pragma unroll
+  for (int v = 0; v < V; ++v) pack.lane[v] = shared;
+  return pack;
+}
+
+// The step of operand k along a packed layout's one dim (0 for a single element: rank 0).
+template <int N>
+__device__ std::int64_t packed_step(const Layout<N>& layout, int k) {
+  return layout.rank == 0 ? 0 : layout.strides[k][0];
+}
+
+template <typename Fn, typename Out, std::size_t... K, typename... In>
+__device__ void map_packed(const Layout<sizeof...(In) + 1>& layout, Fn& fn, Out* out,
+                           std::index_sequence<K...>, const In*... in) {
+  constexpr int V = pack_width<Out, In...>();
+  const auto count = static_cast<std::uint32_t>(layout.numel), packs = count / V;
+  const std::uint32_t first = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
+  for (std::uint32_t p = first; p < packs; p += step) {
+    const auto apply = [&](const Pack<In, V>&... operand) {
+      Pack<Out, V> result;
+#pragma unroll
+      for (int v = 0; v < V; ++v) result.lane[v] = fn(operand.lane[v]...);
+      reinterpret_cast<Pack<Out, V>*>(out)[p] = result;
+    };
+    apply(load_pack<V>(in, packed_step(layout, K), p)...);
+  }
+  for (std::uint32_t i = packs * V + first; i < count; i += step) {
+    out[i * packed_step(layout, sizeof...(In))] = fn(in[i * packed_step(layout, K)]...);
+  }
+}
+
+template <typename Fn, typename Out, std::size_t... K, typename... In>
+__device__ void map_strided(const Layout<sizeof...(In) + 1>& layout, Fn& fn, Out* out,
+                            std::index_sequence<K...>, const In*... in) {
+  constexpr int N = sizeof...(In) + 1;
+  for_each_element(layout, [&](const Offsets<N>& at) { out[at.of[N - 1]] = fn(in[at.of[K]]...); });
+}
+
+// out = fn(in...) for every element of the layout, whose operands are in..., then out: packed where
+// the layout allows, strided otherwise.
+template <typename Fn, typename Out, typename... In>
+__device__ void map_elements(const Layout<sizeof...(In) + 1>& layout, Fn fn, Out* out, const In*... in) {
+  if (layout.packed) {
+    map_packed(layout, fn, out, std::index_sequence_for<In...>{}, in...);
+  } else {
+    map_strided(layout, fn, out, std::index_sequence_for<In...>{}, in...);
+  }
+}
+
+// Blocks for map_elements over `layout`: a thread per pack where packed.
+template <typename Out, typename... In>
+unsigned map_grid(const Layout<sizeof...(In) + 1>& layout) {
+  constexpr int V = pack_width<Out, In...>();
+  return grid_size(layout.packed ? (layout.numel + V - 1) / V : layout.numel);
 }
 
 }  // namespace shardlab::cuda

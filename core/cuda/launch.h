@@ -17,6 +17,7 @@
 #include "core/adam_math.h"
 #include "core/cuda/conv_shape.h"
 #include "core/dtype.h"
+#include "core/kernel_choice.h"
 #include "core/op_codes.h"
 
 namespace shardlab::cuda {
@@ -58,6 +59,8 @@ struct Layout {
   std::int64_t numel = 0;
   std::int64_t sizes[kMaxDims] = {};
   std::int64_t strides[N][kMaxDims] = {};
+  bool packed = false;        // ElementwiseLayout::packed (core/kernel_choice.h): rank <= 1
+  bool narrow_index = false;  // ElementwiseLayout::narrow_index: indices and offsets in 32 bits
 };
 
 // What a random kernel draws: element i of the output is draw number first_index + i of Philox
@@ -126,15 +129,9 @@ void launch_random(DType dtype, void* out, std::int64_t n, const PhiloxDraw& dra
 
 // in: contiguous [outputs, count], each row reduced into out[row]. Pairs: in_dtype == out_dtype,
 // or out i64 (integer sums, argmax); false for others.
-// Sums (sum, mean, sum_squares) of fewer than 128 rows longer than kReduceChunk go in two passes: a
-// block per chunk of kReduceChunk elements, then each row's chunks in a fixed tree. partials: scratch
+// Sums that reduce_chunks (core/kernel_choice.h) cuts into chunks go in two passes; partials: scratch
 // of 8-byte accumulators [outputs, reduce_chunks(...)] (f64 for floating inputs, i64 for integers),
 // unused (may be null) when reduce_chunks is 1.
-inline constexpr std::int64_t kReduceChunk = 32768;
-inline std::int64_t reduce_chunks(ReduceOp op, std::int64_t outputs, std::int64_t count) {
-  const bool additive = op == ReduceOp::sum || op == ReduceOp::mean || op == ReduceOp::sum_squares;
-  return additive && outputs < 128 && count > kReduceChunk ? (count + kReduceChunk - 1) / kReduceChunk : 1;
-}
 [[nodiscard]] bool launch_reduce(ReduceOp op, DType in_dtype, DType out_dtype, const void* in, void* out,
                                  std::int64_t outputs, std::int64_t count, void* partials,
                                  cudaStream_t stream);

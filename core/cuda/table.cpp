@@ -18,6 +18,7 @@
 #include "core/cuda/gemm.h"
 #include "core/cuda/launch.h"
 #include "core/cuda/runtime.h"
+#include "core/kernel_choice.h"
 #include "core/kernels.h"
 
 namespace shardlab {
@@ -38,42 +39,24 @@ class LaunchContext {
   cuda::DeviceGuard guard_;
 };
 
-// The layout of N operands of one shape (the last is the output). Size-1 dims are dropped and
-// a dim is merged into the one before it when that one steps over it exactly in every operand,
-// so dense operands of any rank index as one dim and the kernels' rank limit rarely binds.
+// The launchers' Layout of N operands of one shape (the last is the output): the merged dims of
+// elementwise_layout (core/kernel_choice.h), at most kMaxDims of them.
 template <int N>
 cuda::Layout<N> layout_of(const char* op, const std::array<const Tensor*, N>& operands) {
-  const Shape& shape = operands[N - 1]->shape();
+  const ElementwiseLayout merged = elementwise_layout({operands.begin(), operands.end()});
   cuda::Layout<N> layout;
-  layout.numel = shape_numel(shape);
-  if (layout.numel == 0) return layout;  // launchers skip empty outputs: no dims needed
-  std::vector<std::int64_t> sizes;
-  std::vector<std::array<std::int64_t, N>> strides;
-  for (std::size_t d = 0; d < shape.size(); ++d) {
-    if (shape[d] == 1) continue;
-    std::array<std::int64_t, N> step;
-    bool mergeable = !sizes.empty();
-    for (int k = 0; k < N; ++k) {
-      step[k] = operands[k]->strides()[d];
-      mergeable = mergeable && strides.back()[k] == shape[d] * step[k];
-    }
-    if (mergeable) {
-      sizes.back() *= shape[d];
-      strides.back() = step;
-    } else {
-      sizes.push_back(shape[d]);
-      strides.push_back(step);
-    }
-  }
-  SHARDLAB_CHECK(sizes.size() <= static_cast<std::size_t>(cuda::kMaxDims),
+  layout.numel = merged.numel;
+  SHARDLAB_CHECK(merged.sizes.size() <= static_cast<std::size_t>(cuda::kMaxDims),
                  "{} on cuda: the operands of shape {} need {} dimensions after merging the "
                  "contiguous ones, and CUDA kernels index at most {}; make them contiguous first",
-                 op, shape_str(shape), sizes.size(), cuda::kMaxDims);
-  layout.rank = static_cast<int>(sizes.size());
+                 op, shape_str(operands[N - 1]->shape()), merged.sizes.size(), cuda::kMaxDims);
+  layout.rank = static_cast<int>(merged.sizes.size());
   for (int d = 0; d < layout.rank; ++d) {
-    layout.sizes[d] = sizes[d];
-    for (int k = 0; k < N; ++k) layout.strides[k][d] = strides[d][k];
+    layout.sizes[d] = merged.sizes[d];
+    for (int k = 0; k < N; ++k) layout.strides[k][d] = merged.strides[d][k];
   }
+  layout.packed = merged.packed;
+  layout.narrow_index = merged.narrow_index;
   return layout;
 }
 
@@ -225,7 +208,7 @@ void cuda_cross_entropy_backward(const Tensor& grad_losses, const Tensor& logits
 bool reduce_rows(ReduceOp op, const Tensor& rows, const Tensor& out, std::int64_t outputs, std::int64_t count,
                  cudaStream_t stream) {
   // Scratch only for the two-pass case: a one-pass reduction (most of them) allocates nothing.
-  const std::int64_t chunks = cuda::reduce_chunks(op, outputs, count);
+  const std::int64_t chunks = reduce_chunks(op, outputs, count);
   const DType accumulator = is_floating(rows.dtype()) ? DType::f64 : DType::i64;
   const Tensor partials =
       chunks > 1 ? empty({outputs * chunks}, TensorOptions{accumulator, out.device()}) : Tensor();
@@ -263,14 +246,6 @@ cuda::GemmOperand gemm_operand(const Tensor& x, Tensor& storage) {
   }
   storage = x.contiguous();
   return {storage.raw_data(), false, std::max<std::int64_t>(1, cols), rows * cols};
-}
-
-// Whether the batches of `a` are rows evenly spaced one after another (row-major, batch stride = rows
-// times row stride) and `b` is one matrix for all of them (batch stride 0): a Linear's input times its
-// weight, which is then one GEMM over all the rows, [B * M, K] x [K, N], not B small ones.
-bool folds_into_one_gemm(const Tensor& a, const Tensor& b) {
-  return a.size(0) > 1 && b.stride(0) == 0 && a.stride(2) == 1 &&
-         a.stride(1) >= std::max<std::int64_t>(1, a.size(2)) && a.stride(0) == a.size(1) * a.stride(1);
 }
 
 // Row-major out = a b is column-major out^T = b^T a^T: cuBLAS's first operand is b.

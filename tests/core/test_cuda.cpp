@@ -338,14 +338,33 @@ TEST_CASE("cuda refuses operands whose merged layout has more than 8 dims", "[cu
 
 // --- copy, fill, where -------------------------------------------------------------------------
 
-TEST_CASE("cuda matches cpu: casts between all pairs of dtypes, from strided sources", "[cuda-vs-cpu]") {
+TEST_CASE("cuda matches cpu: casts between all pairs of dtypes, from dense and strided sources",
+          "[cuda-vs-cpu]") {
   for (const DType from : kAllDTypes) {
     for (const DType to : kAllDTypes) {
-      INFO(dtype_name(from) << " -> " << dtype_name(to));
-      compare_cuda_with_cpu(
-          {castable_values({257, 13}, from, 41)},
-          [to](const Inputs& x) { return x[0].transpose(0, 1).to(to); }, Tolerance{0.0, 0.0});
+      for (const bool transpose : {false, true}) {
+        INFO(dtype_name(from) << " -> " << dtype_name(to) << (transpose ? " transposed" : " dense"));
+        compare_cuda_with_cpu(
+            {castable_values({257, 13}, from, 41)},
+            [to, transpose](const Inputs& x) { return maybe_transposed(x[0], transpose).to(to); },
+            Tolerance{0.0, 0.0});
+      }
     }
+  }
+}
+
+TEST_CASE("cuda matches cpu: elementwise ops on views that start off 16 bytes", "[cuda-vs-cpu]") {
+  // A view one element in cannot move in 16-byte packs: the strided kernels take it, and dense
+  // operands beside it with an odd count (a partial last pack) give the same values.
+  for (const DType dtype : {DType::bf16, DType::f32, DType::f16}) {
+    INFO(dtype_name(dtype));
+    compare_cuda_with_cpu({values_in({3342}, dtype, 61, -3.0, 3.0), values_in({3341}, dtype, 62, -3.0, 3.0)},
+                          [](const Inputs& x) {
+                            const Tensor shifted = x[0].narrow(0, 1, 3341);
+                            return stack({add(shifted, x[1]), exp(shifted), where(gt(x[1], 0.0), shifted, x[1]),
+                                          shifted.to(DType::f32).to(x[1].dtype()), mul(x[1], 0.5)},
+                                         0);
+                          });
   }
 }
 
@@ -385,9 +404,13 @@ TEST_CASE("cuda fills integers exactly beyond 2^53", "[cuda]") {
 }
 
 TEST_CASE("cuda fills more elements than one grid covers", "[cuda]") {
-  // 20M elements exceed kMaxBlocks * 256 threads, so every thread loops.
-  const Tensor filled = full({5000, 4001}, 1.5, TensorOptions{DType::f32, kCuda});
-  CHECK(sum(ne(filled.to(kCpu), 1.5)).item<std::int64_t>() == 0);
+  // 20M elements through a transposed view (the strided kernel) exceed kMaxBlocks * 256 threads, so
+  // every thread loops; so do 67.2M dense f32 (the packed kernel: 4 elements a thread a step).
+  Tensor strided = zeros({4001, 5000}, TensorOptions{DType::f32, kCuda});
+  strided.transpose(0, 1).fill_(Scalar(1.5));
+  CHECK(sum(ne(strided, 1.5)).item<std::int64_t>() == 0);
+  const Tensor packed = full({8193, 8200}, 1.5, TensorOptions{DType::f32, kCuda});
+  CHECK(sum(ne(packed, 1.5)).item<std::int64_t>() == 0);
 }
 
 SHARDLAB_CUDA_VS_CPU("where with broadcasting on f32",

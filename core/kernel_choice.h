@@ -1,0 +1,56 @@
+// core/kernel_choice.h: internal to core: which CUDA kernel an op takes, as pure functions of its
+// operands (dtype, shape, strides, where the data starts), compiled in every build so that a test
+// reads each choice of a training step without a GPU; core/cuda/table.cpp launches what they say.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/op_codes.h"  // plain enums: core/cuda/launch.h includes this header for nvcc
+
+namespace shardlab {
+
+class Tensor;
+
+// --- elementwise ---------------------------------------------------------------------------------
+
+// How an elementwise kernel walks N operands of one shape (the last is the output): size-1 dims
+// dropped, and a dim merged into the one before it when that one steps over it exactly in every
+// operand, so dense operands of any rank are one dim.
+struct ElementwiseLayout {
+  std::int64_t numel = 0;
+  std::vector<std::int64_t> sizes;                // the merged dims
+  std::vector<std::vector<std::int64_t>> strides;  // [dim][operand]
+  // One dim at most, each operand stepping by 1 (from an address on 16 bytes) or 0 (one element for
+  // all), fewer than 2^31 elements: the kernel moves 16 bytes of each operand per load and store.
+  bool packed = false;
+  // Every element index and operand offset below 2^31: the strided kernel's index math in 32 bits.
+  bool narrow_index = false;
+};
+ElementwiseLayout elementwise_layout(const std::vector<const Tensor*>& operands);
+// The same from each operand's strides (in `shape`, the output's) and the address its data starts at.
+ElementwiseLayout elementwise_layout(const std::vector<std::int64_t>& shape,
+                                     const std::vector<std::vector<std::int64_t>>& strides,
+                                     const std::vector<std::uintptr_t>& addresses);
+
+enum class ElementwiseKernel : unsigned char { packed, strided_32bit, strided_64bit };
+ElementwiseKernel elementwise_kernel(const ElementwiseLayout& layout);
+const char* kernel_name(ElementwiseKernel kernel);
+
+// --- matmul --------------------------------------------------------------------------------------
+
+// Whether the batches of a [B, M, K] are rows evenly spaced one after another (row-major, batch stride
+// = rows times row stride) and b [B, K, N] is one matrix for all of them (batch stride 0): a Linear's
+// input times its weight, which is then one GEMM over all the rows, [B * M, K] x [K, N], not B small
+// ones.
+bool folds_into_one_gemm(const Tensor& a, const Tensor& b);
+
+// --- reductions ----------------------------------------------------------------------------------
+
+// Sums (sum, mean, sum_squares) of fewer than 128 rows longer than kReduceChunk go in two passes: a
+// block per chunk of kReduceChunk elements, then each row's chunks in a fixed tree; the rest in one
+// pass, a block per row. The number of chunks per row (1: one pass).
+inline constexpr std::int64_t kReduceChunk = 32768;
+std::int64_t reduce_chunks(ReduceOp op, std::int64_t outputs, std::int64_t count);
+
+}  // namespace shardlab
