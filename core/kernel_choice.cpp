@@ -2,10 +2,14 @@
 #include "core/kernel_choice.h"
 
 #include <algorithm>
+#include <string>
+#include <utility>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
 
+#include "core/ops.h"
+#include "core/profile.h"
 #include "core/tensor.h"
 
 namespace shardlab {
@@ -41,14 +45,18 @@ bool fits_narrow_index(const ElementwiseLayout& layout, std::size_t operands) {
 
 }  // namespace
 
-ElementwiseLayout elementwise_layout(const std::vector<const Tensor*>& operands) {
+OperandLayout layout_of(const Tensor& tensor) {
+  return {tensor.dtype(), tensor.shape(), tensor.strides(), reinterpret_cast<std::uintptr_t>(tensor.raw_data())};
+}
+
+ElementwiseLayout elementwise_layout(const std::vector<OperandLayout>& operands) {
   std::vector<Strides> strides;
   std::vector<std::uintptr_t> addresses;
-  for (const Tensor* operand : operands) {
-    strides.push_back(operand->strides());
-    addresses.push_back(reinterpret_cast<std::uintptr_t>(operand->raw_data()));
+  for (const OperandLayout& operand : operands) {
+    strides.push_back(operand.strides);
+    addresses.push_back(operand.address);
   }
-  return elementwise_layout(operands.back()->shape(), strides, addresses);
+  return elementwise_layout(operands.back().shape, strides, addresses);
 }
 
 ElementwiseLayout elementwise_layout(const Shape& shape, const std::vector<Strides>& strides,
@@ -95,14 +103,125 @@ const char* kernel_name(ElementwiseKernel kernel) {
   return "?";
 }
 
-bool folds_into_one_gemm(const Tensor& a, const Tensor& b) {
-  return a.size(0) > 1 && b.stride(0) == 0 && a.stride(2) == 1 &&
-         a.stride(1) >= std::max<std::int64_t>(1, a.size(2)) && a.stride(0) == a.size(1) * a.stride(1);
+bool folds_into_one_gemm(const OperandLayout& a, const OperandLayout& b) {
+  return a.shape[0] > 1 && b.strides[0] == 0 && a.strides[2] == 1 &&
+         a.strides[1] >= std::max<std::int64_t>(1, a.shape[2]) && a.strides[0] == a.shape[1] * a.strides[1];
 }
 
 std::int64_t reduce_chunks(ReduceOp op, std::int64_t outputs, std::int64_t count) {
   const bool additive = op == ReduceOp::sum || op == ReduceOp::mean || op == ReduceOp::sum_squares;
   return additive && outputs < 128 && count > kReduceChunk ? (count + kReduceChunk - 1) / kReduceChunk : 1;
+}
+
+namespace {
+
+std::int64_t numel_of(const OperandLayout& operand) { return shape_numel(operand.shape); }
+
+// Row-major dense: each dim of size above 1 steps over the dims after it exactly.
+bool is_dense(const OperandLayout& operand) {
+  std::int64_t expected = 1;
+  for (std::size_t d = operand.shape.size(); d-- > 0;) {
+    if (operand.shape[d] != 1 && operand.strides[d] != expected) return false;
+    expected *= operand.shape[d];
+  }
+  return true;
+}
+
+// copy and cast take (dst, src): the output goes last for the layout.
+KernelChoice elementwise_choice(std::string_view op, std::vector<OperandLayout> operands) {
+  if ((op == "copy" || op == "cast") && operands.size() == 2) std::swap(operands[0], operands[1]);
+  const ElementwiseKernel kernel = elementwise_kernel(elementwise_layout(operands));
+  return {kernel_name(kernel), kernel == ElementwiseKernel::strided_64bit};
+}
+
+KernelChoice matmul_choice(const OperandLayout& a, const OperandLayout& b) {
+  if (a.shape[0] == 1) return {"one cuBLAS GEMM", false};
+  if (folds_into_one_gemm(a, b)) return {"one cuBLAS GEMM over the batch's rows", false};
+  if (b.strides[0] == 0) return {"a cuBLAS GEMM per batch for one shared matrix", true};
+  return {"strided-batched cuBLAS GEMM", false};
+}
+
+// The reductions of core/cuda/reduce.cu, by the name the profiler shows.
+const std::vector<std::pair<std::string_view, ReduceOp>>& reduce_ops() {
+  static const std::vector<std::pair<std::string_view, ReduceOp>> table = {
+      {"sum", ReduceOp::sum}, {"mean", ReduceOp::mean}, {"sum_squares", ReduceOp::sum_squares},
+      {"max", ReduceOp::max}, {"min", ReduceOp::min},   {"argmax", ReduceOp::argmax}};
+  return table;
+}
+
+KernelChoice reduce_choice(ReduceOp op, const OperandLayout& in, const OperandLayout& out) {
+  const std::int64_t outputs = std::max<std::int64_t>(1, numel_of(out));
+  const std::int64_t count = numel_of(in) / outputs;
+  if (reduce_chunks(op, outputs, count) > 1) return {"two passes: a block per chunk, then each row's chunks", false};
+  return {"a block per output", outputs < 128 && count > kReduceChunk};
+}
+
+KernelChoice attention_choice(const OperandLayout& q, const OperandLayout& v) {
+  switch (attention_kernel(q.dtype, Device::cuda(0), q.shape.back(), v.shape.back())) {
+    case AttentionKernel::flash:
+      return {"flash attention (mma.sync tensor cores, K/V tiles in shared memory)", false};
+    case AttentionKernel::fused:
+      return {"fused attention, a warp per query row", false};
+    case AttentionKernel::in_f32:
+      return {"fused f32 attention on widened operands", true};
+  }
+  return {"?", true};
+}
+
+// Ops whose one kernel does not depend on the operands' layout.
+const std::vector<std::pair<std::string_view, std::string_view>>& fixed_kernels() {
+  static const std::vector<std::pair<std::string_view, std::string_view>> table = {
+      {"rms_norm", "a block per row"},
+      {"rms_norm_backward", "a block per row; the weight gradient in two-pass column sums"},
+      {"swiglu", "fused elementwise, 16-byte packs"},
+      {"swiglu_backward", "fused elementwise, 16-byte packs"},
+      {"rotary_embedding", "fused elementwise over (T, D) tables"},
+      {"cross_entropy", "a block per row, online logsumexp over the vocabulary"},
+      {"cross_entropy_backward", "elementwise from the saved logsumexp, 16-byte packs"},
+      {"softmax", "a block per row"},
+      {"log_softmax", "a block per row"},
+      {"check_index", "index range check, read at the next host wait"},
+      {"index_select", "row gather"},
+      {"index_add", "sorted segments (CUB radix sort), each row's picks in order"},
+      {"foreach_sum_squares", "one launch for all tensors: a block per chunk, then a fixed-order fold"},
+      {"random", "Philox counter per element"},
+  };
+  return table;
+}
+
+}  // namespace
+
+KernelChoice cuda_kernel_choice(std::string_view op, const std::vector<OperandLayout>& operands) {
+  const auto needs = [&](std::size_t count) {
+    SHARDLAB_CHECK(operands.size() >= count, "cuda_kernel_choice: {} needs {} operands, got {}", op, count,
+                   operands.size());
+  };
+  for (const auto& [name, kernel] : fixed_kernels()) {
+    if (op == name) return {std::string(kernel), false};
+  }
+  if (op == "matmul") {
+    needs(2);
+    return matmul_choice(operands[0], operands[1]);
+  }
+  if (op == "attention_forward" || op == "attention_backward") {
+    needs(3);
+    return attention_choice(operands[0], operands[2]);
+  }
+  if (op == "adam_step" || op == "adadelta_step") {
+    needs(1);
+    const bool contiguous = std::all_of(operands.begin(), operands.end(), is_dense);
+    return {contiguous ? "multi-tensor: one launch per dtype" : "strided, a launch per parameter", false};
+  }
+  for (const auto& [name, code] : reduce_ops()) {
+    if (op != name) continue;
+    needs(2);
+    return reduce_choice(code, operands[0], operands[1]);
+  }
+  if (profile::category_of(op) == "elementwise") {
+    needs(1);
+    return elementwise_choice(op, operands);
+  }
+  fail("cuda_kernel_choice: no rule for op '{}'", op);
 }
 
 }  // namespace shardlab

@@ -4,13 +4,25 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <string_view>
 #include <vector>
 
-#include "core/op_codes.h"  // plain enums: core/cuda/launch.h includes this header for nvcc
+#include "core/dtype.h"     // free of fmt: core/cuda/launch.h includes this header for nvcc
+#include "core/op_codes.h"
 
 namespace shardlab {
 
 class Tensor;
+
+// What a kernel choice reads of a tensor operand: dtype, shape, strides and where its data starts.
+struct OperandLayout {
+  DType dtype;
+  std::vector<std::int64_t> shape;
+  std::vector<std::int64_t> strides;
+  std::uintptr_t address = 0;
+};
+OperandLayout layout_of(const Tensor& tensor);
 
 // --- elementwise ---------------------------------------------------------------------------------
 
@@ -27,7 +39,7 @@ struct ElementwiseLayout {
   // Every element index and operand offset below 2^31: the strided kernel's index math in 32 bits.
   bool narrow_index = false;
 };
-ElementwiseLayout elementwise_layout(const std::vector<const Tensor*>& operands);
+ElementwiseLayout elementwise_layout(const std::vector<OperandLayout>& operands);
 // The same from each operand's strides (in `shape`, the output's) and the address its data starts at.
 ElementwiseLayout elementwise_layout(const std::vector<std::int64_t>& shape,
                                      const std::vector<std::vector<std::int64_t>>& strides,
@@ -43,7 +55,7 @@ const char* kernel_name(ElementwiseKernel kernel);
 // = rows times row stride) and b [B, K, N] is one matrix for all of them (batch stride 0): a Linear's
 // input times its weight, which is then one GEMM over all the rows, [B * M, K] x [K, N], not B small
 // ones.
-bool folds_into_one_gemm(const Tensor& a, const Tensor& b);
+bool folds_into_one_gemm(const OperandLayout& a, const OperandLayout& b);
 
 // --- reductions ----------------------------------------------------------------------------------
 
@@ -52,5 +64,21 @@ bool folds_into_one_gemm(const Tensor& a, const Tensor& b);
 // pass, a block per row. The number of chunks per row (1: one pass).
 inline constexpr std::int64_t kReduceChunk = 32768;
 std::int64_t reduce_chunks(ReduceOp op, std::int64_t outputs, std::int64_t count);
+
+// --- every op ------------------------------------------------------------------------------------
+
+// The CUDA kernel a call of `op` (its name as the profiler shows it) takes for its tensor operands
+// in the kernel entry's argument order (core/call_log.h records them so): elementwise ops their
+// inputs then the output (copy and cast: dst, src); matmul a [B, M, K], b [B, K, N], out;
+// reductions the input and the output; attention q, k, v; adam_step and adadelta_step each
+// segment's parameter and gradient; the fused ops their inputs.
+// Naive: a path that does much more memory traffic or far fewer useful FLOPs than the op needs
+// (a 64-bit strided elementwise loop, a GEMM per batch for one shared matrix, attention in f32 on
+// widened halves, one block reading a long row). An op without a rule is an Error naming it.
+struct KernelChoice {
+  std::string kernel;
+  bool naive = false;
+};
+KernelChoice cuda_kernel_choice(std::string_view op, const std::vector<OperandLayout>& operands);
 
 }  // namespace shardlab

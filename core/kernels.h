@@ -30,6 +30,9 @@ struct Kernels {
   void (*where)(const Tensor& condition, const Tensor& a, const Tensor& b, const Tensor& out);
   // out has the keepdim shape (reduced dims of size 1); dims are sorted and distinct.
   void (*reduce)(ReduceOp op, const Tensor& in, const Dims& dims, const Tensor& out);
+  // out (f64 scalar) = the sum of every element's square over `tensors` (contiguous, floating, not
+  // empty; dtypes may differ), in core/square_sums.h's order.
+  void (*foreach_sum_squares)(std::span<const Tensor> tensors, const Tensor& out);
   // a [B, M, K], b [B, K, N] (any strides, batch stride may be 0) -> out [B, M, N].
   void (*matmul)(const Tensor& a, const Tensor& b, const Tensor& out);
   void (*softmax)(const Tensor& in, std::int64_t dim, bool log, const Tensor& out);

@@ -8,14 +8,25 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "core/call_log.h"
 #include "core/kernels.h"
 #include "core/profile.h"
 
 namespace shardlab {
 namespace {
+
+template <auto Entry>
+constexpr bool is_index_check() {
+  if constexpr (std::is_same_v<decltype(Entry), decltype(&Kernels::check_index)>) {
+    return Entry == &Kernels::check_index;
+  } else {
+    return false;
+  }
+}
 
 // The device's kernel for `Entry`, or an Error naming the op and device; the call is timed
 // under `op` while the profiler is on.
@@ -24,6 +35,8 @@ auto kernel(Device device, const char* op) {
   auto fn = kernels_for(device).*Entry;
   SHARDLAB_CHECK(fn != nullptr, "{}: not supported on {} (no kernel for it in this build)", op, device.str());
   return [fn, op, device](auto&&... args) {
+    // The call log names an index check for what it is; the profiler counts it to the op it serves.
+    const call_log::Scope logged(is_index_check<Entry>() ? "check_index" : op, device, args...);
     const profile::KernelTimer timer(op, device);
     return fn(std::forward<decltype(args)>(args)...);
   };
@@ -331,6 +344,26 @@ Tensor sum_squares(const Tensor& x, const Dims& dims, bool keepdim) {
   return reduce(ReduceOp::sum_squares, x, dims, keepdim, sum_dtype(x.dtype()));
 }
 
+Tensor foreach_sum_squares(std::span<const Tensor> tensors) {
+  const char* op = "foreach_sum_squares";
+  SHARDLAB_CHECK(!tensors.empty(), "{}: needs at least one tensor (its device is the result's)", op);
+  std::vector<Tensor> dense;  // contiguous copies of strided tensors; empty ones add nothing
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const std::string which = fmt::format("tensor {} of {}", i, tensors.size());
+    SHARDLAB_CHECK(tensors[i].defined(), "{}: {} is undefined", op, which);
+    SHARDLAB_CHECK(is_floating(tensors[i].dtype()), "{}: {} has dtype {}; floating dtypes only", op, which,
+                   dtype_name(tensors[i].dtype()));
+    SHARDLAB_CHECK(tensors[i].device() == tensors[0].device(), "{}: {} is on {}, tensor 0 on {}", op, which,
+                   tensors[i].device().str(), tensors[0].device().str());
+    if (tensors[i].numel() > 0) dense.push_back(tensors[i].contiguous());
+  }
+  const TensorOptions options{DType::f64, tensors[0].device()};
+  if (dense.empty()) return zeros({}, options);
+  Tensor out = empty({}, options);  // the kernel writes it
+  kernel<&Kernels::foreach_sum_squares>(out.device(), op)(dense, out);
+  return out;
+}
+
 Tensor mean(const Tensor& x, const Dims& dims, bool keepdim) {
   check_defined("mean", x);
   SHARDLAB_CHECK(is_floating(x.dtype()), "mean: needs a floating dtype, got {} (cast first)",
@@ -501,6 +534,7 @@ AttentionResult attention_forward(const Tensor& q, const Tensor& k, const Tensor
   const char* op = "attention_forward";
   const AttentionParams resolved = checked_attention(op, q, k, v, params);
   if (in_f32(q, v)) {
+    const call_log::Scope logged(op, q.device(), q, k, v);  // the call as made, not its widened parts
     const AttentionResult wide =
         attention_forward(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32), resolved);
     return {wide.out.to(q.dtype()), wide.logsumexp};
@@ -525,6 +559,7 @@ AttentionGrads attention_backward(const Tensor& grad_out, const Tensor& q, const
   check_attention_tensor(op, "logsumexp", forward.logsumexp, q, {q.size(0), q.size(1), q.size(2)},
                          logsumexp_dtype(q.dtype()));
   if (in_f32(q, v)) {
+    const call_log::Scope logged(op, q.device(), grad_out, q, k, v);
     const auto wide = [](const Tensor& t) { return t.to(DType::f32); };
     const AttentionGrads grads = attention_backward(wide(grad_out), wide(q), wide(k), wide(v),
                                                     {wide(forward.out), forward.logsumexp}, resolved);
@@ -1039,8 +1074,9 @@ RmsNormGrads rms_norm_backward(const Tensor& grad_out, const Tensor& x, const Te
   SHARDLAB_CHECK(grad_out.shape() == x.shape() && x.dim() >= 1 && weight.shape() == Shape{x.size(-1)},
                  "{}: grad_out {}, x {} and weight {} do not match", op, shape_str(grad_out.shape()),
                  shape_str(x.shape()), shape_str(weight.shape()));
-  RmsNormGrads grads{empty(x.shape(), TensorOptions{x.dtype(), x.device()}),
-                     zeros(weight.shape(), TensorOptions{x.dtype(), x.device()})};
+  // The kernels write every element of both; with no rows the weight's gradient is zero.
+  const TensorOptions options{x.dtype(), x.device()};
+  RmsNormGrads grads{empty(x.shape(), options), x.numel() > 0 ? empty(weight.shape(), options) : zeros(weight.shape(), options)};
   if (x.numel() > 0) {
     kernel<&Kernels::rms_norm_backward>(x.device(), op)(
         grad_out.contiguous(), x.contiguous(), weight.contiguous(), rstd.contiguous(), grads.x, grads.weight);
@@ -1097,7 +1133,7 @@ CrossEntropyResult cross_entropy_forward(const Tensor& logits, const Tensor& tar
   const char* op = "cross_entropy";
   check_cross_entropy_operands(op, logits, targets);
   const Tensor checked = checked_targets(op, targets, ignore_index, logits.size(1));
-  const Tensor rows = where(ne(targets, ignore_index), checked, ignore_index);  // i64, ignore_index kept
+  const Tensor rows = targets.to(DType::i64).contiguous();  // checked above, ignore_index kept
   CrossEntropyResult result{
       empty({logits.size(0)}, TensorOptions{logits.dtype(), logits.device()}),
       empty({logits.size(0)}, TensorOptions{logsumexp_dtype(logits.dtype()), logits.device()})};
@@ -1125,7 +1161,7 @@ Tensor cross_entropy_backward(const Tensor& grad_losses, const Tensor& logits, c
                  "{}: logsumexp must be {} for {} logits, got {}", op,
                  dtype_name(logsumexp_dtype(logits.dtype())), dtype_name(logits.dtype()),
                  dtype_name(logsumexp.dtype()));
-  const Tensor rows = where(ne(targets, ignore_index), targets.to(DType::i64), ignore_index).contiguous();
+  const Tensor rows = targets.to(DType::i64).contiguous();  // the forward checked them
   Tensor grad = empty(logits.shape(), TensorOptions{logits.dtype(), logits.device()});
   if (grad.numel() > 0) {
     kernel<&Kernels::cross_entropy_backward>(logits.device(), op)(grad_losses.to(logits.dtype()).contiguous(),

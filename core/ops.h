@@ -98,6 +98,11 @@ Tensor operator/(const Tensor& a, Scalar b);
 Tensor sum(const Tensor& x, const Dims& dims = {}, bool keepdim = false);
 Tensor mean(const Tensor& x, const Dims& dims = {}, bool keepdim = false);
 Tensor sum_squares(const Tensor& x, const Dims& dims = {}, bool keepdim = false);
+// The sum of the squares of every element of all `tensors` (at least one; floating, any dtypes and
+// shapes, all on one device), as an f64 scalar there: a gradient norm's square over many parameters
+// in one pass over memory, one launch on a GPU (PyTorch's _foreach_norm), the same bits on every
+// device (core/square_sums.h). Not differentiable.
+Tensor foreach_sum_squares(std::span<const Tensor> tensors);
 Tensor max(const Tensor& x, const Dims& dims = {}, bool keepdim = false);  // NaN propagates
 Tensor min(const Tensor& x, const Dims& dims = {}, bool keepdim = false);
 // i64 index of the first maximum within the reduced dims, counted in row-major order over

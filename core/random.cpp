@@ -1,6 +1,7 @@
 // core/random.cpp: random tensor factories over the device's Philox kernel.
 #include "core/random.h"
 
+#include "core/call_log.h"
 #include "core/kernels.h"
 #include "core/profile.h"
 
@@ -26,6 +27,7 @@ void fill_random(const Tensor& out, const RandomSpec& spec) {
   const auto fn = kernels_for(out.device()).random;
   SHARDLAB_CHECK(fn != nullptr, "fill_random: not supported on {} (no kernel for it in this build)",
                  out.device().str());
+  const call_log::Scope logged("random", out.device(), out);
   const profile::KernelTimer timer("random", out.device());
   fn(spec, out);
 }

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <optional>
 
+#include "core/call_log.h"
 #include "core/cuda/runtime.h"
 #include "core/kernels.h"
 #include "core/profile.h"
@@ -337,6 +338,7 @@ Tensor Tensor::pin_memory() const {
 
 const Tensor& Tensor::fill_(Scalar value) const {
   if (numel() == 0) return *this;
+  const call_log::Scope logged("fill", device(), *this);
   const profile::KernelTimer timer("fill", device());
   kernels_for(device()).fill(*this, value);
   return *this;
@@ -350,7 +352,9 @@ const Tensor& Tensor::copy_(const Tensor& src) const {
     // Stage through a contiguous copy so the bytes cross the bus once, in one piece.
     expanded = expanded.contiguous().to(device());
   }
-  const profile::KernelTimer timer(src.dtype() == dtype() ? "copy" : "cast", device());
+  const char* op = src.dtype() == dtype() ? "copy" : "cast";
+  const call_log::Scope logged(op, device(), *this, expanded);
+  const profile::KernelTimer timer(op, device());
   kernels_for(device()).copy(*this, expanded);
   return *this;
 }

@@ -719,14 +719,19 @@ Tensor on(const Tensor& value, Device device) { return value.device() == device 
 
 Tensor gradient_sum_of_squares(const std::vector<Variable>& parameters) {
   const Device device = device_of(parameters);
-  Tensor sum = zeros({}, dtype(DType::f64).with_device(device));
+  // The gradients by device, in the parameters' order: one foreach_sum_squares on each.
+  std::vector<std::pair<Device, std::vector<Tensor>>> by_device;
   for (const Variable& variable : parameters) {
     const Tensor& grad = variable.grad();
     if (!grad.defined()) continue;
-    // A bf16/f16 sum would keep about 3 significant digits: reduce those in f32.
-    const bool narrow = grad.dtype() == DType::bf16 || grad.dtype() == DType::f16;
-    add_(sum, on(sum_squares(narrow ? grad.to(DType::f32) : grad).to(DType::f64), device));
+    auto it = std::find_if(by_device.begin(), by_device.end(),
+                           [&](const auto& entry) { return entry.first == grad.device(); });
+    if (it == by_device.end()) it = by_device.insert(by_device.end(), {grad.device(), {}});
+    it->second.push_back(grad);
   }
+  if (by_device.empty()) return zeros({}, dtype(DType::f64).with_device(device));
+  Tensor sum = on(foreach_sum_squares(by_device.front().second), device);
+  for (std::size_t i = 1; i < by_device.size(); ++i) add_(sum, on(foreach_sum_squares(by_device[i].second), device));
   return sum;
 }
 

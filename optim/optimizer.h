@@ -302,8 +302,9 @@ Tensor clip_grad_norm_(const std::vector<Variable>& parameters, double max_norm,
                        const SumCombiner& combine = {});
 
 // clip_grad_norm_'s two halves, for callers that combine sums their own way. The sum of the
-// squared gradients of the variables that have one, here, in double (bf16/f16 gradients reduced
-// in f32), as a one-element f64 tensor on their device (the CPU for an empty list):
+// squared gradients of the variables that have one, here, in double (core's foreach_sum_squares:
+// one pass, one launch per device on a GPU), as a one-element f64 tensor on their device (the CPU
+// for an empty list):
 Tensor gradient_sum_of_squares(const std::vector<Variable>& parameters);
 // Scales the gradients by max_norm / (norm + 1e-6) when that is below 1 (a NaN norm makes them
 // NaN, as in PyTorch) and returns norm; max_norm > 0. Norm stays on its device: no host wait.

@@ -12,6 +12,7 @@ void unary(UnaryOp op, const Tensor& in, const Tensor& out);
 void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);
 void where(const Tensor& condition, const Tensor& a, const Tensor& b, const Tensor& out);
 void reduce(ReduceOp op, const Tensor& in, const Dims& dims, const Tensor& out);
+void foreach_sum_squares(std::span<const Tensor> tensors, const Tensor& out);
 void matmul(const Tensor& a, const Tensor& b, const Tensor& out);
 void softmax(const Tensor& in, std::int64_t dim, bool log, const Tensor& out);
 void cross_entropy_forward(const Tensor& logits, const Tensor& targets, std::int64_t ignore_index,

@@ -1,12 +1,15 @@
 // core/cpu/reduce.cpp: CPU reductions over any set of dims (sum, mean, sum of squares, max,
 // min, argmax), one output element per task, each accumulated in a fixed order so results are
 // deterministic.
+#include <array>
 #include <cmath>
 #include <type_traits>
 
 #include "core/cpu/isa.h"
 #include "core/cpu/kernels.h"
 #include "core/cpu/loops.h"
+#include "core/parallel.h"
+#include "core/square_sums.h"
 
 namespace shardlab::cpu {
 namespace {
@@ -220,6 +223,45 @@ void reduce(ReduceOp op, const Tensor& in, const Dims& dims, const Tensor& out) 
       }
     });
   });
+}
+
+namespace {
+
+// Chunk `chunk` of a tensor's elements: its squares dealt to the lanes, folded.
+template <typename T>
+double chunk_squares(const T* data, std::int64_t numel, std::int64_t chunk) {
+  std::array<double, kSquareLanes> lanes{};
+  const std::int64_t begin = chunk * kSquareChunk, end = std::min(begin + kSquareChunk, numel);
+  for (std::int64_t i = begin; i < end; ++i) {
+    double& lane = lanes[static_cast<std::size_t>((i - begin) % kSquareLanes)];
+    lane = add_square(lane, static_cast<double>(widen(data[i])));
+  }
+  return fold_lanes(lanes.data());
+}
+
+}  // namespace
+
+void foreach_sum_squares(std::span<const Tensor> tensors, const Tensor& out) {
+  // Every chunk's partial at once, in the tensors' order; then the partials dealt to lanes and folded.
+  std::vector<std::pair<const Tensor*, std::int64_t>> chunks;  // (tensor, chunk within it)
+  for (const Tensor& t : tensors) {
+    for (std::int64_t c = 0; c < square_chunks(t.numel()); ++c) chunks.emplace_back(&t, c);
+  }
+  std::vector<double> partials(chunks.size());
+  parallel_for(0, static_cast<std::int64_t>(chunks.size()), 1, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t c = begin; c < end; ++c) {
+      const Tensor& tensor = *chunks[static_cast<std::size_t>(c)].first;
+      const std::int64_t chunk = chunks[static_cast<std::size_t>(c)].second;
+      visit_dtype(tensor.dtype(), [&]<typename T>() {
+        if constexpr (std::is_floating_point_v<compute_t<T>>) {
+          partials[static_cast<std::size_t>(c)] = chunk_squares(tensor.data<T>(), tensor.numel(), chunk);
+        }
+      });
+    }
+  });
+  std::array<double, kSquareLanes> lanes{};
+  for (std::size_t p = 0; p < partials.size(); ++p) lanes[p % kSquareLanes] += partials[p];
+  *out.data<double>() = fold_lanes(lanes.data());
 }
 
 }  // namespace shardlab::cpu

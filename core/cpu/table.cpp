@@ -29,6 +29,7 @@ const Kernels& cpu_kernels() {
       .binary = cpu::binary,
       .where = cpu::where,
       .reduce = cpu::reduce,
+      .foreach_sum_squares = cpu::foreach_sum_squares,
       .matmul = cpu::matmul,
       .softmax = cpu::softmax,
       .cross_entropy_forward = cpu::cross_entropy_forward,

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <utility>
 
 #include "core/cuda/launch.h"
@@ -61,6 +62,22 @@ __device__ void for_each_element(const Layout<N>& layout, Fn&& fn) {
   }
 }
 
+// The entry of a multi-tensor launch's table (its first_chunk increasing from 0 along the table) whose
+// chunks hold `chunk`: the last with first_chunk <= chunk, by binary search.
+template <typename Descriptor>
+__device__ std::int64_t segment_of(const Descriptor* table, std::int64_t segments, std::int64_t chunk) {
+  std::int64_t low = 0, high = segments - 1;
+  while (low < high) {
+    const std::int64_t middle = (low + high + 1) / 2;
+    if (table[middle].first_chunk <= chunk) {
+      low = middle;
+    } else {
+      high = middle - 1;
+    }
+  }
+  return low;
+}
+
 // --- packed layouts: 16 bytes of each operand per load and store ---------------------------------
 
 // V consecutive elements moved as one load or store.
@@ -94,24 +111,58 @@ __device__ std::int64_t packed_step(const Layout<N>& layout, int k) {
   return layout.rank == 0 ? 0 : layout.strides[k][0];
 }
 
+// n (< 2^31) dense elements in packs of V: pack(p) for each whole pack p (elements p V, ..., p V + V - 1),
+// then one(i) for each element i past the last whole pack, grid-stride, in 32-bit indices.
+template <int V, typename PackFn, typename OneFn>
+__device__ void for_each_pack(std::uint32_t n, PackFn&& pack, OneFn&& one) {
+  const std::uint32_t packs = n / V, first = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
+  for (std::uint32_t p = first; p < packs; p += step) pack(p);
+  for (std::uint32_t i = packs * V + first; i < n; i += step) one(i);
+}
+
+template <typename T, int V>
+__device__ void store_pack(T* base, std::uint32_t p, const Pack<T, V>& pack) {
+  reinterpret_cast<Pack<T, V>*>(base)[p] = pack;
+}
+
+// Whether n elements at each of `pointers` can move in 16-byte packs: every start on 16 bytes, n < 2^31.
+inline bool packable(std::int64_t n, std::initializer_list<const void*> pointers) {
+  if (n > 0x7fffffff) return false;
+  for (const void* pointer : pointers) {
+    if (reinterpret_cast<std::uintptr_t>(pointer) % 16 != 0) return false;
+  }
+  return true;
+}
+
+// n contiguous elements of each of `pointers` as an elementwise Layout: one dim, packed where they allow.
+template <int N>
+Layout<N> dense_layout(std::int64_t n, std::initializer_list<const void*> pointers) {
+  Layout<N> layout;
+  layout.rank = 1;
+  layout.numel = n;
+  layout.sizes[0] = n;
+  for (int k = 0; k < N; ++k) layout.strides[k][0] = 1;
+  layout.packed = packable(n, pointers);
+  layout.narrow_index = n <= 0x7fffffff;
+  return layout;
+}
+
 template <typename Fn, typename Out, std::size_t... K, typename... In>
 __device__ void map_packed(const Layout<sizeof...(In) + 1>& layout, Fn& fn, Out* out,
                            std::index_sequence<K...>, const In*... in) {
   constexpr int V = pack_width<Out, In...>();
-  const auto count = static_cast<std::uint32_t>(layout.numel), packs = count / V;
-  const std::uint32_t first = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
-  for (std::uint32_t p = first; p < packs; p += step) {
-    const auto apply = [&](const Pack<In, V>&... operand) {
-      Pack<Out, V> result;
+  for_each_pack<V>(
+      static_cast<std::uint32_t>(layout.numel),
+      [&](std::uint32_t p) {
+        const auto apply = [&](const Pack<In, V>&... operand) {
+          Pack<Out, V> result;
 #pragma unroll
-      for (int v = 0; v < V; ++v) result.lane[v] = fn(operand.lane[v]...);
-      reinterpret_cast<Pack<Out, V>*>(out)[p] = result;
-    };
-    apply(load_pack<V>(in, packed_step(layout, K), p)...);
-  }
-  for (std::uint32_t i = packs * V + first; i < count; i += step) {
-    out[i * packed_step(layout, sizeof...(In))] = fn(in[i * packed_step(layout, K)]...);
-  }
+          for (int v = 0; v < V; ++v) result.lane[v] = fn(operand.lane[v]...);
+          store_pack(out, p, result);
+        };
+        apply(load_pack<V>(in, packed_step(layout, K), p)...);
+      },
+      [&](std::uint32_t i) { out[i * packed_step(layout, sizeof...(In))] = fn(in[i * packed_step(layout, K)]...); });
 }
 
 template <typename Fn, typename Out, std::size_t... K, typename... In>

@@ -318,4 +318,18 @@ struct AdamSegmentArgs {
                                         std::span<const AdamSegmentArgs> segments, const TableUpload& upload,
                                         const bool* apply, cudaStream_t stream);
 
+// --- core/cuda/reduce.cu: the multi-tensor sum of squares ------------------------------------------
+
+// A tensor of foreach_sum_squares: numel (> 0) contiguous elements of a floating dtype.
+struct SquareSumArgs {
+  const void* data;
+  std::int64_t numel;
+  DType dtype;
+};
+// out (one double) = the sum of squares over all tensors in core/square_sums.h's order: a block per
+// chunk of every tensor in one launch, writing partials[chunks] (the sum of square_chunks over the
+// tensors), then one block folding the partials.
+void launch_foreach_sum_squares(std::span<const SquareSumArgs> tensors, const TableUpload& upload,
+                                double* partials, double* out, cudaStream_t stream);
+
 }  // namespace shardlab::cuda

@@ -95,17 +95,8 @@ template <typename Descriptor, typename Fn>
 __device__ void for_each_segment_element(const Descriptor* table, std::int64_t segments, std::int64_t chunks,
                                          Fn&& fn) {
   for (std::int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
-    std::int64_t low = 0, high = segments - 1;  // the last segment with first_chunk <= chunk
-    while (low < high) {
-      const std::int64_t middle = (low + high + 1) / 2;
-      if (table[middle].first_chunk <= chunk) {
-        low = middle;
-      } else {
-        high = middle - 1;
-      }
-    }
     // A copy in registers: the element loop's stores could otherwise alias the table for nvcc.
-    const Descriptor segment = table[low];
+    const Descriptor segment = table[segment_of(table, segments, chunk)];
     const std::int64_t begin = (chunk - segment.first_chunk) * kChunk;
     const std::int64_t end = begin + kChunk < segment.numel ? begin + kChunk : segment.numel;
     for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) fn(segment, i);

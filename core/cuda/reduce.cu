@@ -1,16 +1,20 @@
 // core/cuda/reduce.cu: reductions (sum, mean, sum of squares, max, min, argmax), one block per
 // output element over a contiguous row of its inputs (table.cpp moves the reduced dims last); the
 // sums of few long rows (a gradient's norm) in two passes, a block per chunk of a row and then the
-// chunks' partials (reduce_chunks), so that every SM reads.
+// chunks' partials (reduce_chunks), so that every SM reads; and the sum of squares over many
+// tensors (a gradient norm) in one launch, in core/square_sums.h's order.
 // Like the CPU kernel, floating values accumulate in double and integers in int64; max, min and
 // argmax keep the first NaN and, on ties, the first index. Threads combine in a fixed tree, so
 // results are deterministic.
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "core/cuda/check.h"
+#include "core/cuda/indexing.cuh"
 #include "core/cuda/launch.h"
+#include "core/square_sums.h"
 
 namespace shardlab::cuda {
 namespace {
@@ -123,7 +127,97 @@ __global__ void reduce_kernel(ReduceOp op, const T* in, Out* out, std::int64_t o
   }
 }
 
+// --- the multi-tensor sum of squares ----------------------------------------------------------------
+
+struct SquareSumDescriptor {
+  const void* data;
+  std::int64_t numel, first_chunk;
+  DType dtype;
+};
+
+// This thread's lane of a chunk [begin, end) of `data`: elements begin + lane, + kSquareLanes, ...
+template <typename T>
+__device__ double lane_squares(const T* data, std::int64_t begin, std::int64_t end) {
+  double lane = 0.0;
+  for (std::int64_t i = begin + threadIdx.x; i < end; i += kSquareLanes) {
+    lane = add_square(lane, static_cast<double>(widen(data[i])));
+  }
+  return lane;
+}
+
+// The block's lanes folded pairwise (fold_step); the total, read by every thread.
+__device__ double fold_block(double mine, double* lanes) {
+  lanes[threadIdx.x] = mine;
+  __syncthreads();
+  for (int s = kSquareLanes / 2; s > 0; s /= 2) {
+    if (static_cast<int>(threadIdx.x) < s) fold_step(lanes, s, static_cast<int>(threadIdx.x));
+    __syncthreads();
+  }
+  const double total = lanes[0];
+  __syncthreads();  // the lanes are reused by the next chunk
+  return total;
+}
+
+// A block per chunk: its partial in partials[chunk]. kSquareLanes threads a block.
+__global__ void chunk_squares_kernel(const SquareSumDescriptor* table, std::int64_t tensors, std::int64_t chunks,
+                                     double* partials) {
+  __shared__ double lanes[kSquareLanes];
+  for (std::int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
+    const SquareSumDescriptor t = table[segment_of(table, tensors, chunk)];
+    const std::int64_t begin = (chunk - t.first_chunk) * kSquareChunk;
+    const std::int64_t end = begin + kSquareChunk < t.numel ? begin + kSquareChunk : t.numel;
+    double lane = 0.0;
+    switch (t.dtype) {  // uniform over the block
+      case DType::f32:
+        lane = lane_squares(static_cast<const float*>(t.data), begin, end);
+        break;
+      case DType::f64:
+        lane = lane_squares(static_cast<const double*>(t.data), begin, end);
+        break;
+      case DType::bf16:
+        lane = lane_squares(static_cast<const bf16*>(t.data), begin, end);
+        break;
+      case DType::f16:
+        lane = lane_squares(static_cast<const f16*>(t.data), begin, end);
+        break;
+      default:
+        break;  // the op layer passes floating tensors only
+    }
+    const double total = fold_block(lane, lanes);
+    if (threadIdx.x == 0) partials[chunk] = total;
+  }
+}
+
+// One block: partial p to lane p % kSquareLanes in order, the lanes folded into out.
+__global__ void fold_partials_kernel(const double* partials, std::int64_t count, double* out) {
+  __shared__ double lanes[kSquareLanes];
+  double lane = 0.0;
+  for (std::int64_t p = threadIdx.x; p < count; p += kSquareLanes) lane = lane + partials[p];
+  const double total = fold_block(lane, lanes);
+  if (threadIdx.x == 0) *out = total;
+}
+
+static_assert(kSquareLanes == kBlockSize, "a chunk's lanes are the threads of one block");
+
 }  // namespace
+
+void launch_foreach_sum_squares(std::span<const SquareSumArgs> tensors, const TableUpload& upload,
+                                double* partials, double* out, cudaStream_t stream) {
+  std::vector<SquareSumDescriptor> table;
+  std::int64_t chunks = 0;
+  for (const SquareSumArgs& t : tensors) {
+    table.push_back({t.data, t.numel, chunks, t.dtype});
+    chunks += square_chunks(t.numel);
+  }
+  const auto* device_table =
+      static_cast<const SquareSumDescriptor*>(upload(table.data(), table.size() * sizeof(SquareSumDescriptor)));
+  const auto blocks = static_cast<unsigned>(chunks < kMaxBlocks ? chunks : kMaxBlocks);
+  chunk_squares_kernel<<<blocks, kSquareLanes, 0, stream>>>(device_table, static_cast<std::int64_t>(table.size()),
+                                                            chunks, partials);
+  SHARDLAB_CUDA_CHECK_LAUNCH();
+  fold_partials_kernel<<<1, kSquareLanes, 0, stream>>>(partials, chunks, out);
+  SHARDLAB_CUDA_CHECK_LAUNCH();
+}
 
 bool launch_reduce(ReduceOp op, DType in_dtype, DType out_dtype, const void* in, void* out,
                    std::int64_t outputs, std::int64_t count, void* partials, cudaStream_t stream) {

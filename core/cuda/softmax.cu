@@ -2,13 +2,14 @@
 // from logits (core/cpu/loss.cpp's CUDA side). Each thread reads its strided part of the row once,
 // keeping a running (max, sum of exp(x - max)) pair (the online softmax recurrence); the pairs are
 // merged across the warp and the block; a second sweep writes the outputs (softmax) or one thread
-// the row's loss and logsumexp (cross-entropy, whose backward is elementwise from them). Computed
-// in float (double for f64).
+// the row's loss and logsumexp (cross-entropy, whose backward is elementwise from them, in 16-byte
+// packs where rows are whole packs). Computed in float (double for f64).
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
 
 #include "core/cuda/check.h"
+#include "core/cuda/indexing.cuh"
 #include "core/cuda/launch.h"
 
 namespace shardlab::cuda {
@@ -100,22 +101,44 @@ __global__ void cross_entropy_kernel(const T* logits, const std::int64_t* target
   }
 }
 
+// The gradient of logit (r, c): grad_losses[r] (softmax - onehot), 0 in an ignored row.
+template <typename T>
+__device__ T cross_entropy_grad(T logit, std::int64_t c, std::int64_t target, std::int64_t ignore_index,
+                                compute_t<T> lse, T grad_loss) {
+  using C = compute_t<T>;
+  if (target == ignore_index) return T{};
+  const C probability = exp(widen(logit) - lse);
+  return narrow<T>(widen(grad_loss) * (probability - (c == target ? C(1) : C(0))));
+}
+
+// Packed (rows of a whole number of 16-byte packs, starting on 16 bytes, fewer than 2^31 logits): a
+// thread a pack, its row found once; else a thread an element.
 template <typename T>
 __global__ void cross_entropy_backward_kernel(const T* grad_losses, const T* logits,
                                               const std::int64_t* targets, std::int64_t ignore_index,
                                               const compute_t<T>* logsumexp, std::int64_t rows,
-                                              std::int64_t classes, T* grad) {
-  using C = compute_t<T>;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * classes;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t r = i / classes, c = i % classes;
-    if (targets[r] == ignore_index) {
-      grad[i] = T{};
-      continue;
+                                              std::int64_t classes, T* grad, bool packed) {
+  if (!packed) {
+    for (std::int64_t i = first_thread(); i < rows * classes; i += thread_step()) {
+      const std::int64_t r = i / classes;
+      grad[i] = cross_entropy_grad(logits[i], i % classes, targets[r], ignore_index, logsumexp[r], grad_losses[r]);
     }
-    const C probability = exp(widen(logits[i]) - logsumexp[r]);
-    grad[i] = narrow<T>(widen(grad_losses[r]) * (probability - (c == targets[r] ? C(1) : C(0))));
+    return;
   }
+  constexpr int V = pack_width<T>();
+  const auto width = static_cast<std::uint32_t>(classes);
+  for_each_pack<V>(
+      static_cast<std::uint32_t>(rows * classes),
+      [&](std::uint32_t p) {
+        const std::uint32_t r = p * V / width, c = p * V % width;
+        const Pack<T, V> x = load_pack<V>(logits, 1, p);
+        Pack<T, V> g;
+#pragma unroll
+        for (int v = 0; v < V; ++v)
+          g.lane[v] = cross_entropy_grad(x.lane[v], c + v, targets[r], ignore_index, logsumexp[r], grad_losses[r]);
+        store_pack(grad, p, g);
+      },
+      [](std::uint32_t) {});  // whole rows of whole packs: no element is left over
 }
 
 }  // namespace
@@ -145,9 +168,11 @@ bool launch_cross_entropy_backward(DType dtype, const void* grad_losses, const v
   return visit_dtype(dtype, [&]<typename T>() {
     if constexpr (std::is_floating_point_v<compute_t<T>>) {
       if (rows * classes == 0) return true;
-      cross_entropy_backward_kernel<T><<<grid_size(rows * classes), kBlockSize, 0, stream>>>(
+      constexpr int V = pack_width<T>();
+      const bool packed = classes % V == 0 && packable(rows * classes, {logits, grad});
+      cross_entropy_backward_kernel<T><<<grid_size(packed ? rows * classes / V : rows * classes), kBlockSize, 0, stream>>>(
           static_cast<const T*>(grad_losses), static_cast<const T*>(logits), targets, ignore_index,
-          static_cast<const compute_t<T>*>(logsumexp), rows, classes, static_cast<T*>(grad));
+          static_cast<const compute_t<T>*>(logsumexp), rows, classes, static_cast<T*>(grad), packed);
       SHARDLAB_CUDA_CHECK_LAUNCH();
       return true;
     } else {

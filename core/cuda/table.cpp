@@ -20,6 +20,7 @@
 #include "core/cuda/runtime.h"
 #include "core/kernel_choice.h"
 #include "core/kernels.h"
+#include "core/square_sums.h"
 
 namespace shardlab {
 namespace {
@@ -43,7 +44,9 @@ class LaunchContext {
 // elementwise_layout (core/kernel_choice.h), at most kMaxDims of them.
 template <int N>
 cuda::Layout<N> layout_of(const char* op, const std::array<const Tensor*, N>& operands) {
-  const ElementwiseLayout merged = elementwise_layout({operands.begin(), operands.end()});
+  std::vector<OperandLayout> layouts;
+  for (const Tensor* operand : operands) layouts.push_back(layout_of(*operand));
+  const ElementwiseLayout merged = elementwise_layout(layouts);
   cuda::Layout<N> layout;
   layout.numel = merged.numel;
   SHARDLAB_CHECK(merged.sizes.size() <= static_cast<std::size_t>(cuda::kMaxDims),
@@ -233,6 +236,34 @@ void cuda_reduce(ReduceOp op, const Tensor& in, const Dims& dims, const Tensor& 
                  dtype_name(out.dtype()));
 }
 
+// A multi-tensor launch's table goes up through pinned memory, queued on the device's current
+// stream: from pageable memory the copy would first wait for the stream's queued work. `table`
+// holds the device copy until the launch is queued (then it is freed into the stream's cache,
+// reused only by later work on that stream); the pinned block is held until its copy ran.
+cuda::TableUpload upload_into(Tensor& table, Device device) {
+  return [&table, device](const void* host_table, std::size_t bytes) {
+    const Tensor staged =
+        empty({static_cast<std::int64_t>(bytes)}, TensorOptions{DType::u8, Device::cpu(), true});
+    std::memcpy(staged.raw_data(), host_table, bytes);
+    table = staged.to(device, /*non_blocking=*/true);
+    return table.raw_data();
+  };
+}
+
+void cuda_foreach_sum_squares(std::span<const Tensor> tensors, const Tensor& out) {
+  const LaunchContext context(out);
+  std::vector<cuda::SquareSumArgs> args;
+  std::int64_t chunks = 0;
+  for (const Tensor& t : tensors) {
+    args.push_back({t.raw_data(), t.numel(), t.dtype()});
+    chunks += square_chunks(t.numel());
+  }
+  const Tensor partials = empty({chunks}, TensorOptions{DType::f64, out.device()});
+  Tensor table;
+  cuda::launch_foreach_sum_squares(args, upload_into(table, out.device()), partials.data<double>(),
+                                   out.data<double>(), context.stream());
+}
+
 // One [B, R, C] operand as cuBLAS sees it: row-major rows (last stride 1) are the column-major
 // transpose with leading dimension stride(1); column-major ones (stride(1) == 1) need the
 // transpose flag; anything else is copied contiguous first (kept alive in `storage`).
@@ -254,7 +285,7 @@ void cuda_matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
   Tensor a_copy, b_copy;
   const cuda::GemmOperand left = gemm_operand(b, b_copy);
   const std::int64_t m = out.size(1), n = out.size(2), leading = std::max<std::int64_t>(1, n);
-  if (folds_into_one_gemm(a, b)) {
+  if (folds_into_one_gemm(layout_of(a), layout_of(b))) {
     const cuda::GemmOperand rows{a.raw_data(), false, a.stride(1), 0};
     cuda::gemm_batched(out.dtype(), 1, n, out.size(0) * m, a.size(2), left, rows, out.raw_data(), leading, 0,
                        out.device().index, context.stream());
@@ -557,20 +588,6 @@ bool all_contiguous(std::initializer_list<const Tensor*> tensors) {
   return std::all_of(tensors.begin(), tensors.end(), [](const Tensor* t) { return t->is_contiguous(); });
 }
 
-// A multi-segment launch's table goes up through pinned memory, queued on the device's current
-// stream: from pageable memory the copy would first wait for the stream's queued work. `table`
-// holds the device copy until the launch is queued (then it is freed into the stream's cache,
-// reused only by later work on that stream); the pinned block is held until its copy ran.
-cuda::TableUpload upload_into(Tensor& table, Device device) {
-  return [&table, device](const void* host_table, std::size_t bytes) {
-    const Tensor staged =
-        empty({static_cast<std::int64_t>(bytes)}, TensorOptions{DType::u8, Device::cpu(), true});
-    std::memcpy(staged.raw_data(), host_table, bytes);
-    table = staged.to(device, /*non_blocking=*/true);
-    return table.raw_data();
-  };
-}
-
 // Contiguous segments go to one multi-segment launch per dtype (pair); segments with a strided
 // operand each take the strided kernel.
 void cuda_adadelta_step(std::span<const AdadeltaSegment> segments, const Tensor& apply) {
@@ -641,6 +658,7 @@ const Kernels& cuda_kernels() {
       .binary = cuda_binary,
       .where = cuda_where,
       .reduce = cuda_reduce,
+      .foreach_sum_squares = cuda_foreach_sum_squares,
       .matmul = cuda_matmul,
       .softmax = cuda_softmax,
       .cross_entropy_forward = cuda_cross_entropy_forward,

@@ -2,7 +2,8 @@
 // (core/cpu/transformer.cpp's CUDA side): RMS normalisation, one block per row with the row's sums
 // in double and its weight gradient in two passes, partial sums per chunk of rows and column, then per
 // column over the chunks, in core/column_sums.h's order (no atomics, deterministic, the CPU's order);
-// SwiGLU and the rotary embedding, elementwise. Computed in the compute type.
+// SwiGLU (in 16-byte packs where its operands start on 16 bytes) and the rotary embedding,
+// elementwise. Computed in the compute type.
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -98,23 +99,45 @@ __device__ C sigmoid_of(C x) {
 }
 
 template <typename T>
-__global__ void swiglu_kernel(const T* gate, const T* up, std::int64_t n, T* out) {
+__device__ T swiglu_of(T gate, T up) {
+  const compute_t<T> x = widen(gate);
+  return narrow<T>(x * sigmoid_of(x) * widen(up));
+}
+
+template <typename T>
+__device__ void swiglu_grads(T grad_out, T gate, T up, T& grad_gate, T& grad_up) {
   using C = compute_t<T>;
-  for (std::int64_t i = first_thread(); i < n; i += thread_step()) {
-    const C x = widen(gate[i]);
-    out[i] = narrow<T>(x * sigmoid_of(x) * widen(up[i]));
-  }
+  const C x = widen(gate), s = sigmoid_of(x), d = widen(grad_out);
+  grad_gate = narrow<T>(d * widen(up) * (s * (C(1) + x * (C(1) - s))));
+  grad_up = narrow<T>(d * (x * s));
+}
+
+// Dense operands: 16-byte packs where they start on 16 bytes (map_elements), element by element else.
+template <typename T>
+__global__ void swiglu_kernel(const T* gate, const T* up, T* out, Layout<3> layout) {
+  map_elements(layout, [](T g, T u) { return swiglu_of(g, u); }, out, gate, up);
 }
 
 template <typename T>
 __global__ void swiglu_backward_kernel(const T* grad_out, const T* gate, const T* up, std::int64_t n,
-                                       T* grad_gate, T* grad_up) {
-  using C = compute_t<T>;
-  for (std::int64_t i = first_thread(); i < n; i += thread_step()) {
-    const C x = widen(gate[i]), s = sigmoid_of(x), d = widen(grad_out[i]);
-    grad_gate[i] = narrow<T>(d * widen(up[i]) * (s * (C(1) + x * (C(1) - s))));
-    grad_up[i] = narrow<T>(d * (x * s));
+                                       T* grad_gate, T* grad_up, bool packed) {
+  if (!packed) {
+    for (std::int64_t i = first_thread(); i < n; i += thread_step())
+      swiglu_grads(grad_out[i], gate[i], up[i], grad_gate[i], grad_up[i]);
+    return;
   }
+  constexpr int V = pack_width<T>();
+  for_each_pack<V>(
+      static_cast<std::uint32_t>(n),
+      [&](std::uint32_t p) {
+        const Pack<T, V> d = load_pack<V>(grad_out, 1, p), g = load_pack<V>(gate, 1, p), u = load_pack<V>(up, 1, p);
+        Pack<T, V> grad_g, grad_u;
+#pragma unroll
+        for (int v = 0; v < V; ++v) swiglu_grads(d.lane[v], g.lane[v], u.lane[v], grad_g.lane[v], grad_u.lane[v]);
+        store_pack(grad_gate, p, grad_g);
+        store_pack(grad_up, p, grad_u);
+      },
+      [&](std::uint32_t i) { swiglu_grads(grad_out[i], gate[i], up[i], grad_gate[i], grad_up[i]); });
 }
 
 // One thread per (row, e < half) pair of elements e and e + half.
@@ -180,8 +203,9 @@ bool launch_swiglu(DType dtype, const void* gate, const void* up, std::int64_t n
                    cudaStream_t stream) {
   return floating(dtype, [&]<typename T>() {
     if (n == 0) return;
-    swiglu_kernel<T><<<grid_size(n), kBlockSize, 0, stream>>>(
-        static_cast<const T*>(gate), static_cast<const T*>(up), n, static_cast<T*>(out));
+    const Layout<3> layout = dense_layout<3>(n, {gate, up, out});
+    swiglu_kernel<T><<<map_grid<T, T, T>(layout), kBlockSize, 0, stream>>>(
+        static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(out), layout);
     SHARDLAB_CUDA_CHECK_LAUNCH();
   });
 }
@@ -190,9 +214,11 @@ bool launch_swiglu_backward(DType dtype, const void* grad_out, const void* gate,
                             std::int64_t n, void* grad_gate, void* grad_up, cudaStream_t stream) {
   return floating(dtype, [&]<typename T>() {
     if (n == 0) return;
-    swiglu_backward_kernel<T><<<grid_size(n), kBlockSize, 0, stream>>>(
+    const bool packed = packable(n, {grad_out, gate, up, grad_gate, grad_up});
+    constexpr int V = pack_width<T>();
+    swiglu_backward_kernel<T><<<grid_size(packed ? (n + V - 1) / V : n), kBlockSize, 0, stream>>>(
         static_cast<const T*>(grad_out), static_cast<const T*>(gate), static_cast<const T*>(up), n,
-        static_cast<T*>(grad_gate), static_cast<T*>(grad_up));
+        static_cast<T*>(grad_gate), static_cast<T*>(grad_up), packed);
     SHARDLAB_CUDA_CHECK_LAUNCH();
   });
 }

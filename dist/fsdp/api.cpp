@@ -187,14 +187,17 @@ void set_requires_gradient_sync(nn::Module& root, bool sync) { ensure_root(root)
 Tensor local_gradient_sum_of_squares(nn::Module& root) {
   // Each unit's sum over its own pieces, counted by one replica only: the sum over all ranks
   // then holds every element once, whatever mix of sharded and replicated units the root has.
+  // All of them in one sum: one launch on a GPU.
   const std::vector<Unit*>& units = ensure_root(root)->units;
-  Tensor local = zeros({}, dtype(DType::f64).with_device(units.front()->device()));
+  std::vector<Variable> counted;
   for (const Unit* unit : units) {
     if (!unit->groups().first_replica()) continue;
-    const Tensor part = optim::gradient_sum_of_squares(unit->views());
-    add_(local, part.device() == local.device() ? part : part.to(local.device()));
+    const std::vector<Variable>& views = unit->views();
+    counted.insert(counted.end(), views.begin(), views.end());
   }
-  return local;
+  const Tensor local = optim::gradient_sum_of_squares(counted);
+  const Device device = units.front()->device();
+  return local.device() == device ? local : local.to(device);
 }
 
 Tensor clip_grad_norm_(nn::Module& root, double max_norm) {

@@ -703,8 +703,9 @@ SHARDLAB_CUDA_VS_CPU("softmax and log_softmax along the last dim, rows of 1 to 1
                                    softmax(x[0].narrow(1, 0, 1), -1).expand({7, 1}).contiguous()},
                                   1);
                      });
-// cross_entropy_forward and _backward of logits [9, 1031] (rows longer than a block) in `dtype`, with
-// ignored rows under the default ignore_index and a custom one: losses, logsumexp and gradient, as f32.
+// cross_entropy_forward and _backward of logits [9, 1031] (rows longer than a block) or [9, 1032] (rows
+// of whole 16-byte packs: the packed backward) in `dtype`, with ignored rows under the default
+// ignore_index and a custom one: losses, logsumexp and gradient, as f32.
 Tensor cross_entropy_parts(const Tensor& x, DType dtype) {
   const Device device = x.device();
   const Tensor logits = x.to(dtype), grad = full({9}, 0.5, TensorOptions{dtype, device});
@@ -728,6 +729,13 @@ SHARDLAB_CUDA_VS_CPU(
 SHARDLAB_CUDA_VS_CPU(
     "cross_entropy from logits, forward and backward, bf16", {random_tensor({9, 1031}, 66)},
     [](const Inputs& x) { return cross_entropy_parts(x[0], DType::bf16); }, Tolerance{1e-2, 1e-2});
+SHARDLAB_CUDA_VS_CPU(
+    "cross_entropy over rows of whole 16-byte packs, forward and backward, f32 and bf16",
+    {random_tensor({9, 1032}, 64)},
+    [](const Inputs& x) {
+      return cat({cross_entropy_parts(x[0], DType::f32), cross_entropy_parts(x[0], DType::bf16)}, 0);
+    },
+    Tolerance{1e-2, 1e-2});
 // rms_norm, swiglu and the rotary embedding (core/cuda/transformer.cu), forward and backward: rows
 // longer than a block, in f32, f64 and bf16 (compared as f32).
 Tensor transformer_parts(const Inputs& x, DType dtype) {
@@ -737,6 +745,9 @@ Tensor transformer_parts(const Inputs& x, DType dtype) {
   const SwigluGrads gates = swiglu_backward(g, h, g * 0.5);
   const Tensor cos = w.narrow(0, 0, 60).reshape({5, 12}), sin = w.narrow(0, 60, 60).reshape({5, 12});
   const Tensor heads = h.narrow(2, 0, 36).reshape({3, 3, 5, 12});
+  // Views one element in: off 16 bytes, so the element-by-element path (dense ones move in packs).
+  const Tensor h_shifted = h.flatten().narrow(0, 1, h.numel() - 1), g_shifted = g.flatten().narrow(0, 1, g.numel() - 1);
+  const SwigluGrads shifted = swiglu_backward(g_shifted, h_shifted, g_shifted);
   std::vector<Tensor> parts = {norm.out,
                                norm.rstd,
                                norm_grads.x,
@@ -744,6 +755,9 @@ Tensor transformer_parts(const Inputs& x, DType dtype) {
                                swiglu(h, g),
                                gates.gate,
                                gates.up,
+                               swiglu(h_shifted, g_shifted),
+                               shifted.gate,
+                               shifted.up,
                                rotary(heads, cos, sin),
                                rotary(heads, cos, sin, /*transpose=*/true)};
   for (Tensor& part : parts) part = part.to(DType::f32).flatten();
@@ -819,6 +833,17 @@ SHARDLAB_CUDA_VS_CPU("integer sums to i64 and bf16 sums", {random_tensor({9, 260
               sum((x[0] * 10.0).to(DType::u8), {0}).to(DType::f32)},
              0);
 });
+// One launch for many tensors, in core/square_sums.h's order on both devices: the same bits.
+SHARDLAB_CUDA_VS_CPU(
+    "foreach_sum_squares over mixed dtypes, odd sizes and more chunks than lanes: the same bits",
+    {random_tensor({70001}, 77, DType::f32, -3.0, 3.0), random_tensor({257 * 32768 + 5}, 78, DType::bf16),
+     random_tensor({3, 5}, 79, DType::f16, -8.0, 8.0), random_tensor({300, 200}, 80, DType::f64, -1e3, 1e3),
+     empty({0})},
+    [](const Inputs& x) {
+      const std::vector<Tensor> tensors = {x[0], x[1], x[2], x[3].transpose(0, 1), x[4]};
+      return foreach_sum_squares(tensors);
+    },
+    Tolerance{0.0, 0.0})
 SHARDLAB_CUDA_VS_CPU("max and argmax keep the first NaN",
                      {from_vector<float>({1.0f, NAN, 3.0f, NAN, 2.0f, 5.0f}, {2, 3})}, [](const Inputs& x) {
                        return cat({max(x[0], {1}), argmax(x[0], {1}).to(DType::f32), min(x[0], {0})}, 0);

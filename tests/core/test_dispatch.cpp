@@ -3,8 +3,11 @@
 // device and head dim; elementwise ops by their operands' layout), answered without a GPU.
 #include <cstdint>
 #include <limits>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "core/call_log.h"
 #include "core/kernel_choice.h"
 #include "core/kernels.h"
 #include "core/ops.h"
@@ -23,7 +26,7 @@ std::vector<bool> supported_on(Device device) {
 // Every entry, which every device has.
 std::vector<bool> all_entries(Device device) {
   return supported_on<&Kernels::fill, &Kernels::copy, &Kernels::unary, &Kernels::binary, &Kernels::where,
-                      &Kernels::reduce, &Kernels::matmul, &Kernels::softmax, &Kernels::cross_entropy_forward,
+                      &Kernels::reduce, &Kernels::foreach_sum_squares, &Kernels::matmul, &Kernels::softmax, &Kernels::cross_entropy_forward,
                       &Kernels::cross_entropy_backward, &Kernels::rms_norm_forward,
                       &Kernels::rms_norm_backward, &Kernels::swiglu_forward, &Kernels::swiglu_backward,
                       &Kernels::rotary, &Kernels::conv2d, &Kernels::conv2d_backward_input,
@@ -36,7 +39,7 @@ std::vector<bool> all_entries(Device device) {
 }  // namespace
 
 TEST_CASE("the CPU table has a kernel for every entry", "[dispatch]") {
-  static_assert(sizeof(Kernels) == 30 * sizeof(void*), "a new Kernels entry must be added to this test");
+  static_assert(sizeof(Kernels) == 31 * sizeof(void*), "a new Kernels entry must be added to this test");
   for (const bool supported : all_entries(Device::cpu())) CHECK(supported);
 }
 
@@ -74,8 +77,10 @@ TEST_CASE("the attention kernel is a function of dtype, device and head dims", "
 
 TEST_CASE("an elementwise op's CUDA kernel: packed for dense operands, strided otherwise",
           "[dispatch][elementwise]") {
-  const auto kernel_of = [](std::vector<const Tensor*> operands) {
-    return elementwise_kernel(elementwise_layout(operands));
+  const auto kernel_of = [](std::initializer_list<const Tensor*> operands) {
+    std::vector<OperandLayout> layouts;
+    for (const Tensor* t : operands) layouts.push_back(layout_of(*t));
+    return elementwise_kernel(elementwise_layout(layouts));
   };
   // A residual add of the seed Llama in bf16: dense operands, packed.
   const TensorOptions bf16{DType::bf16, Device::cpu()};
@@ -122,4 +127,154 @@ TEST_CASE("elementwise index math is 32-bit below 2^31 elements and offsets, 64-
   layout = elementwise_layout({2, 3, 4}, {{12, 4, 1}, {12, 4, 1}}, {16, 32});
   CHECK(layout.sizes == std::vector<std::int64_t>{24});
   CHECK(layout.packed);
+}
+
+// --- a bf16 Llama step on CUDA ----------------------------------------------------------------------
+
+namespace {
+
+// The kernel calls `fn` makes, each with the CUDA kernel it would take.
+struct Taken {
+  std::string op, kernel;
+  bool naive;
+};
+template <typename Fn>
+std::vector<Taken> kernels_taken(Fn&& fn) {
+  call_log::start();
+  try {
+    fn();
+  } catch (...) {
+    call_log::stop();
+    throw;
+  }
+  std::vector<Taken> taken;
+  for (const call_log::Call& call : call_log::stop()) {
+    const KernelChoice choice = cuda_kernel_choice(call.op, call.operands);
+    taken.push_back({call.op, choice.kernel, choice.naive});
+  }
+  return taken;
+}
+
+// Checks the calls are (op, kernel) in order, none naive.
+void check_taken(const std::vector<Taken>& taken, const std::vector<std::pair<std::string, std::string>>& expected) {
+  std::string calls;
+  for (const Taken& t : taken) calls += t.op + " (" + t.kernel + (t.naive ? ", naive" : "") + ") ";
+  INFO("the calls: " << calls);
+  REQUIRE(taken.size() == expected.size());
+  for (std::size_t i = 0; i < taken.size(); ++i) {
+    INFO("call " << i << ": " << taken[i].op << " takes " << taken[i].kernel);
+    CHECK(taken[i].op == expected[i].first);
+    CHECK(taken[i].kernel == expected[i].second);
+    CHECK(!taken[i].naive);
+  }
+}
+
+const std::string kPacked = "packed", kStrided = "strided (32-bit index)";
+const std::string kIndexCheck = "index range check, read at the next host wait";
+const std::string kOneGemm = "one cuBLAS GEMM", kFoldedGemm = "one cuBLAS GEMM over the batch's rows";
+
+}  // namespace
+
+// The seed Llama's widths (hidden 768, 12 query heads and 3 KV heads of 64, MLP 3072, vocabulary 50000)
+// with few tokens (B 2, T 8): every choice below is the same at T 512, B 64, whose largest tensor (the
+// logits' gradient, 1.6e9 elements) stays under 2^31. Each op is called as autograd's Llama calls it,
+// on the CPU, and the call log says what a GPU would run.
+TEST_CASE("every kernel of a bf16 seed-Llama step on CUDA, and none naive", "[dispatch][llama]") {
+  const std::int64_t batch = 2, length = 8, hidden = 768, heads = 12, kv_heads = 3, head = 64, mlp = 3072;
+  const std::int64_t vocab = 50000;
+  const TensorOptions bf16{DType::bf16, Device::cpu()};
+  const auto values = [&](const Shape& shape, std::uint64_t seed) { return test::random_tensor(shape, seed).to(DType::bf16); };
+  const Tensor x = values({batch, length, hidden}, 1), norm_weight = values({hidden}, 2);
+  const Tensor w_q = values({hidden, hidden}, 3), w_gate = values({mlp, hidden}, 4), w_down = values({hidden, mlp}, 5);
+
+  SECTION("forward: embedding, norm, projections, rotary, attention, MLP, residuals, loss") {
+    const Tensor tokens = from_vector<std::int64_t>(std::vector<std::int64_t>(batch * length, 7), {batch, length});
+    const Tensor table = empty({vocab, hidden}, bf16);
+    check_taken(kernels_taken([&] { (void)embedding(table, tokens); }),
+                {{"check_index", kIndexCheck}, {"check_index", kIndexCheck}, {"index_select", "row gather"}});
+    check_taken(kernels_taken([&] { (void)rms_norm_forward(x, norm_weight, 1e-6); }), {{"rms_norm", "a block per row"}});
+    // A Linear: x [B, T, in] times the weight's transpose, one GEMM over the B * T rows.
+    check_taken(kernels_taken([&] { (void)matmul(x, w_q.transpose(0, 1)); }), {{"matmul", kFoldedGemm}});
+    // Heads split as a view, made contiguous for the rotary kernel: a strided copy.
+    const Tensor q_heads = x.reshape({batch, length, heads, head}).transpose(1, 2);
+    const Tensor cos = values({length, head}, 6), sin = values({length, head}, 7);
+    check_taken(kernels_taken([&] { (void)rotary(q_heads, cos, sin); }),
+                {{"copy", kStrided}, {"rotary_embedding", "fused elementwise over (T, D) tables"}});
+    const Tensor q = values({batch, heads, length, head}, 8), k = values({batch, kv_heads, length, head}, 9);
+    const Tensor v = values({batch, kv_heads, length, head}, 10);
+    const std::string flash = "flash attention (mma.sync tensor cores, K/V tiles in shared memory)";
+    check_taken(kernels_taken([&] { (void)attention_forward(q, k, v, {.causal = true}); }),
+                {{"attention_forward", flash}});
+    // Heads merged back: the transposed attention output made contiguous for o_proj.
+    check_taken(kernels_taken([&] { (void)q.transpose(1, 2).contiguous(); }), {{"copy", kStrided}});
+    check_taken(kernels_taken([&] { (void)add(x, x); }), {{"add", kPacked}});
+    const Tensor gate = values({batch, length, mlp}, 11);
+    check_taken(kernels_taken([&] { (void)matmul(x, w_gate.transpose(0, 1)); }), {{"matmul", kFoldedGemm}});
+    check_taken(kernels_taken([&] { (void)swiglu(gate, gate); }), {{"swiglu", "fused elementwise, 16-byte packs"}});
+    check_taken(kernels_taken([&] { (void)matmul(gate, w_down.transpose(0, 1)); }), {{"matmul", kFoldedGemm}});
+    const Tensor logits = values({batch * length, 1000}, 12);
+    const Tensor targets = from_vector<std::int64_t>(std::vector<std::int64_t>(batch * length, 3));
+    check_taken(kernels_taken([&] { (void)cross_entropy_forward(logits, targets, -100); }),
+                {{"fill", kPacked},
+                 {"ne", kPacked},
+                 {"fill", kPacked},
+                 {"where", kPacked},
+                 {"check_index", kIndexCheck},
+                 {"cross_entropy", "a block per row, online logsumexp over the vocabulary"}});
+    check_taken(kernels_taken([&] { (void)sum(logits.to(DType::f32)); }),
+                {{"cast", kPacked}, {"sum", "a block per output"}});
+  }
+
+  SECTION("backward: loss, projections' two gradients, MLP, attention, rotary, norm, embedding") {
+    const Tensor logits = values({batch * length, 1000}, 12);
+    const Tensor targets = from_vector<std::int64_t>(std::vector<std::int64_t>(batch * length, 3));
+    const CrossEntropyResult loss = cross_entropy_forward(logits, targets, -100);
+    const Tensor ones_losses = ones({batch * length}, bf16);
+    check_taken(kernels_taken([&] { (void)cross_entropy_backward(ones_losses, logits, targets, -100, loss.logsumexp); }),
+                {{"cross_entropy_backward", "elementwise from the saved logsumexp, 16-byte packs"}});
+    // dX = dY W over the batch's rows; dW = dY^T X as one GEMM over the flattened batch (2-D).
+    check_taken(kernels_taken([&] { (void)matmul(x, w_q); }), {{"matmul", kFoldedGemm}});
+    const Tensor rows = x.reshape({batch * length, hidden});
+    check_taken(kernels_taken([&] { (void)matmul(rows.transpose(0, 1), rows); }), {{"matmul", kOneGemm}});
+    const Tensor gate = values({batch, length, mlp}, 11);
+    check_taken(kernels_taken([&] { (void)swiglu_backward(gate, gate, gate); }),
+                {{"swiglu_backward", "fused elementwise, 16-byte packs"}});
+    const RmsNormResult norm = rms_norm_forward(x, norm_weight, 1e-6);
+    check_taken(kernels_taken([&] { (void)rms_norm_backward(x, x, norm_weight, norm.rstd); }),
+                {{"rms_norm_backward", "a block per row; the weight gradient in two-pass column sums"}});
+    const Tensor q = values({batch, heads, length, head}, 8), k = values({batch, kv_heads, length, head}, 9);
+    const Tensor v = values({batch, kv_heads, length, head}, 10);
+    const AttentionResult attended = attention_forward(q, k, v, {.causal = true});
+    const std::string flash = "flash attention (mma.sync tensor cores, K/V tiles in shared memory)";
+    check_taken(kernels_taken([&] { (void)attention_backward(attended.out, q, k, v, attended, {.causal = true}); }),
+                {{"attention_backward", flash}});
+    const Tensor cos = values({length, head}, 6), sin = values({length, head}, 7);
+    check_taken(kernels_taken([&] { (void)rotary(q, cos, sin, /*transpose=*/true); }),
+                {{"rotary_embedding", "fused elementwise over (T, D) tables"}});
+    const Tensor tokens = from_vector<std::int64_t>(std::vector<std::int64_t>(batch * length, 7), {batch, length});
+    check_taken(kernels_taken([&] { (void)embedding_backward(x, tokens, vocab); }),
+                {{"check_index", kIndexCheck},
+                 {"fill", kPacked},
+                 {"check_index", kIndexCheck},
+                 {"copy", kPacked},
+                 {"index_add", "sorted segments (CUB radix sort), each row's picks in order"}});
+  }
+
+  SECTION("FSDP and the optimizer: casts, the gradient norm, clipping, AdamW, zeroing") {
+    const Tensor grad = values({mlp, hidden}, 13), master = test::random_tensor({mlp, hidden}, 14);
+    check_taken(kernels_taken([&] { (void)grad.to(DType::f32); }), {{"cast", kPacked}});
+    check_taken(kernels_taken([&] { (void)master.to(DType::bf16); }), {{"cast", kPacked}});
+    const std::vector<Tensor> grads = {master, test::random_tensor({hidden}, 15)};
+    check_taken(kernels_taken([&] { (void)foreach_sum_squares(grads); }),  // no fill: the kernel writes the sum
+                {{"foreach_sum_squares", "one launch for all tensors: a block per chunk, then a fixed-order fold"}});
+    const Tensor factor = scalar_tensor(0.5, dtype(DType::f32));
+    check_taken(kernels_taken([&] { (void)mul(master, factor); }), {{"mul", kPacked}});
+    const Tensor param = master.clone(), exp_avg = zeros_like(master), exp_avg_sq = zeros_like(master);
+    const Tensor copy = empty({mlp, hidden}, bf16);
+    check_taken(kernels_taken([&] {
+                  adam_step(param, master, exp_avg, exp_avg_sq, {.weight_decay = 0.1, .decoupled = true}, copy);
+                }),
+                {{"adam_step", "multi-tensor: one launch per dtype"}});
+    check_taken(kernels_taken([&] { (void)master.fill_(0.0); }), {{"fill", kPacked}});
+  }
 }

@@ -1,4 +1,5 @@
 // tests/core/test_reduce.cpp: sum, mean, sum_squares, max, min, argmax, logsumexp vs naive loops.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -422,6 +423,74 @@ TEST_CASE("reduction errors name the op and the offending dims", "[reduce]") {
   CHECK_THROWS_ERROR(max(undefined), "max: input tensor is undefined");
   CHECK_THROWS_ERROR(argmax(undefined), "argmax: input tensor is undefined");
   CHECK_THROWS_ERROR(logsumexp(undefined, {0}), "logsumexp: input tensor is undefined");
+}
+
+// --- foreach_sum_squares ----------------------------------------------------------------------
+
+// The order core/square_sums.h documents, spelled out with the test's own loops: 32768-element chunks
+// of each tensor, element i of a chunk to lane i % 256, the lanes folded pairwise (lane i += lane i + s
+// for s = 128, ..., 1), then the chunks' partials dealt to lanes and folded alike.
+double fold_pairwise(std::vector<double> lanes) {
+  for (std::size_t s = lanes.size() / 2; s > 0; s /= 2) {
+    for (std::size_t i = 0; i < s; ++i) lanes[i] = lanes[i] + lanes[i + s];
+  }
+  return lanes[0];
+}
+
+double squares_in_documented_order(const std::vector<Tensor>& tensors) {
+  std::vector<double> partials;
+  for (const Tensor& t : tensors) {
+    const std::vector<double> values = t.contiguous().to(DType::f64).to_vector<double>();
+    for (std::size_t begin = 0; begin < values.size(); begin += 32768) {
+      std::vector<double> lanes(256, 0.0);
+      for (std::size_t i = begin; i < std::min(values.size(), begin + 32768); ++i) {
+        lanes[(i - begin) % 256] += values[i] * values[i];
+      }
+      partials.push_back(fold_pairwise(lanes));
+    }
+  }
+  std::vector<double> lanes(256, 0.0);
+  for (std::size_t p = 0; p < partials.size(); ++p) lanes[p % 256] += partials[p];
+  return fold_pairwise(lanes);
+}
+
+TEST_CASE("foreach_sum_squares adds in its documented order over mixed dtypes and odd sizes",
+          "[reduce][foreach]") {
+  // A partial last chunk, exactly one chunk, a few elements, an empty tensor, a transposed view,
+  // halves and f64 together; values whose squares round differently in another order.
+  const std::vector<Tensor> tensors = {random_tensor({70001}, 1, DType::f32, -3.0, 3.0),
+                                       random_tensor({32768}, 2, DType::bf16, -1.0, 1.0),
+                                       random_tensor({3, 5}, 3, DType::f16, -8.0, 8.0),
+                                       empty({0, 4}, dtype(DType::f64)),
+                                       random_tensor({300, 200}, 4, DType::f64, -1e3, 1e3).transpose(0, 1),
+                                       random_tensor({1}, 5, DType::f32, 1e8, 2e8)};
+  const Tensor total = foreach_sum_squares(tensors);
+  CHECK(total.dtype() == DType::f64);
+  CHECK(total.dim() == 0);
+  CHECK(total.item<double>() == squares_in_documented_order(tensors));
+  // And the plain sum of every square, to rounding.
+  double naive = 0.0;
+  for (const Tensor& t : tensors) naive += sum_squares(t.to(DType::f64)).item<double>();
+  CHECK_THAT(total.item<double>(), Catch::Matchers::WithinRel(naive, 1e-12));
+}
+
+TEST_CASE("foreach_sum_squares over more chunks than lanes, and of single tensors", "[reduce][foreach]") {
+  // 300 chunks: partials 256 and beyond share lanes with the first ones.
+  const std::vector<Tensor> many = {random_tensor({300 * 32768 - 7}, 6, DType::bf16)};
+  CHECK(foreach_sum_squares(many).item<double>() == squares_in_documented_order(many));
+  const std::vector<Tensor> one = {from_vector<double>({3.0, -4.0})};
+  CHECK(foreach_sum_squares(one).item<double>() == 25.0);
+  const std::vector<Tensor> nothing = {empty({0})};
+  CHECK(foreach_sum_squares(nothing).item<double>() == 0.0);
+}
+
+TEST_CASE("foreach_sum_squares refuses an empty list, undefined and non-floating tensors", "[reduce][foreach]") {
+  CHECK_THROWS_ERROR(foreach_sum_squares({}), "foreach_sum_squares: needs at least one tensor");
+  const std::vector<Tensor> with_undefined = {empty({2}), Tensor()};
+  CHECK_THROWS_ERROR(foreach_sum_squares(with_undefined), "foreach_sum_squares: tensor 1 of 2 is undefined");
+  const std::vector<Tensor> with_integers = {empty({2}), from_vector<std::int64_t>({1})};
+  CHECK_THROWS_ERROR(foreach_sum_squares(with_integers),
+                     "foreach_sum_squares: tensor 1 of 2 has dtype i64; floating dtypes only");
 }
 
 }  // namespace shardlab::test
