@@ -7,7 +7,8 @@
 #   2. CNN training in 1 process (2 threads, batch 64, Adadelta), PyTorch's images/s / ours
 #      (bench/pytorch_train_cnn.py; as a time ratio, target <= 1.0);
 #   3. Llama tiny training in 1 process (2 threads, T 256, B 16, AdamW), tokens/s ours / PyTorch's
-#      (bench/pytorch_train_llama.py with the tiny preset's sizes); target >= 1.2;
+#      (bench/pytorch_train_llama.py --model reference with the tiny preset's sizes: Debian's torch
+#      has no transformers; bench/cpu_speed_peers.sh compares with Hugging Face's Llama); target >= 1.2;
 #   4. FULL_SHARD / NO_SHARD step time at 2 ranks; target <= 1.15.
 # A shared machine's speed drifts by 10% and more within minutes, so each ratio is the median of
 # ROUNDS (default 3) rounds, each timing both sides back to back, the order alternating between
@@ -59,7 +60,7 @@ ours_tokens() {
 }
 pytorch_tokens() {
   local log="$out/pytorch_llama-$1.jsonl"
-  /usr/bin/python3 bench/pytorch_train_llama.py --hidden 40 --intermediate 96 --layers 2 --heads 4 --kv-heads 2 \
+  /usr/bin/python3 bench/pytorch_train_llama.py --model reference --hidden 40 --intermediate 96 --layers 2 --heads 4 --kv-heads 2 \
     --seq 256 --batch 16 --steps "$steps" --lr 1e-3 --warmup 10 --threads 2 >"$log" 2>/dev/null
   python3 -c "import json,sys; print([r for r in map(json.loads, open(sys.argv[1])) if 'summary' in r][-1]['tokens_per_second'])" "$log"
 }

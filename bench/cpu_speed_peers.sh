@@ -4,8 +4,9 @@
 #   1. the CNN in 1 process (2 threads, batch 64, Adadelta): images/s from the median step;
 #   2. the CNN at 2 ranks, 1 thread each, global batch 64, Adam: train_cnn --sharding full against
 #      PyTorch DDP over gloo (bench/pytorch_ddp_cnn.py: bucketed all_reduce): median step time;
-#   3. the Llama H256 L4 8/2 I1024 (bench/llama_h256_l4.json), T256 B16, AdamW, 1 process, 2 threads:
-#      tokens/s from the median step;
+#   3. the Llama H256 L4 8/2 I1024 (bench/llama_h256_l4.json), T256 B16, AdamW, 1 process, 2 threads,
+#      against what users run: Hugging Face transformers' LlamaForCausalLM with SDPA attention
+#      (bench/pytorch_train_llama.py --model hf): tokens/s from the median step;
 #   4. the same Llama at 2 ranks, 1 thread each: mpirun -np 2 train_llama --sharding full against
 #      PyTorch FSDP2's fully_shard over gloo (bench/pytorch_fsdp2_llama.py: all_gather_into_tensor
 #      and reduce_scatter_tensor per unit): tokens/s.

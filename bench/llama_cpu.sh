@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # bench/llama_cpu.sh: CPU training speed of the Llama, side by side in one run on this machine:
-# train_llama (1 process) and PyTorch (bench/pytorch_train_llama.py, Debian's python3-torch) on
+# train_llama (1 process) and PyTorch (bench/pytorch_train_llama.py, Debian's python3-torch, which has
+# no transformers: the project's reference Llama; bench/cpu_speed_peers.sh compares with Hugging Face's) on
 # the same model (bench/llama_h256_l4.json: H256 L4 heads 8/2 I1024), fortunes as byte tokens,
 # T256 B16, the same optimizer and schedule, 2 threads each, STEPS steps (default 300). Prints
 # both median tokens/s, their ratio, and both loss curves (mean of every 25 steps). With RESULTS_DIR=DIR
@@ -15,7 +16,7 @@ source bench/output_dir.sh
 "$build_dir/apps/train_llama" --config bench/llama_h256_l4.json --seq 256 --global-batch 16 --steps "$steps" \
   --lr 1e-3 --warmup-steps 30 --threads "$threads" --metrics "$out/shardlab.jsonl" >"$out/shardlab.log" 2>&1 ||
   { cat "$out/shardlab.log"; exit 1; }
-/usr/bin/python3 bench/pytorch_train_llama.py --steps "$steps" --lr 1e-3 --warmup 30 --threads "$threads" >"$out/pytorch.jsonl"
+/usr/bin/python3 bench/pytorch_train_llama.py --model reference --steps "$steps" --lr 1e-3 --warmup 30 --threads "$threads" >"$out/pytorch.jsonl"
 python3 - "$out" <<'PY'
 import json, sys
 out = sys.argv[1]

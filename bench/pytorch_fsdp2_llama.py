@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """bench/pytorch_fsdp2_llama.py: the PyTorch FSDP2 peer of `mpirun -np 2 train_llama --sharding full`
-on the CPU: bench/pytorch_train_llama.py's model, data, optimizer, schedule, clipping and loss, over
+on the CPU: bench/pytorch_train_llama.py's model (transformers' Llama by default), data, optimizer,
+schedule, clipping and loss, over
 RANKS processes (gloo, one thread each) with fully_shard on every decoder layer and on the root,
 as PyTorch's FSDP2 article shards its Llama. Each rank takes its slice of the global batch; the
 loss is the mean over the global batch's non-padding targets (each rank's sum over the global
@@ -44,7 +45,7 @@ def train(rank, args):
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", args.port)
     dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
-    config, model, data, optimizer, schedule, order = build(args, shard)
+    config, model, logits_of, data, optimizer, schedule, order = build(args, shard)
     forward = torch.compile(model) if args.compile else model
     per_rank = args.batch // args.ranks
     times, losses = [], []
@@ -55,7 +56,7 @@ def train(rank, args):
         targets = (rows[:, 1:] != PAD).sum().item()
         mine = rows[rank * per_rank:(rank + 1) * per_rank]
         x, y = mine[:, :-1], mine[:, 1:]
-        logits = forward(x, x == PAD)
+        logits = logits_of(forward, x)
         loss_sum = F.cross_entropy(logits.reshape(-1, config.vocab_size), y.reshape(-1), ignore_index=PAD,
                                    reduction="sum")
         optimizer.zero_grad(set_to_none=True)
@@ -69,7 +70,8 @@ def train(rank, args):
         losses.append(total.item() / targets)
     if rank == 0:
         median = statistics.median(times[1:])
-        print(json.dumps({"summary": "pytorch fsdp2", "torch": torch.__version__, "compiled": args.compile,
+        print(json.dumps({"summary": "pytorch fsdp2", "torch": torch.__version__, "model": args.model,
+                          "compiled": args.compile,
                           "ranks": args.ranks, "first_step_seconds": times[0], "median_step_seconds": median,
                           "tokens_per_second": args.batch * args.seq / median, "losses": losses}), flush=True)
     dist.destroy_process_group()

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""bench/pytorch_train_llama.py: the PyTorch peer of train_llama on the CPU, for bench/llama_cpu.sh:
-the same Llama (tests/tools/llama_reference.py), corpus (fortunes as [BOT] + bytes + [EOT], padded
-with [PAD] to seq + 1), optimizer (AdamW 0.9/0.99, eps 1e-8, wd 0.1), schedule (LinearLR from 0.1
-over the warm-up, then cosine to 0), clipping at 1.0 and loss (cross-entropy ignoring [PAD]).
-Prints one JSON line per step (loss, tokens/s) and a summary line (the median step after the
-first, and the first's time apart); --compile runs the model through torch.compile. Runs with
-Debian's python3-torch (1.13) or the peers' environment (scripts/peers: PyTorch 2.15).
+"""bench/pytorch_train_llama.py: the PyTorch peer of train_llama on the CPU: the Llama users run,
+Hugging Face transformers' LlamaForCausalLM with SDPA attention (--model hf, the default; the peers'
+environment, scripts/peers), or the project's own PyTorch Llama written for golden values
+(tests/tools/llama_reference.py, --model reference, which Debian's python3-torch 1.13 also runs), with
+the same corpus (fortunes as [BOT] + bytes + [EOT], padded with [PAD] to seq + 1), optimizer (AdamW
+0.9/0.99, eps 1e-8, wd 0.1), schedule (LinearLR from 0.1 over the warm-up, then cosine to 0),
+clipping at 1.0 and loss (cross-entropy ignoring [PAD]). Prints one JSON line per step (loss,
+tokens/s) and a summary line (the median step after the first, and the first's time apart);
+--compile runs the model through torch.compile.
 """
 import argparse
 import json
@@ -64,17 +66,39 @@ def add_arguments(p, steps, warmup):
     p.add_argument("--warmup", type=int, default=warmup)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--compile", action="store_true", help="torch.compile the model (inductor)")
+    p.add_argument("--model", choices=["hf", "reference"], default="hf",
+                   help="hf: transformers' LlamaForCausalLM (SDPA); reference: tests/tools/llama_reference.py")
 
 
-def build(args, shard=lambda model: None):
-    """The config, the model (sharded by `shard` before anything holds its parameters), the rows of
-    the corpus, the optimizer, the schedule and the order of the rows."""
+def hf_model(args):
+    """transformers' LlamaForCausalLM with SDPA attention, in its own initialisation, and its logits
+    for token rows (padding as an attention mask of the tokens, as users pass it)."""
+    from transformers import LlamaConfig, LlamaForCausalLM as HfLlama
+    config = LlamaConfig(vocab_size=259, hidden_size=args.hidden, intermediate_size=args.intermediate,
+                         num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                         num_key_value_heads=args.kv_heads, max_position_embeddings=max(512, args.seq),
+                         rms_norm_eps=1e-5, tie_word_embeddings=False, attn_implementation="sdpa")
+    torch.manual_seed(args.seed)
+    model = HfLlama(config)
+    return config, model, lambda forward, x: forward(input_ids=x, attention_mask=(x != PAD).long()).logits
+
+
+def reference_model(args):
+    """tests/tools/llama_reference.py's Llama, and its logits for token rows."""
     config = Config(vocab_size=259, hidden_size=args.hidden, intermediate_size=args.intermediate,
                     num_hidden_layers=args.layers, num_attention_heads=args.heads,
                     num_key_value_heads=args.kv_heads, max_position_embeddings=max(512, args.seq),
                     rms_norm_eps=1e-5)
     model = LlamaForCausalLM(config)
     model.init_weights(torch.Generator().manual_seed(args.seed))
+    return config, model, lambda forward, x: forward(x, x == PAD)
+
+
+def build(args, shard=lambda model: None):
+    """The config, the model (sharded by `shard` before anything holds its parameters), its logits
+    function (forward, token rows), the rows of the corpus, the optimizer, the schedule and the order
+    of the rows."""
+    config, model, logits_of = hf_model(args) if args.model == "hf" else reference_model(args)
     shard(model)
     data = sequences(documents(args.data), args.seq)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
@@ -82,7 +106,7 @@ def build(args, shard=lambda model: None):
     cosine = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, args.steps - args.warmup)
     schedule = torch.optim.lr_scheduler.SequentialLR(optimizer, [warmup, cosine], [args.warmup])
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(args.seed))
-    return config, model, data, optimizer, schedule, order
+    return config, model, logits_of, data, optimizer, schedule, order
 
 
 def main():
@@ -92,7 +116,7 @@ def main():
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    config, model, data, optimizer, schedule, order = build(args)
+    config, model, logits_of, data, optimizer, schedule, order = build(args)
     forward = torch.compile(model) if args.compile else model
     times = []
     for step in range(1, args.steps + 1):
@@ -100,7 +124,7 @@ def main():
         first = ((step - 1) * args.batch) % (len(data) - args.batch)
         rows = data[order[first:first + args.batch]]
         x, y = rows[:, :-1], rows[:, 1:]
-        logits = forward(x, x == PAD)
+        logits = logits_of(forward, x)
         loss = F.cross_entropy(logits.reshape(-1, config.vocab_size), y.reshape(-1), ignore_index=PAD)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -116,7 +140,7 @@ def main():
                           "tokens_per_second": args.batch * args.seq / seconds}), flush=True)
     times.sort()
     median = times[len(times) // 2]
-    print(json.dumps({"summary": "pytorch", "torch": torch.__version__, "compiled": args.compile,
+    print(json.dumps({"summary": "pytorch", "torch": torch.__version__, "model": args.model, "compiled": args.compile,
                       "first_step_seconds": first_step, "median_step_seconds": median,
                       "tokens_per_second": args.batch * args.seq / median}))
 
