@@ -75,6 +75,10 @@ def train(rank, args):
                           "ranks": args.ranks, "first_step_seconds": times[0], "median_step_seconds": median,
                           "tokens_per_second": args.batch * args.seq / median, "losses": losses}), flush=True)
     dist.destroy_process_group()
+    # Out before the interpreter's teardown, where a worker running transformers' Llama over gloo
+    # sometimes aborts ("terminate called without an active exception") after its work is done.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def main():
