@@ -457,13 +457,14 @@ double squares_in_documented_order(const std::vector<Tensor>& tensors) {
 TEST_CASE("foreach_sum_squares adds in its documented order over mixed dtypes and odd sizes",
           "[reduce][foreach]") {
   // A partial last chunk, exactly one chunk, a few elements, an empty tensor, a transposed view,
-  // halves and f64 together; values whose squares round differently in another order.
+  // halves and f64 together. f32 and f64 squares carry 48 and more significant bits, so their sums
+  // round, and another order (other chunks, lanes or fold) gives other bits.
   const std::vector<Tensor> tensors = {random_tensor({70001}, 1, DType::f32, -3.0, 3.0),
                                        random_tensor({32768}, 2, DType::bf16, -1.0, 1.0),
                                        random_tensor({3, 5}, 3, DType::f16, -8.0, 8.0),
                                        empty({0, 4}, dtype(DType::f64)),
-                                       random_tensor({300, 200}, 4, DType::f64, -1e3, 1e3).transpose(0, 1),
-                                       random_tensor({1}, 5, DType::f32, 1e8, 2e8)};
+                                       random_tensor({300, 200}, 4, DType::f64, -3.0, 3.0).transpose(0, 1),
+                                       random_tensor({1}, 5, DType::f32, 10.0, 20.0)};
   const Tensor total = foreach_sum_squares(tensors);
   CHECK(total.dtype() == DType::f64);
   CHECK(total.dim() == 0);
@@ -475,8 +476,9 @@ TEST_CASE("foreach_sum_squares adds in its documented order over mixed dtypes an
 }
 
 TEST_CASE("foreach_sum_squares over more chunks than lanes, and of single tensors", "[reduce][foreach]") {
-  // 300 chunks: partials 256 and beyond share lanes with the first ones.
-  const std::vector<Tensor> many = {random_tensor({300 * 32768 - 7}, 6, DType::bf16)};
+  // 300 chunks of f32 (squares that round when summed): partials 256 and beyond share lanes with the
+  // first ones.
+  const std::vector<Tensor> many = {random_tensor({300 * 32768 - 7}, 6, DType::f32)};
   CHECK(foreach_sum_squares(many).item<double>() == squares_in_documented_order(many));
   const std::vector<Tensor> one = {from_vector<double>({3.0, -4.0})};
   CHECK(foreach_sum_squares(one).item<double>() == 25.0);
