@@ -182,7 +182,9 @@ const std::vector<std::pair<std::string_view, std::string_view>>& fixed_kernels(
       {"log_softmax", "a block per row"},
       {"check_index", "index range check, read at the next host wait"},
       {"index_select", "row gather"},
+      {"embedding", "row gather"},
       {"index_add", "sorted segments (CUB radix sort), each row's picks in order"},
+      {"embedding_backward", "sorted segments (CUB radix sort), each row's picks in order"},
       {"foreach_sum_squares", "one launch for all tensors: a block per chunk, then a fixed-order fold"},
       {"random", "Philox counter per element"},
   };

@@ -804,13 +804,16 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   const char* op = "embedding";
   check_defined(op, weight, "weight");
   check_defined(op, indices, "indices");
+  check_same_device(op, weight, indices);
   SHARDLAB_CHECK(weight.dim() == 2, "{}: weight must be 2-D [num_embeddings, dim], got {}", op,
                  shape_str(weight.shape()));
-  // Checked here too so an out-of-range token id is reported as embedding's.
+  // Checked once, as embedding's: the row gather below reads them as they are.
   const Tensor rows = checked_index(op, indices.reshape({-1}), weight.size(0), "the embedding table");
   Shape shape = indices.shape();
   shape.push_back(weight.size(1));
-  return index_select(weight, 0, rows).view(shape);
+  Tensor out = empty({rows.numel(), weight.size(1)}, TensorOptions{weight.dtype(), weight.device()});
+  if (out.numel() > 0) kernel<&Kernels::index_select>(weight.device(), op)(weight.contiguous(), 0, rows, out);
+  return out.view(shape);
 }
 
 Tensor embedding_backward(const Tensor& grad, const Tensor& indices, std::int64_t num_embeddings) {
@@ -821,11 +824,16 @@ Tensor embedding_backward(const Tensor& grad, const Tensor& indices, std::int64_
                      Shape(grad.shape().begin(), grad.shape().end() - 1) == indices.shape(),
                  "{}: grad {} does not match indices {} plus an embedding dim", op, shape_str(grad.shape()),
                  shape_str(indices.shape()));
+  check_same_device(op, grad, indices);
   SHARDLAB_CHECK(num_embeddings >= 0, "{}: num_embeddings must be non-negative, got {}", op, num_embeddings);
   const Tensor rows = checked_index(op, indices.reshape({-1}), num_embeddings, "the embedding table");
   const std::int64_t width = grad.size(-1);
+  // The rows' gradients added into a zero table in place: no second check, no copy of the table.
   const Tensor table = zeros({num_embeddings, width}, TensorOptions{grad.dtype(), grad.device()});
-  return index_add(table, 0, rows, grad.reshape({-1, width}));
+  if (rows.numel() > 0 && width > 0) {
+    kernel<&Kernels::index_add>(grad.device(), op)(table, 0, rows, grad.reshape({-1, width}).contiguous());
+  }
+  return table;
 }
 
 // --- joining and splitting -------------------------------------------------------------------

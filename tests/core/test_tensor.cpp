@@ -242,6 +242,12 @@ TEST_CASE("ops name both devices when their inputs live on different ones", "[te
                      "matmul: tensors are on different devices (cpu and cuda:0)");
   CHECK_THROWS_ERROR(where(empty({0}, dtype(DType::boolean)), on_cpu, on_gpu),
                      "where: tensors are on different devices (cpu and cuda:0)");
+  const Tensor no_ids = empty({0}, TensorOptions{DType::i64, Device::cuda(0)});
+  CHECK_THROWS_ERROR(embedding(zeros({0, 4}), no_ids), "embedding: tensors are on different devices (cpu and cuda:0)");
+  CHECK_THROWS_ERROR(embedding_backward(zeros({0, 4}), no_ids, 3),
+                     "embedding_backward: tensors are on different devices (cpu and cuda:0)");
+  const std::vector<Tensor> spread = {on_cpu, on_gpu};
+  CHECK_THROWS_ERROR(foreach_sum_squares(spread), "foreach_sum_squares: tensor 1 of 2 is on cuda:0, tensor 0 on cpu");
   CHECK_THROWS_ERROR(on_gpu.to(Device::cuda(1)), "to: copies between cuda:0 and cuda:1 go through the host");
 }
 

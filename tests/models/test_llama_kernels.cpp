@@ -43,7 +43,7 @@ TEST_CASE("every kernel call of a Llama training step has a CUDA kernel rule, no
   // The step's fused kernels ran as such, not composed from smaller ops.
   for (const char* op : {"attention_forward", "attention_backward", "rms_norm", "rms_norm_backward", "swiglu",
                          "swiglu_backward", "rotary_embedding", "cross_entropy", "cross_entropy_backward",
-                         "index_add", "foreach_sum_squares", "adam_step"}) {
+                         "embedding", "embedding_backward", "foreach_sum_squares", "adam_step"}) {
     INFO(op);
     CHECK(per_op[op] > 0);
   }
