@@ -6,8 +6,8 @@
 #include <utility>
 #include <cstdint>
 #include <cstdlib>
-#include <limits>
 
+#include "core/kernels.h"  // op_name
 #include "core/ops.h"
 #include "core/profile.h"
 #include "core/tensor.h"
@@ -16,12 +16,10 @@ namespace shardlab {
 
 namespace {
 
-constexpr std::int64_t kMaxNarrow = std::numeric_limits<std::int32_t>::max();
-constexpr std::uintptr_t kPackBytes = 16;
 
 // Whether every operand steps by 1 from an address on 16 bytes, or by 0, along the layout's one dim.
 bool packs(const ElementwiseLayout& layout, const std::vector<std::uintptr_t>& addresses) {
-  if (layout.sizes.size() > 1 || layout.numel > kMaxNarrow) return false;
+  if (layout.sizes.size() > 1 || layout.numel > kMaxNarrowIndex) return false;
   for (std::size_t k = 0; k < addresses.size(); ++k) {
     const std::int64_t step = layout.sizes.empty() ? 0 : layout.strides[0][k];
     const bool output = k + 1 == addresses.size();
@@ -33,12 +31,12 @@ bool packs(const ElementwiseLayout& layout, const std::vector<std::uintptr_t>& a
 
 // Whether every operand's farthest element and the element count stay below 2^31.
 bool fits_narrow_index(const ElementwiseLayout& layout, std::size_t operands) {
-  if (layout.numel > kMaxNarrow) return false;
+  if (layout.numel > kMaxNarrowIndex) return false;
   for (std::size_t k = 0; k < operands; ++k) {
     std::int64_t farthest = 0;
     for (std::size_t d = 0; d < layout.sizes.size(); ++d)
       farthest += (layout.sizes[d] - 1) * std::llabs(layout.strides[d][k]);
-    if (farthest > kMaxNarrow) return false;
+    if (farthest > kMaxNarrowIndex) return false;
   }
   return true;
 }
@@ -141,14 +139,6 @@ KernelChoice matmul_choice(const OperandLayout& a, const OperandLayout& b) {
   return {"strided-batched cuBLAS GEMM", false};
 }
 
-// The reductions of core/cuda/reduce.cu, by the name the profiler shows.
-const std::vector<std::pair<std::string_view, ReduceOp>>& reduce_ops() {
-  static const std::vector<std::pair<std::string_view, ReduceOp>> table = {
-      {"sum", ReduceOp::sum}, {"mean", ReduceOp::mean}, {"sum_squares", ReduceOp::sum_squares},
-      {"max", ReduceOp::max}, {"min", ReduceOp::min},   {"argmax", ReduceOp::argmax}};
-  return table;
-}
-
 KernelChoice reduce_choice(ReduceOp op, const OperandLayout& in, const OperandLayout& out) {
   const std::int64_t outputs = std::max<std::int64_t>(1, numel_of(out));
   const std::int64_t count = numel_of(in) / outputs;
@@ -214,8 +204,9 @@ KernelChoice cuda_kernel_choice(std::string_view op, const std::vector<OperandLa
     const bool contiguous = std::all_of(operands.begin(), operands.end(), is_dense);
     return {contiguous ? "multi-tensor: one launch per dtype" : "strided, a launch per parameter", false};
   }
-  for (const auto& [name, code] : reduce_ops()) {
-    if (op != name) continue;
+  for (const ReduceOp code : {ReduceOp::sum, ReduceOp::mean, ReduceOp::sum_squares, ReduceOp::max, ReduceOp::min,
+                              ReduceOp::argmax}) {
+    if (op != op_name(code)) continue;
     needs(2);
     return reduce_choice(code, operands[0], operands[1]);
   }

@@ -26,6 +26,11 @@ OperandLayout layout_of(const Tensor& tensor);
 
 // --- elementwise ---------------------------------------------------------------------------------
 
+// A pack: the bytes of an operand a kernel moves in one load or store, from an address on that many
+// bytes. Indices below kMaxNarrowIndex run in 32-bit math.
+inline constexpr std::uintptr_t kPackBytes = 16;
+inline constexpr std::int64_t kMaxNarrowIndex = 0x7fffffff;
+
 // How an elementwise kernel walks N operands of one shape (the last is the output): size-1 dims
 // dropped, and a dim merged into the one before it when that one steps over it exactly in every
 // operand, so dense operands of any rank are one dim.

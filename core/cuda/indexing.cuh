@@ -91,7 +91,7 @@ template <typename... T>
 constexpr int pack_width() {
   std::size_t widest = 1;
   ((widest = sizeof(T) > widest ? sizeof(T) : widest), ...);
-  return static_cast<int>(16 / widest);
+  return static_cast<int>(kPackBytes / widest);
 }
 
 // Pack p of an operand stepping by `step`: 1, or 0 for one element shared by all.
@@ -127,9 +127,9 @@ __device__ void store_pack(T* base, std::uint32_t p, const Pack<T, V>& pack) {
 
 // Whether n elements at each of `pointers` can move in 16-byte packs: every start on 16 bytes, n < 2^31.
 inline bool packable(std::int64_t n, std::initializer_list<const void*> pointers) {
-  if (n > 0x7fffffff) return false;
+  if (n > kMaxNarrowIndex) return false;
   for (const void* pointer : pointers) {
-    if (reinterpret_cast<std::uintptr_t>(pointer) % 16 != 0) return false;
+    if (reinterpret_cast<std::uintptr_t>(pointer) % kPackBytes != 0) return false;
   }
   return true;
 }
@@ -143,7 +143,7 @@ Layout<N> dense_layout(std::int64_t n, std::initializer_list<const void*> pointe
   layout.sizes[0] = n;
   for (int k = 0; k < N; ++k) layout.strides[k][0] = 1;
   layout.packed = packable(n, pointers);
-  layout.narrow_index = n <= 0x7fffffff;
+  layout.narrow_index = n <= kMaxNarrowIndex;
   return layout;
 }
 
