@@ -54,15 +54,22 @@ double measure(int reps, const std::function<void()>& fn, const std::function<vo
   return median(times);
 }
 
-// OpenBLAS sgemm on row-major [m, k] x [k, n] into a preallocated C: the baseline.
-std::function<void()> openblas_sgemm(std::int64_t m, std::int64_t n, std::int64_t k) {
+// Which operands of a GEMM are read transposed: stored [k, m] for A, [n, k] for B.
+struct Transposes {
+  bool a = false, b = false;
+};
+
+// OpenBLAS sgemm on row-major [m, k] x [k, n] (either stored transposed) into a preallocated C:
+// the baseline.
+std::function<void()> openblas_sgemm(std::int64_t m, std::int64_t n, std::int64_t k, Transposes t) {
   auto a = std::make_shared<Tensor>(uniform({m, k}, {1, 1}));
   auto b = std::make_shared<Tensor>(uniform({k, n}, {1, 2}));
   auto c = std::make_shared<Tensor>(empty({m, n}));
+  const auto i = [](std::int64_t v) { return static_cast<int>(v); };
   return [=] {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
-                static_cast<int>(k), 1.0f, a->data<float>(), static_cast<int>(k), b->data<float>(),
-                static_cast<int>(n), 0.0f, c->data<float>(), static_cast<int>(n));
+    cblas_sgemm(CblasRowMajor, t.a ? CblasTrans : CblasNoTrans, t.b ? CblasTrans : CblasNoTrans, i(m), i(n),
+                i(k), 1.0f, a->data<float>(), i(t.a ? m : k), b->data<float>(), i(t.b ? k : n), 0.0f,
+                c->data<float>(), i(n));
   };
 }
 
@@ -72,6 +79,7 @@ struct Row {
   double flops;
   std::function<std::function<void()>(Device)> prepare;  // inputs made once, op run per call
   std::int64_t m, n, k;
+  Transposes transposes{};
 };
 
 // Seconds per call of ours on the CPU, OpenBLAS on the same GEMM shape, and ours on CUDA.
@@ -81,21 +89,37 @@ struct Timing {
 
 void print_row(const Row& row, const Timing& t) {
   const std::string cuda_column = t.cuda > 0 ? fmt::format("{:.1f}", row.flops / t.cuda / 1e9) : "-";
-  fmt::print("{:<52} {:>12.1f} {:>14.1f} {:>8.2f} {:>14}\n", row.name, row.flops / t.ours / 1e9,
+  fmt::print("{:<64} {:>12.1f} {:>14.1f} {:>8.2f} {:>14}\n", row.name, row.flops / t.ours / 1e9,
              row.flops / t.openblas / 1e9, t.openblas / t.ours, cuda_column);
 }
 
-Row gemm_row(std::int64_t m, std::int64_t n, std::int64_t k) {
-  return {fmt::format("matmul [{}, {}] x [{}, {}]", m, k, k, n),
+// matmul [m, k] x [k, n]; a transposed operand is a transposed view of a contiguous tensor, as a
+// Linear's weight is in its forward (B) and its gradient's input in the weight gradient (A).
+Row gemm_row(std::int64_t m, std::int64_t n, std::int64_t k, Transposes t = {},
+             const std::string& label = "") {
+  return {fmt::format("matmul [{}, {}]{} x [{}, {}]{}{}", m, k, t.a ? "^T" : "", k, n, t.b ? "^T" : "",
+                      label.empty() ? "" : " " + label),
           2.0 * m * n * k,
           [=](Device d) -> std::function<void()> {
-            const Tensor a = uniform({m, k}, {7, 1}, -1, 1, device(d));
-            const Tensor b = uniform({k, n}, {7, 2}, -1, 1, device(d));
+            const Tensor a = t.a ? uniform({k, m}, {7, 1}, -1, 1, device(d)).transpose(0, 1)
+                                 : uniform({m, k}, {7, 1}, -1, 1, device(d));
+            const Tensor b = t.b ? uniform({n, k}, {7, 2}, -1, 1, device(d)).transpose(0, 1)
+                                 : uniform({k, n}, {7, 2}, -1, 1, device(d));
             return [a, b] { (void)matmul(a, b); };
           },
           m,
           n,
-          k};
+          k,
+          t};
+}
+
+// The three GEMMs of a Linear(in, out) on `rows` input rows: forward x W^T, input gradient
+// dY W, weight gradient dY^T X.
+void add_linear_rows(std::vector<Row>& rows, const std::string& label, std::int64_t tokens, std::int64_t in,
+                     std::int64_t out) {
+  rows.push_back(gemm_row(tokens, out, in, {.b = true}, label));
+  rows.push_back(gemm_row(tokens, in, out, {}, label + " grad input"));
+  rows.push_back(gemm_row(out, in, tokens, {.a = true}, label + " grad weight"));
 }
 
 // Which of conv2d's three GEMMs a row times.
@@ -200,9 +224,9 @@ int main(int argc, char** argv) {
                with_cuda                     ? "available"
                : choice == DeviceChoice::cpu ? "left out (--device cpu)"
                                              : cuda::unavailable_reason());
-    fmt::print("{:<52} {:>12} {:>14} {:>8} {:>14}\n", "op (f32)", "ours GFLOP/s", "OpenBLAS GF/s", "ratio",
+    fmt::print("{:<64} {:>12} {:>14} {:>8} {:>14}\n", "op (f32)", "ours GFLOP/s", "OpenBLAS GF/s", "ratio",
                "CUDA GFLOP/s");
-    const std::vector<Row> rows = {
+    std::vector<Row> rows = {
         gemm_row(256, 256, 256),
         gemm_row(512, 512, 512),
         gemm_row(1024, 1024, 1024),
@@ -217,6 +241,13 @@ int main(int argc, char** argv) {
         conv_row("resnet 3x3", {8, 64, 56, 56}, {64, 64, 3, 3}, {1, 1}),
         conv_row("stride 2", {8, 64, 56, 56}, {128, 64, 3, 3}, {2, 1}),
     };
+    // bench/llama_h256_l4.json at --seq 256 --global-batch 16: 4096 tokens a step, hidden 256,
+    // 8 query and 2 key/value heads of 32, MLP 1024, vocabulary 259.
+    add_linear_rows(rows, "llama q/o", 4096, 256, 256);
+    add_linear_rows(rows, "llama k/v", 4096, 256, 64);
+    add_linear_rows(rows, "llama gate/up", 4096, 256, 1024);
+    add_linear_rows(rows, "llama down", 4096, 1024, 256);
+    add_linear_rows(rows, "llama head", 4096, 256, 259);
     std::vector<Timing> timings(rows.size());
     for (std::size_t i = 0; i < rows.size(); ++i)
       timings[i].ours = measure(reps, rows[i].prepare(Device::cpu()), [] {});
@@ -232,7 +263,8 @@ int main(int argc, char** argv) {
     // other measurements if they were interleaved.
     openblas_set_num_threads(num_threads());
     for (std::size_t i = 0; i < rows.size(); ++i) {
-      timings[i].openblas = measure(reps, openblas_sgemm(rows[i].m, rows[i].n, rows[i].k), [] {});
+      timings[i].openblas =
+          measure(reps, openblas_sgemm(rows[i].m, rows[i].n, rows[i].k, rows[i].transposes), [] {});
     }
     openblas_set_num_threads(1);
     for (std::size_t i = 0; i < rows.size(); ++i) print_row(rows[i], timings[i]);

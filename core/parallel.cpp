@@ -1,7 +1,6 @@
 // core/parallel.cpp: a small fixed thread pool for CPU kernels, sized per process.
 #include "core/parallel.h"
 
-#include <cblas.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -111,11 +110,7 @@ class ThreadPool {
 std::mutex pool_mutex;
 
 ThreadPool& pool() {
-  static ThreadPool instance([] {
-    // OpenBLAS stays single-threaded: core/cpu/gemm.h splits GEMMs over this pool instead.
-    openblas_set_num_threads(1);
-    return default_thread_count();
-  }());
+  static ThreadPool instance(default_thread_count());
   return instance;
 }
 

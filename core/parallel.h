@@ -6,8 +6,7 @@
 
 namespace shardlab {
 
-// Threads CPU kernels use (GEMMs included: OpenBLAS itself runs single-threaded, see
-// core/cpu/gemm.h). Default: SHARDLAB_NUM_THREADS if set; else the
+// Threads CPU kernels use (GEMMs included, core/cpu/gemm.h). Default: SHARDLAB_NUM_THREADS if set; else the
 // cores this process may run on (its affinity mask), divided among the ranks on this node
 // when the process is not pinned (OMPI_COMM_WORLD_LOCAL_SIZE), at least 1.
 int num_threads();

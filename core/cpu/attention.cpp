@@ -1,5 +1,5 @@
 // core/cpu/attention.cpp: fused attention on the CPU, FlashAttention-2 style: 64 x 64 tiles of
-// scores multiplied on OpenBLAS, an online softmax over the key tiles, GQA by index.
+// scores multiplied by shardlab's GEMM, an online softmax over the key tiles, GQA by index.
 //
 // Forward keeps, per query, the running max and sum of exp(score - max) of the keys seen so far
 // and rescales its output accumulator when the max grows, so no [T, S] matrix exists; it saves
@@ -69,12 +69,13 @@ template <typename T>
 void score_tile(const Problem<T>& p, const Tile& tile, T* scores) {
   const Layout& l = p.layout;
   const std::int64_t d = l.head_dim;
-  gemm_block(false, true, tile.rows, tile.cols, d, p.scale, p.q + l.query(tile.b, tile.h, tile.t0) * d, d,
-             p.k + l.key(tile.b, tile.j, tile.s0) * d, d, T(0), scores, kTile);
+  gemm(tile.rows, tile.cols, d, row_major(p.q + l.query(tile.b, tile.h, tile.t0) * d, d),
+       transposed(p.k + l.key(tile.b, tile.j, tile.s0) * d, d), scores, kTile, false);
   const AttentionMask& vis = p.visibility;
   for (std::int64_t i = 0; i < tile.rows; ++i) {
     const std::int64_t t = tile.t0 + i;
     T* row = scores + i * kTile;
+    for (std::int64_t c = 0; c < tile.cols; ++c) row[c] *= p.scale;
     // Causal: keys s > t, i.e. columns from t + 1 - s0 on, are hidden; a blind query sees none.
     const std::int64_t hidden_from = vis.blind(tile.b, t) ? 0
                                      : vis.causal ? std::clamp<std::int64_t>(t + 1 - tile.s0, 0, tile.cols)
@@ -180,8 +181,8 @@ void forward_query_tile(const Problem<T>& p, std::int64_t b, std::int64_t h, std
     const Tile tile{b, h, j, t0, rows, s0, std::min(kTile, key_end - s0)};
     score_tile(p, tile, scores.data());
     fold_scores(tile, dv, scores.data(), state);
-    gemm_block(false, false, rows, dv, tile.cols, T(1), scores.data(), kTile, p.v + l.key(b, j, s0) * dv, dv,
-               T(1), state.acc.data(), dv);
+    gemm(rows, dv, tile.cols, row_major(scores.data(), kTile), row_major(p.v + l.key(b, j, s0) * dv, dv),
+         state.acc.data(), dv, true);
   }
   write_rows(p, Tile{b, h, j, t0, rows, 0, 0}, state, out, logsumexp);
 }
@@ -244,8 +245,8 @@ void probabilities(const Layout& l, const Tile& tile, const T* logsumexp, T* sco
   }
 }
 
-// The gradients one tile contributes: dV += P^T dO; dS = P * (dO V^T - delta);
-// dQ += scale dS K; dK += scale dS^T Q.
+// The gradients one tile contributes: dV += P^T dO; dS = scale P * (dO V^T - delta);
+// dQ += dS K; dK += dS^T Q.
 template <typename T>
 void backward_tile(const Problem<T>& p, const BackwardOperands<T>& o, const Tile& tile, T* probs,
                    T* dscores) {
@@ -255,20 +256,20 @@ void backward_tile(const Problem<T>& p, const BackwardOperands<T>& o, const Tile
   probabilities(l, tile, o.logsumexp, probs);
   const std::int64_t query = l.query(tile.b, tile.h, tile.t0), key = l.key(tile.b, tile.j, tile.s0);
   const T* grad_out = o.grad_out + query * dv;
-  gemm_block(true, false, tile.cols, dv, tile.rows, T(1), probs, kTile, grad_out, dv, T(1),
-             o.grad_v + key * dv, dv);
-  gemm_block(false, true, tile.rows, tile.cols, dv, T(1), grad_out, dv, p.v + key * dv, dv, T(0), dscores,
-             kTile);
+  gemm(tile.cols, dv, tile.rows, transposed(probs, kTile), row_major(grad_out, dv), o.grad_v + key * dv, dv,
+       true);
+  gemm(tile.rows, tile.cols, dv, row_major(grad_out, dv), transposed(p.v + key * dv, dv), dscores, kTile,
+       false);
   for (std::int64_t i = 0; i < tile.rows; ++i) {
     const T delta = o.delta[query + i];
     for (std::int64_t c = 0; c < tile.cols; ++c) {
-      dscores[i * kTile + c] = probs[i * kTile + c] * (dscores[i * kTile + c] - delta);
+      dscores[i * kTile + c] = p.scale * probs[i * kTile + c] * (dscores[i * kTile + c] - delta);
     }
   }
-  gemm_block(false, false, tile.rows, d, tile.cols, p.scale, dscores, kTile, p.k + key * d, d, T(1),
-             o.grad_q + query * d, d);
-  gemm_block(true, false, tile.cols, d, tile.rows, p.scale, dscores, kTile, p.q + query * d, d, T(1),
-             o.grad_k + key * d, d);
+  gemm(tile.rows, d, tile.cols, row_major(dscores, kTile), row_major(p.k + key * d, d), o.grad_q + query * d,
+       d, true);
+  gemm(tile.cols, d, tile.rows, transposed(dscores, kTile), row_major(p.q + query * d, d), o.grad_k + key * d,
+       d, true);
 }
 
 // Every tile of key tile s0 of key/value head j: the group's query heads, the queries that can

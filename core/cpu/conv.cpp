@@ -131,9 +131,9 @@ T* column_buffer(const ConvGeometry& g) {
 
 // fn(start, count) over consecutive chunks of the batch. With at least as many images as threads,
 // the images are split over the pool and the kernels fn runs (im2col, gemm, col2im) run serially
-// inside each thread (nested parallel_for); with fewer, chunk after chunk, each kernel split. Both
-// make the same GEMM calls (core/cpu/gemm.h: an image's GEMM is cut only when very large, as the
-// images share the threads) and sum each pixel in the same order, so the result has the same bits
+// inside each thread (nested parallel_for); with fewer, chunk after chunk, each kernel split. A
+// GEMM's bits do not depend on how it is split (core/cpu/gemm.h) and each pixel is summed in the
+// same order either way, so the result has the same bits
 // whatever the thread count.
 template <typename T, typename Fn>
 void over_image_chunks(const ConvGeometry& g, Fn fn) {
@@ -157,8 +157,8 @@ void conv2d_typed(const ConvGeometry& g, const T* input, const T* weight, const 
     for (std::int64_t image = 0; image < count; ++image) {
       // out[image] [O, pixels] = W [O, patch] x the image's columns [patch, pixels] (of a wider buffer).
       T* result = out + (start + image) * g.out_channels * g.pixels();
-      gemm<T>(false, false, g.out_channels, g.pixels(), g.patch(), T(1), weight, g.patch(),
-              cols + image * g.pixels(), columns, T(0), result, g.pixels(), kLargeBlockWork);
+      gemm<T>(g.out_channels, g.pixels(), g.patch(), row_major(weight, g.patch()),
+              row_major(cols + image * g.pixels(), columns), result, g.pixels(), false);
       if (bias == nullptr) continue;
       for (std::int64_t o = 0; o < g.out_channels; ++o) {
         T* row = result + o * g.pixels();
@@ -175,9 +175,9 @@ void conv2d_backward_input_typed(const ConvGeometry& g, const T* grad_out, const
     const std::int64_t columns = count * g.pixels();
     for (std::int64_t image = 0; image < count; ++image) {
       // The image's columns [patch, pixels] = W^T [patch, O] x grad_out[image] [O, pixels].
-      gemm<T>(true, false, g.patch(), g.pixels(), g.out_channels, T(1), weight, g.patch(),
-              grad_out + (start + image) * g.out_channels * g.pixels(), g.pixels(), T(0),
-              cols + image * g.pixels(), columns, kLargeBlockWork);
+      gemm<T>(g.patch(), g.pixels(), g.out_channels, transposed(weight, g.patch()),
+              row_major(grad_out + (start + image) * g.out_channels * g.pixels(), g.pixels()),
+              cols + image * g.pixels(), columns, false);
     }
     col2im(g, cols, count, grad_in + start * g.channels * g.height * g.width);
   });
@@ -194,9 +194,9 @@ void conv2d_backward_weight_typed(const ConvGeometry& g, const T* grad_out, cons
     im2col(g, input + start * g.channels * g.height * g.width, count, cols);
     for (std::int64_t image = 0; image < count; ++image) {
       // grad_weight [O, patch] += grad_out[image] [O, pixels] x the image's columns^T [pixels, patch]
-      gemm<T>(false, true, g.out_channels, g.patch(), g.pixels(), T(1),
-              grad_out + (start + image) * g.out_channels * g.pixels(), g.pixels(), cols + image * g.pixels(),
-              columns, T(1), grad_weight, g.patch());
+      gemm<T>(g.out_channels, g.patch(), g.pixels(),
+              row_major(grad_out + (start + image) * g.out_channels * g.pixels(), g.pixels()),
+              transposed(cols + image * g.pixels(), columns), grad_weight, g.patch(), true);
     }
   }
 }

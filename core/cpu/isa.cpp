@@ -2,8 +2,6 @@
 // SHARDLAB_CPU_ISA, and the switch tests use.
 #include "core/cpu/isa.h"
 
-#include <cblas.h>
-
 #include <atomic>
 #include <cstdlib>
 
@@ -41,7 +39,7 @@ std::string_view isa_name(Isa isa) {
 Isa widest_isa() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f")) return Isa::avx512;
-  if (__builtin_cpu_supports("avx2")) return Isa::avx2;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::avx2;
   return Isa::baseline;
 }
 
@@ -62,8 +60,6 @@ void set_kernel_isa(Isa isa) {
   current().store(requested_isa(isa_name(isa), widest_isa()), std::memory_order_relaxed);
 }
 
-std::string describe_cpu_kernels() {
-  return fmt::format("{} kernels, OpenBLAS {}", isa_name(kernel_isa()), openblas_get_corename());
-}
+std::string describe_cpu_kernels() { return fmt::format("{} kernels", isa_name(kernel_isa())); }
 
 }  // namespace shardlab::cpu

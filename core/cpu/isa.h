@@ -8,7 +8,7 @@
 
 namespace shardlab::cpu {
 
-enum class Isa { baseline, avx2, avx512 };  // x86-64 (SSE2); AVX2; AVX-512F
+enum class Isa { baseline, avx2, avx512 };  // x86-64 (SSE2); AVX2 and FMA; AVX-512F
 
 std::string_view isa_name(Isa isa);
 
@@ -26,8 +26,9 @@ Isa kernel_isa();
 // lacks it.
 void set_kernel_isa(Isa isa);
 
-// What the CPU kernels run on, for logs: "avx2 kernels, OpenBLAS Zen". Results may differ in the
-// last bits between machines that print different lines.
+// What the CPU kernels run on, for logs: "avx2 kernels". Every set gives the same bits (the GEMM
+// included); what may still differ between processors is the C library's exp and log, which
+// pick an implementation by processor.
 std::string describe_cpu_kernels();
 
 }  // namespace shardlab::cpu

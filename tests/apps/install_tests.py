@@ -151,7 +151,7 @@ def main(mpirun, meson, build_dir, source_dir):
 
         # shardlab.pc names the configured prefix, which DESTDIR staging does not change; a copy
         # pointing at the staged tree stands in for the installed one. (PKG_CONFIG_SYSROOT_DIR
-        # would also prefix the paths of MPI and OpenBLAS, which are not staged.)
+        # would also prefix the paths of MPI, which are not staged.)
         pc_dir = os.path.join(scratch, "pkgconfig")
         os.makedirs(pc_dir)
         with open(pc_file, encoding="utf-8") as f:

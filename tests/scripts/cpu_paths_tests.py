@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """tests/scripts/cpu_paths_tests.py: scripts/test-cpu-paths where it cannot run a path. On a
 processor without the instructions a path needs (SHARDLAB_TEST_CPU_FLAGS stands for
-/proc/cpuinfo's flags) the path is not run: it says why on one line and writes a log in which
+/proc/cpuinfo's flags, SHARDLAB_TEST_CPU_ARCH for `uname -m`) the path is not run: it says why on one line and writes a log in which
 every unit test case counts as skipped, which scripts/summarize_tests.py adds up as skipped, not
 passed or failed. An unknown path exits 2 naming it. The paths that run are run by scripts/test.
 
@@ -22,8 +22,8 @@ from jobs import Checks  # noqa: E402
 PATHS = ("avx2", "baseline")
 
 
-def run(script, args, flags, build_dir):
-    env = dict(os.environ, SHARDLAB_TEST_CPU_FLAGS=flags, SHARDLAB_BUILD_DIR=build_dir)
+def run(script, args, flags, build_dir, arch="x86_64"):
+    env = dict(os.environ, SHARDLAB_TEST_CPU_FLAGS=flags, SHARDLAB_TEST_CPU_ARCH=arch, SHARDLAB_BUILD_DIR=build_dir)
     done = subprocess.run([script] + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=120)
     return done.returncode, done.stdout
@@ -32,13 +32,10 @@ def run(script, args, flags, build_dir):
 def check_skips(check, script, summarize, build_dir):
     log_dir = os.path.join(build_dir, "meson-logs")
     logs = [os.path.join(log_dir, f"testlog-cpu-{path}.json") for path in PATHS]
-    status, out = run(script, list(PATHS), "fpu sse sse2", build_dir)
-    check("a processor without AVX2, FMA and SSE3 runs no path and exits 0", status == 0, out)
-    check("the avx2 path says which instructions are missing",
-          "cpu-avx2: skipped: the processor lacks AVX2 FMA (OpenBLAS's Haswell kernels need AVX2 and FMA)"
-          in out, out)
-    check("the baseline path says SSE3 is missing",
-          "cpu-baseline: skipped: the processor lacks SSE3 (OpenBLAS's Prescott kernels need it)" in out, out)
+    status, out = run(script, list(PATHS), "avx2 fma", build_dir, arch="aarch64")
+    check("a processor that is not x86-64 runs no path and exits 0", status == 0, out)
+    check("both paths say so", all(f"cpu-{path}: skipped: the processor is aarch64, not x86-64" in out
+                                   for path in PATHS), out)
     records = [json.loads(open(log, encoding="utf-8").read()) for log in logs if os.path.exists(log)]
     check("each skipped path leaves a log", len(records) == 2, str(records))
     skipped = [int(r["stdout"].rsplit(", ", 1)[-1].split()[0]) for r in records]
@@ -48,6 +45,10 @@ def check_skips(check, script, summarize, build_dir):
     check("the summary counts them as skipped, and exits 0",
           done.returncode == 0 and done.stdout.strip().endswith(f"0 passed, 0 failed, {sum(skipped)} skipped"),
           done.stdout)
+    status, out = run(script, ["avx2"], "fpu sse sse2", build_dir)
+    check("the avx2 path says which instructions are missing",
+          status == 0 and
+          "cpu-avx2: skipped: the processor lacks AVX2 FMA (shardlab's AVX2 kernels need AVX2 and FMA)" in out, out)
     status, out = run(script, ["avx2"], "fpu sse sse2 pni avx2", build_dir)
     check("AVX2 without FMA is not enough for the avx2 path",
           status == 0 and "cpu-avx2: skipped: the processor lacks FMA (" in out, out)
