@@ -249,6 +249,9 @@ int main(int argc, char** argv) {
     add_linear_rows(rows, "llama down", 4096, 1024, 256);
     add_linear_rows(rows, "llama head", 4096, 256, 259);
     std::vector<Timing> timings(rows.size());
+    // OpenBLAS starts its threads when it loads, and they spin-wait (sched_yield) on the cores
+    // shardlab's pool runs on: one thread until its own turn below.
+    openblas_set_num_threads(1);
     for (std::size_t i = 0; i < rows.size(); ++i)
       timings[i].ours = measure(reps, rows[i].prepare(Device::cpu()), [] {});
     if (with_cuda && supports<&Kernels::matmul>(Device::cuda(0)) &&
@@ -258,9 +261,8 @@ int main(int argc, char** argv) {
         timings[i].cuda = measure(reps, rows[i].prepare(Device::cuda(0)), [&] { stream.synchronize(); });
       }
     }
-    // The baseline last, with OpenBLAS's own threads: shardlab keeps OpenBLAS single-threaded
-    // (core/cpu/gemm.h), and OpenBLAS's threads spin after each call, which would slow the
-    // other measurements if they were interleaved.
+    // The baseline last, with OpenBLAS's own threads: they spin after each call, which would slow
+    // the other measurements if they were interleaved.
     openblas_set_num_threads(num_threads());
     for (std::size_t i = 0; i < rows.size(); ++i) {
       timings[i].openblas =
