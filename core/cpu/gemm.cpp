@@ -135,7 +135,11 @@ bool reads_a_in_place(MatrixView<T> a) {
 template <typename T>
 void gemm_serial(std::int64_t m, std::int64_t n, std::int64_t k, MatrixView<T> a, MatrixView<T> b, T* c,
                  std::int64_t ldc, bool accumulate, const TileKernel<T>& kernel) {
-  const std::int64_t depth_max = kDepthBytes / static_cast<std::int64_t>(sizeof(T));
+  // k in equal depth blocks of at most kDepthBytes: 288 as 144 + 144, not 256 + a short 32 whose
+  // tiles would reload and store C for a few steps each.
+  const std::int64_t depth_limit = kDepthBytes / static_cast<std::int64_t>(sizeof(T));
+  const std::int64_t depth_blocks = (k + depth_limit - 1) / depth_limit;
+  const std::int64_t depth_max = (k + depth_blocks - 1) / depth_blocks;
   const std::int64_t block_rows =
       std::max<std::int64_t>(1, kBlockOfABytes / (depth_max * sizeof(T)) / kernel.rows) * kernel.rows;
   const std::int64_t panel_cols =

@@ -120,7 +120,7 @@ void check_against_naive(const std::vector<std::array<std::int64_t, 3>>& shapes)
 
 TEST_CASE("GEMM in f32 has the bits of a naive fused multiply-add loop everywhere", "[gemm]") {
   // Rows 1, 13, 37, 130 and columns 1, 33, 70 cut the tiles (12 x 32, 6 x 16, 4 x 4); k = 300 and
-  // 600 span two and three depth blocks of 256; 130 x 70 x 600 is split over the threads.
+  // 600 span two and three depth blocks (at most 256 steps each); 130 x 70 x 600 is split over the threads.
   check_against_naive<float>({{1, 1, 1}, {13, 33, 7}, {37, 70, 300}, {130, 70, 600}});
 }
 
