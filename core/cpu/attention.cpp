@@ -7,13 +7,13 @@
 // the diagonal are never visited. A query that sees no key has logsumexp -inf: its probabilities
 // are set to 0 rather than computed as exp(-inf - -inf) = NaN.
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
 
 #include "core/attention_mask.h"
+#include "core/cpu/fast_exp.h"
 #include "core/cpu/gemm.h"
 #include "core/cpu/kernels.h"
 #include "core/parallel.h"
@@ -89,31 +89,13 @@ void score_tile(const Problem<T>& p, const Tile& tile, T* scores) {
 }
 
 // row[c] = exp(row[c] - shift) for row[c] <= shift: scores minus their running max or their
-// logsumexp (-inf gives 0). f64 calls std::exp (gradchecks). f32 evaluates Cephes' expf in a form
-// GCC vectorises, where std::exp is a libm call per element that took a third of the time:
-// x = n ln2 + r with |r| <= ln2 / 2, a polynomial in r, 2^n from the exponent bits. Within 1 ulp
-// of exp on [-87, 0]; 0 below (exp < 2^-125 there).
+// logsumexp (-inf gives 0). f64 calls std::exp (gradchecks); f32 core/cpu/fast_exp.h's, where
+// std::exp, a libm call per element, took a third of the time.
 void exp_shifted(double* row, std::int64_t count, double shift) {
   for (std::int64_t c = 0; c < count; ++c) row[c] = std::exp(row[c] - shift);
 }
 
-// exp(x) for x >= -88, branch-free (the 0 below -87 is a bit mask, not a select of products).
-inline float exp_from_floor(float x) {
-  const auto n = static_cast<std::int32_t>(x * 1.44269504088896341f - 0.5f);  // round(x log2 e), x <= 0
-  const float whole = static_cast<float>(n);
-  const float r = x - whole * 0.693359375f + whole * 2.12194440e-4f;  // x - n ln2 in two parts
-  const float p =
-      ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r +
-       1.6666665459e-1f) *
-          r +
-      5.0000001201e-1f;
-  const float value = (p * r * r + r + 1.0f) * std::bit_cast<float>((n + 127) << 23);
-  const std::uint32_t keep = x < -87.0f ? 0u : ~0u;
-  return std::bit_cast<float>(std::bit_cast<std::uint32_t>(value) & keep);
-}
-
 void exp_shifted(float* row, std::int64_t count, float shift) {
-  // Two loops: with the clamp in the polynomial's loop GCC no longer vectorises it.
   for (std::int64_t c = 0; c < count; ++c) row[c] = std::max(row[c] - shift, -88.0f);
   for (std::int64_t c = 0; c < count; ++c) row[c] = exp_from_floor(row[c]);
 }

@@ -10,6 +10,7 @@
 #include "core/cpu/isa.h"
 #include "core/parallel.h"
 #include "tests/check.h"
+#include "tests/core/runnable_isas.h"
 
 using namespace shardlab;
 using cpu::Isa;
@@ -25,13 +26,6 @@ struct KeepSettings {
     set_num_threads(threads);
   }
 };
-
-std::vector<Isa> runnable_isas() {
-  std::vector<Isa> isas;
-  for (const Isa isa : {Isa::baseline, Isa::avx2, Isa::avx512})
-    if (isa <= cpu::widest_isa()) isas.push_back(isa);
-  return isas;
-}
 
 // How an operand is stored: row-major with its own row length, row-major in rows of 2 KiB (which
 // the GEMM packs rather than reading in place), transposed, or every other element of a row.
@@ -100,7 +94,7 @@ void check_against_naive(const std::vector<std::array<std::int64_t, 3>>& shapes)
         const Operand<T> start(m, n, Storage::row_major, 3);
         for (const bool accumulate : {false, true}) {
           const std::vector<T> expected = naive_fma(a, b, m, n, k, start.buffer, accumulate);
-          for (const Isa isa : runnable_isas()) {
+          for (const Isa isa : test::runnable_isas()) {
             cpu::set_kernel_isa(isa);
             for (const int threads : {1, 3}) {
               set_num_threads(threads);

@@ -6,6 +6,7 @@
 
 #include "core/cpu/isa.h"
 #include "tests/check.h"
+#include "tests/core/runnable_isas.h"
 
 using namespace shardlab;
 using cpu::Isa;
@@ -17,13 +18,6 @@ struct KeepKernelIsa {
   Isa saved = cpu::kernel_isa();
   ~KeepKernelIsa() { cpu::set_kernel_isa(saved); }
 };
-
-std::vector<Isa> runnable_isas() {
-  std::vector<Isa> isas;
-  for (const Isa isa : {Isa::baseline, Isa::avx2, Isa::avx512})
-    if (isa <= cpu::widest_isa()) isas.push_back(isa);
-  return isas;
-}
 
 // Every multi-versioned kernel's output on inputs with full vectors of every width and a tail
 // (1037 = 16 * 64 + 13), as raw values: compared with ==, a single flipped bit fails.
@@ -42,6 +36,10 @@ std::vector<std::vector<double>> outputs_of_every_clone() {
     adam_step(w, test::random_tensor({1037}, 44 + step, DType::f32), m, v, h);
   }
   for (const Tensor& t : {w, m, v}) out.push_back(test::values(t));
+  const Tensor gate = test::random_tensor({1037}, 47, DType::f32, -100.0, 100.0);
+  out.push_back(test::values(swiglu(gate, row.select(0, 0))));
+  const SwigluGrads swiglu_grads = swiglu_backward(row.select(0, 1), gate, row.select(0, 2));
+  for (const Tensor& t : {swiglu_grads.gate, swiglu_grads.up}) out.push_back(test::values(t));
   const Tensor image = test::random_tensor({2, 3, 18, 35}, 46, DType::f32);
   image.select(0, 0).select(0, 1).select(0, 5).select(0, 7).fill_(std::numeric_limits<float>::quiet_NaN());
   const MaxPool2dResult pooled = max_pool2d(image, {.kernel_size = 2});
@@ -64,7 +62,7 @@ TEST_CASE("every instruction set's kernels give the baseline's bits", "[isa]") {
   const KeepKernelIsa keep;
   cpu::set_kernel_isa(Isa::baseline);
   const std::vector<std::vector<double>> baseline = outputs_of_every_clone();
-  for (const Isa isa : runnable_isas()) {
+  for (const Isa isa : test::runnable_isas()) {
     INFO(cpu::isa_name(isa));
     cpu::set_kernel_isa(isa);
     CHECK(cpu::kernel_isa() == isa);
