@@ -185,19 +185,29 @@ void conv2d_backward_input_typed(const ConvGeometry& g, const T* grad_out, const
 
 template <typename T>
 void conv2d_backward_weight_typed(const ConvGeometry& g, const T* grad_out, const T* input, T* grad_weight) {
-  // Image after image into the one gradient (each GEMM split over the pool): the sum's order is
-  // the images', whatever the thread count.
+  // Accumulated transposed, as [patch, O] += the image's columns [patch, pixels] x grad_out[image]^T
+  // [pixels, O]: the patch's rows give the GEMM a tall C that splits evenly over the threads and
+  // a narrow operand to pack (O x pixels, not patch x pixels). Image after image, each GEMM split
+  // over the pool: every element's sum runs over the images and pixels in order, whatever the
+  // thread count, as in the untransposed product.
+  const std::int64_t patch = g.patch(), outs = g.out_channels;
+  std::vector<T> transposed_grad(static_cast<std::size_t>(patch * outs));
+  for (std::int64_t o = 0; o < outs; ++o) {
+    for (std::int64_t e = 0; e < patch; ++e) transposed_grad[e * outs + o] = grad_weight[o * patch + e];
+  }
   T* cols = column_buffer<T>(g);
   const std::int64_t chunk = g.chunk(sizeof(T));
   for (std::int64_t start = 0; start < g.batch; start += chunk) {
     const std::int64_t count = std::min(chunk, g.batch - start), columns = count * g.pixels();
     im2col(g, input + start * g.channels * g.height * g.width, count, cols);
     for (std::int64_t image = 0; image < count; ++image) {
-      // grad_weight [O, patch] += grad_out[image] [O, pixels] x the image's columns^T [pixels, patch]
-      gemm<T>(g.out_channels, g.patch(), g.pixels(),
-              row_major(grad_out + (start + image) * g.out_channels * g.pixels(), g.pixels()),
-              transposed(cols + image * g.pixels(), columns), grad_weight, g.patch(), true);
+      gemm<T>(patch, outs, g.pixels(), row_major(cols + image * g.pixels(), columns),
+              transposed(grad_out + (start + image) * outs * g.pixels(), g.pixels()), transposed_grad.data(),
+              outs, true);
     }
+  }
+  for (std::int64_t o = 0; o < outs; ++o) {
+    for (std::int64_t e = 0; e < patch; ++e) grad_weight[o * patch + e] = transposed_grad[e * outs + o];
   }
 }
 

@@ -40,6 +40,11 @@ std::vector<std::vector<double>> outputs_of_every_clone() {
   out.push_back(test::values(swiglu(gate, row.select(0, 0))));
   const SwigluGrads swiglu_grads = swiglu_backward(row.select(0, 1), gate, row.select(0, 2));
   for (const Tensor& t : {swiglu_grads.gate, swiglu_grads.up}) out.push_back(test::values(t));
+  // Attention's exp, row max and row sum in their lanes: 70 keys (a tile and a tail), causal.
+  const Tensor q = test::random_tensor({1, 2, 70, 16}, 48, DType::f32, -2.0, 2.0);
+  const Tensor kv = test::random_tensor({1, 1, 70, 16}, 49, DType::f32, -2.0, 2.0);
+  const AttentionResult attended = attention_forward(q, kv, kv, {.causal = true});
+  for (const Tensor& t : {attended.out, attended.logsumexp}) out.push_back(test::values(t));
   const Tensor image = test::random_tensor({2, 3, 18, 35}, 46, DType::f32);
   image.select(0, 0).select(0, 1).select(0, 5).select(0, 7).fill_(std::numeric_limits<float>::quiet_NaN());
   const MaxPool2dResult pooled = max_pool2d(image, {.kernel_size = 2});
