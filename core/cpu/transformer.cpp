@@ -72,6 +72,62 @@ void floating(DType dtype, Fn&& fn) {
   });
 }
 
+// RMSNorm's f32 rows under the widest instruction set: each row's sum (of x^2, or of g w x) in
+// double over 8 interleaved lanes added in a fixed order, as the reductions' rows
+// (core/cpu/reduce.cpp), where one chain of double adds per row took most of the time; then the
+// row's elementwise pass in f32.
+constexpr std::int64_t kNormLanes = 8;
+
+template <typename Term>
+[[gnu::always_inline]] inline double row_total(std::int64_t width, Term term) {
+  double partial[kNormLanes] = {};
+  const std::int64_t whole = width / kNormLanes * kNormLanes;
+  for (std::int64_t e = 0; e < whole; e += kNormLanes) {
+    for (std::int64_t lane = 0; lane < kNormLanes; ++lane) partial[lane] += term(e + lane);
+  }
+  double total = 0;
+  for (const double p : partial) total += p;
+  for (std::int64_t e = whole; e < width; ++e) total += term(e);
+  return total;
+}
+
+SHARDLAB_CPU_CLONES(void, rms_norm_rows_f32,
+                    (const float* in, const float* w, std::int64_t width, std::int64_t first,
+                     std::int64_t last, double eps, float* y, float* rstd),
+                    (in, w, width, first, last, eps, y, rstd)) {
+  for (std::int64_t row = first; row < last; ++row) {
+    const float* x = in + row * width;
+    const double squares = row_total(width, [&](std::int64_t e) { return double(x[e]) * x[e]; });
+    const auto r = static_cast<float>(1.0 / std::sqrt(squares / static_cast<double>(width) + eps));
+    rstd[row] = r;
+    for (std::int64_t e = 0; e < width; ++e) y[row * width + e] = x[e] * r * w[e];
+  }
+}
+
+SHARDLAB_CPU_CLONES(void, rms_norm_backward_rows_f32,
+                    (const float* grad, const float* in, const float* w, const float* rstd,
+                     std::int64_t width, std::int64_t first, std::int64_t last, float* grad_x),
+                    (grad, in, w, rstd, width, first, last, grad_x)) {
+  for (std::int64_t row = first; row < last; ++row) {
+    const float *g = grad + row * width, *x = in + row * width;
+    const double dot = row_total(width, [&](std::int64_t e) { return double(g[e]) * w[e] * x[e]; });
+    const float r = rstd[row];
+    const float correction = static_cast<float>(dot / static_cast<double>(width)) * r * r * r;
+    for (std::int64_t e = 0; e < width; ++e) grad_x[row * width + e] = r * (g[e] * w[e]) - x[e] * correction;
+  }
+}
+
+// One chunk's column partials of RMSNorm's weight gradient, sum over its rows of g x rstd.
+SHARDLAB_CPU_CLONES(void, rms_norm_weight_partials_f32,
+                    (const float* grad, const float* in, const float* rstd, std::int64_t width,
+                     RowRange range, double* partial),
+                    (grad, in, rstd, width, range, partial)) {
+  for (std::int64_t row = range.begin; row < range.end; ++row) {
+    for (std::int64_t e = 0; e < width; ++e)
+      partial[e] += double(grad[row * width + e]) * in[row * width + e] * rstd[row];
+  }
+}
+
 }  // namespace
 
 void rms_norm_forward(const Tensor& x, const Tensor& weight, double eps, const Tensor& out,
@@ -83,6 +139,7 @@ void rms_norm_forward(const Tensor& x, const Tensor& weight, double eps, const T
     T* y = out.data<T>();
     C* r = rstd.data<C>();
     parallel_for(0, rows, 16, [&](std::int64_t first, std::int64_t last) {
+      if constexpr (std::is_same_v<T, float>) return rms_norm_rows_f32(in, w, width, first, last, eps, y, r);
       for (std::int64_t row = first; row < last; ++row) {
         double squares = 0;
         for (std::int64_t e = 0; e < width; ++e)
@@ -105,6 +162,8 @@ void rms_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& we
     T *gx = grad_x.data<T>(), *gw = grad_weight.data<T>();
     // grad_x = rstd (g w) - x rstd^3 mean((g w) x), per row.
     parallel_for(0, rows, 16, [&](std::int64_t first, std::int64_t last) {
+      if constexpr (std::is_same_v<T, float>)
+        return rms_norm_backward_rows_f32(g, in, w, r, width, first, last, gx);
       for (std::int64_t row = first; row < last; ++row) {
         double dot = 0;
         for (std::int64_t e = 0; e < width; ++e)
@@ -123,6 +182,10 @@ void rms_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& we
       for (std::int64_t chunk = first; chunk < last; ++chunk) {
         const RowRange range = chunk_rows(chunk, rows);
         double* partial = partials.data() + chunk * width;
+        if constexpr (std::is_same_v<T, float>) {
+          rms_norm_weight_partials_f32(g, in, r, width, range, partial);
+          continue;
+        }
         for (std::int64_t row = range.begin; row < range.end; ++row) {
           for (std::int64_t e = 0; e < width; ++e)
             partial[e] += double(widen(g[row * width + e])) * widen(in[row * width + e]) * r[row];

@@ -402,6 +402,35 @@ TEST_CASE("rms_norm gradients and values", "[gradcheck_nn][norm]") {
   check_close(rms_norm(constant(x), constant(w), 1e-5).data(), naive_norm(x, values(w), {}, 1e-5, false));
 }
 
+TEST_CASE("rms_norm in f32 (lanes and a tail, several column chunks) matches f64 loops",
+          "[gradcheck_nn][norm]") {
+  const std::int64_t rows = 600, width = 37;  // 4 whole lanes of 8 and a tail; 3 chunks of 256 rows
+  const Tensor x = test::random_tensor({rows, width}, 160, DType::f32, -2.0, 2.0);
+  const Tensor w = test::random_tensor({width}, 161, DType::f32, -2.0, 2.0);
+  const Tensor g = test::random_tensor({rows, width}, 162, DType::f32, -2.0, 2.0);
+  const std::vector<double> vx = values(x), vw = values(w), vg = values(g);
+  std::vector<double> out, grad_x, grad_w(width, 0.0);
+  for (std::int64_t row = 0; row < rows; ++row) {
+    double squares = 0, dot = 0;
+    for (std::int64_t e = 0; e < width; ++e) {
+      squares += vx[row * width + e] * vx[row * width + e];
+      dot += vg[row * width + e] * vw[e] * vx[row * width + e];
+    }
+    const double r = 1 / std::sqrt(squares / width + 1e-6);
+    for (std::int64_t e = 0; e < width; ++e) {
+      const double xe = vx[row * width + e], ge = vg[row * width + e];
+      out.push_back(xe * r * vw[e]);
+      grad_x.push_back(r * ge * vw[e] - xe * r * r * r * dot / width);
+      grad_w[e] += ge * xe * r;
+    }
+  }
+  const RmsNormResult forward = rms_norm_forward(x, w, 1e-6);
+  check_close(forward.out, out);
+  const RmsNormGrads grads = rms_norm_backward(g, x, w, forward.rstd);
+  check_close(grads.x, grad_x, {1e-5, 1e-5});
+  check_close(grads.weight, grad_w, {1e-4, 1e-5});
+}
+
 TEST_CASE("swiglu gradients and values, fused and composed", "[gradcheck_nn]") {
   check_gradients("swiglu", [](const std::vector<Variable>& x) { return swiglu(x[0], x[1]); },
                   {leaf({3, 7}, 146, "gate"), leaf({3, 7}, 147, "up")});

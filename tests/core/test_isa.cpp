@@ -40,6 +40,10 @@ std::vector<std::vector<double>> outputs_of_every_clone() {
   out.push_back(test::values(swiglu(gate, row.select(0, 0))));
   const SwigluGrads swiglu_grads = swiglu_backward(row.select(0, 1), gate, row.select(0, 2));
   for (const Tensor& t : {swiglu_grads.gate, swiglu_grads.up}) out.push_back(test::values(t));
+  const RmsNormResult norm = rms_norm_forward(row, row.select(0, 0).narrow(0, 0, 1037), 1e-6);
+  const RmsNormGrads norm_grads = rms_norm_backward(row, row, row.select(0, 1), norm.rstd);
+  for (const Tensor& t : {norm.out, norm.rstd, norm_grads.x, norm_grads.weight})
+    out.push_back(test::values(t));
   // Attention's exp, row max and row sum in their lanes: 70 keys (a tile and a tail), causal.
   const Tensor q = test::random_tensor({1, 2, 70, 16}, 48, DType::f32, -2.0, 2.0);
   const Tensor kv = test::random_tensor({1, 1, 70, 16}, 49, DType::f32, -2.0, 2.0);
