@@ -79,16 +79,35 @@ void for_each_row(const Shape& shape, const std::array<const Tensor*, N>& tensor
   const std::int64_t pieces_per_row = keep_last ? 1 : std::max<std::int64_t>(1, length / kPiece);
   const std::int64_t piece = (length + pieces_per_row - 1) / pieces_per_row;
   const std::int64_t grain = std::max<std::int64_t>(1, kPiece / std::max<std::int64_t>(piece, 1));
+  // The first row of a share is found by division, each next one by stepping its index like an
+  // odometer: short rows (a transpose's 32 elements) no longer pay a division per dimension.
+  const auto row_start = [&](std::int64_t r, std::vector<std::int64_t>& index) {
+    Pointers<N> p = base;
+    for (std::size_t d = layout.sizes.size(); d-- > 0;) {
+      index[d] = r % layout.sizes[d];
+      r /= layout.sizes[d];
+      for (std::size_t k = 0; k < N; ++k) p[k] += index[d] * layout.strides[d][k];
+    }
+    return p;
+  };
+  const auto next_row = [&](Pointers<N>& p, std::vector<std::int64_t>& index) {
+    for (std::size_t d = layout.sizes.size(); d-- > 0;) {
+      for (std::size_t k = 0; k < N; ++k) p[k] += layout.strides[d][k];
+      if (++index[d] < layout.sizes[d]) return;
+      for (std::size_t k = 0; k < N; ++k) p[k] -= layout.sizes[d] * layout.strides[d][k];
+      index[d] = 0;
+    }
+  };
   parallel_for(0, rows * pieces_per_row, grain, [&](std::int64_t first, std::int64_t last) {
+    std::vector<std::int64_t> index(layout.sizes.size());
+    if (pieces_per_row == 1) {
+      Pointers<N> p = row_start(first, index);
+      for (std::int64_t r = first; r < last; ++r, next_row(p, index)) row(p, inner, length);
+      return;
+    }
     for (std::int64_t task = first; task < last; ++task) {
-      const std::int64_t r = task / pieces_per_row, start = task % pieces_per_row * piece;
-      Pointers<N> p = base;
-      std::int64_t rest = r;
-      for (std::size_t d = layout.sizes.size(); d-- > 0;) {
-        const std::int64_t i = rest % layout.sizes[d];
-        rest /= layout.sizes[d];
-        for (std::size_t k = 0; k < N; ++k) p[k] += i * layout.strides[d][k];
-      }
+      const std::int64_t start = task % pieces_per_row * piece;
+      Pointers<N> p = row_start(task / pieces_per_row, index);
       for (std::size_t k = 0; k < N; ++k) p[k] += start * inner[k];
       row(p, inner, std::min(piece, length - start));
     }
