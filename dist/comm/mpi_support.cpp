@@ -2,6 +2,9 @@
 #include "dist/comm/mpi_support.h"
 
 #include <array>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include "core/error.h"
@@ -53,11 +56,17 @@ Reductions reductions;
 
 }  // namespace
 
+void prefer_yielding_waits() {
+  SHARDLAB_CHECK(setenv("OMPI_MCA_mpi_yield_when_idle", "1", /*overwrite=*/0) == 0,
+                 "dist::init: could not set OMPI_MCA_mpi_yield_when_idle: {}", std::strerror(errno));
+}
+
 MpiEnvironment::MpiEnvironment(int& argc, char**& argv) {
   int initialized = 0;
   SHARDLAB_MPI_CHECK(MPI_Initialized(&initialized));
   SHARDLAB_CHECK(!initialized,
                  "dist::init: MPI is already initialised in this process (call dist::init once)");
+  prefer_yielding_waits();
   int provided = 0;
   SHARDLAB_MPI_CHECK(MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided));
   if (provided < MPI_THREAD_MULTIPLE) {

@@ -2,7 +2,9 @@
 // patterns, counts that do not divide by the world size, empty and multi-megabyte buffers,
 // byte counters, sub-communicators and the argument errors.
 #include <climits>
+#include <cstdlib>
 #include <memory>
+#include <string>
 
 #include "dist/comm/communicator.h"
 #include "dist/comm/monitor.h"
@@ -334,4 +336,23 @@ TEST_CASE("collectives refuse bad arguments with the op, the sizes and what was 
   const Tensor ones_tensor = ones({1});
   comm.all_reduce(ones_tensor).wait();
   CHECK(ones_tensor.item<float>() == static_cast<float>(w));
+}
+
+TEST_CASE("dist::init asks Open MPI to yield while a collective waits, keeping a value already set",
+          "[dist][collectives]") {
+  const char* name = "OMPI_MCA_mpi_yield_when_idle";
+  const char* before = std::getenv(name);
+  const std::string saved = before == nullptr ? "" : before;
+  unsetenv(name);
+  dist::prefer_yielding_waits();
+  REQUIRE(std::getenv(name) != nullptr);
+  CHECK(std::string(std::getenv(name)) == "1");
+  setenv(name, "0", 1);
+  dist::prefer_yielding_waits();
+  CHECK(std::string(std::getenv(name)) == "0");
+  if (before == nullptr) {
+    unsetenv(name);
+  } else {
+    setenv(name, saved.c_str(), 1);
+  }
 }
