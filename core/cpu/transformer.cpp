@@ -17,51 +17,69 @@ namespace shardlab::cpu {
 
 namespace {
 
-// The sigmoid in the compute type: f32 (f32, bf16 and f16 tensors) through core/cpu/fast_exp.h.
+// The sigmoids of `count` values in the compute type: f32 (f32, bf16 and f16 tensors) through
+// core/cpu/fast_exp.h in three passes (the clamp, exp and the sigmoid: GCC vectorises none of them
+// fused), f64 through std::exp.
 template <typename C>
-C sigmoid_of(C x) {
+[[gnu::always_inline]] inline void sigmoids(const C* x, std::int64_t count, C* out) {
   if constexpr (std::is_same_v<C, float>) {
-    return sigmoid_from(x, exp_from_floor(negative_magnitude(x)));
+    for (std::int64_t i = 0; i < count; ++i) out[i] = negative_magnitude(x[i]);
+    for (std::int64_t i = 0; i < count; ++i) out[i] = exp_from_floor(out[i]);
+    for (std::int64_t i = 0; i < count; ++i) out[i] = sigmoid_from(x[i], out[i]);
   } else {
-    return C(1) / (C(1) + std::exp(-x));
+    for (std::int64_t i = 0; i < count; ++i) out[i] = C(1) / (C(1) + std::exp(-x[i]));
   }
 }
 
-// f32 SwiGLU in blocks whose sigmoids are computed in three vectorised passes (the clamp, exp and
-// the sigmoid: GCC vectorises none of them fused), under the widest instruction set.
+// SwiGLU over n elements in blocks: a block's gates in the compute type, their sigmoids, then the
+// products (forward) or the gradients (backward). The f32 spans run under the widest instruction set.
 constexpr std::int64_t kSigmoidBlock = 256;
 
-[[gnu::always_inline]] inline void sigmoid_block(const float* x, std::int64_t count, float* out) {
-  for (std::int64_t i = 0; i < count; ++i) out[i] = negative_magnitude(x[i]);
-  for (std::int64_t i = 0; i < count; ++i) out[i] = exp_from_floor(out[i]);
-  for (std::int64_t i = 0; i < count; ++i) out[i] = sigmoid_from(x[i], out[i]);
+// fn(first, count, x, s) for each block of at most kSigmoidBlock gates: x the block's gates in the
+// compute type, s their sigmoids.
+template <typename T, typename Fn>
+[[gnu::always_inline]] inline void over_sigmoid_blocks(const T* gate, std::int64_t n, Fn fn) {
+  compute_t<T> x[kSigmoidBlock], s[kSigmoidBlock];
+  for (std::int64_t first = 0; first < n; first += kSigmoidBlock) {
+    const std::int64_t count = std::min(kSigmoidBlock, n - first);
+    for (std::int64_t i = 0; i < count; ++i) x[i] = widen(gate[first + i]);
+    sigmoids(x, count, s);
+    fn(first, count, x, s);
+  }
+}
+
+template <typename T>
+[[gnu::always_inline]] inline void swiglu_span(const T* gate, const T* up, T* out, std::int64_t n) {
+  using C = compute_t<T>;
+  over_sigmoid_blocks(gate, n, [&](std::int64_t first, std::int64_t count, const C* x, const C* s) {
+    for (std::int64_t i = 0; i < count; ++i) out[first + i] = narrow<T>(x[i] * s[i] * widen(up[first + i]));
+  });
+}
+
+template <typename T>
+[[gnu::always_inline]] inline void swiglu_backward_span(const T* grad_out, const T* gate, const T* up,
+                                                        T* grad_gate, T* grad_up, std::int64_t n) {
+  using C = compute_t<T>;
+  over_sigmoid_blocks(gate, n, [&](std::int64_t first, std::int64_t count, const C* x, const C* s) {
+    for (std::int64_t i = 0; i < count; ++i) {
+      const C d = widen(grad_out[first + i]);
+      // d/dx x s(x) = s(x) (1 + x (1 - s(x)))
+      grad_gate[first + i] = narrow<T>(d * widen(up[first + i]) * (s[i] * (C(1) + x[i] * (C(1) - s[i]))));
+      grad_up[first + i] = narrow<T>(d * (x[i] * s[i]));
+    }
+  });
 }
 
 SHARDLAB_CPU_CLONES(void, swiglu_f32, (const float* gate, const float* up, float* out, std::int64_t n),
                     (gate, up, out, n)) {
-  float s[kSigmoidBlock];
-  for (std::int64_t first = 0; first < n; first += kSigmoidBlock) {
-    const std::int64_t count = std::min(kSigmoidBlock, n - first);
-    const float *x = gate + first, *b = up + first;
-    sigmoid_block(x, count, s);
-    for (std::int64_t i = 0; i < count; ++i) out[first + i] = x[i] * s[i] * b[i];
-  }
+  swiglu_span(gate, up, out, n);
 }
 
 SHARDLAB_CPU_CLONES(void, swiglu_backward_f32,
                     (const float* grad_out, const float* gate, const float* up, float* grad_gate,
                      float* grad_up, std::int64_t n),
                     (grad_out, gate, up, grad_gate, grad_up, n)) {
-  float s[kSigmoidBlock];
-  for (std::int64_t first = 0; first < n; first += kSigmoidBlock) {
-    const std::int64_t count = std::min(kSigmoidBlock, n - first);
-    const float *x = gate + first, *b = up + first, *d = grad_out + first;
-    sigmoid_block(x, count, s);
-    for (std::int64_t i = 0; i < count; ++i) {
-      grad_gate[first + i] = d[i] * b[i] * (s[i] * (1.0f + x[i] * (1.0f - s[i])));
-      grad_up[first + i] = d[i] * (x[i] * s[i]);
-    }
-  }
+  swiglu_backward_span(grad_out, gate, up, grad_gate, grad_up, n);
 }
 
 // Runs fn<T>() for the floating dtypes; the ops let no other reach a kernel.
@@ -72,10 +90,10 @@ void floating(DType dtype, Fn&& fn) {
   });
 }
 
-// RMSNorm's f32 rows under the widest instruction set: each row's sum (of x^2, or of g w x) in
-// double over 8 interleaved lanes added in a fixed order, as the reductions' rows
-// (core/cpu/reduce.cpp), where one chain of double adds per row took most of the time; then the
-// row's elementwise pass in f32.
+// RMSNorm's rows: each row's sum (of x^2, or of g w x) in double over 8 interleaved lanes added in a
+// fixed order, as the reductions' rows (core/cpu/reduce.cpp), where one chain of double adds per row
+// took most of the time; then the row's elementwise pass in the compute type. The f32 rows run under
+// the widest instruction set.
 constexpr std::int64_t kNormLanes = 8;
 
 template <typename Term>
@@ -91,41 +109,70 @@ template <typename Term>
   return total;
 }
 
+template <typename T>
+[[gnu::always_inline]] inline void rms_norm_rows(const T* in, const T* w, std::int64_t width,
+                                                 std::int64_t first, std::int64_t last, double eps, T* y,
+                                                 compute_t<T>* rstd) {
+  using C = compute_t<T>;
+  for (std::int64_t row = first; row < last; ++row) {
+    const T* x = in + row * width;
+    const double squares = row_total(width, [&](std::int64_t e) {
+      const double v = widen(x[e]);
+      return v * v;
+    });
+    const auto r = static_cast<C>(1.0 / std::sqrt(squares / static_cast<double>(width) + eps));
+    rstd[row] = r;
+    for (std::int64_t e = 0; e < width; ++e) y[row * width + e] = narrow<T>(widen(x[e]) * r * widen(w[e]));
+  }
+}
+
+// grad_x = rstd (g w) - x rstd^3 mean((g w) x), per row.
+template <typename T>
+[[gnu::always_inline]] inline void rms_norm_backward_rows(const T* grad, const T* in, const T* w,
+                                                          const compute_t<T>* rstd, std::int64_t width,
+                                                          std::int64_t first, std::int64_t last, T* grad_x) {
+  using C = compute_t<T>;
+  for (std::int64_t row = first; row < last; ++row) {
+    const T *g = grad + row * width, *x = in + row * width;
+    const double dot =
+        row_total(width, [&](std::int64_t e) { return double(widen(g[e])) * widen(w[e]) * widen(x[e]); });
+    const C r = rstd[row];
+    const C correction = static_cast<C>(dot / static_cast<double>(width)) * r * r * r;
+    for (std::int64_t e = 0; e < width; ++e)
+      grad_x[row * width + e] = narrow<T>(r * (widen(g[e]) * widen(w[e])) - widen(x[e]) * correction);
+  }
+}
+
+// One chunk's column partials of RMSNorm's weight gradient, sum over its rows of g x rstd.
+template <typename T>
+[[gnu::always_inline]] inline void rms_norm_weight_partials(const T* grad, const T* in,
+                                                            const compute_t<T>* rstd, std::int64_t width,
+                                                            RowRange range, double* partial) {
+  for (std::int64_t row = range.begin; row < range.end; ++row) {
+    for (std::int64_t e = 0; e < width; ++e)
+      partial[e] += double(widen(grad[row * width + e])) * widen(in[row * width + e]) * rstd[row];
+  }
+}
+
 SHARDLAB_CPU_CLONES(void, rms_norm_rows_f32,
                     (const float* in, const float* w, std::int64_t width, std::int64_t first,
                      std::int64_t last, double eps, float* y, float* rstd),
                     (in, w, width, first, last, eps, y, rstd)) {
-  for (std::int64_t row = first; row < last; ++row) {
-    const float* x = in + row * width;
-    const double squares = row_total(width, [&](std::int64_t e) { return double(x[e]) * x[e]; });
-    const auto r = static_cast<float>(1.0 / std::sqrt(squares / static_cast<double>(width) + eps));
-    rstd[row] = r;
-    for (std::int64_t e = 0; e < width; ++e) y[row * width + e] = x[e] * r * w[e];
-  }
+  rms_norm_rows(in, w, width, first, last, eps, y, rstd);
 }
 
 SHARDLAB_CPU_CLONES(void, rms_norm_backward_rows_f32,
                     (const float* grad, const float* in, const float* w, const float* rstd,
                      std::int64_t width, std::int64_t first, std::int64_t last, float* grad_x),
                     (grad, in, w, rstd, width, first, last, grad_x)) {
-  for (std::int64_t row = first; row < last; ++row) {
-    const float *g = grad + row * width, *x = in + row * width;
-    const double dot = row_total(width, [&](std::int64_t e) { return double(g[e]) * w[e] * x[e]; });
-    const float r = rstd[row];
-    const float correction = static_cast<float>(dot / static_cast<double>(width)) * r * r * r;
-    for (std::int64_t e = 0; e < width; ++e) grad_x[row * width + e] = r * (g[e] * w[e]) - x[e] * correction;
-  }
+  rms_norm_backward_rows(grad, in, w, rstd, width, first, last, grad_x);
 }
 
-// One chunk's column partials of RMSNorm's weight gradient, sum over its rows of g x rstd.
 SHARDLAB_CPU_CLONES(void, rms_norm_weight_partials_f32,
                     (const float* grad, const float* in, const float* rstd, std::int64_t width,
                      RowRange range, double* partial),
                     (grad, in, rstd, width, range, partial)) {
-  for (std::int64_t row = range.begin; row < range.end; ++row) {
-    for (std::int64_t e = 0; e < width; ++e)
-      partial[e] += double(grad[row * width + e]) * in[row * width + e] * rstd[row];
-  }
+  rms_norm_weight_partials(grad, in, rstd, width, range, partial);
 }
 
 }  // namespace
@@ -140,14 +187,7 @@ void rms_norm_forward(const Tensor& x, const Tensor& weight, double eps, const T
     C* r = rstd.data<C>();
     parallel_for(0, rows, 16, [&](std::int64_t first, std::int64_t last) {
       if constexpr (std::is_same_v<T, float>) return rms_norm_rows_f32(in, w, width, first, last, eps, y, r);
-      for (std::int64_t row = first; row < last; ++row) {
-        double squares = 0;
-        for (std::int64_t e = 0; e < width; ++e)
-          squares += double(widen(in[row * width + e])) * widen(in[row * width + e]);
-        r[row] = static_cast<C>(1.0 / std::sqrt(squares / static_cast<double>(width) + eps));
-        for (std::int64_t e = 0; e < width; ++e)
-          y[row * width + e] = narrow<T>(widen(in[row * width + e]) * r[row] * widen(w[e]));
-      }
+      rms_norm_rows(in, w, width, first, last, eps, y, r);
     });
   });
 }
@@ -160,20 +200,10 @@ void rms_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& we
     const T *g = grad_out.data<T>(), *in = x.data<T>(), *w = weight.data<T>();
     const C* r = rstd.data<C>();
     T *gx = grad_x.data<T>(), *gw = grad_weight.data<T>();
-    // grad_x = rstd (g w) - x rstd^3 mean((g w) x), per row.
     parallel_for(0, rows, 16, [&](std::int64_t first, std::int64_t last) {
       if constexpr (std::is_same_v<T, float>)
         return rms_norm_backward_rows_f32(g, in, w, r, width, first, last, gx);
-      for (std::int64_t row = first; row < last; ++row) {
-        double dot = 0;
-        for (std::int64_t e = 0; e < width; ++e)
-          dot += double(widen(g[row * width + e])) * widen(w[e]) * widen(in[row * width + e]);
-        const C correction = static_cast<C>(dot / static_cast<double>(width)) * r[row] * r[row] * r[row];
-        for (std::int64_t e = 0; e < width; ++e) {
-          const std::int64_t i = row * width + e;
-          gx[i] = narrow<T>(r[row] * (widen(g[i]) * widen(w[e])) - widen(in[i]) * correction);
-        }
-      }
+      rms_norm_backward_rows(g, in, w, r, width, first, last, gx);
     });
     // grad_weight = sum over rows of g x rstd per column, in core/column_sums.h's order (the GPU's).
     const std::int64_t chunks = column_chunks(rows);
@@ -184,11 +214,8 @@ void rms_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& we
         double* partial = partials.data() + chunk * width;
         if constexpr (std::is_same_v<T, float>) {
           rms_norm_weight_partials_f32(g, in, r, width, range, partial);
-          continue;
-        }
-        for (std::int64_t row = range.begin; row < range.end; ++row) {
-          for (std::int64_t e = 0; e < width; ++e)
-            partial[e] += double(widen(g[row * width + e])) * widen(in[row * width + e]) * r[row];
+        } else {
+          rms_norm_weight_partials(g, in, r, width, range, partial);
         }
       }
     });
@@ -201,16 +228,12 @@ void rms_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& we
 
 void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out) {
   floating(gate.dtype(), [&]<typename T>() {
-    using C = compute_t<T>;
     const T *a = gate.data<T>(), *b = up.data<T>();
     T* y = out.data<T>();
     parallel_for(0, gate.numel(), 4096, [&](std::int64_t first, std::int64_t last) {
       if constexpr (std::is_same_v<T, float>)
         return swiglu_f32(a + first, b + first, y + first, last - first);
-      for (std::int64_t i = first; i < last; ++i) {
-        const C x = widen(a[i]);
-        y[i] = narrow<T>(x * sigmoid_of(x) * widen(b[i]));
-      }
+      swiglu_span(a + first, b + first, y + first, last - first);
     });
   });
 }
@@ -218,19 +241,13 @@ void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out) {
 void swiglu_backward(const Tensor& grad_out, const Tensor& gate, const Tensor& up, const Tensor& grad_gate,
                      const Tensor& grad_up) {
   floating(gate.dtype(), [&]<typename T>() {
-    using C = compute_t<T>;
     const T *g = grad_out.data<T>(), *a = gate.data<T>(), *b = up.data<T>();
     T *ga = grad_gate.data<T>(), *gb = grad_up.data<T>();
     parallel_for(0, gate.numel(), 4096, [&](std::int64_t first, std::int64_t last) {
       if constexpr (std::is_same_v<T, float>) {
         return swiglu_backward_f32(g + first, a + first, b + first, ga + first, gb + first, last - first);
       }
-      for (std::int64_t i = first; i < last; ++i) {
-        const C x = widen(a[i]), s = sigmoid_of(x), d = widen(g[i]);
-        // d/dx x s(x) = s(x) (1 + x (1 - s(x)))
-        ga[i] = narrow<T>(d * widen(b[i]) * (s * (C(1) + x * (C(1) - s))));
-        gb[i] = narrow<T>(d * (x * s));
-      }
+      swiglu_backward_span(g + first, a + first, b + first, ga + first, gb + first, last - first);
     });
   });
 }
