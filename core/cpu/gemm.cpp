@@ -8,6 +8,7 @@
 #include <new>
 
 #include "core/cpu/gemm_tiles.h"
+#include "core/cpu/transpose.h"
 #include "core/parallel.h"
 
 namespace shardlab::cpu {
@@ -59,10 +60,7 @@ void pack_panels(const T* __restrict src, std::int64_t lines, std::int64_t depth
     const std::int64_t count = std::min<std::int64_t>(width, lines - first);
     const T* panel_src = src + first * line_stride;
     if (step_stride == 1) {
-      for (std::int64_t line = 0; line < count; ++line) {
-        const T* from = panel_src + line * line_stride;
-        for (std::int64_t p = 0; p < depth; ++p) out[p * width + line] = from[p];
-      }
+      transpose_block(panel_src, line_stride, count, depth, out, width);
     } else {
       for (std::int64_t p = 0; p < depth; ++p) {
         const T* from = panel_src + p * step_stride;
