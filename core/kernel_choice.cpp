@@ -2,10 +2,10 @@
 #include "core/kernel_choice.h"
 
 #include <algorithm>
-#include <string>
-#include <utility>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
+#include <utility>
 
 #include "core/kernels.h"  // op_name
 #include "core/ops.h"
@@ -15,7 +15,6 @@
 namespace shardlab {
 
 namespace {
-
 
 // Whether every operand steps by 1 from an address on 16 bytes, or by 0, along the layout's one dim.
 bool packs(const ElementwiseLayout& layout, const std::vector<std::uintptr_t>& addresses) {
@@ -44,7 +43,8 @@ bool fits_narrow_index(const ElementwiseLayout& layout, std::size_t operands) {
 }  // namespace
 
 OperandLayout layout_of(const Tensor& tensor) {
-  return {tensor.dtype(), tensor.shape(), tensor.strides(), reinterpret_cast<std::uintptr_t>(tensor.raw_data())};
+  return {tensor.dtype(), tensor.shape(), tensor.strides(),
+          reinterpret_cast<std::uintptr_t>(tensor.raw_data())};
 }
 
 ElementwiseLayout elementwise_layout(const std::vector<OperandLayout>& operands) {
@@ -142,7 +142,8 @@ KernelChoice matmul_choice(const OperandLayout& a, const OperandLayout& b) {
 KernelChoice reduce_choice(ReduceOp op, const OperandLayout& in, const OperandLayout& out) {
   const std::int64_t outputs = std::max<std::int64_t>(1, numel_of(out));
   const std::int64_t count = numel_of(in) / outputs;
-  if (reduce_chunks(op, outputs, count) > 1) return {"two passes: a block per chunk, then each row's chunks", false};
+  if (reduce_chunks(op, outputs, count) > 1)
+    return {"two passes: a block per chunk, then each row's chunks", false};
   return {"a block per output", outputs < 128 && count > kReduceChunk};
 }
 
@@ -158,6 +159,14 @@ KernelChoice attention_choice(const OperandLayout& q, const OperandLayout& v) {
   return {"?", true};
 }
 
+// The CUDA rotary and attention kernels take contiguous operands (Kernels::strided_heads is the
+// CPU's): strided ones, as the CPU's kernels receive them, are copied first.
+KernelChoice after_copies_of_strided(KernelChoice choice, const std::vector<OperandLayout>& operands) {
+  if (!std::all_of(operands.begin(), operands.end(), is_dense))
+    choice.kernel = "strided copies, then " + choice.kernel;
+  return choice;
+}
+
 // Ops whose one kernel does not depend on the operands' layout.
 const std::vector<std::pair<std::string_view, std::string_view>>& fixed_kernels() {
   static const std::vector<std::pair<std::string_view, std::string_view>> table = {
@@ -165,7 +174,6 @@ const std::vector<std::pair<std::string_view, std::string_view>>& fixed_kernels(
       {"rms_norm_backward", "a block per row; the weight gradient in two-pass column sums"},
       {"swiglu", "fused elementwise, 16-byte packs"},
       {"swiglu_backward", "fused elementwise, 16-byte packs"},
-      {"rotary_embedding", "fused elementwise over (T, D) tables"},
       {"cross_entropy", "a block per row, online logsumexp over the vocabulary"},
       {"cross_entropy_backward", "elementwise from the saved logsumexp, 16-byte packs"},
       {"softmax", "a block per row"},
@@ -197,15 +205,17 @@ KernelChoice cuda_kernel_choice(std::string_view op, const std::vector<OperandLa
   }
   if (op == "attention_forward" || op == "attention_backward") {
     needs(3);
-    return attention_choice(operands[0], operands[2]);
+    return after_copies_of_strided(attention_choice(operands[0], operands[2]), operands);
   }
+  if (op == "rotary_embedding")
+    return after_copies_of_strided({"fused elementwise over (T, D) tables", false}, operands);
   if (op == "adam_step" || op == "adadelta_step") {
     needs(1);
     const bool contiguous = std::all_of(operands.begin(), operands.end(), is_dense);
     return {contiguous ? "multi-tensor: one launch per dtype" : "strided, a launch per parameter", false};
   }
-  for (const ReduceOp code : {ReduceOp::sum, ReduceOp::mean, ReduceOp::sum_squares, ReduceOp::max, ReduceOp::min,
-                              ReduceOp::argmax}) {
+  for (const ReduceOp code : {ReduceOp::sum, ReduceOp::mean, ReduceOp::sum_squares, ReduceOp::max,
+                              ReduceOp::min, ReduceOp::argmax}) {
     if (op != op_name(code)) continue;
     needs(2);
     return reduce_choice(code, operands[0], operands[1]);

@@ -56,6 +56,7 @@ struct Kernels {
   void (*swiglu_backward)(const Tensor& grad_out, const Tensor& gate, const Tensor& up,
                           const Tensor& grad_gate, const Tensor& grad_up);
   // Rotary embedding of x [..., T, D] by cos, sin [T, D]; transpose: its transpose (the backward).
+  // x and out contiguous, or as strided_heads says.
   void (*rotary)(const Tensor& x, const Tensor& cos, const Tensor& sin, bool transpose, const Tensor& out);
   // Contiguous NCHW operands; bias may be undefined.
   void (*conv2d)(const Tensor& input, const Tensor& weight, const Tensor& bias, Conv2dParams p,
@@ -67,9 +68,9 @@ struct Kernels {
   void (*max_pool2d)(const Tensor& input, MaxPool2dParams p, const Tensor& out, const Tensor& indices);
   // Writes every element of grad_in: zero where no window's argmax lands.
   void (*max_pool2d_backward)(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_in);
-  // Fused attention (core/ops.h): q, k, v, grad_out and the forward result contiguous and of one
-  // dtype (f32 or f64); params.padding undefined or contiguous; params.scale set. The gradients
-  // arrive zero-filled.
+  // Fused attention (core/ops.h): q, k, v, grad_out, the forward's out and the gradients contiguous
+  // (or as strided_heads says) and of one dtype (f32 or f64); logsumexp and params.padding (undefined
+  // or) contiguous; params.scale set. The gradients arrive zero-filled.
   void (*attention_forward)(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
                             const AttentionResult& result);
   void (*attention_backward)(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -94,6 +95,11 @@ struct Kernels {
   // `apply`: undefined, or a one-element bool on the same device that gates every write.
   void (*adadelta_step)(std::span<const AdadeltaSegment> segments, const Tensor& apply);
   void (*adam_step)(std::span<const AdamSegment> segments, const Tensor& apply);
+  // Whether rotary and attention read their operands' rows (unit stride along the last dim) through
+  // any strides of the other dims, and take outputs and gradients laid out as their operands (dense,
+  // core/tensor.h's empty_in_layout_of): then q, k and v split from a [B, T, H * D] projection, and
+  // the output merged back into one, need no copies.
+  bool strided_heads = false;
 };
 
 const Kernels& kernels_for(Device device);

@@ -496,8 +496,8 @@ void check_attention_operands(const char* op, const Tensor& q, const Tensor& k, 
 
 namespace {
 
-// The operands of a fused attention op, checked, with what the kernels expect: contiguous
-// operands on one device, floating, and the scale resolved.
+// The operands of a fused attention op, checked, with what the kernels expect: operands on one
+// device, floating, and the scale resolved.
 AttentionParams checked_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                                   const AttentionParams& params) {
   check_attention_operands(op, q, k, v, params.padding);
@@ -515,6 +515,22 @@ void check_attention_tensor(const char* op, const char* what, const Tensor& t, c
   check_same_device(op, q, t);
   SHARDLAB_CHECK(t.shape() == shape && t.dtype() == dtype, "{}: {} must be {} {}, got {} {}", op, what,
                  shape_str(shape), dtype_name(dtype), shape_str(t.shape()), dtype_name(t.dtype()));
+}
+
+// `t` as the device's attention and rotary kernels read it: rows of the last dim in unit stride and
+// the other dims through any strides where the kernels take strided heads (a transposed view of
+// [B, T, H, D] then needs no copy), else contiguous.
+Tensor head_rows(const Tensor& t) {
+  const bool strided = kernels_for(t.device()).strided_heads && (t.dim() == 0 || t.stride(-1) == 1);
+  return strided ? t : t.contiguous();
+}
+
+// An output of `shape` for those kernels: in the layout of the operand `like` where they take strided
+// heads (an output of q in [B, T, H, D] memory transposes back for free), else contiguous.
+Tensor empty_for_heads(const Tensor& like, const Shape& shape) {
+  const TensorOptions options{like.dtype(), like.device()};
+  return kernels_for(like.device()).strided_heads ? empty_in_layout_of(like, shape, options)
+                                                  : empty(shape, options);
 }
 
 bool in_f32(const Tensor& q, const Tensor& v) {
@@ -540,11 +556,11 @@ AttentionResult attention_forward(const Tensor& q, const Tensor& k, const Tensor
     return {wide.out.to(q.dtype()), wide.logsumexp};
   }
   AttentionResult result{
-      empty({q.size(0), q.size(1), q.size(2), v.size(3)}, TensorOptions{q.dtype(), q.device()}),
+      empty_for_heads(q, {q.size(0), q.size(1), q.size(2), v.size(3)}),
       empty({q.size(0), q.size(1), q.size(2)}, TensorOptions{logsumexp_dtype(q.dtype()), q.device()})};
   if (result.logsumexp.numel() > 0) {
-    kernel<&Kernels::attention_forward>(q.device(), op)(q.contiguous(), k.contiguous(), v.contiguous(),
-                                                        resolved, result);
+    kernel<&Kernels::attention_forward>(q.device(), op)(head_rows(q), head_rows(k), head_rows(v), resolved,
+                                                        result);
   }
   return result;
 }
@@ -565,12 +581,16 @@ AttentionGrads attention_backward(const Tensor& grad_out, const Tensor& q, const
                                                     {wide(forward.out), forward.logsumexp}, resolved);
     return {grads.q.to(q.dtype()), grads.k.to(q.dtype()), grads.v.to(q.dtype())};
   }
-  const TensorOptions options{q.dtype(), q.device()};
-  AttentionGrads grads{zeros(q.shape(), options), zeros(k.shape(), options), zeros(v.shape(), options)};
+  const auto zeros_as = [](const Tensor& like) {
+    const Tensor grad = empty_for_heads(like, like.shape());
+    if (grad.numel() > 0) grad.fill_(0);
+    return grad;
+  };
+  AttentionGrads grads{zeros_as(q), zeros_as(k), zeros_as(v)};
   if (grad_out.numel() > 0 && k.size(2) > 0) {
     kernel<&Kernels::attention_backward>(q.device(), op)(
-        grad_out.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(),
-        AttentionResult{forward.out.contiguous(), forward.logsumexp.contiguous()}, resolved, grads);
+        head_rows(grad_out), head_rows(q), head_rows(k), head_rows(v),
+        AttentionResult{head_rows(forward.out), forward.logsumexp.contiguous()}, resolved, grads);
   }
   return grads;
 }
@@ -1084,7 +1104,8 @@ RmsNormGrads rms_norm_backward(const Tensor& grad_out, const Tensor& x, const Te
                  shape_str(x.shape()), shape_str(weight.shape()));
   // The kernels write every element of both; with no rows the weight's gradient is zero.
   const TensorOptions options{x.dtype(), x.device()};
-  RmsNormGrads grads{empty(x.shape(), options), x.numel() > 0 ? empty(weight.shape(), options) : zeros(weight.shape(), options)};
+  RmsNormGrads grads{empty(x.shape(), options),
+                     x.numel() > 0 ? empty(weight.shape(), options) : zeros(weight.shape(), options)};
   if (x.numel() > 0) {
     kernel<&Kernels::rms_norm_backward>(x.device(), op)(
         grad_out.contiguous(), x.contiguous(), weight.contiguous(), rstd.contiguous(), grads.x, grads.weight);
@@ -1129,9 +1150,9 @@ Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool transp
   const Shape table{x.size(-2), x.size(-1)};
   SHARDLAB_CHECK(cos.shape() == table && sin.shape() == table, "{}: cos {} and sin {} must be {} for x {}",
                  op, shape_str(cos.shape()), shape_str(sin.shape()), shape_str(table), shape_str(x.shape()));
-  Tensor out = empty(x.shape(), TensorOptions{x.dtype(), x.device()});
+  Tensor out = empty_for_heads(x, x.shape());
   if (out.numel() > 0)
-    kernel<&Kernels::rotary>(x.device(), op)(x.contiguous(), cos.contiguous(), sin.contiguous(), transpose,
+    kernel<&Kernels::rotary>(x.device(), op)(head_rows(x), cos.contiguous(), sin.contiguous(), transpose,
                                              out);
   return out;
 }

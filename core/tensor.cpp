@@ -412,6 +412,23 @@ Tensor ones(const Shape& shape, TensorOptions options) { return full(shape, 1, o
 Tensor zeros_like(const Tensor& like) { return zeros(like.shape(), {like.dtype(), like.device()}); }
 Tensor empty_like(const Tensor& like) { return empty(like.shape(), {like.dtype(), like.device()}); }
 
+Tensor empty_in_layout_of(const Tensor& like, const Shape& shape, TensorOptions options) {
+  const auto rank = static_cast<std::int64_t>(shape.size());
+  SHARDLAB_CHECK(like.dim() == rank,
+                 "empty_in_layout_of: shape {} has rank {}, but the tensor whose layout it takes is {}",
+                 shape_str(shape), rank, shape_str(like.shape()));
+  std::vector<std::int64_t> order(shape.size()), inverse(shape.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::int64_t a, std::int64_t b) { return like.stride(a) > like.stride(b); });
+  Shape in_memory_order;
+  for (std::int64_t d = 0; d < rank; ++d) {
+    in_memory_order.push_back(shape[order[d]]);
+    inverse[order[d]] = d;
+  }
+  return empty(in_memory_order, options).permute(inverse);
+}
+
 Tensor scalar_tensor(Scalar value, TensorOptions options) { return full({}, value, options); }
 
 Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions options) {

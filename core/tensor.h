@@ -151,6 +151,10 @@ Tensor ones(const Shape& shape, TensorOptions options = {});
 Tensor full(const Shape& shape, Scalar value, TensorOptions options = {});
 Tensor zeros_like(const Tensor& like);
 Tensor empty_like(const Tensor& like);
+// A dense tensor of `shape` (like's rank) whose dims lie in memory in the order of like's strides,
+// largest first: contiguous for a contiguous `like`, the same permutation for a transposed view of
+// one (what an op's output takes so that transposing it back is free).
+Tensor empty_in_layout_of(const Tensor& like, const Shape& shape, TensorOptions options);
 // Values start, start+step, ... below end (above end for negative step).
 Tensor arange(Scalar start, Scalar end, Scalar step = 1, TensorOptions options = dtype(DType::i64));
 Tensor arange(std::int64_t end, TensorOptions options = dtype(DType::i64));

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "core/attention_mask.h"
@@ -24,19 +25,34 @@ namespace {
 
 constexpr std::int64_t kTile = 64;  // queries and keys per tile: a score tile fits in L1/L2
 
-// Sizes of the contiguous operands q [B, H, T, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv].
+// Sizes of q [B, H, T, D], k [B, Hkv, S, D] and v [B, Hkv, S, Dv].
 struct Layout {
   std::int64_t batch, heads, kv_heads, queries, keys, head_dim, value_dim;
 
   std::int64_t group() const { return heads / kv_heads; }
   std::int64_t query_tiles() const { return (queries + kTile - 1) / kTile; }
   std::int64_t key_tiles() const { return (keys + kTile - 1) / kTile; }
-  // Index of query (b, h, t) in [B, H, T] and of key (b, j, s) in [B, Hkv, S].
+  // Index of query (b, h, t) in the contiguous [B, H, T] (logsumexp, delta).
   std::int64_t query(std::int64_t b, std::int64_t h, std::int64_t t) const {
     return (b * heads + h) * queries + t;
   }
-  std::int64_t key(std::int64_t b, std::int64_t j, std::int64_t s) const {
-    return (b * kv_heads + j) * keys + s;
+};
+
+// A 4-D operand [B, heads, positions, width] read through its strides, its rows in unit stride:
+// q, k, v, out, grad_out and the gradients may be transposed views of [B, T, heads, width].
+template <typename T>
+struct HeadRows {
+  T* data;
+  std::int64_t batch_stride, head_stride, row_stride;
+
+  explicit HeadRows(const Tensor& t)
+      : data(t.data<std::remove_const_t<T>>()),
+        batch_stride(t.stride(0)),
+        head_stride(t.stride(1)),
+        row_stride(t.stride(2)) {}
+  // Row (b, head, position).
+  T* at(std::int64_t b, std::int64_t head, std::int64_t position) const {
+    return data + b * batch_stride + head * head_stride + position * row_stride;
   }
 };
 
@@ -45,7 +61,7 @@ struct Problem {
   Layout layout;
   AttentionMask visibility;
   T scale;
-  const T *q, *k, *v;
+  HeadRows<const T> q, k, v;
 
   Problem(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const AttentionParams& params)
       : layout{q_in.size(0), q_in.size(1), k_in.size(1), q_in.size(2),
@@ -53,9 +69,9 @@ struct Problem {
         visibility{params.causal, params.padding.defined() ? params.padding.data<bool>() : nullptr,
                    layout.queries, layout.keys},
         scale(static_cast<T>(*params.scale)),
-        q(q_in.data<T>()),
-        k(k_in.data<T>()),
-        v(v_in.data<T>()) {}
+        q(q_in),
+        k(k_in),
+        v(v_in) {}
 };
 
 // Queries t0..t0+rows of head h (key/value head j) of batch row b against keys s0..s0+cols.
@@ -68,10 +84,8 @@ constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
 // scores[i, c] (leading dim kTile) = scale * q . k for the tile's pairs, -inf for hidden ones.
 template <typename T>
 void score_tile(const Problem<T>& p, const Tile& tile, T* scores) {
-  const Layout& l = p.layout;
-  const std::int64_t d = l.head_dim;
-  gemm(tile.rows, tile.cols, d, row_major(p.q + l.query(tile.b, tile.h, tile.t0) * d, d),
-       transposed(p.k + l.key(tile.b, tile.j, tile.s0) * d, d), scores, kTile, false);
+  gemm(tile.rows, tile.cols, p.layout.head_dim, row_major(p.q.at(tile.b, tile.h, tile.t0), p.q.row_stride),
+       transposed(p.k.at(tile.b, tile.j, tile.s0), p.k.row_stride), scores, kTile, false);
   const AttentionMask& vis = p.visibility;
   for (std::int64_t i = 0; i < tile.rows; ++i) {
     const std::int64_t t = tile.t0 + i;
@@ -185,19 +199,21 @@ void fold_scores(const Tile& tile, std::int64_t value_dim, T* scores, RunningSof
 // out = acc / total and logsumexp = max + log(total) per row; zeros and -inf for a row that saw
 // no key (total 0).
 template <typename T>
-void write_rows(const Problem<T>& p, const Tile& tile, const RunningSoftmax<T>& state, T* out, T* logsumexp) {
+void write_rows(const Problem<T>& p, const Tile& tile, const RunningSoftmax<T>& state, const HeadRows<T>& out,
+                T* logsumexp) {
   const std::int64_t dv = p.layout.value_dim, first = p.layout.query(tile.b, tile.h, tile.t0);
   for (std::int64_t i = 0; i < tile.rows; ++i) {
     const T total = state.total[i];
     const T inverse = total > 0 ? T(1) / total : T(0);
-    for (std::int64_t e = 0; e < dv; ++e) out[(first + i) * dv + e] = state.acc[i * dv + e] * inverse;
+    T* row = out.at(tile.b, tile.h, tile.t0 + i);
+    for (std::int64_t e = 0; e < dv; ++e) row[e] = state.acc[i * dv + e] * inverse;
     logsumexp[first + i] = total > 0 ? state.max[i] + std::log(total) : T(kMinusInf);
   }
 }
 
 template <typename T>
-void forward_query_tile(const Problem<T>& p, std::int64_t b, std::int64_t h, std::int64_t t0, T* out,
-                        T* logsumexp) {
+void forward_query_tile(const Problem<T>& p, std::int64_t b, std::int64_t h, std::int64_t t0,
+                        const HeadRows<T>& out, T* logsumexp) {
   const Layout& l = p.layout;
   const std::int64_t rows = std::min(kTile, l.queries - t0), dv = l.value_dim,
                      j = kv_head_of(h, l.heads, l.kv_heads);
@@ -209,7 +225,7 @@ void forward_query_tile(const Problem<T>& p, std::int64_t b, std::int64_t h, std
     const Tile tile{b, h, j, t0, rows, s0, std::min(kTile, key_end - s0)};
     score_tile(p, tile, scores.data());
     fold_scores(tile, dv, scores.data(), state);
-    gemm(rows, dv, tile.cols, row_major(scores.data(), kTile), row_major(p.v + l.key(b, j, s0) * dv, dv),
+    gemm(rows, dv, tile.cols, row_major(scores.data(), kTile), row_major(p.v.at(b, j, s0), p.v.row_stride),
          state.acc.data(), dv, true);
   }
   write_rows(p, Tile{b, h, j, t0, rows, 0, 0}, state, out, logsumexp);
@@ -221,7 +237,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
   const Problem<T> p(q, k, v, params);
   const Layout& l = p.layout;
   const std::int64_t tiles = l.query_tiles();
-  T* out = result.out.data<T>();
+  const HeadRows<T> out(result.out);
   T* logsumexp = result.logsumexp.data<T>();
   // One task per (batch row, head, query tile): each writes only its own rows.
   parallel_for(0, l.batch * l.heads * tiles, 1, [&](std::int64_t first, std::int64_t last) {
@@ -236,23 +252,25 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
 
 template <typename T>
 struct BackwardOperands {
-  const T* grad_out;   // [B, H, T, Dv]
-  const T* logsumexp;  // [B, H, T]
-  const T* delta;      // [B, H, T]: rowsum(grad_out * out)
-  T *grad_q, *grad_k, *grad_v;
+  HeadRows<const T> grad_out;  // [B, H, T, Dv]
+  const T* logsumexp;          // [B, H, T]
+  const T* delta;              // [B, H, T]: rowsum(grad_out * out)
+  HeadRows<T> grad_q, grad_k, grad_v;
 };
 
-// delta[row] = grad_out[row] . out[row], the softmax backward's row term (FlashAttention-2's D).
+// delta[row] = grad_out[row] . out[row], the softmax backward's row term (FlashAttention-2's D), in
+// the contiguous [B, H, T] order.
 template <typename T>
 std::vector<T> row_deltas(const Tensor& grad_out, const Tensor& out) {
-  const std::int64_t width = out.size(3), rows = out.numel() / width;  // the op skips empty outputs
-  const T* g = grad_out.data<T>();
-  const T* o = out.data<T>();
-  std::vector<T> delta(rows);
-  parallel_for(0, rows, 256, [&](std::int64_t first, std::int64_t last) {
+  const std::int64_t heads = out.size(1), queries = out.size(2), width = out.size(3);
+  const HeadRows<const T> g(grad_out), o(out);
+  std::vector<T> delta(out.numel() / width);  // the op skips empty outputs
+  parallel_for(0, static_cast<std::int64_t>(delta.size()), 256, [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t r = first; r < last; ++r) {
+      const std::int64_t b = r / (heads * queries), h = r / queries % heads, t = r % queries;
+      const T *gr = g.at(b, h, t), *orow = o.at(b, h, t);
       T sum = 0;
-      for (std::int64_t e = 0; e < width; ++e) sum += g[r * width + e] * o[r * width + e];
+      for (std::int64_t e = 0; e < width; ++e) sum += gr[e] * orow[e];
       delta[r] = sum;
     }
   });
@@ -282,22 +300,24 @@ void backward_tile(const Problem<T>& p, const BackwardOperands<T>& o, const Tile
   const std::int64_t d = l.head_dim, dv = l.value_dim;
   score_tile(p, tile, probs);
   probabilities(l, tile, o.logsumexp, probs);
-  const std::int64_t query = l.query(tile.b, tile.h, tile.t0), key = l.key(tile.b, tile.j, tile.s0);
-  const T* grad_out = o.grad_out + query * dv;
-  gemm(tile.cols, dv, tile.rows, transposed(probs, kTile), row_major(grad_out, dv), o.grad_v + key * dv, dv,
-       true);
-  gemm(tile.rows, tile.cols, dv, row_major(grad_out, dv), transposed(p.v + key * dv, dv), dscores, kTile,
-       false);
+  const std::int64_t query = l.query(tile.b, tile.h, tile.t0);
+  const MatrixView<T> grad_out = row_major(o.grad_out.at(tile.b, tile.h, tile.t0), o.grad_out.row_stride);
+  gemm(tile.cols, dv, tile.rows, transposed(probs, kTile), grad_out, o.grad_v.at(tile.b, tile.j, tile.s0),
+       o.grad_v.row_stride, true);
+  gemm(tile.rows, tile.cols, dv, grad_out, transposed(p.v.at(tile.b, tile.j, tile.s0), p.v.row_stride),
+       dscores, kTile, false);
   for (std::int64_t i = 0; i < tile.rows; ++i) {
     const T delta = o.delta[query + i];
     for (std::int64_t c = 0; c < tile.cols; ++c) {
       dscores[i * kTile + c] = p.scale * probs[i * kTile + c] * (dscores[i * kTile + c] - delta);
     }
   }
-  gemm(tile.rows, d, tile.cols, row_major(dscores, kTile), row_major(p.k + key * d, d), o.grad_q + query * d,
-       d, true);
-  gemm(tile.cols, d, tile.rows, transposed(dscores, kTile), row_major(p.q + query * d, d), o.grad_k + key * d,
-       d, true);
+  gemm(tile.rows, d, tile.cols, row_major(dscores, kTile),
+       row_major(p.k.at(tile.b, tile.j, tile.s0), p.k.row_stride), o.grad_q.at(tile.b, tile.h, tile.t0),
+       o.grad_q.row_stride, true);
+  gemm(tile.cols, d, tile.rows, transposed(dscores, kTile),
+       row_major(p.q.at(tile.b, tile.h, tile.t0), p.q.row_stride), o.grad_k.at(tile.b, tile.j, tile.s0),
+       o.grad_k.row_stride, true);
 }
 
 // Every tile of key tile s0 of key/value head j: the group's query heads, the queries that can
@@ -316,7 +336,8 @@ void backward_key_tile(const Problem<T>& p, const BackwardOperands<T>& o, std::i
   }
 }
 
-// grad_q += the sum of `chunks` consecutive copies of it in `partials`.
+// grad_q += the sum of `chunks` consecutive copies of it in `partials`, each laid out as grad_q's
+// elements are (dense: offsets 0 to its size - 1 in some order).
 template <typename T>
 void add_partials(const std::vector<T>& partials, std::int64_t chunks, T* grad_q) {
   const auto size = static_cast<std::int64_t>(partials.size()) / chunks;
@@ -348,10 +369,11 @@ void backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Te
   parallel_for(0, owners * chunks, 1, [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t item = first; item < last; ++item) {
       const std::int64_t owner = item / chunks, chunk = item % chunks;
-      T* grad_q = chunks > 1 ? partial_q.data() + chunk * q_numel : grads.q.data<T>();
-      const BackwardOperands<T> o{grad_out.data<T>(), forward.logsumexp.data<T>(),
-                                  delta.data(),       grad_q,
-                                  grads.k.data<T>(),  grads.v.data<T>()};
+      HeadRows<T> grad_q(grads.q);
+      if (chunks > 1) grad_q.data = partial_q.data() + chunk * q_numel;
+      const BackwardOperands<T> o{
+          HeadRows<const T>(grad_out), forward.logsumexp.data<T>(), delta.data(), grad_q,
+          HeadRows<T>(grads.k),        HeadRows<T>(grads.v)};
       // Dealt round robin: causal key tiles late in the sequence have less work.
       for (std::int64_t tile = chunk; tile < key_tiles; tile += chunks) {
         backward_key_tile(p, o, owner / l.kv_heads, owner % l.kv_heads, tile * kTile);

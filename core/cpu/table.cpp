@@ -54,6 +54,7 @@ const Kernels& cpu_kernels() {
       .random = cpu::random,
       .adadelta_step = cpu::adadelta_step,
       .adam_step = cpu::adam_step,
+      .strided_heads = true,
   };
   return table;
 }

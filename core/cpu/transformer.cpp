@@ -175,6 +175,46 @@ SHARDLAB_CPU_CLONES(void, rms_norm_weight_partials_f32,
   rms_norm_weight_partials(grad, in, rstd, width, range, partial);
 }
 
+// `count` consecutive positions of the rotary embedding, rows `x_stride` and `y_stride` apart, each
+// over its two halves in the compute type: forward y1 = x1 c1 - x2 s1, y2 = x2 c2 + x1 s2; transpose
+// (the backward) y1 = x1 c1 + x2 s2, y2 = x2 c2 - x1 s1. c and s are the tables' rows of the first.
+template <typename T>
+[[gnu::always_inline]] inline void rotate_rows(const T* __restrict x, std::int64_t x_stride,
+                                               const T* __restrict c, const T* __restrict s, T* __restrict y,
+                                               std::int64_t y_stride, std::int64_t count, std::int64_t width,
+                                               bool transpose) {
+  const std::int64_t half = width / 2;
+  const auto w = [](T v) { return widen(v); };
+  for (std::int64_t i = 0; i < count; ++i, x += x_stride, y += y_stride, c += width, s += width) {
+    const T *x2 = x + half, *c2 = c + half, *s2 = s + half;
+    T* y2 = y + half;
+    if (transpose) {
+      for (std::int64_t e = 0; e < half; ++e) y[e] = narrow<T>(w(x[e]) * w(c[e]) + w(x2[e]) * w(s2[e]));
+      for (std::int64_t e = 0; e < half; ++e) y2[e] = narrow<T>(w(x2[e]) * w(c2[e]) - w(x[e]) * w(s[e]));
+    } else {
+      for (std::int64_t e = 0; e < half; ++e) y[e] = narrow<T>(w(x[e]) * w(c[e]) - w(x2[e]) * w(s[e]));
+      for (std::int64_t e = 0; e < half; ++e) y2[e] = narrow<T>(w(x2[e]) * w(c2[e]) + w(x[e]) * w(s2[e]));
+    }
+  }
+}
+
+SHARDLAB_CPU_CLONES(void, rotate_rows_f32,
+                    (const float* x, std::int64_t x_stride, const float* c, const float* s, float* y,
+                     std::int64_t y_stride, std::int64_t count, std::int64_t width, bool transpose),
+                    (x, x_stride, c, s, y, y_stride, count, width, transpose)) {
+  rotate_rows(x, x_stride, c, s, y, y_stride, count, width, transpose);
+}
+
+// Element offset of matrix `index` of t [..., T, D]: its dims before the last two in row-major order.
+std::int64_t matrix_offset(const Tensor& t, std::int64_t index) {
+  std::int64_t offset = 0;
+  for (std::int64_t d = t.dim() - 3; d >= 0; --d) {
+    offset += index % t.size(d) * t.stride(d);
+    index /= t.size(d);
+  }
+  return offset;
+}
+
 }  // namespace
 
 void rms_norm_forward(const Tensor& x, const Tensor& weight, double eps, const Tensor& out,
@@ -254,22 +294,23 @@ void swiglu_backward(const Tensor& grad_out, const Tensor& gate, const Tensor& u
 
 void rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool transpose, const Tensor& out) {
   floating(x.dtype(), [&]<typename T>() {
-    using C = compute_t<T>;
-    const std::int64_t width = x.size(-1), half = width / 2, length = x.size(-2), rows = x.numel() / width;
+    const std::int64_t width = x.size(-1), length = x.size(-2), rows = x.numel() / width;
+    const std::int64_t x_stride = x.stride(-2), y_stride = out.stride(-2);
     const T *in = x.data<T>(), *c = cos.data<T>(), *s = sin.data<T>();
     T* y = out.data<T>();
-    // forward: y1 = x1 c1 - x2 s1, y2 = x2 c2 + x1 s2; transpose: y1 = x1 c1 + x2 s2, y2 = x2 c2 - x1 s1.
+    // Each piece of rows in runs of consecutive positions of one [T, D] matrix.
     parallel_for(0, rows, 64, [&](std::int64_t first, std::int64_t last) {
-      for (std::int64_t row = first; row < last; ++row) {
-        const T* xr = in + row * width;
-        const std::int64_t at = row % length * width;
-        for (std::int64_t e = 0; e < half; ++e) {
-          const C x1 = widen(xr[e]), x2 = widen(xr[e + half]);
-          const C c1 = widen(c[at + e]), c2 = widen(c[at + e + half]);
-          const C s1 = widen(s[at + e]), s2 = widen(s[at + e + half]);
-          y[row * width + e] = narrow<T>(transpose ? x1 * c1 + x2 * s2 : x1 * c1 - x2 * s1);
-          y[row * width + e + half] = narrow<T>(transpose ? x2 * c2 - x1 * s1 : x2 * c2 + x1 * s2);
+      for (std::int64_t row = first; row < last;) {
+        const std::int64_t matrix = row / length, t = row % length, count = std::min(last - row, length - t);
+        const T* from = in + matrix_offset(x, matrix) + t * x_stride;
+        T* to = y + matrix_offset(out, matrix) + t * y_stride;
+        if constexpr (std::is_same_v<T, float>) {
+          rotate_rows_f32(from, x_stride, c + t * width, s + t * width, to, y_stride, count, width,
+                          transpose);
+        } else {
+          rotate_rows(from, x_stride, c + t * width, s + t * width, to, y_stride, count, width, transpose);
         }
+        row += count;
       }
     });
   });

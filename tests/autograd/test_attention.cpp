@@ -181,6 +181,42 @@ TEST_CASE("fused attention gives the same bits on any number of threads", "[atte
   }
 }
 
+TEST_CASE(
+    "fused attention reads heads split from [B, T, H * D] where they lie; out and gradients in their layout",
+    "[attention]") {
+  // One sequence and one key/value head (dq summed from per-task copies), and three sequences with
+  // two key/value heads; the heads are transposed views of [B, T, heads * D] as a Llama splits them.
+  for (const DType type : {DType::f32, DType::f64}) {
+    for (const auto& [batch, heads, kv_heads, length] : {std::tuple{1, 4, 1, 130}, std::tuple{3, 4, 2, 37}}) {
+      INFO(dtype_name(type) << ", B " << batch << ", heads " << heads << "/" << kv_heads << ", T " << length);
+      const auto split = [&](std::int64_t count, std::uint64_t seed) {
+        return test::random_tensor({batch, length, count * 16}, seed, type, -2, 2)
+            .reshape({batch, length, count, 16})
+            .transpose(1, 2);
+      };
+      const Tensor q = split(heads, 410), k = split(kv_heads, 411), v = split(kv_heads, 412);
+      const Tensor grad_out = split(heads, 413);
+      const AttentionParams params{
+          .causal = true, .padding = padding_after(std::vector<std::int64_t>(batch, length - 3), length)};
+      const AttentionResult strided = attention_forward(q, k, v, params);
+      const AttentionResult packed =
+          attention_forward(q.contiguous(), k.contiguous(), v.contiguous(), params);
+      CHECK(values(strided.out) == values(packed.out));
+      CHECK(values(strided.logsumexp) == values(packed.logsumexp));
+      CHECK(strided.out.transpose(1, 2).is_contiguous());  // merging the heads back is a view
+      const AttentionGrads grads = attention_backward(grad_out, q, k, v, strided, params);
+      const AttentionGrads expected = attention_backward(grad_out.contiguous(), q.contiguous(),
+                                                         k.contiguous(), v.contiguous(), packed, params);
+      CHECK(values(grads.q) == values(expected.q));
+      CHECK(values(grads.k) == values(expected.k));
+      CHECK(values(grads.v) == values(expected.v));
+      CHECK(grads.q.transpose(1, 2).is_contiguous());  // as are the gradients'
+      CHECK(grads.k.transpose(1, 2).is_contiguous());
+      CHECK(grads.v.transpose(1, 2).is_contiguous());
+    }
+  }
+}
+
 TEST_CASE("a query that sees no key outputs zeros and passes no gradient, on both paths", "[attention]") {
   for (const DType type : {DType::f64, DType::f32}) {
     const Tensor q = test::random_tensor({2, 2, 4, 3}, 40, type),

@@ -469,6 +469,25 @@ TEST_CASE("swiglu in f32 is within a few ulp of its f64 formula, at gates beyond
   check_close(grads.up, grad_up, ulps);
 }
 
+TEST_CASE("rotary_embedding reads heads split from [B, T, H * D] where they lie, its output in their layout",
+          "[gradcheck_nn][rotary]") {
+  for (const DType type : {DType::f32, DType::f64}) {
+    // [B, T, H * D] split into heads [B, H, T, D]: a transposed view; and every other element of a
+    // row, whose last dim is not in unit stride (read from a contiguous copy).
+    const Tensor heads = test::random_tensor({2, 5, 3 * 8}, 160, type).reshape({2, 5, 3, 8}).transpose(1, 2);
+    const Tensor spaced = test::random_tensor({2, 3, 5, 16}, 161, type).slice(-1, 0, 16, 2);
+    const Tensor cos = test::random_tensor({5, 8}, 162, type), sin = test::random_tensor({5, 8}, 163, type);
+    for (const bool transpose : {false, true}) {
+      INFO(dtype_name(type) << (transpose ? ", transposed" : ""));
+      const Tensor rotated = rotary(heads, cos, sin, transpose);
+      CHECK(values(rotated) == values(rotary(heads.contiguous(), cos, sin, transpose)));
+      CHECK(rotated.strides() == heads.strides());
+      CHECK(values(rotary(spaced, cos, sin, transpose)) ==
+            values(rotary(spaced.contiguous(), cos, sin, transpose)));
+    }
+  }
+}
+
 TEST_CASE("the fused rms_norm, swiglu and rotary_embedding match their composed forms in bf16",
           "[gradcheck_nn][norm]") {
   const Tensor x = test::random_tensor({2, 3, 8}, 152).to(DType::bf16);

@@ -1,6 +1,7 @@
 // tests/core/test_dispatch.cpp: the per-device kernel tables: the CPU table is complete, and so is the
 // CUDA one in a CUDA build (empty otherwise); which CUDA kernel each op takes (attention by dtype,
 // device and head dim; elementwise ops by their operands' layout), answered without a GPU.
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -25,22 +26,29 @@ std::vector<bool> supported_on(Device device) {
 
 // Every entry, which every device has.
 std::vector<bool> all_entries(Device device) {
-  return supported_on<&Kernels::fill, &Kernels::copy, &Kernels::unary, &Kernels::binary, &Kernels::where,
-                      &Kernels::reduce, &Kernels::foreach_sum_squares, &Kernels::matmul, &Kernels::softmax, &Kernels::cross_entropy_forward,
-                      &Kernels::cross_entropy_backward, &Kernels::rms_norm_forward,
-                      &Kernels::rms_norm_backward, &Kernels::swiglu_forward, &Kernels::swiglu_backward,
-                      &Kernels::rotary, &Kernels::conv2d, &Kernels::conv2d_backward_input,
-                      &Kernels::conv2d_backward_weight, &Kernels::max_pool2d, &Kernels::max_pool2d_backward,
-                      &Kernels::check_index, &Kernels::index_select, &Kernels::gather, &Kernels::scatter_add,
-                      &Kernels::index_add, &Kernels::random, &Kernels::adadelta_step, &Kernels::adam_step,
-                      &Kernels::attention_forward, &Kernels::attention_backward>(device);
+  return supported_on<
+      &Kernels::fill, &Kernels::copy, &Kernels::unary, &Kernels::binary, &Kernels::where, &Kernels::reduce,
+      &Kernels::foreach_sum_squares, &Kernels::matmul, &Kernels::softmax, &Kernels::cross_entropy_forward,
+      &Kernels::cross_entropy_backward, &Kernels::rms_norm_forward, &Kernels::rms_norm_backward,
+      &Kernels::swiglu_forward, &Kernels::swiglu_backward, &Kernels::rotary, &Kernels::conv2d,
+      &Kernels::conv2d_backward_input, &Kernels::conv2d_backward_weight, &Kernels::max_pool2d,
+      &Kernels::max_pool2d_backward, &Kernels::check_index, &Kernels::index_select, &Kernels::gather,
+      &Kernels::scatter_add, &Kernels::index_add, &Kernels::random, &Kernels::adadelta_step,
+      &Kernels::adam_step, &Kernels::attention_forward, &Kernels::attention_backward>(device);
 }
 
 }  // namespace
 
 TEST_CASE("the CPU table has a kernel for every entry", "[dispatch]") {
-  static_assert(sizeof(Kernels) == 31 * sizeof(void*), "a new Kernels entry must be added to this test");
+  static_assert(offsetof(Kernels, strided_heads) == 31 * sizeof(void*),
+                "a new Kernels entry must be added to this test");
   for (const bool supported : all_entries(Device::cpu())) CHECK(supported);
+}
+
+TEST_CASE("the CPU's rotary and attention kernels read strided heads; the CUDA ones take copies",
+          "[dispatch]") {
+  CHECK(cpu_kernels().strided_heads);
+  CHECK_FALSE(cuda_kernels().strided_heads);
 }
 
 TEST_CASE("the CUDA table has a kernel for every entry when built with CUDA", "[dispatch]") {
@@ -156,7 +164,8 @@ std::vector<Taken> kernels_taken(Fn&& fn) {
 }
 
 // Checks the calls are (op, kernel) in order, none naive.
-void check_taken(const std::vector<Taken>& taken, const std::vector<std::pair<std::string, std::string>>& expected) {
+void check_taken(const std::vector<Taken>& taken,
+                 const std::vector<std::pair<std::string, std::string>>& expected) {
   std::string calls;
   for (const Taken& t : taken) calls += t.op + " (" + t.kernel + (t.naive ? ", naive" : "") + ") ";
   INFO("the calls: " << calls);
@@ -183,23 +192,29 @@ TEST_CASE("every kernel of a bf16 seed-Llama step on CUDA, and none naive", "[di
   const std::int64_t batch = 2, length = 8, hidden = 768, heads = 12, kv_heads = 3, head = 64, mlp = 3072;
   const std::int64_t vocab = 50000;
   const TensorOptions bf16{DType::bf16, Device::cpu()};
-  const auto values = [&](const Shape& shape, std::uint64_t seed) { return test::random_tensor(shape, seed).to(DType::bf16); };
+  const auto values = [&](const Shape& shape, std::uint64_t seed) {
+    return test::random_tensor(shape, seed).to(DType::bf16);
+  };
   const Tensor x = values({batch, length, hidden}, 1), norm_weight = values({hidden}, 2);
-  const Tensor w_q = values({hidden, hidden}, 3), w_gate = values({mlp, hidden}, 4), w_down = values({hidden, mlp}, 5);
+  const Tensor w_q = values({hidden, hidden}, 3), w_gate = values({mlp, hidden}, 4),
+               w_down = values({hidden, mlp}, 5);
 
   SECTION("forward: embedding, norm, projections, rotary, attention, MLP, residuals, loss") {
-    const Tensor tokens = from_vector<std::int64_t>(std::vector<std::int64_t>(batch * length, 7), {batch, length});
+    const Tensor tokens =
+        from_vector<std::int64_t>(std::vector<std::int64_t>(batch * length, 7), {batch, length});
     const Tensor table = empty({vocab, hidden}, bf16);
     check_taken(kernels_taken([&] { (void)embedding(table, tokens); }),
                 {{"check_index", kIndexCheck}, {"embedding", "row gather"}});
-    check_taken(kernels_taken([&] { (void)rms_norm_forward(x, norm_weight, 1e-6); }), {{"rms_norm", "a block per row"}});
+    check_taken(kernels_taken([&] { (void)rms_norm_forward(x, norm_weight, 1e-6); }),
+                {{"rms_norm", "a block per row"}});
     // A Linear: x [B, T, in] times the weight's transpose, one GEMM over the B * T rows.
     check_taken(kernels_taken([&] { (void)matmul(x, w_q.transpose(0, 1)); }), {{"matmul", kFoldedGemm}});
-    // Heads split as a view, made contiguous for the rotary kernel: a strided copy.
+    // Heads split as a view, which the CPU's rotary kernel reads in place and CUDA's takes
+    // contiguous: a strided copy first.
     const Tensor q_heads = x.reshape({batch, length, heads, head}).transpose(1, 2);
     const Tensor cos = values({length, head}, 6), sin = values({length, head}, 7);
     check_taken(kernels_taken([&] { (void)rotary(q_heads, cos, sin); }),
-                {{"copy", kStrided}, {"rotary_embedding", "fused elementwise over (T, D) tables"}});
+                {{"rotary_embedding", "strided copies, then fused elementwise over (T, D) tables"}});
     const Tensor q = values({batch, heads, length, head}, 8), k = values({batch, kv_heads, length, head}, 9);
     const Tensor v = values({batch, kv_heads, length, head}, 10);
     const std::string flash = "flash attention (mma.sync tensor cores, K/V tiles in shared memory)";
@@ -210,8 +225,10 @@ TEST_CASE("every kernel of a bf16 seed-Llama step on CUDA, and none naive", "[di
     check_taken(kernels_taken([&] { (void)add(x, x); }), {{"add", kPacked}});
     const Tensor gate = values({batch, length, mlp}, 11);
     check_taken(kernels_taken([&] { (void)matmul(x, w_gate.transpose(0, 1)); }), {{"matmul", kFoldedGemm}});
-    check_taken(kernels_taken([&] { (void)swiglu(gate, gate); }), {{"swiglu", "fused elementwise, 16-byte packs"}});
-    check_taken(kernels_taken([&] { (void)matmul(gate, w_down.transpose(0, 1)); }), {{"matmul", kFoldedGemm}});
+    check_taken(kernels_taken([&] { (void)swiglu(gate, gate); }),
+                {{"swiglu", "fused elementwise, 16-byte packs"}});
+    check_taken(kernels_taken([&] { (void)matmul(gate, w_down.transpose(0, 1)); }),
+                {{"matmul", kFoldedGemm}});
     const Tensor logits = values({batch * length, 1000}, 12);
     const Tensor targets = from_vector<std::int64_t>(std::vector<std::int64_t>(batch * length, 3));
     check_taken(kernels_taken([&] { (void)cross_entropy_forward(logits, targets, -100); }),
@@ -230,7 +247,9 @@ TEST_CASE("every kernel of a bf16 seed-Llama step on CUDA, and none naive", "[di
     const Tensor targets = from_vector<std::int64_t>(std::vector<std::int64_t>(batch * length, 3));
     const CrossEntropyResult loss = cross_entropy_forward(logits, targets, -100);
     const Tensor ones_losses = ones({batch * length}, bf16);
-    check_taken(kernels_taken([&] { (void)cross_entropy_backward(ones_losses, logits, targets, -100, loss.logsumexp); }),
+    check_taken(kernels_taken([&] {
+                  (void)cross_entropy_backward(ones_losses, logits, targets, -100, loss.logsumexp);
+                }),
                 {{"cross_entropy_backward", "elementwise from the saved logsumexp, 16-byte packs"}});
     // dX = dY W over the batch's rows; dW = dY^T X as one GEMM over the flattened batch (2-D).
     check_taken(kernels_taken([&] { (void)matmul(x, w_q); }), {{"matmul", kFoldedGemm}});
@@ -246,12 +265,14 @@ TEST_CASE("every kernel of a bf16 seed-Llama step on CUDA, and none naive", "[di
     const Tensor v = values({batch, kv_heads, length, head}, 10);
     const AttentionResult attended = attention_forward(q, k, v, {.causal = true});
     const std::string flash = "flash attention (mma.sync tensor cores, K/V tiles in shared memory)";
-    check_taken(kernels_taken([&] { (void)attention_backward(attended.out, q, k, v, attended, {.causal = true}); }),
-                {{"attention_backward", flash}});
+    check_taken(
+        kernels_taken([&] { (void)attention_backward(attended.out, q, k, v, attended, {.causal = true}); }),
+        {{"attention_backward", flash}});
     const Tensor cos = values({length, head}, 6), sin = values({length, head}, 7);
     check_taken(kernels_taken([&] { (void)rotary(q, cos, sin, /*transpose=*/true); }),
                 {{"rotary_embedding", "fused elementwise over (T, D) tables"}});
-    const Tensor tokens = from_vector<std::int64_t>(std::vector<std::int64_t>(batch * length, 7), {batch, length});
+    const Tensor tokens =
+        from_vector<std::int64_t>(std::vector<std::int64_t>(batch * length, 7), {batch, length});
     check_taken(kernels_taken([&] { (void)embedding_backward(x, tokens, vocab); }),
                 {{"check_index", kIndexCheck},
                  {"fill", kPacked},
@@ -263,14 +284,16 @@ TEST_CASE("every kernel of a bf16 seed-Llama step on CUDA, and none naive", "[di
     check_taken(kernels_taken([&] { (void)grad.to(DType::f32); }), {{"cast", kPacked}});
     check_taken(kernels_taken([&] { (void)master.to(DType::bf16); }), {{"cast", kPacked}});
     const std::vector<Tensor> grads = {master, test::random_tensor({hidden}, 15)};
-    check_taken(kernels_taken([&] { (void)foreach_sum_squares(grads); }),  // no fill: the kernel writes the sum
-                {{"foreach_sum_squares", "one launch for all tensors: a block per chunk, then a fixed-order fold"}});
+    check_taken(
+        kernels_taken([&] { (void)foreach_sum_squares(grads); }),  // no fill: the kernel writes the sum
+        {{"foreach_sum_squares", "one launch for all tensors: a block per chunk, then a fixed-order fold"}});
     const Tensor factor = scalar_tensor(0.5, dtype(DType::f32));
     check_taken(kernels_taken([&] { (void)mul(master, factor); }), {{"mul", kPacked}});
     const Tensor param = master.clone(), exp_avg = zeros_like(master), exp_avg_sq = zeros_like(master);
     const Tensor copy = empty({mlp, hidden}, bf16);
     check_taken(kernels_taken([&] {
-                  adam_step(param, master, exp_avg, exp_avg_sq, {.weight_decay = 0.1, .decoupled = true}, copy);
+                  adam_step(param, master, exp_avg, exp_avg_sq, {.weight_decay = 0.1, .decoupled = true},
+                            copy);
                 }),
                 {{"adam_step", "multi-tensor: one launch per dtype"}});
     check_taken(kernels_taken([&] { (void)master.fill_(0.0); }), {{"fill", kPacked}});

@@ -49,6 +49,11 @@ std::vector<std::vector<double>> outputs_of_every_clone() {
   const Tensor kv = test::random_tensor({1, 1, 70, 16}, 49, DType::f32, -2.0, 2.0);
   const AttentionResult attended = attention_forward(q, kv, kv, {.causal = true});
   for (const Tensor& t : {attended.out, attended.logsumexp}) out.push_back(test::values(t));
+  // The rotary embedding both ways, rows of 2 x 40 (a vector of 16 or 8 and a tail per half).
+  const Tensor heads = test::random_tensor({2, 37, 3, 80}, 50, DType::f32).transpose(1, 2);
+  const Tensor cos = test::random_tensor({37, 80}, 51, DType::f32),
+               sin = test::random_tensor({37, 80}, 52, DType::f32);
+  for (const bool transpose : {false, true}) out.push_back(test::values(rotary(heads, cos, sin, transpose)));
   const Tensor image = test::random_tensor({2, 3, 18, 35}, 46, DType::f32);
   image.select(0, 0).select(0, 1).select(0, 5).select(0, 7).fill_(std::numeric_limits<float>::quiet_NaN());
   const MaxPool2dResult pooled = max_pool2d(image, {.kernel_size = 2});

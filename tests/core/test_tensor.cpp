@@ -243,11 +243,13 @@ TEST_CASE("ops name both devices when their inputs live on different ones", "[te
   CHECK_THROWS_ERROR(where(empty({0}, dtype(DType::boolean)), on_cpu, on_gpu),
                      "where: tensors are on different devices (cpu and cuda:0)");
   const Tensor no_ids = empty({0}, TensorOptions{DType::i64, Device::cuda(0)});
-  CHECK_THROWS_ERROR(embedding(zeros({0, 4}), no_ids), "embedding: tensors are on different devices (cpu and cuda:0)");
+  CHECK_THROWS_ERROR(embedding(zeros({0, 4}), no_ids),
+                     "embedding: tensors are on different devices (cpu and cuda:0)");
   CHECK_THROWS_ERROR(embedding_backward(zeros({0, 4}), no_ids, 3),
                      "embedding_backward: tensors are on different devices (cpu and cuda:0)");
   const std::vector<Tensor> spread = {on_cpu, on_gpu};
-  CHECK_THROWS_ERROR(foreach_sum_squares(spread), "foreach_sum_squares: tensor 1 of 2 is on cuda:0, tensor 0 on cpu");
+  CHECK_THROWS_ERROR(foreach_sum_squares(spread),
+                     "foreach_sum_squares: tensor 1 of 2 is on cuda:0, tensor 0 on cpu");
   CHECK_THROWS_ERROR(on_gpu.to(Device::cuda(1)), "to: copies between cuda:0 and cuda:1 go through the host");
 }
 
@@ -262,4 +264,20 @@ TEST_CASE("large CPU blocks are cached and handed out again", "[tensor][memory]"
   const Tensor again = empty({1 << 18});
   CHECK(again.raw_data() == first);
   CHECK(memory_stats(Device::cpu()).bytes_cached == idle.bytes_cached - (1 << 20));
+}
+
+TEST_CASE("empty_in_layout_of lays dims out in memory in the order of another tensor's strides", "[tensor]") {
+  const TensorOptions f32{DType::f32, Device::cpu()};
+  CHECK(empty_in_layout_of(zeros({2, 3, 4}), {2, 3, 5}, f32).strides() == Strides{15, 5, 1});
+  // Heads split from [B, T, H * D]: [B, H, T, D] with T's stride above H's. An output with another
+  // last dim keeps that order, dense: [B, T, H, 6] in memory.
+  const Tensor heads = zeros({2, 5, 3, 8}).transpose(1, 2);
+  const Tensor out = empty_in_layout_of(heads, {2, 3, 5, 6}, f32);
+  CHECK(out.shape() == Shape{2, 3, 5, 6});
+  CHECK(out.strides() == Strides{90, 6, 18, 1});
+  CHECK(out.transpose(1, 2).is_contiguous());
+  CHECK(empty_in_layout_of(heads, heads.shape(), dtype(DType::f64)).strides() == heads.strides());
+  CHECK_THROWS_ERROR(
+      empty_in_layout_of(heads, {2, 3}, f32),
+      "empty_in_layout_of: shape [2, 3] has rank 2, but the tensor whose layout it takes is [2, 3, 5, 8]");
 }
