@@ -15,7 +15,7 @@ import time
 import torch
 
 MATMUL = re.compile(r"^matmul \[(\d+), (\d+)\](\^T)? x \[(\d+), (\d+)\](\^T)?")
-THREADS = re.compile(r"^bench_ops: (\d+) CPU threads")
+THREADS = re.compile(r"^\S+: (\d+) CPU threads")
 
 
 def median_seconds(fn, reps=7):
