@@ -4,6 +4,8 @@
 #   1. the CNN in 1 process (2 threads, batch 64, Adadelta): images/s from the median step;
 #   2. the CNN at 2 ranks, 1 thread each, global batch 64, Adam: train_cnn --sharding full against
 #      PyTorch DDP over gloo (bench/pytorch_ddp_cnn.py: bucketed all_reduce): median step time;
+#   2b. the same against PyTorch FSDP2's fully_shard on each layer and the root, over gloo
+#      (bench/pytorch_ddp_cnn.py --fsdp2);
 #   3. the Llama H256 L4 8/2 I1024 (bench/llama_h256_l4.json), T256 B16, AdamW, 1 process, 2 threads,
 #      against what users run: Hugging Face transformers' LlamaForCausalLM with SDPA attention
 #      (bench/pytorch_train_llama.py --model hf): tokens/s from the median step;
@@ -15,13 +17,22 @@
 # within minutes. Ratios are ours' speed over the peer's (above 1: shardlab is faster). A compiled
 # peer's first step, which compiles (from scratch in round 1, from inductor's cache of this run
 # after), is reported apart and left out of its median. CNN_STEPS
-# (default 100) and LLAMA_STEPS (default 30) steps per run. With RESULTS_DIR=DIR the raw outputs stay
+# (default 100) and LLAMA_STEPS (default 30) steps per run. CASES (default all: "cnn_alone cnn_ranks
+# cnn_fsdp2 llama_alone llama_ranks") picks the cases. With RESULTS_DIR=DIR the raw outputs stay
 # there. Not a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir="${SHARDLAB_BUILD_DIR:-build}"
 peers="${SHARDLAB_PEERS:-$HOME/.cache/shardlab-peers/venv}"
 rounds="${ROUNDS:-5}" cnn_steps="${CNN_STEPS:-100}" llama_steps="${LLAMA_STEPS:-30}"
+read -ra cases <<<"${CASES:-cnn_alone cnn_ranks cnn_fsdp2 llama_alone llama_ranks}"
+for case in "${cases[@]}"; do
+  case "$case" in
+    cnn_alone | cnn_ranks | cnn_fsdp2 | llama_alone | llama_ranks) ;;
+    *) echo "bench/cpu_speed_peers.sh: unknown case '$case' in CASES (cnn_alone, cnn_ranks, cnn_fsdp2, llama_alone, llama_ranks)" >&2
+       exit 1 ;;
+  esac
+done
 source bench/output_dir.sh
 python="$peers/bin/python"
 [ -x "$python" ] || {
@@ -63,14 +74,23 @@ cnn_alone() {  # side, round: images/s
     echo "$(python3 -c "print(64000 / $ms)") $first"
   fi
 }
-cnn_ranks() {  # side, round: median step ms at 2 ranks
-  local log="$out/cnn_ranks-$1-$2"
+cnn_ranks() {  # side, round: median step ms at 2 ranks, the peer under DDP
+  cnn_at_two_ranks ddp "$@"
+}
+cnn_fsdp2() {  # side, round: the same, the peer under FSDP2
+  cnn_at_two_ranks fsdp2 "$@"
+}
+cnn_at_two_ranks() {  # peer's wrapper (ddp or fsdp2), side, round: median step ms at 2 ranks
+  local wrapper="$1"
+  shift
+  local log="$out/cnn_$wrapper-$1-$2"
   if [ "$1" = ours ]; then
     run "$log.log" "${mpirun[@]}" -np 2 "$build_dir/apps/train_cnn" --optimizer adam --global-batch 64 --threads 1 \
       --epochs 1 --steps "$cnn_steps" --limit-train "$images" --sharding full --metrics "$log.jsonl"
     echo "$(field "$log.jsonl" median_step_ms) 0"
   else
-    run "$log.log" "$python" bench/pytorch_ddp_cnn.py --steps "$cnn_steps" $(mode_flag "$1")
+    run "$log.log" "$python" bench/pytorch_ddp_cnn.py --steps "$cnn_steps" $(mode_flag "$1") \
+      $([ "$wrapper" = fsdp2 ] && echo --fsdp2 || true)
     echo "$(grep -oE "median step [0-9.]+ ms" "$log.log" | grep -oE "[0-9.]+") \
 $(grep -oE "the first [0-9.]+ s" "$log.log" | grep -oE "[0-9.]+")"
   fi
@@ -107,7 +127,7 @@ echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -
 for round in $(seq "$rounds"); do
   sides=(ours eager compile)
   [ $((round % 2)) -eq 0 ] && sides=(compile eager ours)
-  for case in cnn_alone cnn_ranks llama_alone llama_ranks; do
+  for case in "${cases[@]}"; do
     for side in "${sides[@]}"; do
       echo "$round $case $side $("$case" "$side" "$round")" | tee -a "$out/rounds.txt"
     done
@@ -122,11 +142,14 @@ for line in open(sys.argv[1]):
     figures[case, side][int(round_)] = (float(figure), float(first))
 cases = [("cnn_alone", "1. CNN, 1 process, 2 threads", "images/s", False),
          ("cnn_ranks", "2. CNN, 2 ranks: FULL_SHARD vs DDP (gloo)", "ms per step", True),
+         ("cnn_fsdp2", "2b. CNN, 2 ranks: FULL_SHARD vs FSDP2 (gloo)", "ms per step", True),
          ("llama_alone", "3. Llama H256 L4, 1 process, 2 threads", "tokens/s", False),
          ("llama_ranks", "4. Llama H256 L4, 2 ranks: full vs FSDP2 (gloo)", "tokens/s", False)]
-rounds = sorted(figures["cnn_alone", "ours"])
+rounds = sorted(next(iter(figures.values())))
 print(f"medians of {len(rounds)} rounds; ratio = shardlab's speed / the peer's (above 1: shardlab faster)")
 for case, name, unit, lower_is_faster in cases:
+    if (case, "ours") not in figures:
+        continue
     def speed_ratio(peer, r):
         ours, theirs = figures[case, "ours"][r][0], figures[case, peer][r][0]
         return theirs / ours if lower_is_faster else ours / theirs

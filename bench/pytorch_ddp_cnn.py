@@ -1,14 +1,16 @@
 #!/usr/bin/python3
-"""bench/pytorch_ddp_cnn.py: the PyTorch peer for train_cnn's FSDP step time.
+"""bench/pytorch_ddp_cnn.py: the PyTorch peers for train_cnn's FSDP step time.
 
-The peer is DDP (Debian's PyTorch 1.13 cannot import its FSDP on Python 3.11): the tutorial net
-(dropout included, as train_cnn runs it), gloo over 2 local processes with 1 thread each, global batch 64 (32 per
-rank), Adam, summed nll_loss. Prints the median step time of the steps after the first, the
-number train_cnn reports as "median step"; --compile runs the DDP model through torch.compile.
-Runs with Debian's python3-torch (1.13) or the peers' environment (scripts/peers: PyTorch 2.15);
-neither is a dependency of the project or its tests.
+The tutorial net (dropout included, as train_cnn runs it) under DDP, or with --fsdp2 under FSDP2's
+fully_shard on each convolution and linear layer and then the root (as the PyTorch FSDP tutorial wraps
+it), gloo over 2 local processes with 1 thread each, global batch 64 (32 per rank), Adam, summed
+nll_loss. Prints the median step time of the steps after the first, the number train_cnn reports as
+"median step"; --compile runs the model through torch.compile. DDP runs with Debian's python3-torch
+(1.13) or the peers' environment (scripts/peers: PyTorch 2.15), FSDP2 with the peers' only; neither is
+a dependency of the project or its tests.
 
     /usr/bin/python3 bench/pytorch_ddp_cnn.py --steps 100
+    ~/.cache/shardlab-peers/venv/bin/python bench/pytorch_ddp_cnn.py --steps 100 --fsdp2
 """
 import argparse
 import os
@@ -43,7 +45,14 @@ def train(rank, args):
     net = Net()
     if args.no_dropout:
         net.dropout1.p = net.dropout2.p = 0.0
-    model = torch.nn.parallel.DistributedDataParallel(net)
+    if args.fsdp2:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in (net.conv1, net.conv2, net.fc1, net.fc2):
+            fully_shard(layer)
+        model = fully_shard(net)
+    else:
+        model = torch.nn.parallel.DistributedDataParallel(net)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     if args.compile:
         model = torch.compile(model)
@@ -59,7 +68,8 @@ def train(rank, args):
         times.append(time.perf_counter() - start)
     if rank == 0:
         mode = " compiled" if args.compile else ""
-        print(f"pytorch {torch.__version__} DDP gloo{mode}: {args.ranks} ranks x 1 thread, global batch "
+        wrapper = "FSDP2 fully_shard" if args.fsdp2 else "DDP"
+        print(f"pytorch {torch.__version__} {wrapper} gloo{mode}: {args.ranks} ranks x 1 thread, global batch "
               f"{args.global_batch}, Adam: median step {1000 * statistics.median(times[1:]):.1f} ms "
               f"({args.steps - 1} steps, the first excluded; the first {times[0]:.2f} s)")
     dist.destroy_process_group()
@@ -73,7 +83,9 @@ def main():
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-dropout", action="store_true", help="the net without its dropout layers")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the DDP model (inductor)")
+    parser.add_argument("--fsdp2", action="store_true",
+                        help="FSDP2's fully_shard on each conv and linear layer and the root, not DDP")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model (inductor)")
     parser.add_argument("--port", default="29517", help="the rendezvous port (MASTER_PORT)")
     args = parser.parse_args()
     mp.spawn(train, args=(args,), nprocs=args.ranks)
