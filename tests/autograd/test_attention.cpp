@@ -189,9 +189,10 @@ TEST_CASE(
   for (const DType type : {DType::f32, DType::f64}) {
     for (const auto& [batch, heads, kv_heads, length] : {std::tuple{1, 4, 1, 130}, std::tuple{3, 4, 2, 37}}) {
       INFO(dtype_name(type) << ", B " << batch << ", heads " << heads << "/" << kv_heads << ", T " << length);
+      const Shape rows{batch, length};  // a lambda may not capture the structured bindings (clang 14)
       const auto split = [&](std::int64_t count, std::uint64_t seed) {
-        return test::random_tensor({batch, length, count * 16}, seed, type, -2, 2)
-            .reshape({batch, length, count, 16})
+        return test::random_tensor({rows[0], rows[1], count * 16}, seed, type, -2, 2)
+            .reshape({rows[0], rows[1], count, 16})
             .transpose(1, 2);
       };
       const Tensor q = split(heads, 410), k = split(kv_heads, 411), v = split(kv_heads, 412);
