@@ -1,6 +1,7 @@
 // apps/bench_ops: GEMM and conv2d throughput of shardlab's kernels next to OpenBLAS's own
 // sgemm on the same shapes (and CUDA next to it when a GPU and a kernel exist), one table; then
-// fused attention against the composed one on the CPU, forward and backward.
+// fused attention against the composed one on the CPU, forward and backward; then the Llama block's
+// fused ops on the CPU, forward and backward apart (bench/torch_llama_ops.py adds PyTorch's own).
 #include <cblas.h>
 
 #include <CLI/CLI.hpp>
@@ -201,6 +202,56 @@ void print_attention(int reps) {
       median(fused_ms), median(composed_ms), median(ratios));
 }
 
+// One of the Llama block's fused ops at the benchmark's shapes, its forward and backward apart.
+struct BlockOp {
+  std::string name;
+  std::function<void()> forward, backward;
+};
+
+// bench/llama_h256_l4.json at T256 B16, the operands laid out as the Llama makes them: q, k and v
+// heads split from their projections' [B, T, H * D], the gradients of attention's output likewise.
+std::vector<BlockOp> llama_block_ops() {
+  const std::int64_t batch = 16, length = 256, heads = 8, kv_heads = 2, head_dim = 32, hidden = 256,
+                     mlp = 1024;
+  const auto heads_of = [&](std::int64_t count, std::uint64_t stream) {
+    return uniform({batch, length, count * head_dim}, {19, stream}, -1, 1)
+        .reshape({batch, length, count, head_dim})
+        .transpose(1, 2);
+  };
+  const Tensor q = heads_of(heads, 1), k = heads_of(kv_heads, 2), v = heads_of(kv_heads, 3);
+  const Tensor grad_out = heads_of(heads, 4);
+  std::vector<std::int64_t> lengths;
+  for (std::int64_t b = 0; b < batch; ++b) lengths.push_back(b % 2 == 0 ? length : length - 48);
+  const AttentionParams params{
+      .causal = true,
+      .padding = ge(arange(length).unsqueeze(0), from_vector<std::int64_t>(lengths, {batch, 1}))};
+  const AttentionResult attended = attention_forward(q, k, v, params);
+  const Tensor gate = uniform({batch, length, mlp}, {19, 5}, -4, 4),
+               up = uniform({batch, length, mlp}, {19, 6}, -1, 1);
+  const Tensor grad_product = uniform({batch, length, mlp}, {19, 7}, -1, 1);
+  const Tensor x = uniform({batch, length, hidden}, {19, 8}, -1, 1),
+               weight = uniform({hidden}, {19, 9}, 0.5, 1.5);
+  const Tensor grad_normed = uniform({batch, length, hidden}, {19, 10}, -1, 1);
+  const RmsNormResult normed = rms_norm_forward(x, weight, 1e-5);
+  return {
+      {"attention q [16, 8, 256, 32] k/v [16, 2, 256, 32] causal padding",
+       [=] { (void)attention_forward(q, k, v, params); },
+       [=] { (void)attention_backward(grad_out, q, k, v, attended, params); }},
+      {"swiglu [16, 256, 1024]", [=] { (void)swiglu(gate, up); },
+       [=] { (void)swiglu_backward(grad_product, gate, up); }},
+      {"rms_norm [16, 256, 256]", [=] { (void)rms_norm_forward(x, weight, 1e-5); },
+       [=] { (void)rms_norm_backward(grad_normed, x, weight, normed.rstd); }},
+  };
+}
+
+void print_block_ops(int reps) {
+  const auto none = [] {};
+  for (const BlockOp& op : llama_block_ops()) {
+    fmt::print("block op {}: forward {:.3f} ms, backward {:.3f} ms\n", op.name,
+               1e3 * measure(reps, op.forward, none), 1e3 * measure(reps, op.backward, none));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -274,6 +325,7 @@ int main(int argc, char** argv) {
         "ratio = OpenBLAS time / ours on the same GEMM shape (conv: O x C*KH*KW x N*OH*OW); "
         "1.00 means parity\n");
     print_attention(reps);
+    print_block_ops(reps);
   } catch (const std::exception& e) {
     fmt::print(stderr, "bench_ops: {}\n", e.what());
     return 1;

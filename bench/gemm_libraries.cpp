@@ -1,11 +1,13 @@
 // bench/gemm_libraries.cpp: the Llama benchmark's GEMMs (bench_ops's shapes and layouts) on
 // shardlab's GEMM, BLIS and oneDNN from Debian, at one thread count, side by side: the measurement
 // behind the choice of shardlab's own GEMM. Built and run by bench/gemm_libraries.sh; its table goes
-// through bench/torch_gemm.py for torch.mm's column.
+// through bench/torch_gemm.py for torch.mm's column. With --bits it prints instead a hash of each
+// library's result bits per shape, which the script compares across thread counts and instruction sets.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -89,8 +91,20 @@ void add_linear(std::vector<Shape>& shapes, const std::string& label, long token
 
 }  // namespace
 
+// FNV-1a over the bits of C.
+unsigned long bits_hash(const std::vector<float>& c) {
+  unsigned long hash = 1469598103934665603ul;
+  for (const float x : c) {
+    unsigned bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    hash = (hash ^ bits) * 1099511628211ul;
+  }
+  return hash;
+}
+
 int main(int argc, char** argv) {
-  const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
+  const bool bits = argc > 1 && std::string(argv[1]) == "--bits";
+  const int threads = argc > 1 + bits ? std::atoi(argv[1 + bits]) : 2;
   shardlab::set_num_threads(threads);
   bli_thread_set_num_threads(threads);  // oneDNN takes OMP_NUM_THREADS, set by the script
   std::vector<Shape> shapes;
@@ -99,6 +113,17 @@ int main(int argc, char** argv) {
   add_linear(shapes, "llama gate/up", 4096, 256, 1024);
   add_linear(shapes, "llama down", 4096, 1024, 256);
   add_linear(shapes, "llama head", 4096, 256, 259);
+  const char* names[3] = {"ours", "BLIS", "oneDNN"};
+  if (bits) {
+    for (int library = 0; library < 3; ++library) {
+      for (const Shape& s : shapes) {
+        Operands o(s);
+        (library == 0 ? ours(s, o) : library == 1 ? blis(s, o) : onednn(s, o))();
+        std::printf("%s\t%s\t%016lx\n", names[library], s.label.c_str(), bits_hash(o.c));
+      }
+    }
+    return 0;
+  }
   std::vector<double> gflops[3];
   // One library at a time over every shape: a library's idle threads then spin on no one's cores.
   for (int library = 0; library < 3; ++library) {
