@@ -5,6 +5,7 @@
 //                                                     (config.json, model.safetensors, a BPE run's
 //                                                     tokenizer.json)
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -97,14 +98,24 @@ void convert(const std::string& dir, const std::string& out_dir) {
   dist::consolidate_checkpoint(dir, models::pretrained_weights_path(out_dir));
   models::save_pretrained_config(out_dir, config);
   if (tokenizer) tokenizer->save(out_dir + "/tokenizer.json");  // the directory cannot be read without it
+  std::printf("checkpoint: wrote %s: model.safetensors, config.json%s, from %s\n", out_dir.c_str(),
+              tokenizer ? ", tokenizer.json" : "", dir.c_str());
+}
+
+void write_consolidated(const std::string& dir, const std::string& out, bool optimizer) {
+  dist::consolidate_checkpoint(dir, out, {.optimizer = optimizer});
+  std::printf("checkpoint: wrote %s: %ju bytes, the parameters%s of %s\n", out.c_str(),
+              static_cast<std::uintmax_t>(std::filesystem::file_size(out)),
+              optimizer ? " and their optimizer slots" : "", dir.c_str());
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "checkpoint: inspect a sharded checkpoint directory (train_llama --checkpoint-dir) and turn it "
-      "into one safetensors file or a Hugging Face directory, in one process"};
+      "checkpoint: inspect a sharded checkpoint directory (train_cnn or train_llama --checkpoint-dir) and "
+      "turn it into one safetensors file, or a train_llama one into a Hugging Face directory, in one "
+      "process"};
   app.require_subcommand(0, 1);  // at most one; an unknown word is then named as unexpected
   std::string dir, out;
   bool optimizer = false;
@@ -133,7 +144,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (info->parsed()) print_info(dir);
-    if (consolidate->parsed()) dist::consolidate_checkpoint(dir, out, {.optimizer = optimizer});
+    if (consolidate->parsed()) write_consolidated(dir, out, optimizer);
     if (convert_command->parsed()) convert(dir, out);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "checkpoint: %s\n", e.what());

@@ -142,6 +142,9 @@ def check_consolidate(tool, checkpoint, saved, scratch, check):
     reference = read_bytes(os.path.join(saved, "model.safetensors"))
     check("consolidate equals the run's --save-model model.safetensors byte for byte",
           code == 0 and reference is not None and read_bytes(out_path) == reference, f"exit {code}\n{out}{err}")
+    check("consolidate says what it wrote",
+          out == f"checkpoint: wrote {out_path}: {os.path.getsize(out_path) if os.path.isfile(out_path) else -1} "
+                 f"bytes, the parameters of {checkpoint}\n", out)
 
     everything = os.path.join(scratch, "with_optimizer.safetensors")
     code, out, err = run_tool(tool, ["consolidate", checkpoint, everything, "--optimizer"])
@@ -161,6 +164,8 @@ def check_convert(tool, generate, checkpoint, saved, scratch, check):
     files = sorted(os.listdir(converted)) if os.path.isdir(converted) else []
     check(f"convert writes {', '.join(expected)} equal to --save-model's",
           code == 0 and files == expected and "config.json" in files and same, f"exit {code}, files {files}\n{out}{err}")
+    written = "model.safetensors, config.json" + (", tokenizer.json" if "tokenizer.json" in expected else "")
+    check("convert says what it wrote", out == f"checkpoint: wrote {converted}: {written}, from {checkpoint}\n", out)
     code, output = run_command([generate, converted, "--prompt", "Q:", "--samples", "2", "--tokens", "16"])
     check(f"generate samples twice from {os.path.basename(converted)}", code == 0 and output.count("--- sample") == 2,
           f"exit {code}\n{output}")
