@@ -40,12 +40,18 @@ def torch_gflops(m, k, n, transpose_a, transpose_b):
     return 2.0 * m * n * k / median_seconds(lambda: torch.mm(a, b)) / 1e9
 
 
-def main():
+def bench_lines():
+    """A bench program's output from stdin, torch set to the CPU thread count it names."""
     lines = sys.stdin.read().splitlines()
     for line in lines:
         found = THREADS.match(line)
         if found:
             torch.set_num_threads(int(found.group(1)))
+    return lines
+
+
+def main():
+    lines = bench_lines()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     for line in lines:
         found = MATMUL.match(line)

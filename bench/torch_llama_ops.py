@@ -12,14 +12,14 @@ Usage (PyTorch from the peers' environment, scripts/peers):
 """
 import re
 import statistics
-import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
+from torch_gemm import bench_lines
+
 BLOCK_OP = re.compile(r"^block op (\w+) .*: forward ([0-9.]+) ms, backward ([0-9.]+) ms")
-THREADS = re.compile(r"^\S+: (\d+) CPU threads")
 BATCH, LENGTH, HEADS, KV_HEADS, HEAD_DIM, HIDDEN, MLP = 16, 256, 8, 2, 32, 256, 1024
 
 
@@ -80,11 +80,7 @@ def rms_norm(functional):
 
 
 def main():
-    lines = sys.stdin.read().splitlines()
-    for line in lines:
-        found = THREADS.match(line)
-        if found:
-            torch.set_num_threads(int(found.group(1)))
+    lines = bench_lines()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; ratio = PyTorch's ms / ours")
     peers = {"attention": [("scaled_dot_product_attention", attention)],
              "swiglu": [("silu(gate) * up", swiglu)],

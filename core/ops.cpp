@@ -521,7 +521,7 @@ void check_attention_tensor(const char* op, const char* what, const Tensor& t, c
 // the other dims through any strides where the kernels take strided heads (a transposed view of
 // [B, T, H, D] then needs no copy), else contiguous.
 Tensor head_rows(const Tensor& t) {
-  const bool strided = kernels_for(t.device()).strided_heads && (t.dim() == 0 || t.stride(-1) == 1);
+  const bool strided = kernels_for(t.device()).strided_heads && t.stride(-1) == 1;
   return strided ? t : t.contiguous();
 }
 
