@@ -91,9 +91,9 @@ ParallelLlama parallelize_llama(models::Llama& model, const LlamaParallelism& op
     });
   }
   for (auto& layer : *model->model->layers) dist::fully_shard(*layer, fsdp);
-  dist::FsdpOptions root = fsdp;
-  root.mixed_precision.output_dtype = DType::f32;  // f32 logits for the loss
-  dist::fully_shard(*model, root);
+  // The root's logits stay in the compute dtype: cross_entropy takes a bf16 row's loss in f32 itself,
+  // with the bits of an f32 copy's, which would cost 4 bytes a logit and its f32 gradient.
+  dist::fully_shard(*model, fsdp);
   if (options.mesh != nullptr && options.mesh->size("tp") > 1) {
     // Norms, checkpoints and the full safetensors over the whole mesh: the split parameters as pieces
     // of the whole, the others (the norms) counted on the first tensor-parallel rank.

@@ -49,14 +49,14 @@ TensorParallelTraffic tensor_parallel_traffic(const models::LlamaConfig& config,
 // The Llama's tensor-parallel plan for dist::parallelize_module.
 std::vector<std::pair<std::string, dist::ParallelStyle>> llama_tensor_parallel_plan();
 
-// Parallelises `model` in place; the root's output stays f32 (the loss's logits) under mixed
-// precision. Parameters still deferred (nn::DeferredInitGuard) are drawn piece by piece;
-// materialised ones (a loaded model) are cut. With tensor parallelism the model's logits hold this
-// rank's vocabulary columns: take the loss with dist::vocab_parallel_cross_entropy. The parameters
-// are placed in the mesh (dist::place_in_mesh): gradient norms, checkpoints and the full
-// safetensors run over all its ranks, each element counted once. Refused, naming the numbers: heads or
-// key/value heads that tp does not divide, tied embeddings with tensor parallelism, a mesh without
-// "dp" and "tp", an FSDP communicator other than the mesh's "dp".
+// Parallelises `model` in place; under mixed precision its logits come in param_dtype (the losses
+// of autograd's cross_entropy and vocab_parallel_cross_entropy are f32 all the same). Parameters still
+// deferred (nn::DeferredInitGuard) are drawn piece by piece; materialised ones (a loaded model) are cut. With
+// tensor parallelism the model's logits hold this rank's vocabulary columns: take the loss with
+// dist::vocab_parallel_cross_entropy. The parameters are placed in the mesh (dist::place_in_mesh): gradient
+// norms, checkpoints and the full safetensors run over all its ranks, each element counted once. Refused,
+// naming the numbers: heads or key/value heads that tp does not divide, tied embeddings with tensor
+// parallelism, a mesh without "dp" and "tp", an FSDP communicator other than the mesh's "dp".
 ParallelLlama parallelize_llama(models::Llama& model, const LlamaParallelism& options);
 
 }  // namespace shardlab::apps

@@ -16,7 +16,9 @@ enum class Reduction : unsigned char { mean, sum, none };
 Variable nll_loss(const Variable& log_probs, const Tensor& targets, std::int64_t ignore_index = -100,
                   Reduction reduction = Reduction::mean);
 // nll_loss(log_softmax(logits, 1), ...), for logits [N, C]: one node over core's fused
-// cross_entropy_forward/backward, with no log-softmax [N, C] in memory.
+// cross_entropy_forward/backward, with no log-softmax [N, C] in memory. The loss of bf16/f16 logits
+// is f32 (PyTorch's would be in the logits' dtype), computed without an f32 copy of them; their
+// gradient keeps the logits' dtype.
 Variable cross_entropy(const Variable& logits, const Tensor& targets, std::int64_t ignore_index = -100,
                        Reduction reduction = Reduction::mean);
 

@@ -1164,7 +1164,7 @@ CrossEntropyResult cross_entropy_forward(const Tensor& logits, const Tensor& tar
   const Tensor checked = checked_targets(op, targets, ignore_index, logits.size(1));
   const Tensor rows = targets.to(DType::i64).contiguous();  // checked above, ignore_index kept
   CrossEntropyResult result{
-      empty({logits.size(0)}, TensorOptions{logits.dtype(), logits.device()}),
+      empty({logits.size(0)}, TensorOptions{logsumexp_dtype(logits.dtype()), logits.device()}),
       empty({logits.size(0)}, TensorOptions{logsumexp_dtype(logits.dtype()), logits.device()})};
   if (logits.numel() > 0) {
     kernel<&Kernels::cross_entropy_forward>(logits.device(), op)(logits.contiguous(), rows, ignore_index,
@@ -1193,9 +1193,9 @@ Tensor cross_entropy_backward(const Tensor& grad_losses, const Tensor& logits, c
   const Tensor rows = targets.to(DType::i64).contiguous();  // the forward checked them
   Tensor grad = empty(logits.shape(), TensorOptions{logits.dtype(), logits.device()});
   if (grad.numel() > 0) {
-    kernel<&Kernels::cross_entropy_backward>(logits.device(), op)(grad_losses.to(logits.dtype()).contiguous(),
-                                                                  logits.contiguous(), rows, ignore_index,
-                                                                  logsumexp.contiguous(), grad);
+    kernel<&Kernels::cross_entropy_backward>(logits.device(), op)(
+        grad_losses.to(logsumexp.dtype()).contiguous(), logits.contiguous(), rows, ignore_index,
+        logsumexp.contiguous(), grad);
   }
   return grad;
 }

@@ -269,8 +269,10 @@ Tensor gather_targets(const Tensor& values, const Tensor& targets, std::int64_t 
 
 // Cross-entropy from logits [N, C] (floating) and targets [N] (i64/i32, each in [0, C) or
 // ignore_index), row by row without a softmax [N, C] in memory: losses [N] = logsumexp(logits[i]) -
-// logits[i, targets[i]], 0 where ignored, in the logits' dtype; logsumexp [N] (f32 for bf16/f16)
-// for the backward, which gives grad_losses[i] * (softmax(logits[i]) - onehot(targets[i])).
+// logits[i, targets[i]], 0 where ignored, and logsumexp [N] for the backward, both in f32 for
+// bf16/f16 logits (the logits' dtype otherwise): half logits need no f32 copy for an f32 loss. The
+// backward gives grad_losses[i] * (softmax(logits[i]) - onehot(targets[i])) in the logits' dtype,
+// computed in f32 and rounded once: the bits of the f32 copy's gradient cast back.
 struct CrossEntropyResult {
   Tensor losses, logsumexp;
 };

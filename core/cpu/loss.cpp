@@ -21,7 +21,7 @@ void forward(const Tensor& logits, const Tensor& targets, std::int64_t ignore_in
   const std::int64_t rows = logits.size(0), classes = logits.size(1);
   const T* x = logits.data<T>();
   const std::int64_t* target = targets.data<std::int64_t>();
-  T* loss = losses.data<T>();
+  C* loss = losses.data<C>();
   C* lse = logsumexp.data<C>();
   parallel_for(0, rows, 16, [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t r = first; r < last; ++r) {
@@ -33,7 +33,7 @@ void forward(const Tensor& logits, const Tensor& targets, std::int64_t ignore_in
       double total = 0;
       for (std::int64_t c = 0; c < classes; ++c) total += std::exp(widen(row[c]) - shift);
       lse[r] = shift + static_cast<C>(std::log(total));
-      loss[r] = target[r] == ignore_index ? T{} : narrow<T>(lse[r] - widen(row[target[r]]));
+      loss[r] = target[r] == ignore_index ? C(0) : lse[r] - widen(row[target[r]]);
     }
   });
 }
@@ -44,14 +44,14 @@ void backward(const Tensor& grad_losses, const Tensor& logits, const Tensor& tar
   using C = compute_t<T>;
   const std::int64_t rows = logits.size(0), classes = logits.size(1);
   const T* x = logits.data<T>();
-  const T* grad_loss = grad_losses.data<T>();
+  const C* grad_loss = grad_losses.data<C>();
   const std::int64_t* target = targets.data<std::int64_t>();
   const C* lse = logsumexp.data<C>();
   T* grad = grad_logits.data<T>();
   parallel_for(0, rows, 16, [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t r = first; r < last; ++r) {
       const bool ignored = target[r] == ignore_index;
-      const C scale = ignored ? C(0) : widen(grad_loss[r]);
+      const C scale = ignored ? C(0) : grad_loss[r];
       for (std::int64_t c = 0; c < classes; ++c) {
         const C probability = std::exp(widen(x[r * classes + c]) - lse[r]);
         const C term = ignored ? C(0) : scale * (probability - (c == target[r] ? C(1) : C(0)));

@@ -114,12 +114,13 @@ void launch_random(DType dtype, void* out, std::int64_t n, const PhiloxDraw& dra
 // (false for the others).
 [[nodiscard]] bool launch_softmax(DType dtype, const void* in, void* out, std::int64_t outer, std::int64_t n,
                                   std::int64_t inner, bool log, cudaStream_t stream);
-// Contiguous logits [rows, classes], i64 targets (in range or ignore_index): losses [rows] in the
-// logits' dtype and logsumexp [rows] in their compute type; floating dtypes only.
+// Contiguous logits [rows, classes], i64 targets (in range or ignore_index): losses and logsumexp
+// [rows] in the logits' compute type (f32 for bf16/f16); floating dtypes only.
 [[nodiscard]] bool launch_cross_entropy(DType dtype, const void* logits, const std::int64_t* targets,
                                         std::int64_t ignore_index, std::int64_t rows, std::int64_t classes,
                                         void* losses, void* logsumexp, cudaStream_t stream);
-// grad [rows, classes] = grad_losses[r] * (softmax - onehot), 0 in ignored rows.
+// grad [rows, classes] = grad_losses[r] * (softmax - onehot), 0 in ignored rows; grad_losses in the
+// compute type.
 [[nodiscard]] bool launch_cross_entropy_backward(DType dtype, const void* grad_losses, const void* logits,
                                                  const std::int64_t* targets, std::int64_t ignore_index,
                                                  const void* logsumexp, std::int64_t rows,

@@ -78,7 +78,7 @@ __global__ void softmax_kernel(const T* in, T* out, std::int64_t rows, std::int6
 // One block per row of logits [rows, classes]: its logsumexp and, unless ignored, its loss.
 template <typename T>
 __global__ void cross_entropy_kernel(const T* logits, const std::int64_t* targets, std::int64_t ignore_index,
-                                     std::int64_t rows, std::int64_t classes, T* losses,
+                                     std::int64_t rows, std::int64_t classes, compute_t<T>* losses,
                                      compute_t<T>* logsumexp) {
   using C = compute_t<T>;
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -95,7 +95,7 @@ __global__ void cross_entropy_kernel(const T* logits, const std::int64_t* target
       // next wait: skipped here as the index kernels skip one, not read outside the row.
       const std::int64_t target = targets[r];
       const bool counted = target != ignore_index && target >= 0 && target < classes;
-      losses[r] = counted ? narrow<T>(lse - widen(row[target])) : T{};
+      losses[r] = counted ? lse - widen(row[target]) : C(0);
     }
     __syncthreads();  // `all` in shared memory is reused by the next row
   }
@@ -104,24 +104,25 @@ __global__ void cross_entropy_kernel(const T* logits, const std::int64_t* target
 // The gradient of logit (r, c): grad_losses[r] (softmax - onehot), 0 in an ignored row.
 template <typename T>
 __device__ T cross_entropy_grad(T logit, std::int64_t c, std::int64_t target, std::int64_t ignore_index,
-                                compute_t<T> lse, T grad_loss) {
+                                compute_t<T> lse, compute_t<T> grad_loss) {
   using C = compute_t<T>;
   if (target == ignore_index) return T{};
   const C probability = exp(widen(logit) - lse);
-  return narrow<T>(widen(grad_loss) * (probability - (c == target ? C(1) : C(0))));
+  return narrow<T>(grad_loss * (probability - (c == target ? C(1) : C(0))));
 }
 
 // Packed (rows of a whole number of 16-byte packs, starting on 16 bytes, fewer than 2^31 logits): a
 // thread a pack, its row found once; else a thread an element.
 template <typename T>
-__global__ void cross_entropy_backward_kernel(const T* grad_losses, const T* logits,
+__global__ void cross_entropy_backward_kernel(const compute_t<T>* grad_losses, const T* logits,
                                               const std::int64_t* targets, std::int64_t ignore_index,
                                               const compute_t<T>* logsumexp, std::int64_t rows,
                                               std::int64_t classes, T* grad, bool packed) {
   if (!packed) {
     for (std::int64_t i = first_thread(); i < rows * classes; i += thread_step()) {
       const std::int64_t r = i / classes;
-      grad[i] = cross_entropy_grad(logits[i], i % classes, targets[r], ignore_index, logsumexp[r], grad_losses[r]);
+      grad[i] =
+          cross_entropy_grad(logits[i], i % classes, targets[r], ignore_index, logsumexp[r], grad_losses[r]);
     }
     return;
   }
@@ -135,7 +136,8 @@ __global__ void cross_entropy_backward_kernel(const T* grad_losses, const T* log
         Pack<T, V> g;
 #pragma unroll
         for (int v = 0; v < V; ++v)
-          g.lane[v] = cross_entropy_grad(x.lane[v], c + v, targets[r], ignore_index, logsumexp[r], grad_losses[r]);
+          g.lane[v] =
+              cross_entropy_grad(x.lane[v], c + v, targets[r], ignore_index, logsumexp[r], grad_losses[r]);
         store_pack(grad, p, g);
       },
       [](std::uint32_t) {});  // whole rows of whole packs: no element is left over
@@ -151,8 +153,8 @@ bool launch_cross_entropy(DType dtype, const void* logits, const std::int64_t* t
       if (rows == 0) return true;
       const auto blocks = static_cast<unsigned>(rows < kMaxBlocks ? rows : kMaxBlocks);
       cross_entropy_kernel<T><<<blocks, kBlockSize, 0, stream>>>(
-          static_cast<const T*>(logits), targets, ignore_index, rows, classes, static_cast<T*>(losses),
-          static_cast<compute_t<T>*>(logsumexp));
+          static_cast<const T*>(logits), targets, ignore_index, rows, classes,
+          static_cast<compute_t<T>*>(losses), static_cast<compute_t<T>*>(logsumexp));
       SHARDLAB_CUDA_CHECK_LAUNCH();
       return true;
     } else {
@@ -170,9 +172,11 @@ bool launch_cross_entropy_backward(DType dtype, const void* grad_losses, const v
       if (rows * classes == 0) return true;
       constexpr int V = pack_width<T>();
       const bool packed = classes % V == 0 && packable(rows * classes, {logits, grad});
-      cross_entropy_backward_kernel<T><<<grid_size(packed ? rows * classes / V : rows * classes), kBlockSize, 0, stream>>>(
-          static_cast<const T*>(grad_losses), static_cast<const T*>(logits), targets, ignore_index,
-          static_cast<const compute_t<T>*>(logsumexp), rows, classes, static_cast<T*>(grad), packed);
+      cross_entropy_backward_kernel<T>
+          <<<grid_size(packed ? rows * classes / V : rows * classes), kBlockSize, 0, stream>>>(
+              static_cast<const compute_t<T>*>(grad_losses), static_cast<const T*>(logits), targets,
+              ignore_index, static_cast<const compute_t<T>*>(logsumexp), rows, classes, static_cast<T*>(grad),
+              packed);
       SHARDLAB_CUDA_CHECK_LAUNCH();
       return true;
     } else {

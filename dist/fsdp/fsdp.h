@@ -67,7 +67,8 @@ struct MixedPrecision {
   // With a param_dtype other than f32, the floating inputs of the unit's forward are cast to it
   // (their gradients flow back in the inputs' dtype), so an f32 batch feeds a bf16 model.
   bool cast_forward_inputs = true;
-  // When set, the unit's floating output is cast to it: on the root, f32 logits for the loss.
+  // When set, the unit's floating output is cast to it (FSDP2's output_dtype). A bf16 Llama's root
+  // needs none: cross_entropy takes bf16 logits' loss in f32 itself.
   std::optional<DType> output_dtype;
 };
 

@@ -60,7 +60,7 @@ Variable vocab_parallel_cross_entropy(const Variable& logits, const Tensor& targ
   Tensor output = reduction == Reduction::none  ? losses
                   : reduction == Reduction::sum ? sum(losses)
                                                 : div(sum(losses), rows);
-  return autograd::record("vocab_parallel_cross_entropy", {logits}, output.to(logits.dtype()),
+  return autograd::record("vocab_parallel_cross_entropy", {logits}, output,
                           [x, logsumexp, column, mine, counted, rows, reduction,
                            dtype = logits.dtype()](const Tensor& g) -> autograd::Grads {
                             // d loss_i / d x_ij = softmax_ij - [j is the target]: this rank's columns only.

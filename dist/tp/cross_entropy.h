@@ -17,7 +17,7 @@ namespace shardlab::dist {
 
 // logits [N, V_r] (floating), targets [N] (i64/i32, each in [0, vocabulary) or ignore_index): the
 // losses of autograd's cross_entropy over the whole vocabulary, each rank computing them from its
-// piece, the same on every rank of `group`. Reduction mean divides by the rows that count (NaN
+// piece, the same on every rank of `group`, in f32 for bf16/f16 logits as there. Reduction mean divides by the rows that count (NaN
 // when none does). Backward gives each rank the gradient of its own piece, with no collective.
 // Every rank of `group` calls it with the same targets. Throws naming what is wrong: logits not
 // [N, V_r], targets not [N] of an integer dtype, a piece outside the vocabulary, a target outside

@@ -349,6 +349,29 @@ TEST_CASE("cross_entropy and nll_loss forward values against the naive formula",
   check_close(nll_loss(x, targets, 7).data(), {-(v[4] + v[5] + v[12] + v[22] + v[26]) / 5});
 }
 
+TEST_CASE(
+    "cross_entropy of bf16 and f16 logits: an f32 loss with an f32 copy's bits, its gradient rounded once",
+    "[gradcheck_nn][loss]") {
+  // Rows longer than a block, an ignored row, and a loss scale no half holds (1/3): a loss rounded to
+  // the logits' dtype, or a gradient scale narrowed to it, changes bits.
+  const Tensor targets = indices({0, 1030, -100, 5, 5, 77, 3}, {7});
+  for (const DType half : {DType::bf16, DType::f16}) {
+    const Tensor x = test::random_tensor({7, 1031}, 140, DType::f32, -8.0, 8.0).to(half);
+    for (const Reduction reduction : {Reduction::none, Reduction::sum, Reduction::mean}) {
+      INFO(dtype_name(half) << ", reduction " << static_cast<int>(reduction));
+      const Variable logits(x, true, "logits"), copy(x.to(DType::f32), true, "copy");
+      const Variable loss = cross_entropy(logits, targets, -100, reduction);
+      const Variable expected = cross_entropy(copy, targets, -100, reduction);
+      CHECK(loss.dtype() == DType::f32);
+      check_equal(loss.data(), values(expected.data()));
+      sum(loss * (1.0 / 3)).backward();
+      sum(expected * (1.0 / 3)).backward();
+      CHECK(logits.grad().dtype() == half);
+      check_equal(logits.grad(), values(copy.grad().to(half)));
+    }
+  }
+}
+
 TEST_CASE("a mean loss over no counted rows is NaN, with zero gradients", "[gradcheck_nn][loss]") {
   const Variable logits = leaf({3, 4}, 130, "logits");
   const Tensor targets = indices({-100, -100, -100}, {3});

@@ -361,9 +361,10 @@ TEST_CASE("cuda matches cpu: elementwise ops on views that start off 16 bytes", 
     compare_cuda_with_cpu({values_in({3342}, dtype, 61, -3.0, 3.0), values_in({3341}, dtype, 62, -3.0, 3.0)},
                           [](const Inputs& x) {
                             const Tensor shifted = x[0].narrow(0, 1, 3341);
-                            return stack({add(shifted, x[1]), exp(shifted), where(gt(x[1], 0.0), shifted, x[1]),
-                                          shifted.to(DType::f32).to(x[1].dtype()), mul(x[1], 0.5)},
-                                         0);
+                            return stack(
+                                {add(shifted, x[1]), exp(shifted), where(gt(x[1], 0.0), shifted, x[1]),
+                                 shifted.to(DType::f32).to(x[1].dtype()), mul(x[1], 0.5)},
+                                0);
                           });
   }
 }
@@ -736,6 +737,26 @@ SHARDLAB_CUDA_VS_CPU(
       return cat({cross_entropy_parts(x[0], DType::f32), cross_entropy_parts(x[0], DType::bf16)}, 0);
     },
     Tolerance{1e-2, 1e-2});
+TEST_CASE("cuda cross_entropy of bf16 and f16 logits has an f32 copy's bits, its gradient rounded once",
+          "[cuda]") {
+  const Tensor targets = from_vector<std::int64_t>({0, 1030, -100, 5, 5, 77, 3, -100, 512}, {9}).to(kCuda);
+  const Tensor grad = full({9}, 1.0 / 3, TensorOptions{DType::f32, kCuda});  // no half holds 1/3
+  for (const DType half : {DType::bf16, DType::f16}) {
+    for (const std::int64_t classes : {1031, 1032}) {  // the backward by element and by 16-byte pack
+      INFO(dtype_name(half) << ", " << classes << " classes");
+      const Tensor logits = random_tensor({9, classes}, 67).to(half).to(kCuda);
+      const Tensor copy = logits.to(DType::f32);
+      const CrossEntropyResult result = cross_entropy_forward(logits, targets);
+      const CrossEntropyResult expected = cross_entropy_forward(copy, targets);
+      CHECK(result.losses.dtype() == DType::f32);
+      CHECK(test::same_bits(result.losses, expected.losses.to(kCpu)));
+      CHECK(test::same_bits(result.logsumexp, expected.logsumexp.to(kCpu)));
+      CHECK(test::same_bits(
+          cross_entropy_backward(grad, logits, targets, -100, result.logsumexp),
+          cross_entropy_backward(grad, copy, targets, -100, expected.logsumexp).to(half).to(kCpu)));
+    }
+  }
+}
 // rms_norm, swiglu and the rotary embedding (core/cuda/transformer.cu), forward and backward: rows
 // longer than a block, in f32, f64 and bf16 (compared as f32).
 Tensor transformer_parts(const Inputs& x, DType dtype) {
@@ -746,7 +767,8 @@ Tensor transformer_parts(const Inputs& x, DType dtype) {
   const Tensor cos = w.narrow(0, 0, 60).reshape({5, 12}), sin = w.narrow(0, 60, 60).reshape({5, 12});
   const Tensor heads = h.narrow(2, 0, 36).reshape({3, 3, 5, 12});
   // Views one element in: off 16 bytes, so the element-by-element path (dense ones move in packs).
-  const Tensor h_shifted = h.flatten().narrow(0, 1, h.numel() - 1), g_shifted = g.flatten().narrow(0, 1, g.numel() - 1);
+  const Tensor h_shifted = h.flatten().narrow(0, 1, h.numel() - 1),
+               g_shifted = g.flatten().narrow(0, 1, g.numel() - 1);
   const SwigluGrads shifted = swiglu_backward(g_shifted, h_shifted, g_shifted);
   std::vector<Tensor> parts = {norm.out,
                                norm.rstd,

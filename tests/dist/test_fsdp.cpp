@@ -428,8 +428,10 @@ Run train_bf16(dist::Communicator& comm, std::int64_t vocab, int steps) {
   Run run;
   for (int step = 0; step < steps; ++step) {
     const auto batch = token_batch(step, kGlobalBatch, vocab, comm.rank(), comm.size());
-    Variable loss = cross_entropy(model(batch.tokens), batch.targets);
-    CHECK(loss.dtype() == DType::bf16);  // the compute ran in bf16
+    const Variable logits = model(batch.tokens);
+    CHECK(logits.dtype() == DType::bf16);  // the compute ran in bf16
+    Variable loss = cross_entropy(logits, batch.targets);
+    CHECK(loss.dtype() == DType::f32);  // taken in f32 from the bf16 logits
     const Tensor local = full({1}, loss.data().to(DType::f32).item<float>(), dtype(DType::f64));
     comm.all_reduce(local, dist::ReduceOp::avg).wait();
     run.losses.push_back(local.item<double>());

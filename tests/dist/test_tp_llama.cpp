@@ -6,10 +6,12 @@
 // allows for the tiny Llama (4 heads, 2 key/value heads; vocabulary 259, which no tp > 1 divides) and
 // one with 8 heads and 4 key/value heads. A checkpoint saved at the largest tp loads at every layout
 // bit for bit (parameters and optimizer state), and the full safetensors it writes equals the one
-// process's file byte for byte. Also: the one all-reduce per block half each way, the refusal of
-// tp 4 for the tiny Llama, and the plan's own refusals.
+// process's file byte for byte. Under bf16 mixed precision the logits stay bf16 and give, bit for
+// bit, the losses and weights of logits cast to f32. Also: the one all-reduce per block half each way, the
+// refusal of tp 4 for the tiny Llama, and the plan's own refusals.
 #include <cmath>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "apps/parallelize_llama.h"
@@ -74,7 +76,8 @@ struct Parallel {
 };
 
 Parallel parallel_llama(const models::LlamaConfig& config, int dp, int tp, bool deferred,
-                        std::uint64_t seed = kSeed, Device device = Device::cpu()) {
+                        std::uint64_t seed = kSeed, Device device = Device::cpu(),
+                        dist::MixedPrecision precision = {}) {
   auto mesh = std::make_unique<dist::DeviceMesh>(world(), std::vector<int>{dp, tp},
                                                  std::vector<std::string>{"dp", "tp"});
   auto build = [&] {
@@ -84,7 +87,8 @@ Parallel parallel_llama(const models::LlamaConfig& config, int dp, int tp, bool 
   };
   models::Llama model = build();
   model->to(device);
-  apps::ParallelLlama layout = apps::parallelize_llama(model, {.mesh = mesh.get()});
+  apps::ParallelLlama layout =
+      apps::parallelize_llama(model, {.fsdp = {.mixed_precision = precision}, .mesh = mesh.get()});
   return {std::move(mesh), std::move(model), layout};
 }
 
@@ -97,13 +101,16 @@ Rows my_rows(const dist::DeviceMesh& mesh) {
 
 // The parallel model's loss (the same on every rank) after its backward: each data-parallel rank's
 // sum over its rows, scaled so that FSDP's average over those ranks is the whole mean's gradient.
-double parallel_step_loss(Parallel& run, std::int64_t step) {
+// With `logits_dtype` the logits are cast to it first (what FSDP's output_dtype would do).
+double parallel_step_loss(Parallel& run, std::int64_t step,
+                          std::optional<DType> logits_dtype = std::nullopt) {
   const auto [inputs, targets] = batch(run.model->config.vocab_size, step);
   const Rows rows = my_rows(*run.mesh);
   const double counted = sum(ne(targets, -100).to(DType::i64)).item<double>();
   const Device device = run.model->parameters().front().device();
   const Tensor my_targets = targets.narrow(0, rows.first, rows.count).reshape({-1}).to(device);
-  const Variable logits = run.model(inputs.narrow(0, rows.first, rows.count).contiguous().to(device));
+  Variable logits = run.model(inputs.narrow(0, rows.first, rows.count).contiguous().to(device));
+  if (logits_dtype) logits = cast(logits, *logits_dtype);
   // This rank's vocabulary columns only.
   CHECK(logits.size(-1) == dist::split_range(run.model->config.vocab_size, run.mesh->size("tp"),
                                              run.mesh->coordinate("tp"), "vocabulary")
@@ -317,6 +324,41 @@ TEST_CASE("2-D Llama: no rank allocates [B, T, vocab] logits", "[dist][tp][llama
     // One process holds the whole logits; split over tp ranks, none does (the rest are far smaller).
     if (tp == 1) CHECK(largest >= whole_logits);
     if (tp > 1) CHECK(largest < whole_logits);
+  }
+}
+
+TEST_CASE("2-D Llama in bf16: logits in bf16, with the losses and steps of logits cast to f32, bit for bit",
+          "[dist][tp][llama]") {
+  const models::LlamaConfig config = eight_heads();
+  const dist::MixedPrecision bf16{.param_dtype = DType::bf16, .reduce_dtype = DType::f32};
+  for (const auto& [dp, tp] : meshes(world().size(), config)) {
+    if (kBatch % dp != 0) continue;
+    INFO("dp " << dp << " x tp " << tp);
+    Parallel kept = parallel_llama(config, dp, tp, true, kSeed, Device::cpu(), bf16);
+    Parallel widened = parallel_llama(config, dp, tp, true, kSeed, Device::cpu(), bf16);
+    optim::AdamW kept_optimizer(kept.model->named_parameters(), {.lr = 1e-3});
+    optim::AdamW widened_optimizer(widened.model->named_parameters(), {.lr = 1e-3});
+    for (int step = 0; step < 3; ++step) {
+      kept_optimizer.zero_grad();
+      widened_optimizer.zero_grad();
+      reset_peak_memory(Device::cpu());
+      const double loss = parallel_step_loss(kept, step);
+      const std::int64_t kept_peak = memory_stats(Device::cpu()).peak_bytes;
+      reset_peak_memory(Device::cpu());
+      CHECK(loss == parallel_step_loss(widened, step, DType::f32));
+      const std::int64_t widened_peak = memory_stats(Device::cpu()).peak_bytes;
+      // At least an f32 copy of this rank's logits and its gradient fewer; one process's checked whole.
+      CHECK(kept_peak < widened_peak);
+      if (dp == 1 && tp == 1) CHECK(widened_peak - kept_peak >= 2 * kBatch * kLength * config.vocab_size * 4);
+      kept_optimizer.step();
+      widened_optimizer.step();
+    }
+    const auto expected = widened.model->named_parameters();
+    std::size_t index = 0;
+    for (const auto& [name, parameter] : kept.model->named_parameters()) {
+      INFO(name);
+      CHECK(parameter.data().to_vector<double>() == expected[index++].second.data().to_vector<double>());
+    }
   }
 }
 
