@@ -9,10 +9,7 @@
 # logs stay there. Not a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build_dir="${SHARDLAB_BUILD_DIR:-build}"
-source bench/output_dir.sh
-mpirun=(mpirun --oversubscribe)
-[ "$(id -u)" = 0 ] && mpirun+=(--allow-run-as-root)
+source bench/prologue.sh
 train=("$build_dir/apps/train_llama" --config small --seq 32 --global-batch 4 --threads 1 --limit-documents 200
   --checkpoint-dir "$out/ckpt")
 

@@ -9,8 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 old="${1:?usage: bench/compare_builds.sh OLD_BUILD NEW_BUILD}" new="${2:?usage: bench/compare_builds.sh OLD_BUILD NEW_BUILD}"
 rounds="${ROUNDS:-3}"
-source bench/output_dir.sh
-mpirun=(mpirun --allow-run-as-root --oversubscribe)
+source bench/prologue.sh
 
 field() {  # metrics file, field: rank 0's last record that has it
   python3 -c "import json,sys; print([r for r in map(json.loads, open(sys.argv[1])) if r.get('rank', 0) == 0 and sys.argv[2] in r][-1][sys.argv[2]])" "$1" "$2"

@@ -15,14 +15,12 @@
 # rounds. Every run does STEPS (default 100) steps. With RESULTS_DIR=DIR the raw outputs stay there. Not a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build_dir="${SHARDLAB_BUILD_DIR:-build}"
 steps="${STEPS:-100}" rounds="${ROUNDS:-3}"
-source bench/output_dir.sh
+source bench/prologue.sh
 /usr/bin/python3 -c "import torch" 2>/dev/null || {
   echo "bench/cpu_speed.sh: needs Debian's python3-torch (apt-get install python3-torch)" >&2
   exit 1
 }
-mpirun=(mpirun --allow-run-as-root --oversubscribe)
 images=$((64 * steps))
 
 # Each runner writes its raw output to $out/<name>-<round>.* and prints its figure.

@@ -22,7 +22,6 @@
 # there. Not a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build_dir="${SHARDLAB_BUILD_DIR:-build}"
 peers="${SHARDLAB_PEERS:-$HOME/.cache/shardlab-peers/venv}"
 rounds="${ROUNDS:-5}" cnn_steps="${CNN_STEPS:-100}" llama_steps="${LLAMA_STEPS:-30}"
 read -ra cases <<<"${CASES:-cnn_alone cnn_ranks cnn_fsdp2 llama_alone llama_ranks}"
@@ -33,13 +32,12 @@ for case in "${cases[@]}"; do
        exit 1 ;;
   esac
 done
-source bench/output_dir.sh
+source bench/prologue.sh
 python="$peers/bin/python"
 [ -x "$python" ] || {
   echo "bench/cpu_speed_peers.sh: no peers' environment at $peers (run scripts/peers, or set SHARDLAB_PEERS)" >&2
   exit 1
 }
-mpirun=(mpirun --allow-run-as-root --oversubscribe)
 images=$((64 * cnn_steps))
 # Inductor's compiled kernels go to a cache of this run's own: the first round compiles from
 # scratch, the later ones find their kernels there, as a user's second run would.

@@ -6,11 +6,9 @@
 # the ratios FULL_SHARD / NO_SHARD. Not a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build_dir="${SHARDLAB_BUILD_DIR:-build}"
 steps="${STEPS:-100}"
 common=(--optimizer adam --global-batch 64 --threads 1 --epochs 1 --steps "$steps" --limit-train $((64 * steps)))
-out="$(mktemp -d)"
-trap 'rm -rf "$out"' EXIT
+source bench/prologue.sh
 
 run() {  # name, then the command
   local name="$1"
@@ -27,7 +25,7 @@ json.dump(summary, open(f"{path}.summary", "w"))
 PY
 }
 
-mpirun_2=(mpirun --allow-run-as-root -np 2 "$build_dir/apps/train_cnn")
+mpirun_2=("${mpirun[@]}" -np 2 "$build_dir/apps/train_cnn")
 run full "${mpirun_2[@]}" --sharding full
 run none "${mpirun_2[@]}" --sharding none
 run alone "$build_dir/apps/train_cnn"

@@ -8,10 +8,9 @@
 # the raw per-step records stay there (shardlab.jsonl, shardlab.log, pytorch.jsonl). Not a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build_dir="${SHARDLAB_BUILD_DIR:-build}"
 steps="${STEPS:-300}"
 threads="${THREADS:-2}"
-source bench/output_dir.sh
+source bench/prologue.sh
 
 "$build_dir/apps/train_llama" --config bench/llama_h256_l4.json --seq 256 --global-batch 16 --steps "$steps" \
   --lr 1e-3 --warmup-steps 30 --threads "$threads" --metrics "$out/shardlab.jsonl" >"$out/shardlab.log" 2>&1 ||

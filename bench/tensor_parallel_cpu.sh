@@ -7,10 +7,7 @@
 # With RESULTS_DIR=DIR the logs and metrics stay there. Not a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build_dir="${SHARDLAB_BUILD_DIR:-build}"
-source bench/output_dir.sh
-mpirun=(mpirun --oversubscribe)
-[ "$(id -u)" = 0 ] && mpirun+=(--allow-run-as-root)
+source bench/prologue.sh
 
 printf '%-28s %-8s %10s %14s %14s %14s %14s\n' config "dp x tp" "tokens/s" "persistent B" "peak B" "dp B/step" \
   "tp B/step"

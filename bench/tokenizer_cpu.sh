@@ -8,9 +8,8 @@
 # RESULTS_DIR=DIR the files stay there. Not a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build_dir="${SHARDLAB_BUILD_DIR:-build}"
 peers="${SHARDLAB_PEERS:-$HOME/.cache/shardlab-peers/venv}"
-source bench/output_dir.sh
+source bench/prologue.sh
 [ -x "$peers/bin/python" ] || {
   echo "bench/tokenizer_cpu.sh: no peers' environment at $peers (run scripts/peers, or set SHARDLAB_PEERS)" >&2
   exit 1

@@ -5,18 +5,16 @@
 # step after the first traced (--trace-steps 2:STEPS): median step of each, the ratio per pair, and the
 # events a step records (from rank 0's trace file) times the per-event costs of (1) as a share of the step;
 # (3) the traced overlap % of train_llama and train_cnn at 2 and 4 ranks with --prefetch 0, 1, 2.
-# Raw output to $1 (a directory).
+# With RESULTS_DIR=DIR the raw output stays there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out="${1:?usage: bench/trace_overhead.sh OUTPUT_DIR}"
-mkdir -p "$out"
+source bench/prologue.sh
 runs="${RUNS:-5}" steps="${STEPS:-30}"
-mpirun=(mpirun --allow-run-as-root --oversubscribe)
-llama=(build/apps/train_llama --config tiny --seq 48 --global-batch 12 --limit-documents 240 --threads 1)
-cnn=(build/apps/train_cnn --steps 6 --limit-train 768 --global-batch 64 --test-batch-size 1000 --threads 1)
+llama=("$build_dir/apps/train_llama" --config tiny --seq 48 --global-batch 12 --limit-documents 240 --threads 1)
+cnn=("$build_dir/apps/train_cnn" --steps 6 --limit-train 768 --global-batch 64 --test-batch-size 1000 --threads 1)
 median_ms() { grep "median step" | sed -E 's/.*median step ([0-9.]+) ms.*/\1/'; }
 {
-  build/apps/bench_trace
+  "$build_dir/apps/bench_trace"
   off_run() { "${mpirun[@]}" -np 2 "${llama[@]}" --steps "$steps" 2>&1 | median_ms; }
   on_run() {
     "${mpirun[@]}" -np 2 "${llama[@]}" --steps "$steps" --trace "$out/llama-on" --trace-steps "2:$steps" 2>&1 |

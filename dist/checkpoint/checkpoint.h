@@ -25,7 +25,7 @@
 //   optimizer slot kept per element (Adam's exp_avg and exp_avg_sq, SGD's momentum_buffer) as
 //   "optim.<parameter>.<slot>" with the parameter's full shape.
 // One process reads a checkpoint without its model (what it holds, one safetensors file of it):
-// dist/checkpoint_reader.h.
+// dist/checkpoint/reader.h.
 #pragma once
 
 #include <nlohmann/json.hpp>

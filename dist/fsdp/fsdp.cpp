@@ -1,6 +1,6 @@
 // dist/fsdp/fsdp.cpp: FSDP units: flattening and sharding, the hooks that gather before forward
 // and backward, reduce gradients and reshard, prefetching, and the per-root bookkeeping. The
-// calls users make are in dist/fsdp/api.cpp, the plan in dist/fsdp_plan.cpp.
+// calls users make are in dist/fsdp/api.cpp, the plan in dist/fsdp/plan.cpp.
 //
 // Saved activations: autograd saves the weight views it needs during forward, and resharding
 // frees the gathered bytes. A unit's gathered buffer is one Storage object for the unit's

@@ -8,7 +8,10 @@ index is scanned) is scanned:
 - no file may point outside the repository (a folder beside the checkout, an absolute path in a
   link);
 - no file may speak of how shardlab is being developed rather than of shardlab: ticket numbers,
-  machines on loan, the commands and folders of a development workplace.
+  machines on loan, the commands and folders of a development workplace, what is copied to its
+  machines and their command time limit;
+- no file, the raw logs included, may hold a development machine's absolute paths (its checkout and
+  home folder): logs are committed with paths relative to the checkout.
 
 The checker is then run on a scratch tree holding one of each problem, which it must report.
 
@@ -41,7 +44,11 @@ DEVELOPMENT_WORDS = [
     (re.compile(r"\$" + r"OUT\b"), "a development tool's folder"),
     (re.compile(r"\brun\(" + "command:"), "a development tool's call"),
     (re.compile(r"\bclosing" + r" note\b", re.IGNORECASE), "a development report"),
+    (re.compile(r"\b(?:what|it|never) " + r"travels\b"), "what is copied to a development machine"),
+    (re.compile(r"\b(?:limited to|of at most) " + r"10 minutes\b"), "a development machine's command limit"),
 ]
+# Checked in the raw logs too: where the development machine kept the checkout and its home.
+MACHINE_PATH = (re.compile(r"(?<![\w.~$-])/(?:wo" + r"rk|ro" + r"ot)/"), "an absolute path of a development machine")
 
 
 def tracked_files(root):
@@ -99,20 +106,20 @@ def problems(root, names):
     found = []
     for name in names:
         raw_log = name.startswith(RAW_LOGS) and name != RAW_LOGS + "README.md"  # the index is not one
-        if raw_log or not os.path.isfile(os.path.join(root, name)):
+        if not os.path.isfile(os.path.join(root, name)):
             continue
         text = read_text(os.path.join(root, name))
         if text is None:
             continue
         line_of = lambda offset: text.count("\n", 0, offset) + 1  # noqa: E731
-        if name.endswith(".md"):
+        if name.endswith(".md") and not raw_log:
             prose = without_code(text)
             for pattern in (INLINE_LINK, REFERENCE_LINK):
                 for match in pattern.finditer(prose):
                     why = link_problem(root, name, match.group(1))
                     if why:
                         found.append(f"{name}:{line_of(match.start())}: {why}")
-        for pattern, what in DEVELOPMENT_WORDS:
+        for pattern, what in [MACHINE_PATH] if raw_log else DEVELOPMENT_WORDS + [MACHINE_PATH]:
             for match in pattern.finditer(text):
                 found.append(f"{name}:{line_of(match.start())}: {what}: '{match.group(0)}'")
     return found
@@ -135,6 +142,9 @@ def check_tampered(check):
         "bench/run.sh": (f"# the benchmark of {TICKET} 17\n", "a ticket number"),
         "README.txt": (f"On a {LOAN} GPU machine\n", "a machine on loan"),
         "scripts/gpu": ("# copies the logs to $" + "OUT\n", "a development tool's folder"),
+        "scripts/kit": ("# the archive is what " + "travels\n", "what is copied to a development machine"),
+        "docs/limit.md": ("Two commands, each limited to " + "10 minutes.\n", "a development machine's command limit"),
+        RAW_LOGS + "run/configure.log": ("Source dir: /wo" + "rk/main\n", "an absolute path of a development machine"),
         RAW_LOGS + "README.md": ("[a run](2026-01-01-gone/)\n", "links to 2026-01-01-gone/, which does not exist"),
     }
     with tempfile.TemporaryDirectory() as root:
@@ -142,13 +152,13 @@ def check_tampered(check):
             write(root, name, text)
         write(root, "docs/clean.md", "[ok](dangling.md), [web](https://example.org/x.md), [here](#top)\n"
               "`a[i](j)` in code\n```cpp\nf(x[0](y));\n```\n")
-        write(root, RAW_LOGS + "run/log.txt", f"{TICKET} 3 of the {LOAN} machine\n")
+        write(root, RAW_LOGS + "run/log.txt", f"{TICKET} 3 of the {LOAN} machine, ~/.cache and ./build\n")
         found = problems(root, tracked_files(root))
         for name, (_, expected) in cases.items():
             check(f"a tampered {name} is reported ({expected})",
                   any(p.startswith(name + ":1: ") and expected in p for p in found), "\n".join(found))
         check("a clean page and the raw logs are not reported",
-              not any(p.startswith(("docs/clean.md", RAW_LOGS + "run/")) for p in found), "\n".join(found))
+              not any(p.startswith(("docs/clean.md", RAW_LOGS + "run/log.txt")) for p in found), "\n".join(found))
 
 
 def main():
