@@ -5,7 +5,7 @@
 #include <chrono>
 #include <csignal>
 
-#include "apps/support/fit.h"
+#include "apps/support/memory_limit.h"
 #include "apps/support/ranks.h"
 #include "apps/support/stop_signals.h"
 #include "core/allocator.h"

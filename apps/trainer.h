@@ -20,9 +20,9 @@
 
 #include "apps/cli.h"
 #include "apps/support/checkpoint_dir.h"
+#include "apps/support/job.h"
 #include "apps/support/metrics_file.h"
 #include "apps/support/non_finite.h"
-#include "apps/support/session.h"
 #include "apps/support/step_profile.h"
 #include "apps/support/step_trace.h"
 #include "core/host_wait.h"

@@ -8,7 +8,7 @@
 #include <string>
 #include <utility>
 
-#include "autograd/function.h"
+#include "autograd/record.h"
 #include "core/kernels.h"
 
 namespace shardlab {

@@ -2,7 +2,7 @@
 // backward. Gradients of broadcast operands are summed back to their shapes (sum_to).
 #include <cmath>
 
-#include "autograd/function.h"
+#include "autograd/record.h"
 #include "autograd/ops.h"
 
 namespace shardlab {

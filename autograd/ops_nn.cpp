@@ -2,7 +2,7 @@
 // forward next to its backward. Operands that need no gradient get none computed.
 #include <algorithm>
 
-#include "autograd/function.h"
+#include "autograd/record.h"
 #include "autograd/ops.h"
 
 namespace shardlab {

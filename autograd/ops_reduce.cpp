@@ -2,7 +2,7 @@
 // spreads back over the elements it reduced.
 #include <algorithm>
 
-#include "autograd/function.h"
+#include "autograd/record.h"
 #include "autograd/ops.h"
 
 namespace shardlab {

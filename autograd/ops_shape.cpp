@@ -2,7 +2,7 @@
 // gradient back where the view's elements came from.
 #include <numeric>
 
-#include "autograd/function.h"
+#include "autograd/record.h"
 #include "autograd/ops.h"
 
 namespace shardlab {

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "autograd/shard_info.h"
 #include "core/tensor.h"
 
 namespace shardlab {
@@ -18,38 +19,6 @@ namespace autograd {
 class Node;
 struct VariableImpl;
 }  // namespace autograd
-
-// The ranks that hold the parts of a sharded parameter (dist implements it over a communicator).
-class ShardRanks {
- public:
-  virtual ~ShardRanks() = default;
-  // `value` (a one-element tensor) summed over those ranks, on the ranks' device: a collective,
-  // which each of them calls in the same order. No host wait on a GPU with NCCL.
-  virtual Tensor sum(const Tensor& value) const = 0;
-};
-
-// What a Variable holding one rank's part of a larger parameter knows of the whole: FSDP's
-// parameters after fully_shard (dist/fsdp/fsdp.h), as PyTorch's DTensor. Its data() and grad()
-// are this rank's elements, 1-D, while shape(), dim(), size() and numel() answer for the whole.
-struct ShardInfo {
-  Shape full_shape;
-  std::int64_t first = 0, count = 0;  // elements [first, first + count) of the flattened parameter
-  // "Shard(flat) elements [12, 40) of 64, rank 1 of 2", or "Replicate" (every rank holds all).
-  std::string placement;
-  // Whether this rank's elements are the copy that counts in sums over the ranks (replicated
-  // parts are held by several).
-  bool counts_once = true;
-  std::shared_ptr<const ShardRanks> ranks;  // never null
-  // When the parameter is itself one piece of a larger one (tensor parallelism's split, which FSDP
-  // then shards): the whole's shape, and the piece's place in it, along `dim` from `offset`,
-  // full_shape[dim] long. None: full_shape is the whole.
-  struct Piece {
-    Shape whole;
-    int dim = 0;
-    std::int64_t offset = 0;
-  };
-  std::optional<Piece> piece;
-};
 
 class Variable {
  public:
@@ -124,7 +93,7 @@ class Variable {
   const std::shared_ptr<autograd::VariableImpl>& impl() const { return impl_; }
   std::string str() const;
 
-  // Wraps a computed tensor: used by autograd ops (autograd/function.h).
+  // Wraps a computed tensor: used by autograd ops (autograd/record.h).
   static Variable from_impl(std::shared_ptr<autograd::VariableImpl> impl);
 
  private:

@@ -410,7 +410,6 @@ Tensor full(const Shape& shape, Scalar value, TensorOptions options) {
 Tensor zeros(const Shape& shape, TensorOptions options) { return full(shape, 0, options); }
 Tensor ones(const Shape& shape, TensorOptions options) { return full(shape, 1, options); }
 Tensor zeros_like(const Tensor& like) { return zeros(like.shape(), {like.dtype(), like.device()}); }
-Tensor empty_like(const Tensor& like) { return empty(like.shape(), {like.dtype(), like.device()}); }
 
 Tensor empty_in_layout_of(const Tensor& like, const Shape& shape, TensorOptions options) {
   const auto rank = static_cast<std::int64_t>(shape.size());

@@ -150,7 +150,6 @@ Tensor zeros(const Shape& shape, TensorOptions options = {});
 Tensor ones(const Shape& shape, TensorOptions options = {});
 Tensor full(const Shape& shape, Scalar value, TensorOptions options = {});
 Tensor zeros_like(const Tensor& like);
-Tensor empty_like(const Tensor& like);
 // A dense tensor of `shape` (like's rank) whose dims lie in memory in the order of like's strides,
 // largest first: contiguous for a contiguous `like`, the same permutation for a transposed view of
 // one (what an op's output takes so that transposing it back is free).

@@ -50,7 +50,7 @@ std::int64_t LlamaConfig::parameter_count() const {
 }
 
 LlamaConfig LlamaConfig::preset(std::string_view name) {
-  if (name == "small" || name == "seed") return {};  // "seed": its earlier name
+  if (name == "small") return {};
   if (name == "tiny") {
     // Small enough for gradchecks and golden files; a layer holds 16400 parameters, which 3
     // ranks do not divide (uneven shards).

@@ -40,7 +40,7 @@ struct LlamaConfig {
   std::int64_t parameter_count() const;
 
   // "tiny" (tests: 2 layers, hidden 40, 4/2 heads), "small" (the defaults above, the Llama of
-  // PyTorch's FSDP2 article; also "seed", its earlier name) and "1b"
+  // PyTorch's FSDP2 article) and "1b"
   // (TinyLlama's shape: 2048/5632, 22 layers, 32/4 heads, vocab 32000).
   static LlamaConfig preset(std::string_view name);
   // Hugging Face's config.json of a LlamaForCausalLM; from_json reads the fields above (missing

@@ -7,7 +7,7 @@
 #include <map>
 #include <set>
 
-#include "autograd/checkpoint.h"
+#include "autograd/activation_checkpoint.h"
 #include "autograd/variable.h"
 #include "core/ops.h"
 #include "core/storage.h"

@@ -92,7 +92,7 @@ void fully_shard(nn::Module& module, const FsdpOptions& options) {
     for (std::size_t i = 0; i < unit->slots().size(); ++i) {
       const Slot& slot = unit->slots()[i];
       for (const void* identity : {static_cast<const void*>(slot.variable.impl().get()),
-                                   static_cast<const void*>(unit->views()[i].impl().get())}) {
+                                   static_cast<const void*>(unit->sharded_parameters()[i].impl().get())}) {
         Claim& claim = claimed[identity];
         if (claim.unit_paths.empty()) claim.held_as = join_name(path, slot.names.front());
         claim.unit_paths.push_back(path);
@@ -143,7 +143,7 @@ void fully_shard(nn::Module& module, const FsdpOptions& options) {
   // layer's member) would update nothing: refused.
   for (std::size_t i = 0; i < unit->slots().size(); ++i) {
     const Slot& slot = unit->slots()[i];
-    for (const std::string& name : slot.names) module.replace_parameter(name, unit->views()[i]);
+    for (const std::string& name : slot.names) module.replace_parameter(name, unit->sharded_parameters()[i]);
     slot.variable.set_not_trainable(fmt::format(
         "it is what the layers compute with, gathered by FSDP; since dist::fully_shard the parameter '{}' of "
         "this {} is its shard: build the optimizer from named_parameters() after sharding",
@@ -192,18 +192,12 @@ Tensor local_gradient_sum_of_squares(nn::Module& root) {
   std::vector<Variable> counted;
   for (const Unit* unit : units) {
     if (!unit->groups().first_replica()) continue;
-    const std::vector<Variable>& views = unit->views();
-    counted.insert(counted.end(), views.begin(), views.end());
+    const std::vector<Variable>& shards = unit->sharded_parameters();
+    counted.insert(counted.end(), shards.begin(), shards.end());
   }
   const Tensor local = optim::gradient_sum_of_squares(counted);
   const Device device = units.front()->device();
   return local.device() == device ? local : local.to(device);
-}
-
-Tensor clip_grad_norm_(nn::Module& root, double max_norm) {
-  std::vector<Variable> shards;
-  for (const auto& [name, shard] : sharded_parameters(root)) shards.push_back(shard);
-  return optim::clip_grad_norm_(shards, max_norm);
 }
 
 namespace {

@@ -17,8 +17,8 @@
 #include <utility>
 
 #include "autograd/engine.h"
-#include "autograd/function.h"
 #include "autograd/ops.h"
+#include "autograd/record.h"
 #include "core/error.h"
 #include "core/host_wait.h"
 #include "core/ops.h"
@@ -288,8 +288,8 @@ Unit::Unit(nn::Module& module, std::vector<Slot> slots, const FsdpOptions& optio
       const Tensor flat = slot.variable.data().contiguous().view({slot.variable.numel()});
       target.copy_(cast(flat.narrow(0, part.from, part.count), DType::f32));
     }
-    views_.emplace_back(target, slot.variable.requires_grad(), slot.names.front());
-    views_.back().set_shard_info(shard_info(slot));
+    sharded_parameters_.emplace_back(target, slot.variable.requires_grad(), slot.names.front());
+    sharded_parameters_.back().set_shard_info(shard_info(slot));
     computes_with_grad_.push_back(slot.variable.requires_grad() ? 1 : 0);
   }
   hooked_.assign(slots_.size(), false);
@@ -327,7 +327,8 @@ void Unit::reshard_after_forward() {
 }
 
 bool Unit::trains() const {
-  return std::any_of(views_.begin(), views_.end(), [](const Variable& view) { return view.requires_grad(); });
+  return std::any_of(sharded_parameters_.begin(), sharded_parameters_.end(),
+                     [](const Variable& view) { return view.requires_grad(); });
 }
 
 ShardInfo Unit::shard_info(const Slot& slot) const {
@@ -360,12 +361,12 @@ void Unit::sync_computed_with() {
         "FSDP: the Variable the layers compute with for '{}' was given other memory (set_data) after "
         "dist::fully_shard; the parameter is its shard: change values through named_parameters() "
         "(the shard's data()) or load_state_dict",
-        views_[i].name());
+        sharded_parameters_[i].name());
     SHARDLAB_CHECK(computes.requires_grad() == (computes_with_grad_[i] != 0),
                    "FSDP: requires_grad of '{}' was changed on the Variable its module computes with; after "
                    "dist::fully_shard the parameter is what named_parameters() gives: set it there",
-                   views_[i].name());
-    const bool wanted = views_[i].requires_grad();
+                   sharded_parameters_[i].name());
+    const bool wanted = sharded_parameters_[i].requires_grad();
     computes.set_requires_grad(wanted);
     computes_with_grad_[i] = wanted ? 1 : 0;
   }
@@ -383,7 +384,7 @@ void Unit::join_root(std::shared_ptr<RootState> root, std::string name) {
   root_ = std::move(root);
   name_ = std::move(name);
   for (std::size_t i = 0; i < slots_.size(); ++i)
-    views_[i].set_name(join_name(name_, slots_[i].names.front()));
+    sharded_parameters_[i].set_name(join_name(name_, slots_[i].names.front()));
   if (!deferred_) return;
   // Sharded initialisation: this rank draws only its slice of each parameter, the exact
   // values nn::initialize(root, seed) gives the whole parameter in one process.
@@ -397,7 +398,8 @@ void Unit::join_root(std::shared_ptr<RootState> root, std::string name) {
   for (std::size_t i = 0; i < slots_.size(); ++i) {
     const Piece part = piece(slots_[i]);
     if (part.count > 0)
-      slots_[i].init.fill(views_[i].data(), *seed, join_name(name_, slots_[i].names.front()), part.from);
+      slots_[i].init.fill(sharded_parameters_[i].data(), *seed, join_name(name_, slots_[i].names.front()),
+                          part.from);
   }
 }
 
@@ -413,7 +415,7 @@ void Unit::install_hooks() {
   // gathered (its caller bypassed the unit's forward) would read freed bytes: refuse instead.
   std::set<const void*> mine;  // what its modules compute with, and what they register after fully_shard
   for (const Slot& slot : slots_) mine.insert(slot.variable.impl().get());
-  for (const Variable& view : views_) mine.insert(view.impl().get());
+  for (const Variable& view : sharded_parameters_) mine.insert(view.impl().get());
   for (const auto& [path, inner] : module_->named_modules()) {
     if (inner.get() == module_) continue;
     bool owns = false;
@@ -772,10 +774,10 @@ void Unit::finish_backward(const std::uint8_t* agreed_flags) {
       if (agreed_flags[i] == 0 || !slots_[i].variable.requires_grad()) continue;
       const Piece part = piece(slots_[i]);
       const Tensor slice = gradient.narrow(0, part.at, part.count);
-      if (views_[i].grad().defined()) {
-        add_(views_[i].grad(), slice);
+      if (sharded_parameters_[i].grad().defined()) {
+        add_(sharded_parameters_[i].grad(), slice);
       } else {
-        views_[i].set_grad(slice);
+        sharded_parameters_[i].set_grad(slice);
       }
     }
     std::fill(got_gradient_.begin(), got_gradient_.end(), 0);

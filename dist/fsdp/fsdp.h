@@ -128,15 +128,11 @@ void set_requires_gradient_sync(nn::Module& root, bool sync);
 // kept gathered with sync on is refused (set it back to true for the last micro-step).
 void set_reshard_after_backward(nn::Module& module, bool reshard);
 
-// Scales the gradient shards so that the global gradient norm is at most max_norm and returns
-// the norm before clipping: one all-reduce of the shards' sums of squares, equal to the norm
-// one process computes over the full gradients, whatever the units' strategies (a replicated
-// unit's gradient counted once). Frozen parameters and parameters without a gradient are skipped.
-// The same as optim::clip_grad_norm_(root.parameters(), max_norm) after sharding: the norm as a
-// one-element f64 tensor on the units' device.
-Tensor clip_grad_norm_(nn::Module& root, double max_norm);
+// Clipping a sharded model is optim::clip_grad_norm_(root.parameters(), max_norm), as PyTorch's
+// clip_grad_norm_ over FSDP2's DTensor parameters: the parameters are the shards, whose sums of
+// squares it adds over the ranks (a replicated unit's counted once).
 
-// This rank's share of the global sum of squared gradients that clip_grad_norm_ all-reduces: its
+// This rank's share of the global sum of squared gradients that optim::clip_grad_norm_ adds: its
 // shards' sums, a replicated unit's counted by one replica only, as a one-element f64 tensor on
 // the units' device. Not a collective: for a caller that adds it to an all-reduce of its own (the
 // CNN's loss sum) and takes the square root.

@@ -24,7 +24,7 @@ std::vector<StepPart> split_by_unit(std::vector<optim::ParamUpdate> updates,
   std::vector<StepPart> parts(units.size() + 1);
   for (std::size_t u = 0; u < units.size(); ++u) {
     parts[u + 1].unit = units[u];
-    for (const Variable& view : units[u]->views()) part_of.emplace(view.impl().get(), u + 1);
+    for (const Variable& view : units[u]->sharded_parameters()) part_of.emplace(view.impl().get(), u + 1);
   }
   for (optim::ParamUpdate& update : updates) {
     const auto it = part_of.find(update.variable.impl().get());

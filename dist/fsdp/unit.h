@@ -103,7 +103,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
   const std::vector<Slot>& slots() const { return slots_; }
   // This rank's piece of each slot as a trainable Variable, slot order: what the module registers
   // under the parameter's names after fully_shard (Variable::shard_info says what it is part of).
-  const std::vector<Variable>& views() const { return views_; }
+  const std::vector<Variable>& sharded_parameters() const { return sharded_parameters_; }
   const std::string& name() const { return name_; }
   const Tensor& shard() const { return shard_; }
   const std::shared_ptr<RootState>& root_state() const { return root_; }
@@ -212,8 +212,8 @@ class Unit : public std::enable_shared_from_this<Unit> {
   bool deferred_ = false;
   std::string name_;
   std::shared_ptr<RootState> root_;
-  Tensor shard_;                 // f32 [S]: the views_ are its pieces
-  std::vector<Variable> views_;  // per slot
+  Tensor shard_;                              // f32 [S]: the sharded_parameters_ are its pieces
+  std::vector<Variable> sharded_parameters_;  // per slot
   // Per slot: requires_grad as last given to the Variable the forward computes with, from its view.
   std::vector<std::uint8_t> computes_with_grad_;
   std::shared_ptr<Storage> storage_;  // the gathered parameters, bytes only while gathered

@@ -1,7 +1,7 @@
 // dist/tp/cross_entropy.cpp: cross-entropy over vocabulary-split logits (dist/tp/cross_entropy.h).
 #include "dist/tp/cross_entropy.h"
 
-#include "autograd/function.h"
+#include "autograd/record.h"
 #include "core/ops.h"
 
 namespace shardlab::dist {

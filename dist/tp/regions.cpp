@@ -1,7 +1,7 @@
 // dist/tp/regions.cpp: tensor parallelism's f and g (dist/tp/regions.h).
 #include "dist/tp/regions.h"
 
-#include "autograd/function.h"
+#include "autograd/record.h"
 #include "core/ops.h"
 
 namespace shardlab::dist {

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "autograd/function.h"
+#include "autograd/record.h"
 #include "autograd/gradcheck.h"
 #include "autograd/ops.h"
 #include "tests/check.h"

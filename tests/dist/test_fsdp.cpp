@@ -308,11 +308,11 @@ TEST_CASE("clip_grad_norm_ over the shards equals the one-process norm, for ever
       cross_entropy(model(mine.tokens), mine.targets).backward();
       // The FSDP2 habit: the model's own parameters, its shards since fully_shard.
       const double norm = (fsdp2_habit ? optim::clip_grad_norm_(model->parameters(), 0.05)
-                                       : dist::clip_grad_norm_(*model, 0.05))
+                                       : optim::clip_grad_norm_(model->parameters(), 0.05))
                               .item<double>();
       CHECK(test::sum_over_ranks(std::abs(norm - expected) <= 1e-5 * expected ? 0 : 1) == 0);
       // Clipped: the shards' global norm is now max_norm.
-      CHECK(std::abs(dist::clip_grad_norm_(*model, 1e9).item<double>() - 0.05) < 1e-6);
+      CHECK(std::abs(optim::clip_grad_norm_(model->parameters(), 1e9).item<double>() - 0.05) < 1e-6);
     }
   }
 }
@@ -338,7 +338,7 @@ TEST_CASE(
   MPI_Allreduce(MPI_IN_PLACE, total.data(), 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
   CHECK(std::abs(total[0] - expected) <= 1e-5 * expected);
   // The norm clip_grad_norm_ reports is the square root of that sum.
-  CHECK(std::abs(dist::clip_grad_norm_(*model, 1e9).item<double>() - std::sqrt(total[0])) <=
+  CHECK(std::abs(optim::clip_grad_norm_(model->parameters(), 1e9).item<double>() - std::sqrt(total[0])) <=
         1e-9 * std::sqrt(total[0]));
   // So does optim::clip_grad_norm_ over the model's parameters (its shards), replicas counted once.
   CHECK(std::abs(optim::clip_grad_norm_(model->parameters(), 1e9).item<double>() - std::sqrt(total[0])) <=

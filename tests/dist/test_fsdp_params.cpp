@@ -140,7 +140,7 @@ Outcome run(const Scenario& scenario, const std::function<void(Branchy&)>& shard
     outcome.losses.push_back(sharded ? mean_over_ranks(loss_sum) : loss_sum);
     if (scenario.clip > 0) {
       outcome.norms.push_back(
-          sharded ? dist::clip_grad_norm_(*model, scenario.clip).item<double>()
+          sharded ? optim::clip_grad_norm_(model->parameters(), scenario.clip).item<double>()
                   : optim::clip_grad_norm_(model->parameters(), scenario.clip).item<double>());
     }
     optimizer->step();

@@ -53,7 +53,7 @@ Run train(bool overlap, nn::StateDict& optimizer_state) {
     optimizer.zero_grad();
     loss.backward();
     if (unsettled) optimizer.settle_step(*unsettled);
-    (void)dist::clip_grad_norm_(*model, 0.05);
+    (void)optim::clip_grad_norm_(model->parameters(), 0.05);
     unsettled = step != 2;
     optimizer.step_if(scalar_tensor(*unsettled, dtype(DType::boolean)));
     optimizer.set_lr(1e-2 / (step + 2));

@@ -142,7 +142,7 @@ TEST_CASE("the presets have the documented sizes (TinyLlama's 1,100,048,384 for 
   const models::LlamaConfig small = models::LlamaConfig::preset("small");
   CHECK(small.vocab_size == 50000);
   CHECK(small.num_key_value_heads == 3);
-  CHECK(models::LlamaConfig::preset("seed").to_json() == small.to_json());  // its earlier name
+  CHECK_THROWS_ERROR(models::LlamaConfig::preset("seed"), "no preset named 'seed' (tiny, small, 1b)");
   // The small model built with shapes only: its parameters add up to the formula's count.
   const nn::DeferredInitGuard deferred;
   models::Llama shapes_only(small);

@@ -1,4 +1,4 @@
-// apps/support/fit.h: --memory-limit: a run whose predicted peak (dist/fsdp/memory.h) exceeds the
+// apps/support/memory_limit.h: --memory-limit: a run whose predicted peak (dist/fsdp/memory.h) exceeds the
 // limit is refused before step 1, with what would bring it under, in the training programs' flags.
 #pragma once
 

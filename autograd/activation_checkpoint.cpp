@@ -1,8 +1,8 @@
-// autograd/checkpoint.cpp: checkpoint(): forward without a graph, recompute in backward.
-#include "autograd/checkpoint.h"
+// autograd/activation_checkpoint.cpp: checkpoint(): forward without a graph, recompute in backward.
+#include "autograd/activation_checkpoint.h"
 
 #include "autograd/engine.h"
-#include "autograd/function.h"
+#include "autograd/record.h"
 #include "autograd/random_context.h"
 
 namespace shardlab {

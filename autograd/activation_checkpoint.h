@@ -1,4 +1,4 @@
-// autograd/checkpoint.h: activation checkpointing: trade compute for memory by recomputing a
+// autograd/activation_checkpoint.h: activation checkpointing: trade compute for memory by recomputing a
 // piece of the forward pass during backward instead of keeping its activations.
 #pragma once
 

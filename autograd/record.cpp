@@ -1,5 +1,5 @@
-// autograd/function.cpp: recording an op into the graph, and sum_to for broadcast gradients.
-#include "autograd/function.h"
+// autograd/record.cpp: recording an op into the graph, and sum_to for broadcast gradients.
+#include "autograd/record.h"
 
 #include "autograd/anomaly.h"
 #include "core/ops.h"

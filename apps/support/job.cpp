@@ -1,5 +1,5 @@
-// apps/support/session.cpp: the session of a training program and its failure report.
-#include "apps/support/session.h"
+// apps/support/job.cpp: the session of a training program and its failure report.
+#include "apps/support/job.h"
 
 #include <fmt/format.h>
 

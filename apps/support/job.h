@@ -1,4 +1,4 @@
-// apps/support/session.h: starting a training program's processes, and ending them when building
+// apps/support/job.h: starting a training program's processes, and ending them when building
 // or training fails on some ranks or all.
 #pragma once
 

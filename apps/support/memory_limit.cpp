@@ -1,5 +1,5 @@
-// apps/support/fit.cpp: the --memory-limit check and its suggestions.
-#include "apps/support/fit.h"
+// apps/support/memory_limit.cpp: the --memory-limit check and its suggestions.
+#include "apps/support/memory_limit.h"
 
 #include <algorithm>
 #include <utility>

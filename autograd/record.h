@@ -1,4 +1,4 @@
-// autograd/function.h: how an op records itself: its forward result plus the closure that
+// autograd/record.h: how an op records itself: its forward result plus the closure that
 // computes its inputs' gradients, written together in one place (autograd/ops*.cpp).
 //
 //   Variable mul(const Variable& a, const Variable& b) {

@@ -1,6 +1,6 @@
-// tests/autograd/test_checkpoint.cpp: checkpoint() keeps no activations, recomputes them in
+// tests/autograd/test_activation_checkpoint.cpp: checkpoint() keeps no activations, recomputes them in
 // backward with the same randomness, and gives exactly the gradients of the plain run.
-#include "autograd/checkpoint.h"
+#include "autograd/activation_checkpoint.h"
 #include "autograd/engine.h"
 #include "autograd/functional.h"
 #include "autograd/node.h"
