@@ -100,8 +100,12 @@ class Training : public apps::Trainer {
     double mean_loss() const { return loss_sum / static_cast<double>(images - skipped_images); }
   };
 
-  StepValues compute_step(const data::Batch& batch, const data::Batch& on_host) override;
-  void dry_run(const data::Batch& batch) override { forward_backward(batch); }
+  double global_samples(const data::Batch& on_host) override;
+  StepLoss forward_loss(const data::Batch& batch, double samples) override;
+  Tensor clip_gradients() override;
+  void dry_run(const data::Batch& batch) override {
+    (summed_loss(batch) * static_cast<double>(world_size_)).backward();
+  }
   nlohmann::json training_state() const override;
   void restore(const nlohmann::json& state, const std::string& path) override;
   void begin_epoch() override;
@@ -111,7 +115,7 @@ class Training : public apps::Trainer {
   void report_memory() const override;
   void add_summary(nlohmann::json& summary, double median_seconds) const override;
 
-  Variable forward_backward(const data::Batch& batch);
+  Variable summed_loss(const data::Batch& batch);
   TestResult evaluate();
 
   const Options options_;
@@ -192,33 +196,30 @@ void Training::begin_epoch() {
   images_before_ = epoch_progress_.images;
 }
 
-Training::StepValues Training::compute_step(const data::Batch& batch, const data::Batch& /*on_host*/) {
-  optimizer_->zero_grad();
-  dist::reset_collective_counters(*model_);
-  const Tensor loss_sum = forward_backward(batch).data();
-  // Every communicator the units use: hybrid sharding's groups are not the world.
-  step_bytes_received_ = dist::collective_counters(*model_).total().bytes_received;
-  // The images are counted on the host; the loss and this rank's share of the squared gradient
-  // norm are summed over the ranks on the device, in one all-reduce.
-  const double images =
-      apps::sum_over_ranks(session_.cpu_world(), {static_cast<double>(batch.inputs.size(0))})[0];
-  const Tensor sums = cat({loss_sum.to(DType::f64).reshape({1}),
-                           dist::local_gradient_sum_of_squares(*model_).to(loss_sum.device()).reshape({1})},
-                          0);
-  session_.world().all_reduce(sums, dist::ReduceOp::sum, "step loss and gradient norm").wait();
-  return {.loss = div(sums.select(0, 0), images), .grad_norm = sqrt(sums.select(0, 1)), .samples = images};
+double Training::global_samples(const data::Batch& on_host) {
+  return apps::sum_over_ranks(session_.cpu_world(), {static_cast<double>(on_host.inputs.size(0))})[0];
 }
 
-// The loss summed over the batch, and its gradients.
-Variable Training::forward_backward(const data::Batch& batch) {
+Training::StepLoss Training::forward_loss(const data::Batch& batch, double images) {
+  // FSDP averages the gradients over the ranks; scaled by W, the average is the gradient of the
+  // global batch's summed loss, as one process computes it.
+  return {.summed = summed_loss(batch), .scale = static_cast<double>(world_size_), .samples = images};
+}
+
+// The tutorial does not clip: the norm alone, for the records, from every rank's share of the
+// squared gradient summed over the ranks on the device.
+Tensor Training::clip_gradients() {
+  const Tensor sum = dist::local_gradient_sum_of_squares(*model_).reshape({1}).clone();
+  session_.world().all_reduce(sum, dist::ReduceOp::sum, "gradient norm").wait();
+  return sqrt(sum);
+}
+
+// The loss summed over the batch.
+Variable Training::summed_loss(const data::Batch& batch) {
   // Dropout masks are keyed by (seed, step, global sample index): the same on any number of ranks.
   const RandomContextGuard context({options_.seed, step_, batch.sample_indices});
   const Variable output = model_(constant(batch.inputs));  // f32: a bf16 root casts its inputs
-  const Variable loss = nll_loss(output, batch.targets, -100, Reduction::sum);
-  // FSDP averages gradients over the ranks; scaled by W, the average is the gradient of the
-  // global batch's summed loss, as one process computes it.
-  (loss * static_cast<double>(world_size_)).backward();
-  return loss;
+  return nll_loss(output, batch.targets, -100, Reduction::sum);
 }
 
 void Training::after_step(const StepResult& result) {

@@ -1,6 +1,6 @@
 // apps/train_llama: trains the Llama (models/llama.h) on a text corpus (Debian's fortunes by
 // default) with FSDP over the ranks mpirun starts: one unit per decoder layer plus the root
-// (apps/parallelize_llama.h); with --tp N, tensor parallelism inside groups of N ranks and FSDP across. AdamW
+// (recipes/llama.h); with --tp N, tensor parallelism inside groups of N ranks and FSDP across. AdamW
 // (0.9, 0.99, wd 0.1), linear warm-up from 0.1 then cosine to 0, gradient clipping at 1.0, cross-entropy that
 // ignores [PAD]. Besides what every training program has (apps/trainer.h), prints a progress bar with loss
 // and tokens/s, saves a Hugging Face directory, and can print a few samples after training.
@@ -12,7 +12,6 @@
 #include <utility>
 
 #include "apps/cli.h"
-#include "apps/parallelize_llama.h"
 #include "apps/support/progress.h"
 #include "apps/support/ranks.h"
 #include "apps/trainer.h"
@@ -32,6 +31,7 @@
 #include "models/llama.h"
 #include "optim/optimizer.h"
 #include "optim/scheduler.h"
+#include "recipes/llama.h"
 
 using namespace shardlab;
 
@@ -136,7 +136,7 @@ void check_tensor_parallel(const Options& options, int world_size) {
 
 struct ShardedLlama {
   models::Llama model;
-  apps::ParallelLlama layout;
+  recipes::ParallelLlama layout;
 };
 
 // The model on `device`, drawn shard by shard there (no rank holds the whole model), or loaded
@@ -157,7 +157,7 @@ ShardedLlama sharded_llama(const Options& options, const models::LlamaConfig& co
   };
   models::Llama model = build();
   model->to(device);
-  apps::ParallelLlama layout = apps::parallelize_llama(
+  recipes::ParallelLlama layout = recipes::parallelize_llama(
       model, {.fsdp = fsdp, .mesh = mesh, .activation_checkpointing = options.activation_checkpointing});
   return {std::move(model), std::move(layout)};
 }
@@ -167,8 +167,13 @@ class Training : public apps::Trainer {
   Training(const Options& options, dist::Session& session);
 
  private:
-  StepValues compute_step(const data::Batch& batch, const data::Batch& on_host) override;
-  void dry_run(const data::Batch& batch) override { forward_backward(batch, 1.0); }
+  double global_samples(const data::Batch& on_host) override;
+  StepLoss forward_loss(const data::Batch& batch, double samples) override;
+  Tensor clip_gradients() override;
+  void dry_run(const data::Batch& batch) override {
+    optimizer_->zero_grad();
+    summed_loss(batch).backward();
+  }
   nlohmann::json training_state() const override;
   void restore(const nlohmann::json& state, const std::string& path) override;
   void begin_training() override;
@@ -178,7 +183,7 @@ class Training : public apps::Trainer {
   void report_memory() const override;
   void add_summary(nlohmann::json& summary, double median_seconds) const override;
 
-  Variable forward_backward(const data::Batch& batch, double scale);
+  Variable summed_loss(const data::Batch& batch);
   // The ranks that share out the batch: the mesh's "dp" with --tp, else all.
   dist::Communicator& data_parallel() const { return mesh_ ? (*mesh_)["dp"] : session_.world(); }
   double tokens_per_second(double seconds) const {
@@ -196,7 +201,7 @@ class Training : public apps::Trainer {
   std::unique_ptr<dist::DeviceMesh> mesh_;  // dp x tp, with --tp
   std::int64_t tensor_parallel_bytes_ = 0;  // what the tp ranks exchanged in the last step
   std::optional<models::Llama> model_;
-  apps::ParallelLlama layout_;
+  recipes::ParallelLlama layout_;
   std::unique_ptr<optim::AdamW> optimizer_;
   std::unique_ptr<optim::LRScheduler> scheduler_;
   std::int64_t total_steps_ = 0;
@@ -274,6 +279,7 @@ Training::Training(const Options& options, dist::Session& session)
   start({.root = &**model_,
          .optimizer = optimizer_.get(),
          .loader = &*loader_,
+         .scheduler = scheduler_.get(),
          .total_steps = total_steps_,
          .optimizer_state_bytes_per_element = kOptimizerStateBytesPerElement,
          .checkpointing_available = true,
@@ -296,14 +302,14 @@ Training::Training(const Options& options, dist::Session& session)
 }
 
 // The plan of what tensor parallelism exchanges in a step, for this rank's rows of the global batch.
-apps::TensorParallelTraffic planned_tensor_parallel_traffic(const Options& options,
-                                                            const models::LlamaConfig& config,
-                                                            const dist::DeviceMesh& mesh) {
+recipes::TensorParallelTraffic planned_tensor_parallel_traffic(const Options& options,
+                                                               const models::LlamaConfig& config,
+                                                               const dist::DeviceMesh& mesh) {
   const std::int64_t rows =
       data::rank_batch_size(options.global_batch, mesh.size("dp"), mesh.coordinate("dp"));
-  return apps::tensor_parallel_traffic(config, mesh.size("tp"), rows * options.seq,
-                                       options.mixed_precision == "bf16" ? DType::bf16 : DType::f32,
-                                       options.activation_checkpointing);
+  return recipes::tensor_parallel_traffic(config, mesh.size("tp"), rows * options.seq,
+                                          options.mixed_precision == "bf16" ? DType::bf16 : DType::f32,
+                                          options.activation_checkpointing);
 }
 
 void Training::begin_training() {
@@ -349,52 +355,46 @@ void Training::restore(const nlohmann::json& state, const std::string& path) {
   dist::log("train_llama: resumed from {} (step {}), continuing to step {}", path, step_, total_steps_);
 }
 
-Training::StepValues Training::compute_step(const data::Batch& batch, const data::Batch& on_host) {
-  // The loss is the mean over the global batch's non-padding targets: each rank sums its own and
-  // divides by the global count, so any number of ranks computes the 1-process loss. Counted in
-  // host memory: on a GPU, reading a count back would wait for the device.
+// The loss is the mean over the global batch's non-padding targets: each rank sums its own and
+// divides by the global count, so any number of ranks computes the 1-process loss.
+double Training::global_samples(const data::Batch& on_host) {
   const double local_targets = sum(ne(on_host.targets, pad_id_).to(DType::i64)).item<double>();
   // The ranks of a tensor-parallel group hold the same rows: the world counts each row tp times.
-  const double targets = std::max(
+  return std::max(
       apps::sum_over_ranks(session_.cpu_world(), {local_targets})[0] / static_cast<double>(options_.tp), 1.0);
-  dist::reset_collective_counters(**model_);
-  if (mesh_) (*mesh_)["tp"].reset_counters();
-  // FSDP averages gradients over the data-parallel ranks: scaled by their number, the average is the
-  // global mean's gradient.
-  const Tensor loss_sum =
-      forward_backward(batch, static_cast<double>(data_parallel().size()) / targets).data();
-  // FSDP's collectives of the step, what the plan predicts (clipping's all-reduce comes after).
-  step_bytes_received_ = dist::collective_counters(**model_).total().bytes_received;
-  if (mesh_) tensor_parallel_bytes_ = (*mesh_)["tp"].counters().total().bytes_received;
-  // Over the shards, the norm of the whole gradient: their sums of squares are added over the ranks.
-  const Tensor grad_norm = optim::clip_grad_norm_((*model_)->parameters(), options_.clip);
-  // The loss over the data-parallel ranks, summed on the device.
-  const Tensor total = loss_sum.to(DType::f64).reshape({1}).clone();
-  data_parallel().all_reduce(total, dist::ReduceOp::sum, "step loss").wait();
-  return {.loss = div(total, targets), .grad_norm = grad_norm, .samples = targets};
 }
 
-// The loss summed over the batch's targets, and the gradients of `scale` times it.
-Variable Training::forward_backward(const data::Batch& batch, double scale) {
-  // The root's all-gather first, as the FSDP2 article's model.unshard(): it overlaps preparing the step.
+Training::StepLoss Training::forward_loss(const data::Batch& batch, double samples) {
+  if (mesh_) (*mesh_)["tp"].reset_counters();
+  // Scaled by the data-parallel ranks over the targets: FSDP's average is the global mean's gradient.
+  return {.summed = summed_loss(batch),
+          .scale = static_cast<double>(data_parallel().size()) / samples,
+          .samples = samples};
+}
+
+Tensor Training::clip_gradients() {
+  // The block halves' all-reduces of this step's forward and backward (clipping's comes next).
+  if (mesh_) tensor_parallel_bytes_ = (*mesh_)["tp"].counters().total().bytes_received;
+  // Over the shards, the norm of the whole gradient: their sums of squares are added over the ranks.
+  return optim::clip_grad_norm_((*model_)->parameters(), options_.clip);
+}
+
+// The loss summed over the batch's targets.
+Variable Training::summed_loss(const data::Batch& batch) {
+  // The root's all-gather first, as the FSDP2 article's model.unshard(): it overlaps the padding mask.
   dist::UnshardHandle gathering = dist::unshard(**model_);
   const Tensor padding = eq(batch.inputs, pad_id_);
-  optimizer_->zero_grad();
   gathering.wait();
   const Variable logits = (*model_)(batch.inputs, padding);
   // With --tp the logits hold this rank's vocabulary columns: no rank holds [B, T, vocab].
   const Variable rows = reshape(logits, {-1, logits.size(-1)});
   const Tensor targets = batch.targets.reshape({-1});
-  const Variable loss_sum = mesh_
-                                ? dist::vocab_parallel_cross_entropy(rows, targets, layout_.vocabulary,
-                                                                     (*mesh_)["tp"], pad_id_, Reduction::sum)
-                                : cross_entropy(rows, targets, pad_id_, Reduction::sum);
-  (loss_sum * scale).backward();
-  return loss_sum;
+  return mesh_ ? dist::vocab_parallel_cross_entropy(rows, targets, layout_.vocabulary, (*mesh_)["tp"],
+                                                    pad_id_, Reduction::sum)
+               : cross_entropy(rows, targets, pad_id_, Reduction::sum);
 }
 
 void Training::after_step(const StepResult& result) {
-  scheduler_->step();
   if (metrics_) {
     const MemoryStats memory = memory_stats(device_);
     nlohmann::json record = step_record(result);

@@ -8,6 +8,7 @@
 #include "apps/support/memory_limit.h"
 #include "apps/support/ranks.h"
 #include "apps/support/stop_signals.h"
+#include "autograd/ops.h"
 #include "core/allocator.h"
 #include "core/error.h"
 #include "core/ops.h"
@@ -228,52 +229,81 @@ std::optional<HostWaitsForbidden> Trainer::forbid_host_waits(const char* what) c
   return std::optional<HostWaitsForbidden>(std::in_place, what);
 }
 
+// One step, in the order of PyTorch's loop. Around it, not inside: the step's trace, profile, time
+// and host waits (begin_step, end_step), the refusal of host waits on a GPU (forbid_host_waits), and
+// the lagged read of the loss and norm: this step's are queued for the host and the previous step's
+// read meanwhile (settle_steps), so that no step waits for its own values.
 void Trainer::train_step(const std::vector<std::int64_t>& indices) {
-  const auto start = std::chrono::steady_clock::now();
-  const std::int64_t waits_before = host_wait_total();
-  trace_->begin_step(step_ + 1);
-  profile_.begin_step(step_ + 1);
+  const StepClock clock = begin_step();
   data::Batch on_host, batch;
   {
     const trace::Span span("load batch", "data");
     on_host = setup_.loader->batch(indices);
     batch = data::to_device(on_host, device_);
   }
-  StepValues values;
+  StepLoss loss;
+  Tensor grad_norm;
   {
+    const double samples = global_samples(on_host);  // a collective of its own, before FSDP's are counted
     const auto no_waits = forbid_host_waits("forward and backward");
-    values = compute_step(batch, on_host);
+    dist::reset_collective_counters(*setup_.root);
+    setup_.optimizer->zero_grad();
+    loss = forward_loss(batch, samples);
+    (loss.summed * loss.scale).backward();
+    // Every collective of the units (hybrid sharding's groups too): what the plan predicts.
+    step_bytes_received_ = dist::collective_counters(*setup_.root).total().bytes_received;
+    grad_norm = clip_gradients();
   }
-  QueuedStep queued{.result = {.step = step_ + 1, .samples = values.samples}};
-  Tensor finite;
-  {
-    const auto no_waits = forbid_host_waits("queuing the step's loss for the host");
-    // Offloaded, the norm comes from the gradients in host memory: it joins the loss on the device.
-    const Tensor norm = values.grad_norm.to(DType::f64).to(values.loss.device());
-    // Finite exactly when both are: the sum of a finite loss and norm cannot overflow a double.
-    finite = isfinite(add(values.loss.to(DType::f64), norm));
-    queued.values = PendingRead({values.loss, norm, finite});
-  }
-  // The previous step's values have been on their way since its update was queued: reading them
-  // waits only when the device is more than a step behind. Its update counts are settled before
-  // this step's update is queued.
-  settle_steps();
+  const Tensor finite = queue_for_host(loss, grad_norm);
+  settle_steps();  // the previous step's values, before this step's update is queued
   {
     const trace::Span span("optimizer step", "compute");
     const auto no_waits = forbid_host_waits("optimizer step");
-    setup_.optimizer->step_if(finite);
+    setup_.optimizer->step_if(finite);  // on every rank alike, no update where either is not finite
   }
+  if (setup_.scheduler != nullptr) setup_.scheduler->step();
+  end_step(clock);
+  if (common_.checkpoint_every > 0 && step_ % common_.checkpoint_every == 0) save_checkpoint();
+}
+
+Trainer::StepClock Trainer::begin_step() {
+  trace_->begin_step(step_ + 1);
+  profile_.begin_step(step_ + 1);
+  return {.start = std::chrono::steady_clock::now(), .host_waits = host_wait_total()};
+}
+
+void Trainer::end_step(const StepClock& clock) {
   profile_.end_step();
   trace_->end_step();
   ++step_;
-  queued.result.host_waits = host_wait_total() - waits_before;
-  queued.result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  StepResult& result = this_step_->result;
+  result.host_waits = host_wait_total() - clock.host_waits;
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - clock.start).count();
   if (step_ > 1) {
-    step_seconds_.push_back(queued.result.seconds);
-    most_host_waits_ = std::max(most_host_waits_, queued.result.host_waits);
+    step_seconds_.push_back(result.seconds);
+    most_host_waits_ = std::max(most_host_waits_, result.host_waits);
   }
-  queued_ = std::move(queued);
-  if (common_.checkpoint_every > 0 && step_ % common_.checkpoint_every == 0) save_checkpoint();
+  queued_ = std::move(this_step_);  // read during the next step, or by the next settle_steps()
+  this_step_.reset();
+}
+
+Tensor Trainer::global_loss(const StepLoss& loss) {
+  const Tensor total = loss.summed.data().to(DType::f64).reshape({1}).clone();
+  dist::Communicator& ranks = setup_.data_parallel != nullptr ? *setup_.data_parallel : session_.world();
+  ranks.all_reduce(total, dist::ReduceOp::sum, "step loss").wait();
+  return div(total, loss.samples);
+}
+
+Tensor Trainer::queue_for_host(const StepLoss& loss, const Tensor& grad_norm) {
+  const Tensor global = global_loss(loss);
+  const auto no_waits = forbid_host_waits("queuing the step's loss for the host");
+  // Offloaded, the norm comes from the gradients in host memory: it joins the loss on the device.
+  const Tensor norm = grad_norm.to(DType::f64).to(global.device());
+  // Finite exactly when both are: the sum of a finite loss and norm cannot overflow a double.
+  const Tensor finite = isfinite(add(global, norm));
+  this_step_ = QueuedStep{.result = {.step = step_ + 1, .samples = loss.samples},
+                          .values = PendingRead({global, norm, finite})};
+  return finite;
 }
 
 void Trainer::settle_steps() {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -33,6 +34,7 @@
 #include "dist/fsdp/memory.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
+#include "optim/scheduler.h"
 
 namespace shardlab::apps {
 
@@ -94,12 +96,13 @@ class Trainer {
   End run();
 
  protected:
-  // What compute_step leaves for the Trainer: the step's loss (the global batch's, as the
-  // program reports it) and global gradient norm, one-element tensors on device_ with the same
-  // value on every rank (summed over the ranks on the device: nothing read on the host), and
-  // what the loss averages over (images, targets), known on the host.
-  struct StepValues {
-    Tensor loss, grad_norm;
+  // What the program's forward leaves for the step: this rank's loss summed over its samples, the
+  // factor its backward is scaled by (FSDP averages the gradients over the data-parallel ranks:
+  // scaled by their number over the global count, the average is the global mean's gradient), and
+  // what the loss averages over (images, targets) in the whole global batch, known on the host.
+  struct StepLoss {
+    Variable summed;
+    double scale = 1;
     double samples = 0;
   };
 
@@ -108,7 +111,7 @@ class Trainer {
     std::int64_t step = 0;  // from 1
     double loss = 0;        // the global batch's loss, as the program reports it
     double grad_norm = 0;   // the global gradient norm
-    double samples = 0;     // as StepValues
+    double samples = 0;     // as StepLoss
     bool skipped = false;   // not finite: no update
     double seconds = 0;     // the host's time for the step, the batch's loading included
     // The host's waits for the device during the step (core/host_wait.h).
@@ -120,6 +123,9 @@ class Trainer {
     nn::Module* root = nullptr;  // sharded (dist::fully_shard)
     optim::Optimizer* optimizer = nullptr;
     const data::DataLoader* loader = nullptr;
+    // Stepped once after every optimizer step, skipped ones included (a schedule per epoch is the
+    // program's, in end_epoch); may be null.
+    optim::LRScheduler* scheduler = nullptr;
     std::int64_t total_steps = 0;  // where training stops, unless the last epoch comes first
     // The epochs, as the loader's shuffle knows them (batch_indices(epoch)).
     std::int64_t first_epoch = 0, last_epoch = std::numeric_limits<std::int64_t>::max();
@@ -141,13 +147,17 @@ class Trainer {
   // the trace and the profile. The program calls it once its model, optimizer and data exist.
   void start(const Setup& setup);
 
-  // The program's step: forward and backward of `batch` on device_ (the gradients left for the
-  // update, clipped if the program clips), its loss and gradient norm left on the device. On a GPU
-  // with NCCL it runs where host waits are refused (core/host_wait.h): what needs host values
-  // comes from `on_host`, the same batch in host memory. The Trainer then queues the update,
-  // gated on the device by the loss and the norm being finite, and reads them on the host during
-  // the next step (or at the end of the epoch, before a checkpoint): no step waits for its own.
-  virtual StepValues compute_step(const data::Batch& batch, const data::Batch& on_host) = 0;
+  // What the loss averages over in the whole global batch (images, non-padding targets), counted
+  // from `on_host`, this rank's batch in host memory (on a GPU, reading a count back from the
+  // device would wait for it), and summed over the ranks on the host.
+  virtual double global_samples(const data::Batch& on_host) = 0;
+  // The program's forward and loss of `batch` on device_ (train_step has zeroed the gradients and
+  // runs the backward), for a global batch of `samples`. On a GPU with NCCL it runs where host waits
+  // are refused (core/host_wait.h).
+  virtual StepLoss forward_loss(const data::Batch& batch, double samples) = 0;
+  // After the backward: the global gradient norm, a one-element tensor on device_, the same on every
+  // rank, and the gradients clipped to it where the program clips.
+  virtual Tensor clip_gradients() = 0;
   // Forward and backward of `batch` alone, for the prediction of the training peak.
   virtual void dry_run(const data::Batch& batch) = 0;
   // What continuing exactly needs besides the shards and the optimizer, beyond the step, the seed
@@ -210,12 +220,24 @@ class Trainer {
   // CPU no wait can happen. Through MPI a GPU's collectives go through host memory.
   std::optional<HostWaitsForbidden> forbid_host_waits(const char* what) const;
   void train_step(const std::vector<std::int64_t>& indices);
+  // What train_step measures around a step: when it began, and the host's waits until then.
+  struct StepClock {
+    std::chrono::steady_clock::time_point start;
+    std::int64_t host_waits = 0;
+  };
+  StepClock begin_step();
+  void end_step(const StepClock& clock);
+  // The loss of the global batch: the data-parallel ranks' sums added on the device, over the
+  // samples counted on the host.
+  Tensor global_loss(const StepLoss& loss);
+  // Queues this step's loss and gradient norm for the host, read during the next step; returns,
+  // on the device, whether both are finite (the gate of the update).
+  Tensor queue_for_host(const StepLoss& loss, const Tensor& grad_norm);
   // The previous step, queued and not yet read: its values on their way to the host.
   struct QueuedStep {
     StepResult result;   // loss, grad_norm and skipped still to come
     PendingRead values;  // loss, grad_norm, finite
   };
-  void settle(QueuedStep queued);
   nlohmann::json state() const;
   void save_checkpoint();
   void resume(const std::vector<std::string>& unchanged);
@@ -229,8 +251,9 @@ class Trainer {
   StepProfile profile_{false};
   nlohmann::json last_saved_;  // the state saved or resumed from: the end need not save it again
   std::vector<double> step_seconds_;
-  std::optional<QueuedStep> queued_;
-  int stopped_by_ = 0;  // the signal that stopped the run, 0 while none has
+  std::optional<QueuedStep> queued_;     // the last step taken, until settle_steps() reads it
+  std::optional<QueuedStep> this_step_;  // the step in progress, queued once its update is
+  int stopped_by_ = 0;                   // the signal that stopped the run, 0 while none has
 };
 
 // A training program's main(): parses the program's own flags (`add_own_options`) and the shared

@@ -1,4 +1,5 @@
-// tests/dist/test_tp_llama.cpp (mpirun): 2-D parallelism on the Llama (apps/parallelize_llama.h):
+// tests/dist/test_tp_llama.cpp (mpirun): 2-D parallelism on the Llama (recipes/llama.h, whose steps
+// taken one by one give its composition bit for bit):
 // tensor parallelism inside a group, FSDP across, on a device mesh, against one process computing the
 // whole model on the whole batch: the gradient of every parameter piece after one step within 1e-5
 // of the whole gradient's, and 20 AdamW steps' losses within 1e-5, with the loss taken by
@@ -14,7 +15,6 @@
 #include <optional>
 #include <vector>
 
-#include "apps/parallelize_llama.h"
 #include "autograd/functional.h"
 #include "core/allocator.h"
 #include "core/ops.h"
@@ -25,6 +25,7 @@
 #include "dist/comm/mesh.h"
 #include "nn/safetensors.h"
 #include "optim/optimizer.h"
+#include "recipes/llama.h"
 #include "tests/dist/shared_dir.h"
 #include "tests/dist/world.h"
 
@@ -72,12 +73,12 @@ Variable whole_loss(models::Llama& model, std::int64_t step) {
 struct Parallel {
   std::unique_ptr<dist::DeviceMesh> mesh;
   models::Llama model;
-  apps::ParallelLlama layout;
+  recipes::ParallelLlama layout;
 };
 
 Parallel parallel_llama(const models::LlamaConfig& config, int dp, int tp, bool deferred,
                         std::uint64_t seed = kSeed, Device device = Device::cpu(),
-                        dist::MixedPrecision precision = {}) {
+                        dist::MixedPrecision precision = {}, bool activation_checkpointing = false) {
   auto mesh = std::make_unique<dist::DeviceMesh>(world(), std::vector<int>{dp, tp},
                                                  std::vector<std::string>{"dp", "tp"});
   auto build = [&] {
@@ -87,8 +88,10 @@ Parallel parallel_llama(const models::LlamaConfig& config, int dp, int tp, bool 
   };
   models::Llama model = build();
   model->to(device);
-  apps::ParallelLlama layout =
-      apps::parallelize_llama(model, {.fsdp = {.mixed_precision = precision}, .mesh = mesh.get()});
+  recipes::ParallelLlama layout =
+      recipes::parallelize_llama(model, {.fsdp = {.mixed_precision = precision},
+                                         .mesh = mesh.get(),
+                                         .activation_checkpointing = activation_checkpointing});
   return {std::move(mesh), std::move(model), layout};
 }
 
@@ -234,6 +237,39 @@ TEST_CASE("2-D Llama: each rank's gradient pieces after one step are the whole m
   }
 }
 
+TEST_CASE(
+    "2-D Llama: recipes' steps taken one by one give parallelize_llama's loss and gradients, bit for bit",
+    "[dist][tp][llama]") {
+  const models::LlamaConfig config = eight_heads();
+  for (const auto& [dp, tp] : meshes(world().size(), config)) {
+    if (kBatch % dp != 0) continue;
+    INFO("dp " << dp << " x tp " << tp);
+    Parallel composed = parallel_llama(config, dp, tp, true, kSeed, Device::cpu(), {}, true);
+    Parallel stepwise{std::make_unique<dist::DeviceMesh>(world(), std::vector<int>{dp, tp},
+                                                         std::vector<std::string>{"dp", "tp"}),
+                      [&] {
+                        const nn::DeferredInitGuard guard;
+                        return models::Llama(config, kSeed);
+                      }(),
+                      {}};
+    dist::DeviceMesh& mesh = *stepwise.mesh;
+    stepwise.layout = tp > 1 ? recipes::apply_tensor_parallel(stepwise.model, mesh["tp"])
+                             : recipes::ParallelLlama{.vocabulary = {0, config.vocab_size}};
+    recipes::apply_activation_checkpointing(stepwise.model);
+    recipes::apply_fsdp(stepwise.model, {.communicator = &mesh["dp"]});
+    if (tp > 1) recipes::place_in_mesh(stepwise.model, mesh, stepwise.layout);
+    const double loss =
+        parallel_step_loss(stepwise, 0);  // every rank in the same order: no two in one expression
+    CHECK(loss == parallel_step_loss(composed, 0));
+    const auto expected = composed.model->named_parameters();
+    std::size_t index = 0;
+    for (const auto& [name, parameter] : stepwise.model->named_parameters()) {
+      INFO(name);
+      CHECK(parameter.grad().to_vector<double>() == expected[index++].second.grad().to_vector<double>());
+    }
+  }
+}
+
 TEST_CASE("2-D Llama on a GPU: each rank's gradient pieces after one step are the CPU whole model's",
           "[dist][tp][llama][cuda]") {
   const Device gpu = dist::session().device().is_cuda() ? dist::session().device() : Device::cuda(0);
@@ -367,7 +403,7 @@ TEST_CASE("2-D Llama: refusals name what does not fit", "[dist][tp][llama]") {
     models::Llama model(tiny(), kSeed);
     dist::DeviceMesh mesh(world(), {1, 4}, {"dp", "tp"});
     CHECK_THROWS_ERROR(
-        apps::parallelize_llama(model, {.mesh = &mesh}),
+        recipes::parallelize_llama(model, {.mesh = &mesh}),
         "4 attention heads (num_attention_heads) and 2 key/value heads (num_key_value_heads) do not "
         "both divide by tp 4");
     // Nothing changed: the model still trains whole.
@@ -376,10 +412,11 @@ TEST_CASE("2-D Llama: refusals name what does not fit", "[dist][tp][llama]") {
   {
     models::Llama model(tiny(), kSeed);
     dist::DeviceMesh mesh(world(), {world().size(), 1}, {"dp", "tp"});
-    CHECK_THROWS_ERROR(apps::parallelize_llama(model, {.fsdp = {.communicator = &mesh["tp"]}, .mesh = &mesh}),
-                       "with a mesh, FSDP runs over its \"dp\" ranks");
+    CHECK_THROWS_ERROR(
+        recipes::parallelize_llama(model, {.fsdp = {.communicator = &mesh["tp"]}, .mesh = &mesh}),
+        "with a mesh, FSDP runs over its \"dp\" ranks");
     dist::DeviceMesh backwards(world(), {1, world().size()}, {"tp", "dp"});
-    CHECK_THROWS_ERROR(apps::parallelize_llama(model, {.mesh = &backwards}),
+    CHECK_THROWS_ERROR(recipes::parallelize_llama(model, {.mesh = &backwards}),
                        fmt::format("the mesh must be dp x tp, got tp=1 x dp={}", world().size()));
     dist::fully_shard(*model);
     CHECK_THROWS_ERROR(dist::place_in_mesh(*model, world(), {{"lm_head.bias", {}}}, true),
@@ -428,7 +465,7 @@ TEST_CASE("2-D Llama: refusals name what does not fit", "[dist][tp][llama]") {
     models::Llama model_tied(tied, kSeed);
     dist::DeviceMesh mesh(world(), {world().size() / 2, 2}, {"dp", "tp"});
     CHECK_THROWS_ERROR(
-        apps::parallelize_llama(model_tied, {.mesh = &mesh}),
+        recipes::parallelize_llama(model_tied, {.mesh = &mesh}),
         "tensor parallel over 2 ranks: tied embeddings (tie_word_embeddings) are not supported");
   }
 }

@@ -1,12 +1,12 @@
-// apps/parallelize_llama.cpp: tensor parallelism, activation checkpointing and FSDP units for the Llama.
-#include "apps/parallelize_llama.h"
+// recipes/llama.cpp: tensor parallelism, activation checkpointing and FSDP units for the Llama.
+#include "recipes/llama.h"
 
 #include <fmt/format.h>
 
 #include "dist/comm/collective.h"
 #include "nn/module.h"
 
-namespace shardlab::apps {
+namespace shardlab::recipes {
 
 std::vector<std::pair<std::string, dist::ParallelStyle>> llama_tensor_parallel_plan() {
   using enum dist::ParallelStyle;
@@ -61,7 +61,20 @@ void check_tensor_parallel_fits(const models::LlamaConfig& config, int ranks) {
       ranks);
 }
 
-ParallelLlama split_over(models::Llama& model, dist::Communicator& group) {
+// FSDP's options over a mesh: its "dp" ranks.
+dist::FsdpOptions over_data_parallel(dist::FsdpOptions fsdp, const dist::DeviceMesh& mesh) {
+  SHARDLAB_CHECK(mesh.ndim() == 2 && mesh.names()[0] == "dp" && mesh.names()[1] == "tp",
+                 "parallelize_llama: the mesh must be dp x tp, got {}", mesh.str());
+  SHARDLAB_CHECK(
+      fsdp.communicator == nullptr || fsdp.communicator == &mesh["dp"],
+      "parallelize_llama: with a mesh, FSDP runs over its \"dp\" ranks; leave fsdp.communicator unset");
+  fsdp.communicator = &mesh["dp"];
+  return fsdp;
+}
+
+}  // namespace
+
+ParallelLlama apply_tensor_parallel(models::Llama& model, dist::Communicator& group) {
   check_tensor_parallel_fits(model->config, group.size());
   ParallelLlama result{.splits = dist::parallelize_module(*model, group, llama_tensor_parallel_plan())};
   for (const dist::TensorParallelSplit& split : result.splits) {
@@ -70,40 +83,37 @@ ParallelLlama split_over(models::Llama& model, dist::Communicator& group) {
   return result;
 }
 
-}  // namespace
-
-ParallelLlama parallelize_llama(models::Llama& model, const LlamaParallelism& options) {
-  dist::FsdpOptions fsdp = options.fsdp;
-  ParallelLlama result{.vocabulary = {0, model->config.vocab_size}};
-  if (options.mesh != nullptr) {
-    const dist::DeviceMesh& mesh = *options.mesh;
-    SHARDLAB_CHECK(mesh.ndim() == 2 && mesh.names()[0] == "dp" && mesh.names()[1] == "tp",
-                   "parallelize_llama: the mesh must be dp x tp, got {}", mesh.str());
-    SHARDLAB_CHECK(
-        fsdp.communicator == nullptr || fsdp.communicator == &mesh["dp"],
-        "parallelize_llama: with a mesh, FSDP runs over its \"dp\" ranks; leave fsdp.communicator unset");
-    fsdp.communicator = &mesh["dp"];
-    if (mesh.size("tp") > 1) result = split_over(model, mesh["tp"]);
-  }
-  if (options.activation_checkpointing) {
-    nn::apply_activation_checkpointing(*model, [](const std::string&, nn::Module& module) {
-      return dynamic_cast<models::LlamaDecoderLayerImpl*>(&module) != nullptr;
-    });
-  }
-  for (auto& layer : *model->model->layers) dist::fully_shard(*layer, fsdp);
-  // The root's logits stay in the compute dtype: cross_entropy takes a bf16 row's loss in f32 itself,
-  // with the bits of an f32 copy's, which would cost 4 bytes a logit and its f32 gradient.
-  dist::fully_shard(*model, fsdp);
-  if (options.mesh != nullptr && options.mesh->size("tp") > 1) {
-    // Norms, checkpoints and the full safetensors over the whole mesh: the split parameters as pieces
-    // of the whole, the others (the norms) counted on the first tensor-parallel rank.
-    nn::Named<ShardInfo::Piece> pieces;
-    for (const dist::TensorParallelSplit& split : result.splits) {
-      pieces.emplace_back(split.name, ShardInfo::Piece{split.full_shape, split.dim, split.offset});
-    }
-    dist::place_in_mesh(*model, options.mesh->world(), pieces, options.mesh->coordinate("tp") == 0);
-  }
-  return result;
+void apply_activation_checkpointing(models::Llama& model) {
+  nn::apply_activation_checkpointing(*model, [](const std::string&, nn::Module& module) {
+    return dynamic_cast<models::LlamaDecoderLayerImpl*>(&module) != nullptr;
+  });
 }
 
-}  // namespace shardlab::apps
+void apply_fsdp(models::Llama& model, const dist::FsdpOptions& options) {
+  for (auto& layer : *model->model->layers) dist::fully_shard(*layer, options);
+  // The root's logits stay in the compute dtype: cross_entropy takes a bf16 row's loss in f32 itself,
+  // with the bits of an f32 copy's, which would cost 4 bytes a logit and its f32 gradient.
+  dist::fully_shard(*model, options);
+}
+
+void place_in_mesh(models::Llama& model, const dist::DeviceMesh& mesh, const ParallelLlama& layout) {
+  nn::Named<ShardInfo::Piece> pieces;
+  for (const dist::TensorParallelSplit& split : layout.splits) {
+    pieces.emplace_back(split.name, ShardInfo::Piece{split.full_shape, split.dim, split.offset});
+  }
+  dist::place_in_mesh(*model, mesh.world(), pieces, mesh.coordinate("tp") == 0);
+}
+
+ParallelLlama parallelize_llama(models::Llama& model, const LlamaParallelism& options) {
+  const bool split = options.mesh != nullptr && options.mesh->size("tp") > 1;
+  const dist::FsdpOptions fsdp =
+      options.mesh ? over_data_parallel(options.fsdp, *options.mesh) : options.fsdp;
+  const ParallelLlama layout = split ? apply_tensor_parallel(model, (*options.mesh)["tp"])
+                                     : ParallelLlama{.vocabulary = {0, model->config.vocab_size}};
+  if (options.activation_checkpointing) apply_activation_checkpointing(model);
+  apply_fsdp(model, fsdp);
+  if (split) place_in_mesh(model, *options.mesh, layout);
+  return layout;
+}
+
+}  // namespace shardlab::recipes
