@@ -97,9 +97,10 @@ class Trainer {
 
  protected:
   // What the program's forward leaves for the step: this rank's loss summed over its samples, the
-  // factor its backward is scaled by (FSDP averages the gradients over the data-parallel ranks:
-  // scaled by their number over the global count, the average is the global mean's gradient), and
-  // what the loss averages over (images, targets) in the whole global batch, known on the host.
+  // factor its backward is scaled by (FSDP averages the gradients over the data-parallel ranks, so
+  // the Llama scales by their number over the global count, for the global mean's gradient, and the
+  // CNN by their number, for the global sum's), and what the reported loss averages over (images,
+  // targets) in the whole global batch, known on the host.
   struct StepLoss {
     Variable summed;
     double scale = 1;
