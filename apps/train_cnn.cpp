@@ -209,7 +209,7 @@ Training::StepLoss Training::forward_loss(const data::Batch& batch, double image
 // The tutorial does not clip: the norm alone, for the records, from every rank's share of the
 // squared gradient summed over the ranks on the device.
 Tensor Training::clip_gradients() {
-  const Tensor sum = dist::local_gradient_sum_of_squares(*model_).reshape({1}).clone();
+  const Tensor sum = dist::local_gradient_sum_of_squares(*model_).to(device_).reshape({1}).clone();
   session_.world().all_reduce(sum, dist::ReduceOp::sum, "gradient norm").wait();
   return sqrt(sum);
 }
