@@ -8,10 +8,10 @@ index is scanned) is scanned:
 - no file may point outside the repository (a folder beside the checkout, an absolute path in a
   link);
 - no file may speak of how shardlab is being developed rather than of shardlab: ticket numbers,
-  machines on loan, the commands and folders of a development workplace, what is copied to its
-  machines and their command time limit;
-- no file, the raw logs included, may hold a development machine's absolute paths (its checkout and
-  home folder): logs are committed with paths relative to the checkout.
+  machines on loan, the commands and folders of a development workplace, the copying of the
+  checkout elsewhere and a per-command time limit;
+- no file, the raw logs included, may hold the absolute path of a checkout or a home folder: logs
+  are committed with paths relative to the checkout.
 
 The checker is then run on a scratch tree holding one of each problem, which it must report.
 
@@ -44,11 +44,11 @@ DEVELOPMENT_WORDS = [
     (re.compile(r"\$" + r"OUT\b"), "a development tool's folder"),
     (re.compile(r"\brun\(" + "command:"), "a development tool's call"),
     (re.compile(r"\bclosing" + r" note\b", re.IGNORECASE), "a development report"),
-    (re.compile(r"\b(?:what|it|never) " + r"travels\b"), "what is copied to a development machine"),
-    (re.compile(r"\b(?:limited to|of at most) " + r"10 minutes\b"), "a development machine's command limit"),
+    (re.compile(r"\b(?:what|it|never) " + r"travels\b"), "how the checkout is copied elsewhere"),
+    (re.compile(r"\b(?:limited to|of at most) " + r"10 minutes\b"), "a per-command time limit"),
 ]
-# Checked in the raw logs too: where the development machine kept the checkout and its home.
-MACHINE_PATH = (re.compile(r"(?<![\w.~$-])/(?:wo" + r"rk|ro" + r"ot)/"), "an absolute path of a development machine")
+# Checked in the raw logs too: a checkout's or a home folder's absolute path.
+MACHINE_PATH = (re.compile(r"(?<![\w.~$-])/(?:wo" + r"rk|ro" + r"ot)/"), "an absolute path of a checkout or home")
 
 
 def tracked_files(root):
@@ -142,9 +142,9 @@ def check_tampered(check):
         "bench/run.sh": (f"# the benchmark of {TICKET} 17\n", "a ticket number"),
         "README.txt": (f"On a {LOAN} GPU machine\n", "a machine on loan"),
         "scripts/gpu": ("# copies the logs to $" + "OUT\n", "a development tool's folder"),
-        "scripts/kit": ("# the archive is what " + "travels\n", "what is copied to a development machine"),
-        "docs/limit.md": ("Two commands, each limited to " + "10 minutes.\n", "a development machine's command limit"),
-        RAW_LOGS + "run/configure.log": ("Source dir: /wo" + "rk/main\n", "an absolute path of a development machine"),
+        "scripts/kit": ("# the archive is what " + "travels\n", "how the checkout is copied elsewhere"),
+        "docs/limit.md": ("Two commands, each limited to " + "10 minutes.\n", "a per-command time limit"),
+        RAW_LOGS + "run/configure.log": ("Source dir: /wo" + "rk/main\n", "an absolute path of a checkout or home"),
         RAW_LOGS + "README.md": ("[a run](2026-01-01-gone/)\n", "links to 2026-01-01-gone/, which does not exist"),
     }
     with tempfile.TemporaryDirectory() as root:
