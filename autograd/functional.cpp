@@ -181,26 +181,52 @@ Variable cross_entropy(const Variable& logits, const Tensor& targets, std::int64
   return reduce_losses("cross_entropy", losses, targets, ignore_index, reduction);
 }
 
-Variable rms_norm(const Variable& x, const Variable& weight, double eps) {
-  SHARDLAB_CHECK(x.defined(), "rms_norm: x is undefined");
-  SHARDLAB_CHECK(weight.defined(), "rms_norm: weight is undefined");
-  SHARDLAB_CHECK(x.dim() >= 1, "rms_norm: x must have at least 1 dimension, got shape {}",
+namespace {
+
+// Checks rms_norm's operands; true when they take the fused kernels.
+bool fused_rms_norm(const char* op, const Variable& x, const Variable& weight) {
+  SHARDLAB_CHECK(x.defined(), "{}: x is undefined", op);
+  SHARDLAB_CHECK(weight.defined(), "{}: weight is undefined", op);
+  SHARDLAB_CHECK(x.dim() >= 1, "{}: x must have at least 1 dimension, got shape {}", op,
                  shape_str(x.shape()));
   const Shape expected{x.size(-1)};
-  SHARDLAB_CHECK(weight.shape() == expected, "rms_norm: weight has shape {} but x of shape {} needs {}",
+  SHARDLAB_CHECK(weight.shape() == expected, "{}: weight has shape {} but x of shape {} needs {}", op,
                  shape_str(weight.shape()), shape_str(x.shape()), shape_str(expected));
-  if (x.dtype() != weight.dtype() || !is_floating(x.dtype())) {  // the composed reference promotes
+  return x.dtype() == weight.dtype() && is_floating(x.dtype());
+}
+
+// The rms_norm node over a forward core computed from `x`'s values.
+Variable record_rms_norm(const Variable& x, const Variable& weight, const RmsNormResult& result) {
+  const Tensor input = x.data(), scale = weight.data(), rstd = result.rstd;
+  const bool need_x = x.requires_grad(), need_weight = weight.requires_grad();
+  return record("rms_norm", {x, weight}, result.out, [=](const Tensor& g) -> Grads {
+    const RmsNormGrads grads = rms_norm_backward(g, input, scale, rstd);
+    return {need_x ? grads.x : Tensor(), need_weight ? grads.weight : Tensor()};
+  });
+}
+
+}  // namespace
+
+Variable rms_norm(const Variable& x, const Variable& weight, double eps) {
+  if (!fused_rms_norm("rms_norm", x, weight)) {  // the composed reference promotes
     const Variable inv_rms = rsqrt(add(mean(mul(x, x), {-1}, true), eps));
     return mul(mul(x, inv_rms), weight);
   }
-  // One node over core's fused kernels.
-  const Tensor input = x.data(), scale = weight.data();
-  const RmsNormResult result = rms_norm_forward(input, scale, eps);
-  const bool need_x = x.requires_grad(), need_weight = weight.requires_grad();
-  return record("rms_norm", {x, weight}, result.out, [=](const Tensor& g) -> Grads {
-    const RmsNormGrads grads = rms_norm_backward(g, input, scale, result.rstd);
-    return {need_x ? grads.x : Tensor(), need_weight ? grads.weight : Tensor()};
+  return record_rms_norm(x, weight, rms_norm_forward(x.data(), weight.data(), eps));
+}
+
+AddRmsNorm add_rms_norm(const Variable& x, const Variable& y, const Variable& weight, double eps) {
+  SHARDLAB_CHECK(x.defined() && y.defined(), "add_rms_norm: x and y must be defined");
+  if (!fused_rms_norm("add_rms_norm", x, weight) || y.dtype() != x.dtype() || y.shape() != x.shape()) {
+    const Variable sum = add(x, y);
+    return {sum, rms_norm(sum, weight, eps)};
+  }
+  const RmsNormResult result = add_rms_norm_forward(x.data(), y.data(), weight.data(), eps);
+  const bool need_x = x.requires_grad(), need_y = y.requires_grad();
+  const Variable sum = record("add", {x, y}, result.sum, [=](const Tensor& g) -> Grads {
+    return {need_x ? g : Tensor(), need_y ? g : Tensor()};
   });
+  return {sum, record_rms_norm(sum, weight, result)};
 }
 
 Variable swiglu(const Variable& gate, const Variable& up) {

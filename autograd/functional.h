@@ -32,6 +32,14 @@ Variable dropout(const Variable& x, double p, bool training, std::uint64_t strea
 // x * rsqrt(mean(x^2, last dim) + eps) * weight; weight has x's last dim. One fused node (core's
 // rms_norm_forward/backward) when x and weight share a floating dtype.
 Variable rms_norm(const Variable& x, const Variable& weight, double eps = 1e-6);
+// The residual stream's `sum = add(x, y)` and `out = rms_norm(sum, weight, eps)`, with their values
+// and gradients, as one forward kernel (core's add_rms_norm_forward) when x and y share a shape and
+// x, y and weight a floating dtype: the sum is read back from cache, not memory. Two nodes, as the
+// composition records.
+struct AddRmsNorm {
+  Variable sum, out;
+};
+AddRmsNorm add_rms_norm(const Variable& x, const Variable& y, const Variable& weight, double eps = 1e-6);
 // silu(gate) * up, the Llama MLP's gate: one fused node (core's swiglu) for operands of one shape
 // and floating dtype, mul(silu(gate), up) otherwise.
 Variable swiglu(const Variable& gate, const Variable& up);

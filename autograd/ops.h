@@ -85,6 +85,9 @@ Variable tril(const Variable& x, std::int64_t diagonal = 0);
 
 // --- linear algebra, indexing, convolution (autograd/ops_nn.cpp) -------------------------------
 Variable matmul(const Variable& a, const Variable& b);  // bmm is matmul on 3-D operands
+// torch.nn.functional.linear: x [..., in] W^T + b with W [out, in] and b [out] (may be undefined), the
+// bias added before the product is rounded (core's linear).
+Variable linear(const Variable& x, const Variable& weight, const Variable& bias = {});
 Variable softmax(const Variable& x, std::int64_t dim);
 Variable log_softmax(const Variable& x, std::int64_t dim);
 Variable conv2d(const Variable& input, const Variable& weight, const Variable& bias = {},

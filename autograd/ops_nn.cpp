@@ -2,8 +2,8 @@
 // forward next to its backward. Operands that need no gradient get none computed.
 #include <algorithm>
 
-#include "autograd/record.h"
 #include "autograd/ops.h"
+#include "autograd/record.h"
 
 namespace shardlab {
 
@@ -47,38 +47,73 @@ Tensor zeros_for(const Shape& shape, const Tensor& g) {
 
 }  // namespace
 
+namespace {
+
+// The gradients of x @ y, given the output's gradient: the layer each operand came in, and only those
+// asked for (each needs only the other operand, saved only then).
+struct ProductGrads {
+  ProductGrads(const Tensor& x, const Tensor& y, bool need_x, bool need_y)
+      : saved_x(need_y ? x : Tensor()),
+        saved_y(need_x ? y : Tensor()),
+        shape_x(x.shape()),
+        shape_y(y.shape()),
+        x_transposed(stored_transposed(x)),
+        y_transposed(stored_transposed(y)) {}
+
+  Grads operator()(const Tensor& g) const {
+    // 1-D operands as a row (x) or column (y) matrix, and g with the dims they lost restored.
+    Tensor g2 = g;
+    if (shape_y.size() == 1) g2 = g2.unsqueeze(-1);
+    if (shape_x.size() == 1) g2 = g2.unsqueeze(-2);
+    Tensor grad_x, grad_y;
+    if (saved_y.defined()) {
+      const Tensor y2 = shape_y.size() == 1 ? saved_y.unsqueeze(1) : saved_y;
+      const Shape x2 = shape_x.size() == 1 ? Shape{1, shape_x[0]} : shape_x;
+      // dX = dC Y^T, summed over the batch dims X was broadcast along.
+      grad_x = x2.size() == 2 ? gradient_in_layout(x_transposed, g2, y2.transpose(-1, -2))
+                              : sum_to(matmul(g2, y2.transpose(-1, -2)), x2);
+      grad_x = grad_x.reshape(shape_x);
+    }
+    if (saved_x.defined()) {
+      const Tensor x2 = shape_x.size() == 1 ? saved_x.unsqueeze(0) : saved_x;
+      const Shape y2 = shape_y.size() == 1 ? Shape{shape_y[0], 1} : shape_y;
+      // dY = X^T dC, summed over the batch dims Y was broadcast along.
+      grad_y = y2.size() == 2 ? gradient_in_layout(y_transposed, x2.transpose(-1, -2), g2)
+                              : sum_to(matmul(x2.transpose(-1, -2), g2), y2);
+      grad_y = grad_y.reshape(shape_y);
+    }
+    return {grad_x, grad_y};
+  }
+
+  Tensor saved_x, saved_y;
+  Shape shape_x, shape_y;
+  bool x_transposed, y_transposed;
+};
+
+}  // namespace
+
 Variable matmul(const Variable& a, const Variable& b) {
   const Tensor x = a.data(), y = b.data();
   const Tensor output = matmul(x, y);  // validates shapes and dtypes
-  const bool need_a = a.requires_grad(), need_b = b.requires_grad();
-  // Each gradient needs only the other operand.
-  const Tensor saved_x = need_b ? x : Tensor(), saved_y = need_a ? y : Tensor();
-  const Shape shape_a = x.shape(), shape_b = y.shape();
-  const bool a_transposed = stored_transposed(x), b_transposed = stored_transposed(y);
-  return record("matmul", {a, b}, output, [=](const Tensor& g) -> Grads {
-    // 1-D operands as a row (a) or column (b) matrix, and g with the dims they lost restored.
-    Tensor g2 = g;
-    if (shape_b.size() == 1) g2 = g2.unsqueeze(-1);
-    if (shape_a.size() == 1) g2 = g2.unsqueeze(-2);
-    Tensor grad_a, grad_b;
-    if (need_a) {
-      const Tensor y2 = shape_b.size() == 1 ? saved_y.unsqueeze(1) : saved_y;
-      const Shape a2 = shape_a.size() == 1 ? Shape{1, shape_a[0]} : shape_a;
-      // dA = dC B^T, summed over the batch dims A was broadcast along.
-      grad_a = a2.size() == 2 ? gradient_in_layout(a_transposed, g2, y2.transpose(-1, -2))
-                              : sum_to(matmul(g2, y2.transpose(-1, -2)), a2);
-      grad_a = grad_a.reshape(shape_a);
-    }
-    if (need_b) {
-      const Tensor x2 = shape_a.size() == 1 ? saved_x.unsqueeze(0) : saved_x;
-      const Shape b2 = shape_b.size() == 1 ? Shape{shape_b[0], 1} : shape_b;
-      // dB = A^T dC, summed over the batch dims B was broadcast along.
-      grad_b = b2.size() == 2 ? gradient_in_layout(b_transposed, x2.transpose(-1, -2), g2)
-                              : sum_to(matmul(x2.transpose(-1, -2), g2), b2);
-      grad_b = grad_b.reshape(shape_b);
-    }
-    return {grad_a, grad_b};
-  });
+  return record("matmul", {a, b}, output, ProductGrads(x, y, a.requires_grad(), b.requires_grad()));
+}
+
+Variable linear(const Variable& x, const Variable& weight, const Variable& bias) {
+  const Tensor input = x.data(), w = weight.data(), b = bias.defined() ? bias.data() : Tensor();
+  const Tensor output = linear(input, w, b);  // validates shapes and dtypes
+  const ProductGrads product(input, w.transpose(0, 1), x.requires_grad(), weight.requires_grad());
+  const bool has_bias = bias.defined(), need_bias = has_bias && bias.requires_grad();
+  const Shape bias_shape = has_bias ? b.shape() : Shape{};
+  std::vector<Variable> inputs{x, weight};
+  if (has_bias) inputs.push_back(bias);
+  return record("linear", inputs, output,
+                [product, has_bias, need_bias, bias_shape](const Tensor& g) -> Grads {
+                  Grads grads = product(g);
+                  if (grads[1].defined())
+                    grads[1] = grads[1].transpose(0, 1);  // the weight's, not its transpose's
+                  if (has_bias) grads.push_back(need_bias ? sum_to(g, bias_shape) : Tensor());
+                  return grads;
+                });
 }
 
 Variable softmax(const Variable& x, std::int64_t dim) {

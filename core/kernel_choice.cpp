@@ -106,6 +106,13 @@ bool folds_into_one_gemm(const OperandLayout& a, const OperandLayout& b) {
          a.strides[1] >= std::max<std::int64_t>(1, a.shape[2]) && a.strides[0] == a.shape[1] * a.strides[1];
 }
 
+bool cuda_takes_heads_in_place(const OperandLayout& operand) {
+  if (operand.shape.size() != 4 || operand.strides[3] != 1) return false;
+  if (operand.dtype != DType::bf16 && operand.dtype != DType::f16) return true;
+  return std::all_of(operand.strides.begin(), operand.strides.end() - 1,
+                     [](std::int64_t stride) { return stride % 8 == 0; });
+}
+
 std::int64_t reduce_chunks(ReduceOp op, std::int64_t outputs, std::int64_t count) {
   const bool additive = op == ReduceOp::sum || op == ReduceOp::mean || op == ReduceOp::sum_squares;
   return additive && outputs < 128 && count > kReduceChunk ? (count + kReduceChunk - 1) / kReduceChunk : 1;
@@ -159,10 +166,13 @@ KernelChoice attention_choice(const OperandLayout& q, const OperandLayout& v) {
   return {"?", true};
 }
 
-// The CUDA rotary and attention kernels take contiguous operands (Kernels::strided_heads is the
-// CPU's): strided ones, as the CPU's kernels receive them, are copied first.
+// The CUDA rotary and attention kernels read operands where they lie where cuda_takes_heads_in_place
+// says so; any other strided operand is copied first.
 KernelChoice after_copies_of_strided(KernelChoice choice, const std::vector<OperandLayout>& operands) {
-  if (!std::all_of(operands.begin(), operands.end(), is_dense))
+  const auto copied = [](const OperandLayout& operand) {
+    return !is_dense(operand) && !cuda_takes_heads_in_place(operand);
+  };
+  if (std::any_of(operands.begin(), operands.end(), copied))
     choice.kernel = "strided copies, then " + choice.kernel;
   return choice;
 }
@@ -171,6 +181,7 @@ KernelChoice after_copies_of_strided(KernelChoice choice, const std::vector<Oper
 const std::vector<std::pair<std::string_view, std::string_view>>& fixed_kernels() {
   static const std::vector<std::pair<std::string_view, std::string_view>> table = {
       {"rms_norm", "a block per row"},
+      {"add_rms_norm", "a block per row, the residual add's sum written on the way"},
       {"rms_norm_backward", "a block per row; the weight gradient in two-pass column sums"},
       {"swiglu", "fused elementwise, 16-byte packs"},
       {"swiglu_backward", "fused elementwise, 16-byte packs"},
@@ -199,9 +210,13 @@ KernelChoice cuda_kernel_choice(std::string_view op, const std::vector<OperandLa
   for (const auto& [name, kernel] : fixed_kernels()) {
     if (op == name) return {std::string(kernel), false};
   }
-  if (op == "matmul") {
+  if (op == "matmul" || op == "linear") {
     needs(2);
-    return matmul_choice(operands[0], operands[1]);
+    KernelChoice choice = matmul_choice(operands[0], operands[1]);
+    if (operands.size() > 3)  // a bias: f64 has no epilogue that takes it
+      choice.kernel +=
+          operands[2].dtype == DType::f64 ? ", then the bias added" : ", the bias in cuBLASLt's epilogue";
+    return choice;
   }
   if (op == "attention_forward" || op == "attention_backward") {
     needs(3);

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/dtype.h"     // free of fmt: core/cuda/launch.h includes this header for nvcc
+#include "core/dtype.h"  // free of fmt: core/cuda/launch.h includes this header for nvcc
 #include "core/op_codes.h"
 
 namespace shardlab {
@@ -36,7 +36,7 @@ inline constexpr std::int64_t kMaxNarrowIndex = 0x7fffffff;
 // operand, so dense operands of any rank are one dim.
 struct ElementwiseLayout {
   std::int64_t numel = 0;
-  std::vector<std::int64_t> sizes;                // the merged dims
+  std::vector<std::int64_t> sizes;                 // the merged dims
   std::vector<std::vector<std::int64_t>> strides;  // [dim][operand]
   // One dim at most, each operand stepping by 1 (from an address on 16 bytes) or 0 (one element for
   // all), fewer than 2^31 elements: the kernel moves 16 bytes of each operand per load and store.
@@ -62,6 +62,13 @@ const char* kernel_name(ElementwiseKernel kernel);
 // ones.
 bool folds_into_one_gemm(const OperandLayout& a, const OperandLayout& b);
 
+// --- attention and rotary ------------------------------------------------------------------------
+
+// Whether the CUDA attention and rotary kernels read (or write) an operand where it lies: 4-D
+// [B, H, T, D] with rows in unit stride, and for bf16 and f16 (flash attention's 16-byte row loads)
+// every other stride a multiple of 8 elements. Any other operand is made contiguous first.
+bool cuda_takes_heads_in_place(const OperandLayout& operand);
+
 // --- reductions ----------------------------------------------------------------------------------
 
 // Sums (sum, mean, sum_squares) of fewer than 128 rows longer than kReduceChunk go in two passes: a
@@ -74,7 +81,8 @@ std::int64_t reduce_chunks(ReduceOp op, std::int64_t outputs, std::int64_t count
 
 // The CUDA kernel a call of `op` (its name as the profiler shows it) takes for its tensor operands
 // in the kernel entry's argument order (core/call_log.h records them so): elementwise ops their
-// inputs then the output (copy and cast: dst, src); matmul a [B, M, K], b [B, K, N], out;
+// inputs then the output (copy and cast: dst, src); matmul and linear a [B, M, K], b [B, K, N], the
+// bias [N] if any, out;
 // reductions the input and the output; attention q, k, v; adam_step and adadelta_step each
 // segment's parameter and gradient; the fused ops their inputs.
 // Naive: a path that does much more memory traffic or far fewer useful FLOPs than the op needs

@@ -33,8 +33,9 @@ struct Kernels {
   // out (f64 scalar) = the sum of every element's square over `tensors` (contiguous, floating, not
   // empty; dtypes may differ), in core/square_sums.h's order.
   void (*foreach_sum_squares)(std::span<const Tensor> tensors, const Tensor& out);
-  // a [B, M, K], b [B, K, N] (any strides, batch stride may be 0) -> out [B, M, N].
-  void (*matmul)(const Tensor& a, const Tensor& b, const Tensor& out);
+  // a [B, M, K], b [B, K, N] (any strides, batch stride may be 0) -> out [B, M, N]; bias undefined, or
+  // [N] (contiguous) added to every row of each product in the compute type before it is rounded.
+  void (*matmul)(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out);
   void (*softmax)(const Tensor& in, std::int64_t dim, bool log, const Tensor& out);
   // Cross-entropy from contiguous logits [N, C] and i64 targets [N] (checked: in [0, C) or
   // ignore_index): losses [N] in the logits' dtype, 0 where ignored; logsumexp [N] in their compute
@@ -47,8 +48,10 @@ struct Kernels {
                                  const Tensor& grad_logits);
   // The Llama block's fused kernels (core/ops.h), over contiguous operands of one floating dtype.
   // RMS normalisation over the last dim of x with weight [D]: out and rstd [rows] (compute dtype).
-  void (*rms_norm_forward)(const Tensor& x, const Tensor& weight, double eps, const Tensor& out,
-                           const Tensor& rstd);
+  // With `added` defined (x's shape), the rows normalised are those of x + added, written to sum
+  // with the bits of binary add.
+  void (*rms_norm_forward)(const Tensor& x, const Tensor& added, const Tensor& weight, double eps,
+                           const Tensor& sum, const Tensor& out, const Tensor& rstd);
   void (*rms_norm_backward)(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& rstd,
                             const Tensor& grad_x, const Tensor& grad_weight);
   // silu(gate) * up, and its gradients.
@@ -95,11 +98,11 @@ struct Kernels {
   // `apply`: undefined, or a one-element bool on the same device that gates every write.
   void (*adadelta_step)(std::span<const AdadeltaSegment> segments, const Tensor& apply);
   void (*adam_step)(std::span<const AdamSegment> segments, const Tensor& apply);
-  // Whether rotary and attention read their operands' rows (unit stride along the last dim) through
-  // any strides of the other dims, and take outputs and gradients laid out as their operands (dense,
+  // Whether rotary and attention read operand t where it lies (rows in unit stride along the last
+  // dim, the other dims through their strides) and take outputs and gradients laid out as t (dense,
   // core/tensor.h's empty_in_layout_of): then q, k and v split from a [B, T, H * D] projection, and
-  // the output merged back into one, need no copies.
-  bool strided_heads = false;
+  // the output merged back into one, need no copies. Where it says no, t is made contiguous.
+  bool (*strided_heads)(const Tensor& t) = nullptr;
 };
 
 const Kernels& kernels_for(Device device);

@@ -405,24 +405,27 @@ Tensor logsumexp(const Tensor& x, const Dims& dims, bool keepdim) {
 
 // --- matmul ------------------------------------------------------------------------------------
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
-  check_defined("matmul", a, "first");
-  check_defined("matmul", b, "second");
-  check_same_device("matmul", a, b);
+namespace {
+
+// matmul, or linear's product with `bias` (checked by the caller) added to every row before rounding.
+Tensor product(const char* op, const Tensor& a, const Tensor& b, const Tensor& bias) {
+  check_defined(op, a, "first");
+  check_defined(op, b, "second");
+  check_same_device(op, a, b);
   SHARDLAB_CHECK(a.dim() >= 1 && b.dim() >= 1,
-                 "matmul: both arguments need at least 1 dimension, got shapes {} and {}",
+                 "{}: both arguments need at least 1 dimension, got shapes {} and {}", op,
                  shape_str(a.shape()), shape_str(b.shape()));
-  SHARDLAB_CHECK(a.dtype() == b.dtype(), "matmul: dtypes differ ({} and {}); cast one first",
+  SHARDLAB_CHECK(a.dtype() == b.dtype(), "{}: dtypes differ ({} and {}); cast one first", op,
                  dtype_name(a.dtype()), dtype_name(b.dtype()));
-  check_floating("matmul", a);
+  check_floating(op, a);
   // 1-D operands become a row (left) or column (right) matrix; the added dim is removed
   // from the result.
   const Tensor left = a.dim() == 1 ? a.unsqueeze(0) : a;
   const Tensor right = b.dim() == 1 ? b.unsqueeze(1) : b;
   const std::int64_t m = left.size(-2), k = left.size(-1), n = right.size(-1);
-  SHARDLAB_CHECK(k == right.size(-2), "matmul: shapes {} and {} cannot be multiplied ({} != {})",
+  SHARDLAB_CHECK(k == right.size(-2), "{}: shapes {} and {} cannot be multiplied ({} != {})", op,
                  shape_str(a.shape()), shape_str(b.shape()), k, right.size(-2));
-  const Shape batch = broadcast_shapes("matmul", Shape(left.shape().begin(), left.shape().end() - 2),
+  const Shape batch = broadcast_shapes(op, Shape(left.shape().begin(), left.shape().end() - 2),
                                        Shape(right.shape().begin(), right.shape().end() - 2));
   const std::int64_t batch_count = shape_numel(batch);
   Shape left_shape = batch, right_shape = batch, out_shape = batch;
@@ -431,14 +434,36 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   out_shape.insert(out_shape.end(), {m, n});
   Tensor out = empty({batch_count, m, n}, TensorOptions{a.dtype(), a.device()});
   if (out.numel() > 0) {
-    kernel<&Kernels::matmul>(a.device(), "matmul")(left.expand(left_shape).reshape({batch_count, m, k}),
-                                                   right.expand(right_shape).reshape({batch_count, k, n}),
-                                                   out);
+    kernel<&Kernels::matmul>(a.device(), op)(left.expand(left_shape).reshape({batch_count, m, k}),
+                                             right.expand(right_shape).reshape({batch_count, k, n}),
+                                             bias.defined() ? bias.contiguous() : bias, out);
   }
   out = out.view(out_shape);
   if (a.dim() == 1) out = out.squeeze(-2);
   if (b.dim() == 1) out = out.squeeze(-1);
   return out;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) { return product("matmul", a, b, Tensor()); }
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const char* op = "linear";
+  check_defined(op, x, "input");
+  check_defined(op, weight, "weight");
+  SHARDLAB_CHECK(weight.dim() == 2, "{}: weight must be [out, in], got shape {}", op,
+                 shape_str(weight.shape()));
+  SHARDLAB_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "{}: input of shape {} does not end in {}", op,
+                 shape_str(x.shape()), weight.size(1));
+  if (bias.defined()) {
+    check_same_device(op, weight, bias);
+    SHARDLAB_CHECK(bias.shape() == Shape{weight.size(0)} && bias.dtype() == weight.dtype(),
+                   "{}: bias must be {} [{}] for weight {}, got {} {}", op, dtype_name(weight.dtype()),
+                   weight.size(0), shape_str(weight.shape()), dtype_name(bias.dtype()),
+                   shape_str(bias.shape()));
+  }
+  return product(op, x, weight.transpose(0, 1), bias);
 }
 
 // --- softmax -------------------------------------------------------------------------------
@@ -517,20 +542,20 @@ void check_attention_tensor(const char* op, const char* what, const Tensor& t, c
                  shape_str(shape), dtype_name(dtype), shape_str(t.shape()), dtype_name(t.dtype()));
 }
 
-// `t` as the device's attention and rotary kernels read it: rows of the last dim in unit stride and
-// the other dims through any strides where the kernels take strided heads (a transposed view of
-// [B, T, H, D] then needs no copy), else contiguous.
-Tensor head_rows(const Tensor& t) {
-  const bool strided = kernels_for(t.device()).strided_heads && t.stride(-1) == 1;
-  return strided ? t : t.contiguous();
+// Whether the device's attention and rotary kernels read `t` where it lies (Kernels::strided_heads):
+// a transposed view of [B, T, H, D] then needs no copy.
+bool takes_heads_in_place(const Tensor& t) {
+  const auto takes = kernels_for(t.device()).strided_heads;
+  return takes != nullptr && takes(t);
 }
+// `t` as those kernels read it: where it lies, or a contiguous copy.
+Tensor head_rows(const Tensor& t) { return takes_heads_in_place(t) ? t : t.contiguous(); }
 
 // An output of `shape` for those kernels: in the layout of the operand `like` where they take strided
 // heads (an output of q in [B, T, H, D] memory transposes back for free), else contiguous.
 Tensor empty_for_heads(const Tensor& like, const Shape& shape) {
   const TensorOptions options{like.dtype(), like.device()};
-  return kernels_for(like.device()).strided_heads ? empty_in_layout_of(like, shape, options)
-                                                  : empty(shape, options);
+  return takes_heads_in_place(like) ? empty_in_layout_of(like, shape, options) : empty(shape, options);
 }
 
 bool in_f32(const Tensor& q, const Tensor& v) {
@@ -1077,21 +1102,43 @@ void check_fused_operands(const char* op, const Tensor& reference,
 }
 }  // namespace
 
-RmsNormResult rms_norm_forward(const Tensor& x, const Tensor& weight, double eps) {
-  const char* op = "rms_norm";
-  check_defined(op, x, "x");
-  check_fused_operands(op, x, {{&weight, "weight"}});
+namespace {
+
+// rms_norm_forward, or add_rms_norm_forward with `added` defined (checked by the caller).
+RmsNormResult norm_rows(const char* op, const Tensor& x, const Tensor& added, const Tensor& weight,
+                        double eps) {
   SHARDLAB_CHECK(x.dim() >= 1 && weight.shape() == Shape{x.size(-1)},
                  "{}: weight {} must be [D] for x {} of last dim D", op, shape_str(weight.shape()),
                  shape_str(x.shape()));
   const Shape rows(x.shape().begin(), x.shape().end() - 1);
-  RmsNormResult result{empty(x.shape(), TensorOptions{x.dtype(), x.device()}),
-                       empty(rows, TensorOptions{logsumexp_dtype(x.dtype()), x.device()})};
+  const TensorOptions options{x.dtype(), x.device()};
+  RmsNormResult result{empty(x.shape(), options),
+                       empty(rows, TensorOptions{logsumexp_dtype(x.dtype()), x.device()}),
+                       added.defined() ? empty(x.shape(), options) : Tensor()};
   if (x.numel() > 0) {
-    kernel<&Kernels::rms_norm_forward>(x.device(), op)(x.contiguous(), weight.contiguous(), eps, result.out,
-                                                       result.rstd);
+    kernel<&Kernels::rms_norm_forward>(x.device(), op)(
+        x.contiguous(), added.defined() ? added.contiguous() : added, weight.contiguous(), eps, result.sum,
+        result.out, result.rstd);
   }
   return result;
+}
+
+}  // namespace
+
+RmsNormResult rms_norm_forward(const Tensor& x, const Tensor& weight, double eps) {
+  const char* op = "rms_norm";
+  check_defined(op, x, "x");
+  check_fused_operands(op, x, {{&weight, "weight"}});
+  return norm_rows(op, x, Tensor(), weight, eps);
+}
+
+RmsNormResult add_rms_norm_forward(const Tensor& x, const Tensor& y, const Tensor& weight, double eps) {
+  const char* op = "add_rms_norm";
+  check_defined(op, x, "x");
+  check_fused_operands(op, x, {{&y, "y"}, {&weight, "weight"}});
+  SHARDLAB_CHECK(y.shape() == x.shape(), "{}: x {} and y {} differ in shape (add them first to broadcast)",
+                 op, shape_str(x.shape()), shape_str(y.shape()));
+  return norm_rows(op, x, y, weight, eps);
 }
 
 RmsNormGrads rms_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,

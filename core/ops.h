@@ -115,6 +115,10 @@ Tensor logsumexp(const Tensor& x, const Dims& dims, bool keepdim = false);
 // torch.matmul semantics: 1-D operands are promoted and the added dim removed; leading
 // (batch) dims broadcast. Floating dtypes only; bf16/f16 accumulate in f32.
 Tensor matmul(const Tensor& a, const Tensor& b);
+// torch.nn.functional.linear: x [..., in] times weight [out, in] transposed, plus bias [out] (may be
+// undefined) added to every row in the compute type before the product is rounded (on CUDA in
+// cuBLASLt's epilogue, not a second pass over the output).
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 
 Tensor softmax(const Tensor& x, std::int64_t dim);
 Tensor log_softmax(const Tensor& x, std::int64_t dim);
@@ -281,8 +285,12 @@ struct CrossEntropyResult {
 // x [..., D] * rsqrt(mean(x^2 over D) + eps) * weight [D]; rstd [...] (f32 for bf16/f16) for backward.
 struct RmsNormResult {
   Tensor out, rstd;
+  Tensor sum;  // add_rms_norm_forward's x + y, the rows it normalised; undefined for rms_norm_forward
 };
 RmsNormResult rms_norm_forward(const Tensor& x, const Tensor& weight, double eps);
+// The residual stream's add and the norm of its result in one pass: sum = x + y (the bits of
+// add(x, y)), out and rstd those rms_norm_forward(sum, ...) gives, x and y of one shape.
+RmsNormResult add_rms_norm_forward(const Tensor& x, const Tensor& y, const Tensor& weight, double eps);
 struct RmsNormGrads {
   Tensor x, weight;
 };

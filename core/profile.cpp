@@ -123,11 +123,11 @@ std::string_view category_of(std::string_view op) {
     const auto add = [&](std::string_view category, std::initializer_list<std::string_view> ops) {
       for (const std::string_view name : ops) table.emplace(name, category);
     };
-    add("GEMM", {"matmul", "conv2d", "conv2d_backward_input", "conv2d_backward_weight"});
+    add("GEMM", {"matmul", "linear", "conv2d", "conv2d_backward_input", "conv2d_backward_weight"});
     add("attention", {"attention_forward", "attention_backward"});
-    add("reductions", {"sum", "mean", "sum_squares", "foreach_sum_squares", "max", "min", "argmax", "softmax", "log_softmax",
-                       "rms_norm", "rms_norm_backward", "cross_entropy", "cross_entropy_backward",
-                       "gather_targets", "max_pool2d", "max_pool2d_backward"});
+    add("reductions", {"sum", "mean", "sum_squares", "foreach_sum_squares", "max", "min", "argmax", "softmax",
+                       "log_softmax", "rms_norm", "add_rms_norm", "rms_norm_backward", "cross_entropy",
+                       "cross_entropy_backward", "gather_targets", "max_pool2d", "max_pool2d_backward"});
     add("indexing", {"embedding", "embedding_backward", "index_select", "index_add", "gather", "scatter_add",
                      "check_index"});
     add("optimizer", {"adam_step", "adadelta_step"});

@@ -316,8 +316,11 @@ Variable LlamaDecoderLayerImpl::operator()(const Variable& input, const Tensor& 
   // Captures by value: under activation checkpointing the forward runs again in backward.
   return with_hooks(
       [this, cache, layer](const Variable& x, const Tensor& cos, const Tensor& sin, const Tensor& padding) {
-        const Variable h = add(x, self_attn(input_layernorm(x), cos, sin, padding, cache, layer));
-        return add(h, mlp(post_attention_layernorm(h)));
+        // The add before the second norm is fused into it; the one after the MLP is the layer's
+        // output (hooks and checkpoints take the layer whole).
+        const auto [h, normed] = post_attention_layernorm->add_then_norm(
+            x, self_attn(input_layernorm(x), cos, sin, padding, cache, layer));
+        return add(h, mlp(normed));
       },
       input, cos_rows, sin_rows, padding_mask);
 }

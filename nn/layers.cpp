@@ -16,8 +16,7 @@ Variable LinearImpl::operator()(const Variable& input) {
         // The weight's in features: a tensor-parallel row split holds some of options.in().
         SHARDLAB_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1),
                        "Linear: input of shape {} does not end in {}", shape_str(x.shape()), weight.size(1));
-        const Variable y = matmul(x, transpose(weight, 0, 1));
-        return bias.defined() ? add(y, bias) : y;
+        return linear(x, weight, bias);
       },
       input);
 }
@@ -107,6 +106,12 @@ RMSNormImpl::RMSNormImpl(std::int64_t dim, double epsilon) : Module("RMSNorm"), 
 
 Variable RMSNormImpl::operator()(const Variable& input) {
   return with_hooks([&](const Variable& x) { return rms_norm(x, weight, eps); }, input);
+}
+
+AddRmsNorm RMSNormImpl::add_then_norm(const Variable& x, const Variable& y) {
+  if (forward_is_plain()) return add_rms_norm(x, y, weight, eps);
+  const Variable sum = add(x, y);
+  return {sum, (*this)(sum)};
 }
 
 std::string RMSNormImpl::describe() const { return fmt::format("RMSNorm({}, eps={})", weight.size(0), eps); }

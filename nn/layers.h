@@ -123,6 +123,9 @@ class RMSNormImpl : public Module {
  public:
   explicit RMSNormImpl(std::int64_t dim, double eps = 1e-6);
   Variable operator()(const Variable& x);
+  // {x + y, this norm of it}: add_rms_norm's one kernel where this module's forward is plain; with
+  // hooks or checkpointing, add(x, y) and then the forward through them.
+  AddRmsNorm add_then_norm(const Variable& x, const Variable& y);
   std::string describe() const override;
 
   const double eps;

@@ -175,6 +175,10 @@ class Module : public std::enable_shared_from_this<Module> {
     return child;
   }
 
+  // Whether with_hooks would call a forward as it is (no hooks, not checkpointed): a fused path
+  // that also does its caller's work (RMSNormImpl::add_then_norm) may run only then.
+  bool forward_is_plain() const { return pre_hooks_.empty() && post_hooks_.empty() && !checkpointed_; }
+
   // Runs the forward pre-hooks on the inputs, fn(inputs...) on what they leave (as one
   // checkpoint() node when the module is checkpointed and grad mode is on), then the forward
   // hooks on its output. Every module's operator() goes through it, passing its

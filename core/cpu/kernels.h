@@ -13,14 +13,14 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);
 void where(const Tensor& condition, const Tensor& a, const Tensor& b, const Tensor& out);
 void reduce(ReduceOp op, const Tensor& in, const Dims& dims, const Tensor& out);
 void foreach_sum_squares(std::span<const Tensor> tensors, const Tensor& out);
-void matmul(const Tensor& a, const Tensor& b, const Tensor& out);
+void matmul(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out);
 void softmax(const Tensor& in, std::int64_t dim, bool log, const Tensor& out);
 void cross_entropy_forward(const Tensor& logits, const Tensor& targets, std::int64_t ignore_index,
                            const Tensor& losses, const Tensor& logsumexp);
 void cross_entropy_backward(const Tensor& grad_losses, const Tensor& logits, const Tensor& targets,
                             std::int64_t ignore_index, const Tensor& logsumexp, const Tensor& grad_logits);
-void rms_norm_forward(const Tensor& x, const Tensor& weight, double eps, const Tensor& out,
-                      const Tensor& rstd);
+void rms_norm_forward(const Tensor& x, const Tensor& added, const Tensor& weight, double eps,
+                      const Tensor& sum, const Tensor& out, const Tensor& rstd);
 void rms_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& rstd,
                        const Tensor& grad_x, const Tensor& grad_weight);
 void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out);

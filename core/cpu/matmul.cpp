@@ -1,5 +1,5 @@
 // core/cpu/matmul.cpp: batched matmul on shardlab's GEMM (core/cpu/gemm.h), operands read through
-// their strides as they are.
+// their strides as they are, and a Linear's bias added to the unrounded product.
 #include "core/cpu/gemm.h"
 #include "core/cpu/kernels.h"
 #include "core/parallel.h"
@@ -35,14 +35,19 @@ void matmul_typed(const Tensor& a, const Tensor& b, const Tensor& out) {
 
 }  // namespace
 
-void matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
+void matmul(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out) {
   in_f32_precision(
       out,
-      [](const Tensor& o, const Tensor& x, const Tensor& y) {
-        if (o.dtype() == DType::f64) return matmul_typed<double>(x, y, o);
-        matmul_typed<float>(x, y, o);
+      [](const Tensor& o, const Tensor& x, const Tensor& y, const Tensor& c) {
+        if (o.dtype() == DType::f64) {
+          matmul_typed<double>(x, y, o);
+        } else {
+          matmul_typed<float>(x, y, o);
+        }
+        // The bias joins the f32 (f64) product before a half's one rounding, as in cuBLASLt's epilogue.
+        if (c.defined()) binary(BinaryOp::add, o, c.expand(o.shape()), o);
       },
-      a, b);
+      a, b, bias);
 }
 
 }  // namespace shardlab::cpu

@@ -217,15 +217,23 @@ std::int64_t matrix_offset(const Tensor& t, std::int64_t index) {
 
 }  // namespace
 
-void rms_norm_forward(const Tensor& x, const Tensor& weight, double eps, const Tensor& out,
-                      const Tensor& rstd) {
+void rms_norm_forward(const Tensor& x, const Tensor& added, const Tensor& weight, double eps,
+                      const Tensor& sum, const Tensor& out, const Tensor& rstd) {
   floating(x.dtype(), [&]<typename T>() {
     using C = compute_t<T>;
     const std::int64_t width = x.size(-1), rows = x.numel() / width;
-    const T *in = x.data<T>(), *w = weight.data<T>();
+    const T *in = added.defined() ? sum.data<T>() : x.data<T>(), *w = weight.data<T>();
     T* y = out.data<T>();
     C* r = rstd.data<C>();
     parallel_for(0, rows, 16, [&](std::int64_t first, std::int64_t last) {
+      // The rows' sum as binary add computes it (in the compute type, rounded once), normalised
+      // below while it is still in cache.
+      if (added.defined()) {
+        const T *a = x.data<T>(), *b = added.data<T>();
+        T* s = sum.data<T>();
+        for (std::int64_t i = first * width; i < last * width; ++i)
+          s[i] = narrow<T>(widen(a[i]) + widen(b[i]));
+      }
       if constexpr (std::is_same_v<T, float>) return rms_norm_rows_f32(in, w, width, first, last, eps, y, r);
       rms_norm_rows(in, w, width, first, last, eps, y, r);
     });

@@ -4,13 +4,15 @@
 // recomputes the probabilities from it: one warp per query row sums dQ over the keys it sees, one
 // warp per key row sums dK and dV over the queries that see it, over the group's query heads too
 // (GQA by index, K and V never repeated). Every sum has one owner: no atomics, deterministic.
-// Masks as the CPU's: causal (key s > query t hidden), padding keys hidden, and with T == S a
+// Every operand is read and written through its own strides (q, k and v as a [B, T, H * D] projection
+// left them). Masks as the CPU's: causal (key s > query t hidden), padding keys hidden, and with T == S a
 // padding query sees nothing (zeros out, logsumexp -inf, no gradient).
 #include <cmath>
 #include <cstdint>
 
 #include "core/attention_mask.h"
 #include "core/cuda/check.h"
+#include "core/cuda/indexing.cuh"
 #include "core/cuda/launch.h"
 
 namespace shardlab::cuda {
@@ -53,32 +55,44 @@ __device__ T dot(const T* a, const T* b, std::int64_t n) {
   return sum;
 }
 
-// Offsets of query (b, h, t) in [B, H, T, *] and key (b, j, s) in [B, Hkv, S, *], in rows.
+// The flat index of query (b, h, t) in [B, H, T]: its logsumexp and delta.
 __device__ std::int64_t query_row(const AttentionGeometry& g, std::int64_t b, std::int64_t h,
                                   std::int64_t t) {
   return (b * g.heads + h) * g.queries + t;
 }
-__device__ std::int64_t key_row(const AttentionGeometry& g, std::int64_t b, std::int64_t j, std::int64_t s) {
-  return (b * g.kv_heads + j) * g.keys + s;
+
+// The typed operands of one call, each read through its strides.
+template <typename T>
+struct Operands {
+  HeadView<const T> q, k, v, out, grad_out;
+  const bool* padding;
+  T* logsumexp;
+  T* delta;
+  HeadView<T> grad_q, grad_k, grad_v;
+};
+template <typename T>
+Operands<T> typed(const AttentionOperands& o) {
+  return {head_view<const T>(o.q),      head_view<const T>(o.k),        head_view<const T>(o.v),
+          head_view<const T>(o.out),    head_view<const T>(o.grad_out), o.padding,
+          static_cast<T*>(o.logsumexp), static_cast<T*>(o.delta),       head_view<T>(o.grad_q),
+          head_view<T>(o.grad_k),       head_view<T>(o.grad_v)};
 }
 
 // One warp per query row (b, h, t). Lane l holds the output elements e = l, l + 32, ... < Dv.
 template <typename T>
-__global__ void attention_forward_kernel(const T* q, const T* k, const T* v, const bool* padding,
-                                         AttentionGeometry g, T* out, T* logsumexp) {
+__global__ void attention_forward_kernel(Operands<T> o, AttentionGeometry g, HeadView<T> out) {
   const std::int64_t row = warp_index();
   if (row >= g.batch * g.heads * g.queries) return;  // whole warps leave together
   const std::int64_t t = row % g.queries, h = row / g.queries % g.heads, b = row / (g.queries * g.heads);
   const std::int64_t j = kv_head_of(h, g.heads, g.kv_heads);
-  const T* query = q + row * g.head_dim;
+  const T* query = o.q.at(b, h, t);
   T acc[kMaxValuesPerLane] = {};
   T largest = -INFINITY, total = 0;
-  const std::int64_t key_end = AttentionMask{g.causal, padding, g.queries, g.keys}.key_end(t, 1);
+  const std::int64_t key_end = AttentionMask{g.causal, o.padding, g.queries, g.keys}.key_end(t, 1);
   for (std::int64_t s0 = 0; s0 < key_end; s0 += kWarp) {
     const std::int64_t s = s0 + lane();
-    const bool mine = s < key_end && sees(g, padding, b, t, s);
-    const T score =
-        mine ? T(g.scale) * dot(query, k + key_row(g, b, j, s) * g.head_dim, g.head_dim) : T(-INFINITY);
+    const bool mine = s < key_end && sees(g, o.padding, b, t, s);
+    const T score = mine ? T(g.scale) * dot(query, o.k.at(b, j, s), g.head_dim) : T(-INFINITY);
     const T new_largest = fmax(largest, warp_max(score));
     if (new_largest == T(-INFINITY)) continue;  // nothing seen yet
     const T p = mine ? exp(score - new_largest) : T(0);
@@ -89,7 +103,7 @@ __global__ void attention_forward_kernel(const T* q, const T* k, const T* v, con
     for (std::int64_t c = 0; c < in_tile; ++c) {
       const T weight = __shfl_sync(kAll, p, static_cast<int>(c));
       if (weight == T(0)) continue;
-      const T* value = v + key_row(g, b, j, s0 + c) * g.value_dim;
+      const T* value = o.v.at(b, j, s0 + c);
       for (int i = 0; i < kMaxValuesPerLane; ++i) {
         const std::int64_t e = lane() + i * kWarp;
         if (e < g.value_dim) acc[i] += weight * value[e];
@@ -98,113 +112,106 @@ __global__ void attention_forward_kernel(const T* q, const T* k, const T* v, con
     largest = new_largest;
   }
   const T inverse = total > 0 ? T(1) / total : T(0);
+  T* out_row = out.at(b, h, t);
   for (int i = 0; i < kMaxValuesPerLane; ++i) {
     const std::int64_t e = lane() + i * kWarp;
-    if (e < g.value_dim) out[row * g.value_dim + e] = acc[i] * inverse;
+    if (e < g.value_dim) out_row[e] = acc[i] * inverse;
   }
-  if (lane() == 0) logsumexp[row] = total > 0 ? largest + log(total) : T(-INFINITY);
+  if (lane() == 0) o.logsumexp[row] = total > 0 ? largest + log(total) : T(-INFINITY);
 }
 
-// delta[row] = grad_out[row] . out[row], one warp per row.
+// delta[row] = grad_out[row] . out[row], one warp per query row.
 template <typename T>
-__global__ void row_delta_kernel(const T* grad_out, const T* out, std::int64_t rows, std::int64_t width,
-                                 T* delta) {
+__global__ void row_delta_kernel(Operands<T> o, AttentionGeometry g) {
   const std::int64_t row = warp_index();
-  if (row >= rows) return;
+  if (row >= g.batch * g.heads * g.queries) return;
+  const std::int64_t t = row % g.queries, h = row / g.queries % g.heads, b = row / (g.queries * g.heads);
+  const T *grad = o.grad_out.at(b, h, t), *out = o.out.at(b, h, t);
   T sum = 0;
-  for (std::int64_t e = lane(); e < width; e += kWarp)
-    sum += grad_out[row * width + e] * out[row * width + e];
+  for (std::int64_t e = lane(); e < g.value_dim; e += kWarp) sum += grad[e] * out[e];
   sum = warp_sum(sum);
-  if (lane() == 0) delta[row] = sum;
+  if (lane() == 0) o.delta[row] = sum;
 }
 
-// The probability query row `row` gives key s, and its softmax-backward term
+// The probability query (b, h, t) gives key s, and its softmax-backward term
 // ds = p * (dO . v_s - delta); (0, 0) for a hidden pair or a query that sees nothing.
 template <typename T>
 struct PairTerms {
   T p, ds;
 };
 template <typename T>
-__device__ PairTerms<T> pair_terms(const T* q, const T* k, const T* v, const T* grad_out, const T* logsumexp,
-                                   const T* delta, const bool* padding, const AttentionGeometry& g,
-                                   std::int64_t b, std::int64_t h, std::int64_t t, std::int64_t j,
-                                   std::int64_t s) {
+__device__ PairTerms<T> pair_terms(const Operands<T>& o, const AttentionGeometry& g, std::int64_t b,
+                                   std::int64_t h, std::int64_t t, std::int64_t j, std::int64_t s) {
   const std::int64_t row = query_row(g, b, h, t);
-  const T lse = logsumexp[row];
-  if (lse == T(-INFINITY) || !sees(g, padding, b, t, s)) return {T(0), T(0)};
-  const std::int64_t key = key_row(g, b, j, s);
-  const T p = exp(T(g.scale) * dot(q + row * g.head_dim, k + key * g.head_dim, g.head_dim) - lse);
-  const T dp = dot(grad_out + row * g.value_dim, v + key * g.value_dim, g.value_dim);
-  return {p, p * (dp - delta[row])};
+  const T lse = o.logsumexp[row];
+  if (lse == T(-INFINITY) || !sees(g, o.padding, b, t, s)) return {T(0), T(0)};
+  const T p = exp(T(g.scale) * dot(o.q.at(b, h, t), o.k.at(b, j, s), g.head_dim) - lse);
+  const T dp = dot(o.grad_out.at(b, h, t), o.v.at(b, j, s), g.value_dim);
+  return {p, p * (dp - o.delta[row])};
 }
 
 // One warp per query row: dQ = scale * sum over the keys it sees of ds * k_s.
 template <typename T>
-__global__ void attention_grad_q_kernel(const T* q, const T* k, const T* v, const T* grad_out,
-                                        const T* logsumexp, const T* delta, const bool* padding,
-                                        AttentionGeometry g, T* grad_q) {
+__global__ void attention_grad_q_kernel(Operands<T> o, AttentionGeometry g) {
   const std::int64_t row = warp_index();
   if (row >= g.batch * g.heads * g.queries) return;
   const std::int64_t t = row % g.queries, h = row / g.queries % g.heads, b = row / (g.queries * g.heads);
   const std::int64_t j = kv_head_of(h, g.heads, g.kv_heads);
   T acc[kMaxValuesPerLane] = {};
-  const std::int64_t key_end = AttentionMask{g.causal, padding, g.queries, g.keys}.key_end(t, 1);
+  const std::int64_t key_end = AttentionMask{g.causal, o.padding, g.queries, g.keys}.key_end(t, 1);
   for (std::int64_t s0 = 0; s0 < key_end; s0 += kWarp) {
     const std::int64_t s = s0 + lane();
-    const T ds =
-        s < key_end ? pair_terms(q, k, v, grad_out, logsumexp, delta, padding, g, b, h, t, j, s).ds : T(0);
+    const T ds = s < key_end ? pair_terms(o, g, b, h, t, j, s).ds : T(0);
     const std::int64_t in_tile = key_end - s0 < kWarp ? key_end - s0 : kWarp;
     for (std::int64_t c = 0; c < in_tile; ++c) {
       const T weight = __shfl_sync(kAll, ds, static_cast<int>(c));
-      const T* key = k + key_row(g, b, j, s0 + c) * g.head_dim;
+      const T* key = o.k.at(b, j, s0 + c);
       for (int i = 0; i < kMaxValuesPerLane; ++i) {
         const std::int64_t e = lane() + i * kWarp;
         if (e < g.head_dim) acc[i] += weight * key[e];
       }
     }
   }
+  T* grad_row = o.grad_q.at(b, h, t);
   for (int i = 0; i < kMaxValuesPerLane; ++i) {
     const std::int64_t e = lane() + i * kWarp;
-    if (e < g.head_dim) grad_q[row * g.head_dim + e] = T(g.scale) * acc[i];
+    if (e < g.head_dim) grad_row[e] = T(g.scale) * acc[i];
   }
 }
 
 // One warp per key row (b, j, s): dV = sum of p * dO_t and dK = scale * sum of ds * q_t over every
 // query t of the group's query heads that sees it.
 template <typename T>
-__global__ void attention_grad_kv_kernel(const T* q, const T* k, const T* v, const T* grad_out,
-                                         const T* logsumexp, const T* delta, const bool* padding,
-                                         AttentionGeometry g, T* grad_k, T* grad_v) {
+__global__ void attention_grad_kv_kernel(Operands<T> o, AttentionGeometry g) {
   const std::int64_t key = warp_index();
   if (key >= g.batch * g.kv_heads * g.keys) return;
   const std::int64_t s = key % g.keys, j = key / g.keys % g.kv_heads, b = key / (g.keys * g.kv_heads);
   const std::int64_t group = g.heads / g.kv_heads;
   T acc_k[kMaxValuesPerLane] = {}, acc_v[kMaxValuesPerLane] = {};
-  const std::int64_t first_query = AttentionMask{g.causal, padding, g.queries, g.keys}.first_query(s);
+  const std::int64_t first_query = AttentionMask{g.causal, o.padding, g.queries, g.keys}.first_query(s);
   for (std::int64_t h = j * group; h < (j + 1) * group; ++h) {
     for (std::int64_t t0 = first_query; t0 < g.queries; t0 += kWarp) {
       const std::int64_t t = t0 + lane();
-      const PairTerms<T> terms =
-          t < g.queries ? pair_terms(q, k, v, grad_out, logsumexp, delta, padding, g, b, h, t, j, s)
-                        : PairTerms<T>{T(0), T(0)};
+      const PairTerms<T> terms = t < g.queries ? pair_terms(o, g, b, h, t, j, s) : PairTerms<T>{T(0), T(0)};
       const std::int64_t in_tile = g.queries - t0 < kWarp ? g.queries - t0 : kWarp;
       for (std::int64_t c = 0; c < in_tile; ++c) {
         const T p = __shfl_sync(kAll, terms.p, static_cast<int>(c));
         const T ds = __shfl_sync(kAll, terms.ds, static_cast<int>(c));
         if (p == T(0) && ds == T(0)) continue;
-        const std::int64_t row = query_row(g, b, h, t0 + c);
+        const T *grad = o.grad_out.at(b, h, t0 + c), *query = o.q.at(b, h, t0 + c);
         for (int i = 0; i < kMaxValuesPerLane; ++i) {
           const std::int64_t e = lane() + i * kWarp;
-          if (e < g.value_dim) acc_v[i] += p * grad_out[row * g.value_dim + e];
-          if (e < g.head_dim) acc_k[i] += ds * q[row * g.head_dim + e];
+          if (e < g.value_dim) acc_v[i] += p * grad[e];
+          if (e < g.head_dim) acc_k[i] += ds * query[e];
         }
       }
     }
   }
+  T *grad_k = o.grad_k.at(b, j, s), *grad_v = o.grad_v.at(b, j, s);
   for (int i = 0; i < kMaxValuesPerLane; ++i) {
     const std::int64_t e = lane() + i * kWarp;
-    if (e < g.value_dim) grad_v[key * g.value_dim + e] = acc_v[i];
-    if (e < g.head_dim) grad_k[key * g.head_dim + e] = T(g.scale) * acc_k[i];
+    if (e < g.value_dim) grad_v[e] = acc_v[i];
+    if (e < g.head_dim) grad_k[e] = T(g.scale) * acc_k[i];
   }
 }
 
@@ -215,15 +222,14 @@ unsigned warp_blocks(std::int64_t rows) {
 
 }  // namespace
 
-bool launch_attention_forward(DType dtype, const void* q, const void* k, const void* v, const bool* padding,
-                              const AttentionGeometry& g, void* out, void* logsumexp, cudaStream_t stream) {
+bool launch_attention_forward(DType dtype, const AttentionOperands& operands, const AttentionGeometry& g,
+                              MutableHeads out, cudaStream_t stream) {
   return visit_dtype(dtype, [&]<typename T>() {
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
       const std::int64_t rows = g.batch * g.heads * g.queries;
       if (rows == 0) return true;
-      attention_forward_kernel<T><<<warp_blocks(rows), kBlockSize, 0, stream>>>(
-          static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), padding, g,
-          static_cast<T*>(out), static_cast<T*>(logsumexp));
+      attention_forward_kernel<T>
+          <<<warp_blocks(rows), kBlockSize, 0, stream>>>(typed<T>(operands), g, head_view<T>(out));
       SHARDLAB_CUDA_CHECK_LAUNCH();
       return true;
     } else {
@@ -232,27 +238,18 @@ bool launch_attention_forward(DType dtype, const void* q, const void* k, const v
   });
 }
 
-bool launch_attention_backward(DType dtype, const void* grad_out, const void* q, const void* k, const void* v,
-                               const void* out, const void* logsumexp, const bool* padding,
-                               const AttentionGeometry& g, void* delta, void* grad_q, void* grad_k,
-                               void* grad_v, cudaStream_t stream) {
+bool launch_attention_backward(DType dtype, const AttentionOperands& operands, const AttentionGeometry& g,
+                               cudaStream_t stream) {
   return visit_dtype(dtype, [&]<typename T>() {
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
       const std::int64_t rows = g.batch * g.heads * g.queries, keys = g.batch * g.kv_heads * g.keys;
       if (rows == 0 || keys == 0) return true;
-      const auto* dout = static_cast<const T*>(grad_out);
-      const auto *tq = static_cast<const T*>(q), *tk = static_cast<const T*>(k),
-                 *tv = static_cast<const T*>(v);
-      const auto* lse = static_cast<const T*>(logsumexp);
-      auto* d = static_cast<T*>(delta);
-      row_delta_kernel<T><<<warp_blocks(rows), kBlockSize, 0, stream>>>(dout, static_cast<const T*>(out),
-                                                                        rows, g.value_dim, d);
+      const Operands<T> o = typed<T>(operands);
+      row_delta_kernel<T><<<warp_blocks(rows), kBlockSize, 0, stream>>>(o, g);
       SHARDLAB_CUDA_CHECK_LAUNCH();
-      attention_grad_q_kernel<T><<<warp_blocks(rows), kBlockSize, 0, stream>>>(
-          tq, tk, tv, dout, lse, d, padding, g, static_cast<T*>(grad_q));
+      attention_grad_q_kernel<T><<<warp_blocks(rows), kBlockSize, 0, stream>>>(o, g);
       SHARDLAB_CUDA_CHECK_LAUNCH();
-      attention_grad_kv_kernel<T><<<warp_blocks(keys), kBlockSize, 0, stream>>>(
-          tq, tk, tv, dout, lse, d, padding, g, static_cast<T*>(grad_k), static_cast<T*>(grad_v));
+      attention_grad_kv_kernel<T><<<warp_blocks(keys), kBlockSize, 0, stream>>>(o, g);
       SHARDLAB_CUDA_CHECK_LAUNCH();
       return true;
     } else {

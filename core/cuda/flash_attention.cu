@@ -15,6 +15,9 @@
 //   C (16 x 8, f32):        c0, c1 = C[g][2c], C[g][2c+1]; c2, c3 = C[g+8][2c], C[g+8][2c+1]
 // so two neighbouring C tiles of 8 columns are, rounded to 16 bits, the A fragment of their 16
 // columns: the probabilities go from one product into the next without shared memory.
+//
+// Every [B, H, T, D] operand is read and written through its strides (q, k and v as a [B, T, H * D]
+// projection left them): rows `row` elements apart, 16-byte aligned.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -23,6 +26,7 @@
 
 #include "core/attention_mask.h"
 #include "core/cuda/check.h"
+#include "core/cuda/indexing.cuh"
 #include "core/cuda/launch.h"
 
 namespace shardlab::cuda {
@@ -78,33 +82,34 @@ __device__ std::uint32_t column_pair(const std::uint16_t* at, int stride) {
   return static_cast<std::uint32_t>(at[0]) | (static_cast<std::uint32_t>(at[stride]) << 16);
 }
 
-// Rows [first, first + 64) of a [rows, D] matrix into shared memory (row stride D + kShift), 16 bytes
-// at a time; rows past the end are zeros.
+// Rows [first, first + 64) of a [rows, D] matrix (rows `stride` elements apart) into shared memory
+// (row stride D + kShift), 16 bytes at a time; rows past the end are zeros.
 template <int D>
-__device__ void load_tile(std::uint16_t (*tile)[D + kShift], const std::uint16_t* matrix, std::int64_t first,
-                          std::int64_t rows) {
+__device__ void load_tile(std::uint16_t (*tile)[D + kShift], const std::uint16_t* matrix, std::int64_t stride,
+                          std::int64_t first, std::int64_t rows) {
   constexpr int kChunks = D / 8;  // 16-byte pieces of a row
   for (int i = static_cast<int>(threadIdx.x); i < kKeyTile * kChunks; i += kThreads) {
     const int r = i / kChunks, c = i % kChunks;
     uint4 value = make_uint4(0, 0, 0, 0);
-    if (first + r < rows) value = *reinterpret_cast<const uint4*>(matrix + (first + r) * D + c * 8);
+    if (first + r < rows) value = *reinterpret_cast<const uint4*>(matrix + (first + r) * stride + c * 8);
     *reinterpret_cast<uint4*>(&tile[r][c * 8]) = value;
   }
 }
 
-// The A fragments of 16 rows [row0, row0 + 16) of a [rows, D] matrix in global memory (zeros past the end).
+// The A fragments of 16 rows [row0, row0 + 16) of a [rows, D] matrix in global memory (rows `stride`
+// elements apart; zeros past the end).
 template <int D>
 __device__ void load_rows(std::uint32_t (&fragments)[D / 16][4], const std::uint16_t* matrix,
-                          std::int64_t row0, std::int64_t rows) {
+                          std::int64_t stride, std::int64_t row0, std::int64_t rows) {
   const int g = static_cast<int>(threadIdx.x % 32) / 4, c = static_cast<int>(threadIdx.x % 4);
   const std::int64_t top = row0 + g, bottom = row0 + g + 8;
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     const int column = kk * 16 + 2 * c;
-    fragments[kk][0] = top < rows ? pair(matrix + top * D + column) : 0;
-    fragments[kk][1] = bottom < rows ? pair(matrix + bottom * D + column) : 0;
-    fragments[kk][2] = top < rows ? pair(matrix + top * D + column + 8) : 0;
-    fragments[kk][3] = bottom < rows ? pair(matrix + bottom * D + column + 8) : 0;
+    fragments[kk][0] = top < rows ? pair(matrix + top * stride + column) : 0;
+    fragments[kk][1] = bottom < rows ? pair(matrix + bottom * stride + column) : 0;
+    fragments[kk][2] = top < rows ? pair(matrix + top * stride + column + 8) : 0;
+    fragments[kk][3] = bottom < rows ? pair(matrix + bottom * stride + column + 8) : 0;
   }
 }
 
@@ -177,50 +182,68 @@ __device__ int row_of(int e) { return e < 2 ? 0 : 1; }
 // The query rows of a forward or dQ block (blockIdx.x: batch row and head, blockIdx.y: the 64-query
 // tile): the thread's two rows of its warp's 16 and the column pair it holds of a fragment.
 struct QueryBlock {
-  std::int64_t bh, b, t0, row0, rows[2];
-  std::int64_t kv_row0;  // the first row of its key/value head in k and v ([B * Hkv * S, D])
+  std::int64_t bh, b, h, t0, row0, rows[2];
+  std::int64_t j;  // its key/value head
   int c;
 
   __device__ explicit QueryBlock(const AttentionGeometry& g)
       : bh(blockIdx.x),
         b(bh / g.heads),
+        h(bh % g.heads),
         t0(static_cast<std::int64_t>(blockIdx.y) * kTile),
         row0(t0 + static_cast<std::int64_t>(threadIdx.x / 32) * kRows),
         rows{row0 + static_cast<std::int64_t>(threadIdx.x % 32) / 4,
              row0 + static_cast<std::int64_t>(threadIdx.x % 32) / 4 + 8},
-        kv_row0((b * g.kv_heads + kv_head_of(bh % g.heads, g.heads, g.kv_heads)) * g.keys),
+        j(kv_head_of(h, g.heads, g.kv_heads)),
         c(static_cast<int>(threadIdx.x % 4)) {}
 };
+
+// The 16-bit operands of one call, each through its strides.
+using Heads16 = HeadView<const std::uint16_t>;
+using MutableHeads16 = HeadView<std::uint16_t>;
+struct Operands16 {
+  Heads16 q, k, v, out, grad_out;
+  const bool* padding;
+  float* logsumexp;
+  float* delta;
+  MutableHeads16 grad_q, grad_k, grad_v;
+};
+Operands16 typed(const AttentionOperands& o) {
+  return {head_view<const std::uint16_t>(o.q),        head_view<const std::uint16_t>(o.k),
+          head_view<const std::uint16_t>(o.v),        head_view<const std::uint16_t>(o.out),
+          head_view<const std::uint16_t>(o.grad_out), o.padding,
+          static_cast<float*>(o.logsumexp),           static_cast<float*>(o.delta),
+          head_view<std::uint16_t>(o.grad_q),         head_view<std::uint16_t>(o.grad_k),
+          head_view<std::uint16_t>(o.grad_v)};
+}
 
 // --- forward -------------------------------------------------------------------------------------
 
 template <typename Format, int D>
 __global__ void __launch_bounds__(kThreads)
-    flash_forward_kernel(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v,
-                         const bool* padding, AttentionGeometry g, std::uint16_t* out, float* logsumexp) {
+    flash_forward_kernel(Operands16 in, AttentionGeometry g, MutableHeads16 out) {
   __shared__ __align__(16) std::uint16_t keys[kKeyTile][D + kShift];
   __shared__ __align__(16) std::uint16_t values[kKeyTile][D + kShift];
   const QueryBlock block(g);
   const std::int64_t bh = block.bh, b = block.b, t0 = block.t0, row0 = block.row0;
   const std::int64_t* rows = block.rows;
   const int c = block.c;
-  const std::uint16_t* q_head = q + bh * g.queries * D;
-  const std::uint16_t* k_head = k + block.kv_row0 * D;
-  const std::uint16_t* v_head = v + block.kv_row0 * D;
+  const std::uint16_t* k_head = in.k.at(b, block.j);
+  const std::uint16_t* v_head = in.v.at(b, block.j);
 
   std::uint32_t qf[D / 16][4];
-  load_rows<D>(qf, q_head, row0, g.queries);
+  load_rows<D>(qf, in.q.at(b, block.h), in.q.row, row0, g.queries);
   float o[D / 8][4];
   zero(o);
   float largest[2] = {-INFINITY, -INFINITY}, total[2] = {0.0f, 0.0f};  // total: this thread's share
   const float scale = static_cast<float>(g.scale) * kLog2e;            // scores in log2 units
 
-  const AttentionMask mask = mask_of(g, padding);
+  const AttentionMask mask = mask_of(g, in.padding);
   const std::int64_t end = mask.key_end(t0, kTile);
   for (std::int64_t s0 = 0; s0 < end; s0 += kKeyTile) {
     __syncthreads();  // the previous tile is read
-    load_tile<D>(keys, k_head, s0, g.keys);
-    load_tile<D>(values, v_head, s0, g.keys);
+    load_tile<D>(keys, k_head, in.k.row, s0, g.keys);
+    load_tile<D>(values, v_head, in.v.row, s0, g.keys);
     __syncthreads();
     float s[8][4];
     zero(s);
@@ -271,14 +294,14 @@ __global__ void __launch_bounds__(kThreads)
   for (int r = 0; r < 2; ++r) {
     if (rows[r] >= g.queries) continue;
     const float inverse = total[r] > 0.0f ? 1.0f / total[r] : 0.0f;
-    std::uint16_t* row_out = out + (bh * g.queries + rows[r]) * D;
+    std::uint16_t* row_out = out.at(b, block.h, rows[r]);
 #pragma unroll
     for (int d = 0; d < D / 8; ++d) {
       const std::uint32_t two = pack<Format>(o[d][2 * r] * inverse, o[d][2 * r + 1] * inverse);
       *reinterpret_cast<std::uint32_t*>(row_out + d * 8 + 2 * c) = two;
     }
     if (c == 0) {
-      logsumexp[bh * g.queries + rows[r]] =
+      in.logsumexp[bh * g.queries + rows[r]] =
           total[r] > 0.0f ? (largest[r] + log2f(total[r])) / kLog2e : -INFINITY;
     }
   }
@@ -286,55 +309,53 @@ __global__ void __launch_bounds__(kThreads)
 
 // --- backward ------------------------------------------------------------------------------------
 
-// delta[row] = grad_out[row] . out[row] in f32, one warp per row.
+// delta[row] = grad_out[row] . out[row] in f32, one warp per query row (b, h, t).
 template <typename Format, int D>
-__global__ void row_delta_kernel(const std::uint16_t* grad_out, const std::uint16_t* out, std::int64_t rows,
-                                 float* delta) {
+__global__ void row_delta_kernel(Operands16 o, AttentionGeometry g) {
   const std::int64_t row = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  if (row >= rows) return;
+  if (row >= g.batch * g.heads * g.queries) return;
+  const std::int64_t t = row % g.queries, h = row / g.queries % g.heads, b = row / (g.queries * g.heads);
+  const std::uint16_t *grad = o.grad_out.at(b, h, t), *out = o.out.at(b, h, t);
   float sum = 0.0f;
   for (int e = static_cast<int>(threadIdx.x % 32); e < D; e += 32)
-    sum += Format::to_float(grad_out[row * D + e]) * Format::to_float(out[row * D + e]);
+    sum += Format::to_float(grad[e]) * Format::to_float(out[e]);
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  if (threadIdx.x % 32 == 0) delta[row] = sum;
+  if (threadIdx.x % 32 == 0) o.delta[row] = sum;
 }
 
 // dQ of 64 queries: over the key tiles they see, P from logsumexp, dP = dO V^T, dS = P (dP - delta),
 // dQ += dS K, then times the scale.
 template <typename Format, int D>
-__global__ void __launch_bounds__(kThreads)
-    flash_grad_q_kernel(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v,
-                        const std::uint16_t* grad_out, const float* logsumexp, const float* delta,
-                        const bool* padding, AttentionGeometry g, std::uint16_t* grad_q) {
+__global__ void __launch_bounds__(kThreads) flash_grad_q_kernel(Operands16 o, AttentionGeometry g) {
   __shared__ __align__(16) std::uint16_t keys[kKeyTile][D + kShift];
   __shared__ __align__(16) std::uint16_t values[kKeyTile][D + kShift];
   const QueryBlock block(g);
   const std::int64_t bh = block.bh, b = block.b, t0 = block.t0, row0 = block.row0;
   const std::int64_t* rows = block.rows;
   const int c = block.c;
-  const std::uint16_t* k_head = k + block.kv_row0 * D;
-  const std::uint16_t* v_head = v + block.kv_row0 * D;
+  const std::uint16_t* k_head = o.k.at(b, block.j);
+  const std::uint16_t* v_head = o.v.at(b, block.j);
 
   std::uint32_t qf[D / 16][4], dof[D / 16][4];
-  load_rows<D>(qf, q + bh * g.queries * D, row0, g.queries);
-  load_rows<D>(dof, grad_out + bh * g.queries * D, row0, g.queries);
+  load_rows<D>(qf, o.q.at(b, block.h), o.q.row, row0, g.queries);
+  load_rows<D>(dof, o.grad_out.at(b, block.h), o.grad_out.row, row0, g.queries);
   float lse[2], row_delta[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const bool inside = rows[r] < g.queries;
-    lse[r] = inside ? logsumexp[bh * g.queries + rows[r]] * kLog2e : -INFINITY;
-    row_delta[r] = inside ? delta[bh * g.queries + rows[r]] : 0.0f;
+    lse[r] = inside ? o.logsumexp[bh * g.queries + rows[r]] * kLog2e : -INFINITY;
+    row_delta[r] = inside ? o.delta[bh * g.queries + rows[r]] : 0.0f;
   }
   float dq[D / 8][4];
   zero(dq);
   const float scale = static_cast<float>(g.scale) * kLog2e;
 
-  const AttentionMask mask = mask_of(g, padding);
+  const AttentionMask mask = mask_of(g, o.padding);
   const std::int64_t end = mask.key_end(t0, kTile);
   for (std::int64_t s0 = 0; s0 < end; s0 += kKeyTile) {
     __syncthreads();
-    load_tile<D>(keys, k_head, s0, g.keys);
-    load_tile<D>(values, v_head, s0, g.keys);
+    load_tile<D>(keys, k_head, o.k.row, s0, g.keys);
+    load_tile<D>(values, v_head, o.v.row, s0, g.keys);
     __syncthreads();
     float p[8][4], dp[8][4];  // the scores, then dS; dP
     both_times_tiles_transposed<Format, D>(p, qf, keys, dp, dof, values);
@@ -354,7 +375,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (rows[r] >= g.queries) continue;
-    std::uint16_t* row_out = grad_q + (bh * g.queries + rows[r]) * D;
+    std::uint16_t* row_out = o.grad_q.at(b, block.h, rows[r]);
 #pragma unroll
     for (int d = 0; d < D / 8; ++d) {
       const float s = static_cast<float>(g.scale);
@@ -367,11 +388,7 @@ __global__ void __launch_bounds__(kThreads)
 // dK and dV of 64 keys of one key/value head: over the group's query heads and the query tiles that
 // see them, P^T from logsumexp, dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q.
 template <typename Format, int D>
-__global__ void __launch_bounds__(kThreads)
-    flash_grad_kv_kernel(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v,
-                         const std::uint16_t* grad_out, const float* logsumexp, const float* delta,
-                         const bool* padding, AttentionGeometry g, std::uint16_t* grad_k,
-                         std::uint16_t* grad_v) {
+__global__ void __launch_bounds__(kThreads) flash_grad_kv_kernel(Operands16 o, AttentionGeometry g) {
   __shared__ __align__(16) std::uint16_t queries[kKeyTile][D + kShift];
   __shared__ __align__(16) std::uint16_t grads[kKeyTile][D + kShift];
   __shared__ float tile_lse[kKeyTile], tile_delta[kKeyTile];
@@ -383,25 +400,25 @@ __global__ void __launch_bounds__(kThreads)
   const std::int64_t rows[2] = {row0 + gr, row0 + gr + 8};  // the thread's keys
 
   std::uint32_t kf[D / 16][4], vf[D / 16][4];
-  load_rows<D>(kf, k + bj * g.keys * D, row0, g.keys);
-  load_rows<D>(vf, v + bj * g.keys * D, row0, g.keys);
+  load_rows<D>(kf, o.k.at(b, j), o.k.row, row0, g.keys);
+  load_rows<D>(vf, o.v.at(b, j), o.v.row, row0, g.keys);
   float dk[D / 8][4], dv[D / 8][4];
   zero(dk);
   zero(dv);
   const float scale = static_cast<float>(g.scale) * kLog2e;
-  const AttentionMask mask = mask_of(g, padding);
+  const AttentionMask mask = mask_of(g, o.padding);
   const std::int64_t first_tile = mask.first_query(s0) / kKeyTile * kKeyTile;  // the tile holding it
 
   for (std::int64_t h = j * group; h < (j + 1) * group; ++h) {
     const std::int64_t bh = b * g.heads + h;
     for (std::int64_t t0 = first_tile; t0 < g.queries; t0 += kKeyTile) {
       __syncthreads();
-      load_tile<D>(queries, q + bh * g.queries * D, t0, g.queries);
-      load_tile<D>(grads, grad_out + bh * g.queries * D, t0, g.queries);
+      load_tile<D>(queries, o.q.at(b, h), o.q.row, t0, g.queries);
+      load_tile<D>(grads, o.grad_out.at(b, h), o.grad_out.row, t0, g.queries);
       for (int i = static_cast<int>(threadIdx.x); i < kKeyTile; i += kThreads) {
         const bool inside = t0 + i < g.queries;
-        tile_lse[i] = inside ? logsumexp[bh * g.queries + t0 + i] * kLog2e : -INFINITY;
-        tile_delta[i] = inside ? delta[bh * g.queries + t0 + i] : 0.0f;
+        tile_lse[i] = inside ? o.logsumexp[bh * g.queries + t0 + i] * kLog2e : -INFINITY;
+        tile_delta[i] = inside ? o.delta[bh * g.queries + t0 + i] : 0.0f;
       }
       __syncthreads();
       float pt[8][4], dpt[8][4];  // S^T, then P^T; dP^T, then dS^T: 16 keys x 64 queries
@@ -424,8 +441,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (rows[r] >= g.keys) continue;
-    std::uint16_t* k_out = grad_k + (bj * g.keys + rows[r]) * D;
-    std::uint16_t* v_out = grad_v + (bj * g.keys + rows[r]) * D;
+    std::uint16_t* k_out = o.grad_k.at(b, j, rows[r]);
+    std::uint16_t* v_out = o.grad_v.at(b, j, rows[r]);
     const float s = static_cast<float>(g.scale);
 #pragma unroll
     for (int d = 0; d < D / 8; ++d) {
@@ -441,31 +458,23 @@ dim3 tiles(std::int64_t heads, std::int64_t rows) {
 }
 
 template <typename Format, int D>
-void forward(const void* q, const void* k, const void* v, const bool* padding, const AttentionGeometry& g,
-             void* out, float* logsumexp, cudaStream_t stream) {
+void forward(const AttentionOperands& operands, const AttentionGeometry& g, MutableHeads out,
+             cudaStream_t stream) {
   flash_forward_kernel<Format, D><<<tiles(g.batch * g.heads, g.queries), kThreads, 0, stream>>>(
-      static_cast<const std::uint16_t*>(q), static_cast<const std::uint16_t*>(k),
-      static_cast<const std::uint16_t*>(v), padding, g, static_cast<std::uint16_t*>(out), logsumexp);
+      typed(operands), g, head_view<std::uint16_t>(out));
   SHARDLAB_CUDA_CHECK_LAUNCH();
 }
 
 template <typename Format, int D>
-void backward(const void* grad_out, const void* q, const void* k, const void* v, const void* out,
-              const float* logsumexp, const bool* padding, const AttentionGeometry& g, float* delta,
-              void* grad_q, void* grad_k, void* grad_v, cudaStream_t stream) {
-  const auto* dout = static_cast<const std::uint16_t*>(grad_out);
-  const auto *tq = static_cast<const std::uint16_t*>(q), *tk = static_cast<const std::uint16_t*>(k),
-             *tv = static_cast<const std::uint16_t*>(v);
+void backward(const AttentionOperands& operands, const AttentionGeometry& g, cudaStream_t stream) {
+  const Operands16 o = typed(operands);
   const std::int64_t rows = g.batch * g.heads * g.queries;
-  row_delta_kernel<Format, D><<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), kThreads, 0, stream>>>(
-      dout, static_cast<const std::uint16_t*>(out), rows, delta);
+  row_delta_kernel<Format, D>
+      <<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), kThreads, 0, stream>>>(o, g);
   SHARDLAB_CUDA_CHECK_LAUNCH();
-  flash_grad_q_kernel<Format, D><<<tiles(g.batch * g.heads, g.queries), kThreads, 0, stream>>>(
-      tq, tk, tv, dout, logsumexp, delta, padding, g, static_cast<std::uint16_t*>(grad_q));
+  flash_grad_q_kernel<Format, D><<<tiles(g.batch * g.heads, g.queries), kThreads, 0, stream>>>(o, g);
   SHARDLAB_CUDA_CHECK_LAUNCH();
-  flash_grad_kv_kernel<Format, D><<<tiles(g.batch * g.kv_heads, g.keys), kThreads, 0, stream>>>(
-      tq, tk, tv, dout, logsumexp, delta, padding, g, static_cast<std::uint16_t*>(grad_k),
-      static_cast<std::uint16_t*>(grad_v));
+  flash_grad_kv_kernel<Format, D><<<tiles(g.batch * g.kv_heads, g.keys), kThreads, 0, stream>>>(o, g);
   SHARDLAB_CUDA_CHECK_LAUNCH();
 }
 
@@ -495,25 +504,20 @@ bool takes(DType dtype, const AttentionGeometry& g) {
 
 }  // namespace
 
-bool launch_flash_attention_forward(DType dtype, const void* q, const void* k, const void* v,
-                                    const bool* padding, const AttentionGeometry& g, void* out,
-                                    float* logsumexp, cudaStream_t stream) {
+bool launch_flash_attention_forward(DType dtype, const AttentionOperands& operands,
+                                    const AttentionGeometry& g, MutableHeads out, cudaStream_t stream) {
   if (!takes(dtype, g)) return false;
   if (g.batch * g.heads * g.queries == 0) return true;
-  return visit_flash(dtype, g.head_dim, [&]<typename Format, int D>() {
-    forward<Format, D>(q, k, v, padding, g, out, logsumexp, stream);
-  });
+  return visit_flash(dtype, g.head_dim,
+                     [&]<typename Format, int D>() { forward<Format, D>(operands, g, out, stream); });
 }
 
-bool launch_flash_attention_backward(DType dtype, const void* grad_out, const void* q, const void* k,
-                                     const void* v, const void* out, const float* logsumexp,
-                                     const bool* padding, const AttentionGeometry& g, float* delta,
-                                     void* grad_q, void* grad_k, void* grad_v, cudaStream_t stream) {
+bool launch_flash_attention_backward(DType dtype, const AttentionOperands& operands,
+                                     const AttentionGeometry& g, cudaStream_t stream) {
   if (!takes(dtype, g)) return false;
   if (g.batch * g.heads * g.queries == 0 || g.keys == 0) return true;
-  return visit_flash(dtype, g.head_dim, [&]<typename Format, int D>() {
-    backward<Format, D>(grad_out, q, k, v, out, logsumexp, padding, g, delta, grad_q, grad_k, grad_v, stream);
-  });
+  return visit_flash(dtype, g.head_dim,
+                     [&]<typename Format, int D>() { backward<Format, D>(operands, g, stream); });
 }
 
 }  // namespace shardlab::cuda

@@ -18,6 +18,20 @@ __device__ void accumulate(T& target, T value) {
   target = narrow<T>(widen(target) + widen(value));
 }
 
+// A typed HeadsOf (launch.h): the first element of row t of head h of batch row b.
+template <typename T>
+struct HeadView {
+  T* data;
+  std::int64_t batch, head, row;
+  __device__ T* at(std::int64_t b, std::int64_t h, std::int64_t t = 0) const {
+    return data + b * batch + h * head + t * row;
+  }
+};
+template <typename T, typename Pointer>
+HeadView<T> head_view(const HeadsOf<Pointer>& heads) {
+  return {static_cast<T*>(heads.data), heads.batch, heads.head, heads.row};
+}
+
 // The grid-stride loop's start and step for this thread.
 __device__ inline std::int64_t first_thread() {
   return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;

@@ -139,7 +139,18 @@ void launch_random(DType dtype, void* out, std::int64_t n, const PhiloxDraw& dra
 
 // --- core/cuda/attention.cu --------------------------------------------------------------------
 
-// Contiguous q [B, H, T, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv]; padding bool [B, S] or null.
+// A [B, H, T, D] operand of the attention and rotary kernels: its data and the element strides of its
+// batch, head and row (T) dims, its last dim in unit stride. q, k and v split from a [B, T, H * D]
+// projection are read where they lie, and outputs written in the layout the op chose.
+template <typename Pointer>
+struct HeadsOf {
+  Pointer data;
+  std::int64_t batch, head, row;
+};
+using Heads = HeadsOf<const void*>;
+using MutableHeads = HeadsOf<void*>;
+
+// q [B, H, T, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv]; padding bool [B, S] or null.
 struct AttentionGeometry {
   std::int64_t batch, heads, kv_heads, queries, keys, head_dim, value_dim;
   bool causal;
@@ -148,39 +159,41 @@ struct AttentionGeometry {
 // A warp holds a row of D or Dv elements, kMaxValuesPerLane per lane.
 inline constexpr int kMaxValuesPerLane = 8;
 inline constexpr std::int64_t kMaxAttentionHeadDim = 32 * kMaxValuesPerLane;
-// out [B, H, T, Dv] and logsumexp [B, H, T]; f32 and f64.
-[[nodiscard]] bool launch_attention_forward(DType dtype, const void* q, const void* k, const void* v,
-                                            const bool* padding, const AttentionGeometry& geometry, void* out,
-                                            void* logsumexp, cudaStream_t stream);
-// The gradients in q's, k's and v's shapes (written whole); delta is scratch of [B, H, T].
-[[nodiscard]] bool launch_attention_backward(DType dtype, const void* grad_out, const void* q, const void* k,
-                                             const void* v, const void* out, const void* logsumexp,
-                                             const bool* padding, const AttentionGeometry& geometry,
-                                             void* delta, void* grad_q, void* grad_k, void* grad_v,
-                                             cudaStream_t stream);
+// The operands of one attention call: out [B, H, T, Dv], logsumexp and delta [B, H, T] contiguous; in
+// backward, grad_out has out's shape and the gradients q's, k's and v's (written whole).
+struct AttentionOperands {
+  Heads q, k, v, out, grad_out;
+  const bool* padding;  // [B, S] or null
+  void* logsumexp;
+  void* delta;  // backward's scratch
+  MutableHeads grad_q, grad_k, grad_v;
+};
+// f32 and f64 (false, launching nothing, for others): the forward writes out and logsumexp.
+[[nodiscard]] bool launch_attention_forward(DType dtype, const AttentionOperands& operands,
+                                            const AttentionGeometry& geometry, MutableHeads out,
+                                            cudaStream_t stream);
+[[nodiscard]] bool launch_attention_backward(DType dtype, const AttentionOperands& operands,
+                                             const AttentionGeometry& geometry, cudaStream_t stream);
 
 // --- core/cuda/flash_attention.cu --------------------------------------------------------------
 
 // bf16 and f16 on tensor cores, head dims 64 and 128 with Dv == D (false, launching nothing, for any
-// other), every pointer 16-byte aligned; logsumexp [B, H, T] in f32.
-[[nodiscard]] bool launch_flash_attention_forward(DType dtype, const void* q, const void* k, const void* v,
-                                                  const bool* padding, const AttentionGeometry& geometry,
-                                                  void* out, float* logsumexp, cudaStream_t stream);
-// The gradients in q's, k's and v's shapes (written whole); delta is f32 scratch of [B, H, T].
-[[nodiscard]] bool launch_flash_attention_backward(DType dtype, const void* grad_out, const void* q,
-                                                   const void* k, const void* v, const void* out,
-                                                   const float* logsumexp, const bool* padding,
-                                                   const AttentionGeometry& geometry, float* delta,
-                                                   void* grad_q, void* grad_k, void* grad_v,
-                                                   cudaStream_t stream);
+// other), every operand's data on 16 bytes and its strides multiples of 8 elements; logsumexp and
+// delta in f32.
+[[nodiscard]] bool launch_flash_attention_forward(DType dtype, const AttentionOperands& operands,
+                                                  const AttentionGeometry& geometry, MutableHeads out,
+                                                  cudaStream_t stream);
+[[nodiscard]] bool launch_flash_attention_backward(DType dtype, const AttentionOperands& operands,
+                                                   const AttentionGeometry& geometry, cudaStream_t stream);
 
 // --- core/cuda/transformer.cu ------------------------------------------------------------------
 
 // Contiguous operands of one floating dtype (false, launching nothing, for the others); rstd in the
-// compute type. x [rows, width] with weight [width].
-[[nodiscard]] bool launch_rms_norm(DType dtype, const void* x, const void* weight, double eps,
-                                   std::int64_t rows, std::int64_t width, void* out, void* rstd,
-                                   cudaStream_t stream);
+// compute type. x [rows, width] with weight [width]; with `added` non-null (x's shape) the rows
+// normalised are x + added, written to `sum`.
+[[nodiscard]] bool launch_rms_norm(DType dtype, const void* x, const void* added, const void* weight,
+                                   double eps, std::int64_t rows, std::int64_t width, void* sum, void* out,
+                                   void* rstd, cudaStream_t stream);
 // partials: f64 scratch of [column_chunks(rows), width] (core/column_sums.h) for grad_weight's sums.
 [[nodiscard]] bool launch_rms_norm_backward(DType dtype, const void* grad_out, const void* x,
                                             const void* weight, const void* rstd, std::int64_t rows,
@@ -191,10 +204,11 @@ inline constexpr std::int64_t kMaxAttentionHeadDim = 32 * kMaxValuesPerLane;
 [[nodiscard]] bool launch_swiglu_backward(DType dtype, const void* grad_out, const void* gate, const void* up,
                                           std::int64_t n, void* grad_gate, void* grad_up,
                                           cudaStream_t stream);
-// x [rows, width] whose row r is position r % length of cos, sin [length, width].
-[[nodiscard]] bool launch_rotary(DType dtype, const void* x, const void* cos, const void* sin,
-                                 std::int64_t rows, std::int64_t length, std::int64_t width, bool transpose,
-                                 void* out, cudaStream_t stream);
+// x and out [rows / (heads * length), heads, length, width] (through their strides) by cos, sin [length,
+// width]: row r is position r % length.
+[[nodiscard]] bool launch_rotary(DType dtype, Heads x, const void* cos, const void* sin, std::int64_t rows,
+                                 std::int64_t heads, std::int64_t length, std::int64_t width, bool transpose,
+                                 MutableHeads out, cudaStream_t stream);
 
 // --- core/cuda/index.cu ------------------------------------------------------------------------
 

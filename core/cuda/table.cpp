@@ -138,12 +138,14 @@ void cuda_softmax(const Tensor& in, std::int64_t dim, bool log, const Tensor& ou
                  "{}: no CUDA kernel for {}", log ? "log_softmax" : "softmax", dtype_name(x.dtype()));
 }
 
-void cuda_rms_norm_forward(const Tensor& x, const Tensor& weight, double eps, const Tensor& out,
-                           const Tensor& rstd) {
+void cuda_rms_norm_forward(const Tensor& x, const Tensor& added, const Tensor& weight, double eps,
+                           const Tensor& sum, const Tensor& out, const Tensor& rstd) {
   const LaunchContext context(x);
   const std::int64_t width = x.size(-1);
-  SHARDLAB_CHECK(cuda::launch_rms_norm(x.dtype(), x.raw_data(), weight.raw_data(), eps, x.numel() / width,
-                                       width, out.raw_data(), rstd.raw_data(), context.stream()),
+  const auto data_or_null = [](const Tensor& t) { return t.defined() ? t.raw_data() : nullptr; };
+  SHARDLAB_CHECK(cuda::launch_rms_norm(x.dtype(), x.raw_data(), data_or_null(added), weight.raw_data(), eps,
+                                       x.numel() / width, width, data_or_null(sum), out.raw_data(),
+                                       rstd.raw_data(), context.stream()),
                  "rms_norm: no CUDA kernel for {}", dtype_name(x.dtype()));
 }
 
@@ -173,15 +175,6 @@ void cuda_swiglu_backward(const Tensor& grad_out, const Tensor& gate, const Tens
       cuda::launch_swiglu_backward(gate.dtype(), grad_out.raw_data(), gate.raw_data(), up.raw_data(),
                                    gate.numel(), grad_gate.raw_data(), grad_up.raw_data(), context.stream()),
       "swiglu_backward: no CUDA kernel for {}", dtype_name(gate.dtype()));
-}
-
-void cuda_rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool transpose, const Tensor& out) {
-  const LaunchContext context(x);
-  const std::int64_t width = x.size(-1);
-  SHARDLAB_CHECK(
-      cuda::launch_rotary(x.dtype(), x.raw_data(), cos.raw_data(), sin.raw_data(), x.numel() / width,
-                          x.size(-2), width, transpose, out.raw_data(), context.stream()),
-      "rotary_embedding: no CUDA kernel for {}", dtype_name(x.dtype()));
 }
 
 void cuda_cross_entropy_forward(const Tensor& logits, const Tensor& targets, std::int64_t ignore_index,
@@ -279,21 +272,27 @@ cuda::GemmOperand gemm_operand(const Tensor& x, Tensor& storage) {
   return {storage.raw_data(), false, std::max<std::int64_t>(1, cols), rows * cols};
 }
 
-// Row-major out = a b is column-major out^T = b^T a^T: cuBLAS's first operand is b.
-void cuda_matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
+// Row-major out = a b is column-major out^T = b^T a^T: cuBLAS's first operand is b, and a bias per
+// column of out is one per row of out^T, as cuBLASLt's bias epilogue adds it. f64 has no such
+// epilogue to rely on: its bias is added after the GEMM, the same bits (an f64 product is rounded
+// once either way).
+void cuda_matmul(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out) {
   const LaunchContext context(out);
+  const bool in_epilogue = bias.defined() && out.dtype() != DType::f64;
+  const void* epilogue_bias = in_epilogue ? bias.raw_data() : nullptr;
   Tensor a_copy, b_copy;
   const cuda::GemmOperand left = gemm_operand(b, b_copy);
   const std::int64_t m = out.size(1), n = out.size(2), leading = std::max<std::int64_t>(1, n);
   if (folds_into_one_gemm(layout_of(a), layout_of(b))) {
     const cuda::GemmOperand rows{a.raw_data(), false, a.stride(1), 0};
     cuda::gemm_batched(out.dtype(), 1, n, out.size(0) * m, a.size(2), left, rows, out.raw_data(), leading, 0,
-                       out.device().index, context.stream());
-    return;
+                       out.device().index, context.stream(), epilogue_bias);
+  } else {
+    const cuda::GemmOperand right = gemm_operand(a, a_copy);
+    cuda::gemm_batched(out.dtype(), out.size(0), n, m, a.size(2), left, right, out.raw_data(), leading, m * n,
+                       out.device().index, context.stream(), epilogue_bias);
   }
-  const cuda::GemmOperand right = gemm_operand(a, a_copy);
-  cuda::gemm_batched(out.dtype(), out.size(0), n, m, a.size(2), left, right, out.raw_data(), leading, m * n,
-                     out.device().index, context.stream());
+  if (bias.defined() && !in_epilogue) cuda_binary(BinaryOp::add, out, bias.expand(out.shape()), out);
 }
 
 // Sizes around `dim` of `shape`: the product of the dims before and of those after.
@@ -424,25 +423,49 @@ Tensor aligned(const Tensor& t) {
   return reinterpret_cast<std::uintptr_t>(t.raw_data()) % 16 == 0 ? t : t.clone();
 }
 
-// bf16 and f16 (ops.cpp's attention_kernel sends only the head dims flash attention takes).
-void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
-                             const AttentionResult& result, cudaStream_t stream) {
-  SHARDLAB_CHECK(cuda::launch_flash_attention_forward(
-                     q.dtype(), aligned(q).raw_data(), aligned(k).raw_data(), aligned(v).raw_data(),
-                     padding_of(params), attention_geometry("attention", q, k, v, params),
-                     result.out.raw_data(), result.logsumexp.data<float>(), stream),
-                 "attention: flash attention does not take {} with head dims {} and {}",
-                 dtype_name(q.dtype()), q.size(3), v.size(3));
+// The attention and rotary kernels' view of t [..., T, D]: a 4-D operand through its strides, any other
+// (contiguous, as cuda_takes_strided_heads has ops.cpp make it) as [rows / T, 1, T, D].
+template <typename Pointer>
+cuda::HeadsOf<Pointer> heads_of(const Tensor& t, Pointer data) {
+  if (t.dim() == 4) return {data, t.stride(0), t.stride(1), t.stride(2)};
+  return {data, t.size(-2) * t.size(-1), 0, t.size(-1)};
+}
+cuda::Heads heads_in(const Tensor& t) { return heads_of<const void*>(t, t.raw_data()); }
+cuda::MutableHeads heads_out(const Tensor& t) { return heads_of<void*>(t, t.raw_data()); }
+
+void cuda_rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool transpose, const Tensor& out) {
+  const LaunchContext context(x);
+  const std::int64_t width = x.size(-1);
+  SHARDLAB_CHECK(cuda::launch_rotary(x.dtype(), heads_in(x), cos.raw_data(), sin.raw_data(),
+                                     x.numel() / width, x.dim() == 4 ? x.size(1) : 1, x.size(-2), width,
+                                     transpose, heads_out(out), context.stream()),
+                 "rotary_embedding: no CUDA kernel for {}", dtype_name(x.dtype()));
 }
 
 void cuda_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
                             const AttentionResult& result) {
   const LaunchContext context(q);
-  if (is_half(q.dtype())) return flash_attention_forward(q, k, v, params, result, context.stream());
+  const cuda::AttentionGeometry geometry = attention_geometry("attention", q, k, v, params);
+  if (is_half(q.dtype())) {  // ops.cpp's attention_kernel sends only the head dims flash attention takes
+    const Tensor q16 = aligned(q), k16 = aligned(k), v16 = aligned(v);
+    const cuda::AttentionOperands operands{.q = heads_in(q16),
+                                           .k = heads_in(k16),
+                                           .v = heads_in(v16),
+                                           .padding = padding_of(params),
+                                           .logsumexp = result.logsumexp.raw_data()};
+    SHARDLAB_CHECK(cuda::launch_flash_attention_forward(q.dtype(), operands, geometry, heads_out(result.out),
+                                                        context.stream()),
+                   "attention: flash attention does not take {} with head dims {} and {}",
+                   dtype_name(q.dtype()), q.size(3), v.size(3));
+    return;
+  }
+  const cuda::AttentionOperands operands{.q = heads_in(q),
+                                         .k = heads_in(k),
+                                         .v = heads_in(v),
+                                         .padding = padding_of(params),
+                                         .logsumexp = result.logsumexp.raw_data()};
   SHARDLAB_CHECK(
-      cuda::launch_attention_forward(q.dtype(), q.raw_data(), k.raw_data(), v.raw_data(), padding_of(params),
-                                     attention_geometry("attention", q, k, v, params), result.out.raw_data(),
-                                     result.logsumexp.raw_data(), context.stream()),
+      cuda::launch_attention_forward(q.dtype(), operands, geometry, heads_out(result.out), context.stream()),
       "attention: no CUDA kernel for {}", dtype_name(q.dtype()));
 }
 
@@ -450,24 +473,32 @@ void cuda_attention_backward(const Tensor& grad_out, const Tensor& q, const Tens
                              const AttentionResult& forward, const AttentionParams& params,
                              const AttentionGrads& grads) {
   const LaunchContext context(q);
-  if (is_half(q.dtype())) {
-    const Tensor delta = empty(forward.logsumexp.shape(), TensorOptions{DType::f32, q.device()});
-    SHARDLAB_CHECK(cuda::launch_flash_attention_backward(
-                       q.dtype(), aligned(grad_out).raw_data(), aligned(q).raw_data(), aligned(k).raw_data(),
-                       aligned(v).raw_data(), aligned(forward.out).raw_data(),
-                       forward.logsumexp.data<float>(), padding_of(params),
-                       attention_geometry("attention_backward", q, k, v, params), delta.data<float>(),
-                       grads.q.raw_data(), grads.k.raw_data(), grads.v.raw_data(), context.stream()),
+  const cuda::AttentionGeometry geometry = attention_geometry("attention_backward", q, k, v, params);
+  const bool half = is_half(q.dtype());
+  const auto operand = [half](const Tensor& t) { return half ? aligned(t) : t; };
+  const Tensor dout = operand(grad_out), q_in = operand(q), k_in = operand(k), v_in = operand(v),
+               out = operand(forward.out);
+  // f32 for the flash kernels, the compute dtype of the fused ones.
+  const Tensor delta =
+      empty(forward.logsumexp.shape(), TensorOptions{half ? DType::f32 : q.dtype(), q.device()});
+  const cuda::AttentionOperands operands{.q = heads_in(q_in),
+                                         .k = heads_in(k_in),
+                                         .v = heads_in(v_in),
+                                         .out = heads_in(out),
+                                         .grad_out = heads_in(dout),
+                                         .padding = padding_of(params),
+                                         .logsumexp = forward.logsumexp.raw_data(),
+                                         .delta = delta.raw_data(),
+                                         .grad_q = heads_out(grads.q),
+                                         .grad_k = heads_out(grads.k),
+                                         .grad_v = heads_out(grads.v)};
+  if (half) {
+    SHARDLAB_CHECK(cuda::launch_flash_attention_backward(q.dtype(), operands, geometry, context.stream()),
                    "attention_backward: flash attention does not take {} with head dims {} and {}",
                    dtype_name(q.dtype()), q.size(3), v.size(3));
     return;
   }
-  const Tensor delta = empty(forward.logsumexp.shape(), TensorOptions{q.dtype(), q.device()});
-  SHARDLAB_CHECK(cuda::launch_attention_backward(
-                     q.dtype(), grad_out.raw_data(), q.raw_data(), k.raw_data(), v.raw_data(),
-                     forward.out.raw_data(), forward.logsumexp.raw_data(), padding_of(params),
-                     attention_geometry("attention_backward", q, k, v, params), delta.raw_data(),
-                     grads.q.raw_data(), grads.k.raw_data(), grads.v.raw_data(), context.stream()),
+  SHARDLAB_CHECK(cuda::launch_attention_backward(q.dtype(), operands, geometry, context.stream()),
                  "attention_backward: no CUDA kernel for {}", dtype_name(q.dtype()));
 }
 
@@ -683,6 +714,7 @@ const Kernels& cuda_kernels() {
       .random = cuda_random,
       .adadelta_step = cuda_adadelta_step,
       .adam_step = cuda_adam_step,
+      .strided_heads = [](const Tensor& t) { return cuda_takes_heads_in_place(layout_of(t)); },
   };
   return table;
 }

@@ -36,19 +36,31 @@ __device__ double block_sum(double value) {
   return result;
 }
 
+// Element e of a row normalised: x's, or (added non-null) x + added's as binary add rounds it.
 template <typename T>
-__global__ void rms_norm_kernel(const T* x, const T* weight, double eps, std::int64_t rows,
-                                std::int64_t width, T* out, compute_t<T>* rstd) {
+__device__ T norm_input(const T* x, const T* added, std::int64_t e) {
+  return added == nullptr ? x[e] : narrow<T>(widen(x[e]) + widen(added[e]));
+}
+
+// With `added`, each row's sum is written to `sum` on the first pass and taken again from x and added
+// on the second (the row is in cache), so the residual stream is read once and written once.
+template <typename T>
+__global__ void rms_norm_kernel(const T* x, const T* added, const T* weight, double eps, std::int64_t rows,
+                                std::int64_t width, T* sum, T* out, compute_t<T>* rstd) {
   using C = compute_t<T>;
   for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const T* in = x + row * width;
+    const std::int64_t base = row * width;
+    const T* row_added = added == nullptr ? nullptr : added + base;
     double squares = 0;
-    for (std::int64_t e = threadIdx.x; e < width; e += blockDim.x)
-      squares += double(widen(in[e])) * widen(in[e]);
+    for (std::int64_t e = threadIdx.x; e < width; e += blockDim.x) {
+      const T value = norm_input(x + base, row_added, e);
+      if (added != nullptr) sum[base + e] = value;
+      squares += double(widen(value)) * widen(value);
+    }
     const C r = static_cast<C>(1.0 / sqrt(block_sum(squares) / static_cast<double>(width) + eps));
     if (threadIdx.x == 0) rstd[row] = r;
     for (std::int64_t e = threadIdx.x; e < width; e += blockDim.x)
-      out[row * width + e] = narrow<T>(widen(in[e]) * r * widen(weight[e]));
+      out[base + e] = narrow<T>(widen(norm_input(x + base, row_added, e)) * r * widen(weight[e]));
   }
 }
 
@@ -140,19 +152,24 @@ __global__ void swiglu_backward_kernel(const T* grad_out, const T* gate, const T
       [&](std::uint32_t i) { swiglu_grads(grad_out[i], gate[i], up[i], grad_gate[i], grad_up[i]); });
 }
 
-// One thread per (row, e < half) pair of elements e and e + half.
+// One thread per (row, e < half) pair of elements e and e + half; row (b, h, t) read and written
+// through each operand's strides.
 template <typename T>
-__global__ void rotary_kernel(const T* x, const T* cos, const T* sin, std::int64_t rows, std::int64_t length,
-                              std::int64_t width, bool transpose, T* out) {
+__global__ void rotary_kernel(HeadView<const T> x, const T* cos, const T* sin, std::int64_t rows,
+                              std::int64_t heads, std::int64_t length, std::int64_t width, bool transpose,
+                              HeadView<T> out) {
   using C = compute_t<T>;
   const std::int64_t half = width / 2;
   for (std::int64_t i = first_thread(); i < rows * half; i += thread_step()) {
-    const std::int64_t row = i / half, e = i % half, at = row % length * width;
-    const C x1 = widen(x[row * width + e]), x2 = widen(x[row * width + e + half]);
+    const std::int64_t row = i / half, e = i % half, t = row % length, h = row / length % heads,
+                       b = row / (length * heads), at = t * width;
+    const T* in = x.at(b, h, t);
+    T* to = out.at(b, h, t);
+    const C x1 = widen(in[e]), x2 = widen(in[e + half]);
     const C c1 = widen(cos[at + e]), c2 = widen(cos[at + e + half]);
     const C s1 = widen(sin[at + e]), s2 = widen(sin[at + e + half]);
-    out[row * width + e] = narrow<T>(transpose ? x1 * c1 + x2 * s2 : x1 * c1 - x2 * s1);
-    out[row * width + e + half] = narrow<T>(transpose ? x2 * c2 - x1 * s1 : x2 * c2 + x1 * s2);
+    to[e] = narrow<T>(transpose ? x1 * c1 + x2 * s2 : x1 * c1 - x2 * s1);
+    to[e + half] = narrow<T>(transpose ? x2 * c2 - x1 * s1 : x2 * c2 + x1 * s2);
   }
 }
 
@@ -162,13 +179,13 @@ unsigned row_blocks(std::int64_t rows) {
 
 }  // namespace
 
-bool launch_rms_norm(DType dtype, const void* x, const void* weight, double eps, std::int64_t rows,
-                     std::int64_t width, void* out, void* rstd, cudaStream_t stream) {
+bool launch_rms_norm(DType dtype, const void* x, const void* added, const void* weight, double eps,
+                     std::int64_t rows, std::int64_t width, void* sum, void* out, void* rstd, cudaStream_t stream) {
   return floating(dtype, [&]<typename T>() {
     if (rows == 0) return;
     rms_norm_kernel<T><<<row_blocks(rows), kBlockSize, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(weight), eps, rows, width, static_cast<T*>(out),
-        static_cast<compute_t<T>*>(rstd));
+        static_cast<const T*>(x), static_cast<const T*>(added), static_cast<const T*>(weight), eps, rows, width,
+        static_cast<T*>(sum), static_cast<T*>(out), static_cast<compute_t<T>*>(rstd));
     SHARDLAB_CUDA_CHECK_LAUNCH();
   });
 }
@@ -223,13 +240,13 @@ bool launch_swiglu_backward(DType dtype, const void* grad_out, const void* gate,
   });
 }
 
-bool launch_rotary(DType dtype, const void* x, const void* cos, const void* sin, std::int64_t rows,
-                   std::int64_t length, std::int64_t width, bool transpose, void* out, cudaStream_t stream) {
+bool launch_rotary(DType dtype, Heads x, const void* cos, const void* sin, std::int64_t rows, std::int64_t heads,
+                   std::int64_t length, std::int64_t width, bool transpose, MutableHeads out, cudaStream_t stream) {
   return floating(dtype, [&]<typename T>() {
     if (rows * width == 0) return;
     rotary_kernel<T><<<grid_size(rows * (width / 2)), kBlockSize, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(cos), static_cast<const T*>(sin), rows, length, width,
-        transpose, static_cast<T*>(out));
+        head_view<const T>(x), static_cast<const T*>(cos), static_cast<const T*>(sin), rows, heads, length, width,
+        transpose, head_view<T>(out));
     SHARDLAB_CUDA_CHECK_LAUNCH();
   });
 }

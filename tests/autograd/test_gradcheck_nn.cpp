@@ -11,7 +11,9 @@
 #include "autograd/functional.h"
 #include "autograd/gradcheck.h"
 #include "autograd/ops.h"
+#include "core/call_log.h"
 #include "tests/check.h"
+#include "tests/cuda_compare.h"
 
 using namespace shardlab;
 using test::check_close;
@@ -137,6 +139,46 @@ TEST_CASE("matmul through a transposed weight (Linear's x @ w.t()) gives the wei
   const Variable x = leaf({5, 3}, 34, "x"), w = leaf({5, 4}, 35, "w");  // the transposed operand on the left
   check_gradients("w.t() @ x", linear_left, {x, w});
   CHECK(arrives_contiguous(linear_left, x, w));
+}
+
+TEST_CASE("linear: gradients of input, weight and bias, and the bias added before the one rounding",
+          "[gradcheck_nn][matmul]") {
+  const auto with_bias = [](const std::vector<Variable>& v) { return linear(v[0], v[1], v[2]); };
+  const auto without_bias = [](const std::vector<Variable>& v) { return linear(v[0], v[1]); };
+  for (const Shape& input : std::vector<Shape>{{4}, {3, 4}, {2, 3, 4}}) {
+    INFO(shape_str(input));
+    check_gradients("linear", with_bias, {leaf(input, 36, "x"), leaf({5, 4}, 37, "w"), leaf({5}, 38, "b")});
+    check_gradients("linear, no bias", without_bias, {leaf(input, 36, "x"), leaf({5, 4}, 37, "w")});
+  }
+  // The weight's gradient arrives contiguous, as through Linear's x @ w.t(); a bias that needs none
+  // gets none.
+  const Variable x = leaf({2, 3, 4}, 39, "x"), w = leaf({5, 4}, 40, "w");
+  const Variable frozen_bias = constant(random64({5}, 41));
+  sum(linear(x, w, frozen_bias)).backward();
+  CHECK(w.grad().is_contiguous());
+  CHECK_FALSE(frozen_bias.grad().defined());
+
+  // f32: the bits of x @ w.t() + b. Halves: the f32 product plus the f32 bias, rounded once.
+  const Tensor input = test::random_tensor({2, 7, 33}, 42), weight = test::random_tensor({9, 33}, 43),
+               bias = test::random_tensor({9}, 44);
+  CHECK(test::same_bits(linear(input, weight, bias), add(matmul(input, weight.transpose(0, 1)), bias)));
+  for (const DType half : {DType::bf16, DType::f16}) {
+    INFO(dtype_name(half));
+    const Tensor x16 = input.to(half), w16 = weight.to(half), b16 = bias.to(half);
+    const Tensor f32_sum =
+        add(matmul(x16.to(DType::f32), w16.to(DType::f32).transpose(0, 1)), b16.to(DType::f32));
+    CHECK(test::same_bits(linear(x16, w16, b16), f32_sum.to(half)));
+  }
+  CHECK_THROWS_ERROR(linear(input, weight.flatten()), "linear: weight must be [out, in], got shape [297]");
+  CHECK_THROWS_ERROR(linear(input, weight.narrow(1, 0, 32)),
+                     "linear: input of shape [2, 7, 33] does not end in 32");
+  CHECK_THROWS_ERROR(linear(input, weight, bias.narrow(0, 0, 8)),
+                     "linear: bias must be f32 [9] for weight [9, 33], got f32 [8]");
+  CHECK_THROWS_ERROR(linear(input, weight, bias.to(DType::f64)),
+                     "linear: bias must be f32 [9] for weight [9, 33], got f64 [9]");
+  CHECK_THROWS_ERROR(linear(Tensor(), weight), "linear: input tensor is undefined");
+  CHECK_THROWS_ERROR(linear(input.to(DType::f64), weight),
+                     "linear: dtypes differ (f64 and f32); cast one first");
 }
 
 // --- softmax ----------------------------------------------------------------------------------
@@ -454,6 +496,56 @@ TEST_CASE("rms_norm in f32 (lanes and a tail, several column chunks) matches f64
   check_close(grads.weight, grad_w, {1e-4, 1e-5});
 }
 
+// add_rms_norm's {sum, out} and gradients against add then rms_norm, through a loss that weighs both
+// outputs (the residual stream goes on from the sum): the same bits, in every floating dtype.
+void check_add_rms_norm_as_composed(DType dtype, const Shape& shape) {
+  INFO(dtype_name(dtype) << " " << shape_str(shape));
+  const std::int64_t width = shape.back();
+  const auto operand = [&](const Shape& s, std::uint64_t seed) {
+    return Variable(test::random_tensor(s, seed, DType::f64, -2.0, 2.0).to(dtype), true);
+  };
+  const Variable x = operand(shape, 160), y = operand(shape, 161), w = operand({width}, 162);
+  const Tensor sum_weights = test::random_tensor(shape, 163).to(dtype),
+               out_weights = test::random_tensor(shape, 164).to(dtype);
+  const auto loss_of = [&](const Variable& sum_in, const Variable& out_in) {
+    return add(sum(mul(sum_in, constant(sum_weights))), sum(mul(out_in, constant(out_weights))));
+  };
+  const AddRmsNorm fused = add_rms_norm(x, y, w, 1e-5);
+  loss_of(fused.sum, fused.out).backward();
+  const std::vector<Tensor> fused_grads = {x.grad(), y.grad(), w.grad()};
+  for (const Variable& v : {x, y, w}) v.zero_grad();
+  const Variable added = add(x, y), normed = rms_norm(added, w, 1e-5);
+  loss_of(added, normed).backward();
+  CHECK(test::same_bits(fused.sum.data(), added.data()));
+  CHECK(test::same_bits(fused.out.data(), normed.data()));
+  CHECK(test::same_bits(fused_grads[0], x.grad()));
+  CHECK(test::same_bits(fused_grads[1], y.grad()));
+  CHECK(test::same_bits(fused_grads[2], w.grad()));
+}
+
+TEST_CASE("add_rms_norm has the bits of add then rms_norm, values and gradients", "[gradcheck_nn][norm]") {
+  for (const DType dtype : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
+    check_add_rms_norm_as_composed(dtype, {3, 5, 37});   // rows shorter than a vector lane set
+    check_add_rms_norm_as_composed(dtype, {2, 1, 300});  // one row per batch entry
+  }
+  check_gradients("add_rms_norm's out",
+                  [](const std::vector<Variable>& v) { return add_rms_norm(v[0], v[1], v[2]).out; },
+                  {leaf({2, 3, 4}, 165, "x"), leaf({2, 3, 4}, 166, "y"), leaf({4}, 167, "weight")});
+  // A y that broadcasts takes the composition: add (which broadcasts), then rms_norm.
+  const Variable x = leaf({2, 3, 4}, 168, "x"), y = leaf({4}, 169, "y"), w = leaf({4}, 170, "weight");
+  const AddRmsNorm broadcast = add_rms_norm(x, y, w);
+  check_close(broadcast.out.data(), rms_norm(add(x, y), w).data(), {0.0, 0.0});
+  const Variable same_shape = leaf({2, 3, 4}, 171, "y");
+  call_log::start();
+  (void)add_rms_norm(x, same_shape, w);
+  const std::vector<call_log::Call> calls = call_log::stop();
+  REQUIRE(calls.size() == 1);
+  CHECK(calls[0].op == "add_rms_norm");
+  CHECK_THROWS_ERROR(add_rms_norm(Variable(), y, w), "add_rms_norm: x and y must be defined");
+  CHECK_THROWS_ERROR(add_rms_norm(x, x, leaf({5}, 172)),
+                     "add_rms_norm: weight has shape [5] but x of shape [2, 3, 4] needs [4]");
+}
+
 TEST_CASE("swiglu gradients and values, fused and composed", "[gradcheck_nn]") {
   check_gradients("swiglu", [](const std::vector<Variable>& x) { return swiglu(x[0], x[1]); },
                   {leaf({3, 7}, 146, "gate"), leaf({3, 7}, 147, "up")});
@@ -543,6 +635,13 @@ TEST_CASE("the fused ops refuse operands that do not fit, naming them", "[gradch
                      "rms_norm: weight [4] must be [D] for x [2, 3, 8]");
   CHECK_THROWS_ERROR(rms_norm_forward(zeros({2, 8}, dtype(DType::i64)), w, 1e-6),
                      "rms_norm: needs a floating dtype, got i64");
+  CHECK_THROWS_ERROR(add_rms_norm_forward(x, zeros({3, 8}), w, 1e-6),
+                     "add_rms_norm: x [2, 3, 8] and y [3, 8] differ in shape (add them first to broadcast)");
+  CHECK_THROWS_ERROR(add_rms_norm_forward(x, zeros({2, 3, 8}, dtype(DType::f64)), w, 1e-6),
+                     "add_rms_norm: y is f64 but the input is f32");
+  CHECK_THROWS_ERROR(add_rms_norm_forward(x, Tensor(), w, 1e-6), "add_rms_norm: y tensor is undefined");
+  CHECK_THROWS_ERROR(add_rms_norm_forward(x, x, zeros({4}), 1e-6),
+                     "add_rms_norm: weight [4] must be [D] for x [2, 3, 8]");
   CHECK_THROWS_ERROR(rms_norm_backward(zeros({2, 3, 4}), x, w, rstd),
                      "rms_norm_backward: grad_out [2, 3, 4], x [2, 3, 8] and weight [8] do not match");
   CHECK_THROWS_ERROR(swiglu_backward(zeros({2, 3, 4}), x, x),

@@ -763,6 +763,7 @@ Tensor transformer_parts(const Inputs& x, DType dtype) {
   const Tensor h = x[0].to(dtype), g = x[1].to(dtype), w = x[2].to(dtype);  // [3, 5, 300], [3, 5, 300], [300]
   const RmsNormResult norm = rms_norm_forward(h, w, 1e-6);
   const RmsNormGrads norm_grads = rms_norm_backward(g, h, w, norm.rstd);
+  const RmsNormResult added = add_rms_norm_forward(h, g, w, 1e-6);
   const SwigluGrads gates = swiglu_backward(g, h, g * 0.5);
   const Tensor cos = w.narrow(0, 0, 60).reshape({5, 12}), sin = w.narrow(0, 60, 60).reshape({5, 12});
   const Tensor heads = h.narrow(2, 0, 36).reshape({3, 3, 5, 12});
@@ -774,6 +775,9 @@ Tensor transformer_parts(const Inputs& x, DType dtype) {
                                norm.rstd,
                                norm_grads.x,
                                norm_grads.weight,
+                               added.sum,
+                               added.out,
+                               added.rstd,
                                swiglu(h, g),
                                gates.gate,
                                gates.up,
@@ -795,6 +799,23 @@ SHARDLAB_CUDA_VS_CPU(
     "rms_norm, swiglu and rotary embedding forward and backward, bf16",
     {random_tensor({3, 5, 300}, 70), random_tensor({3, 5, 300}, 71), random_tensor({300}, 72)},
     [](const Inputs& x) { return transformer_parts(x, DType::bf16); }, Tolerance{1e-2, 1e-2});
+TEST_CASE("cuda add_rms_norm has the bits of add then rms_norm on the GPU", "[cuda]") {
+  for (const DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+    for (const std::int64_t width : {300, 768}) {  // rows longer than a block, and the Llama's
+      INFO(dtype_name(dtype) << ", width " << width);
+      const auto operand = [&](const Shape& shape, std::uint64_t seed) {
+        return random_tensor(shape, seed, DType::f32, -2, 2).to(dtype).to(kCuda);
+      };
+      const Tensor x = operand({7, width}, 76), y = operand({7, width}, 77), w = operand({width}, 78);
+      const RmsNormResult fused = add_rms_norm_forward(x, y, w, 1e-5);
+      const Tensor sum = add(x, y);
+      const RmsNormResult composed = rms_norm_forward(sum, w, 1e-5);
+      CHECK(test::same_bits(fused.sum, sum.to(kCpu)));
+      CHECK(test::same_bits(fused.out, composed.out.to(kCpu)));
+      CHECK(test::same_bits(fused.rstd, composed.rstd.to(kCpu)));
+    }
+  }
+}
 // The weight gradient over 1000 rows: three whole chunks of 256 rows and a partial one, summed in the
 // same order on both devices (core/column_sums.h): f64 to the last bits.
 SHARDLAB_CUDA_VS_CPU(
@@ -899,6 +920,29 @@ SHARDLAB_CUDA_VS_CPU(
       return cat({matmul(x[0], x[1]).to(DType::f32).flatten(),
                   matmul(x[0].to(DType::f16), x[1].to(DType::f16)).to(DType::f32).flatten()},
                  0);
+    },
+    kHalfGemmTolerance);
+// linear's bias: in cuBLASLt's epilogue over one GEMM of all the rows and over a batch of GEMMs (rows
+// of a view that do not follow one another), and added after the GEMM in f64.
+SHARDLAB_CUDA_VS_CPU(
+    "linear with a bias, folded and batched, f32 and f64",
+    {random_tensor({3, 37, 61}, 94), random_tensor({45, 61}, 95), random_tensor({45}, 96)},
+    [](const Inputs& x) {
+      const Tensor spaced = x[0].narrow(1, 0, 30);  // batches 37 rows apart, 30 used
+      return cat(
+          {linear(x[0], x[1], x[2]).flatten(), linear(spaced, x[1], x[2]).flatten(),
+           linear(x[0].select(0, 1), x[1], x[2]).flatten(),
+           linear(x[0].to(DType::f64), x[1].to(DType::f64), x[2].to(DType::f64)).to(DType::f32).flatten()},
+          0);
+    });
+SHARDLAB_CUDA_VS_CPU(
+    "linear with a bias in bf16 and f16, added before the one rounding",
+    {random_tensor({2, 19, 130}, 97), random_tensor({21, 130}, 98), random_tensor({21}, 99)},
+    [](const Inputs& x) {
+      std::vector<Tensor> parts;
+      for (const DType half : {DType::bf16, DType::f16})
+        parts.push_back(linear(x[0].to(half), x[1].to(half), x[2].to(half)).to(DType::f32).flatten());
+      return cat(parts, 0);
     },
     kHalfGemmTolerance);
 SHARDLAB_CUDA_VS_CPU("matmul with an empty inner dimension gives zeros",

@@ -2,7 +2,8 @@
 // attention in bf16 and f16, core/cuda/flash_attention.cu) against the CPU kernel: outputs, logsumexp
 // and the three gradients, causal and not, with padding (blind queries included), grouped-query
 // heads, more keys than queries, head dims below and above a warp's width and flash's 64 and 128,
-// in f32, f64, bf16 and f16; flash's bits the same every run; and the head dims it refuses.
+// in f32, f64, bf16 and f16; q, k and v split from projections and read where they lie; flash's bits
+// the same every run; and the head dims it refuses.
 #include <cmath>
 #include <limits>
 
@@ -97,6 +98,67 @@ TEST_CASE("cuda matches cpu: flash attention in bf16 and f16, head dims 64 and 1
         test::compare_cuda_with_cpu(flash_operands(150, 150, dim, dtype, 71), outputs, tolerance);
       }
     }
+  }
+}
+
+// q, k, v and grad_out as the Llama makes them, views of [B, T, H * D] projections transposed to
+// [B, H, T, D] (x: the four projections, then cos and sin [T, D]): attention and the rotary embedding,
+// forward and backward, read them where they lie on both devices.
+Tensor split_head_outputs(const Inputs& x, std::int64_t dim, bool causal) {
+  const auto split = [dim](const Tensor& projected) {
+    return projected.reshape({projected.size(0), projected.size(1), -1, dim}).transpose(1, 2);
+  };
+  const Tensor q = split(x[0]);
+  const Tensor attended = attention_outputs({q, split(x[1]), split(x[2]), split(x[3])}, causal);
+  const auto flat = [&](const Tensor& t) { return t.to(attended.dtype()).reshape({-1}); };
+  return cat({attended, flat(rotary(q, x[4], x[5])), flat(rotary(q, x[4], x[5], /*transpose=*/true))}, 0);
+}
+
+Inputs projections(std::int64_t length, std::int64_t dim, DType dtype, std::uint64_t seed) {
+  return {random_tensor({2, length, 4 * dim}, seed, dtype),
+          random_tensor({2, length, 2 * dim}, seed + 1, dtype),
+          random_tensor({2, length, 2 * dim}, seed + 2, dtype),
+          random_tensor({2, length, 4 * dim}, seed + 3, dtype),
+          random_tensor({length, dim}, seed + 4, dtype),
+          random_tensor({length, dim}, seed + 5, dtype)};
+}
+
+TEST_CASE("cuda matches cpu: attention and rotary on heads split from [B, T, H * D] projections",
+          "[cuda-vs-cpu][attention]") {
+  for (const bool causal : {false, true}) {
+    INFO((causal ? "causal" : "not causal"));
+    // f32 through the fused kernel (any head dim); bf16 through flash attention (64, 128) and, at 40,
+    // through the f32 kernel on widened copies.
+    test::compare_cuda_with_cpu(
+        projections(70, 40, DType::f32, 91),
+        [&](const Inputs& x) { return split_head_outputs(x, 40, causal); }, test::Tolerance{1e-5, 1e-4});
+    for (const std::int64_t dim : {40, 64, 128}) {
+      INFO("bf16, head dim " << dim);
+      test::compare_cuda_with_cpu(
+          projections(70, dim, DType::bf16, 92),
+          [&](const Inputs& x) { return split_head_outputs(x, dim, causal); }, test::Tolerance{5e-2, 2e-2});
+    }
+  }
+}
+
+TEST_CASE("cuda attention and rotary write their outputs and gradients in the layout of split heads",
+          "[cuda][attention]") {
+  const Device gpu = Device::cuda(0);
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    INFO(dtype_name(dtype));
+    const auto heads = [&](std::int64_t count, std::uint64_t seed) {
+      return random_tensor({2, 70, count * 64}, seed, dtype)
+          .to(gpu)
+          .reshape({2, 70, count, 64})
+          .transpose(1, 2);
+    };
+    const Tensor q = heads(4, 93), k = heads(2, 94), v = heads(2, 95), grad_out = heads(4, 96);
+    const AttentionResult forward = attention_forward(q, k, v, {.causal = true});
+    const AttentionGrads grads = attention_backward(grad_out, q, k, v, forward, {.causal = true});
+    // Merging the heads back into [B, T, H * D] is a view, not a copy.
+    for (const Tensor& t : {forward.out, grads.q, grads.k, grads.v,
+                            rotary(q, q.select(0, 0).select(0, 0), q.select(0, 0).select(0, 1))})
+      CHECK(t.transpose(1, 2).is_contiguous());
   }
 }
 

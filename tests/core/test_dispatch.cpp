@@ -45,10 +45,26 @@ TEST_CASE("the CPU table has a kernel for every entry", "[dispatch]") {
   for (const bool supported : all_entries(Device::cpu())) CHECK(supported);
 }
 
-TEST_CASE("the CPU's rotary and attention kernels read strided heads; the CUDA ones take copies",
-          "[dispatch]") {
-  CHECK(cpu_kernels().strided_heads);
-  CHECK_FALSE(cuda_kernels().strided_heads);
+TEST_CASE(
+    "rotary and attention read heads where they lie: the CPU's any rows, CUDA's 4-D ones that load in "
+    "16 bytes",
+    "[dispatch]") {
+  const auto heads_of = [](DType type, std::int64_t heads, std::int64_t head) {  // split from [2, 5, H * D]
+    return empty({2, 5, heads, head}, dtype(type)).transpose(1, 2);
+  };
+  const Tensor bf16_heads = heads_of(DType::bf16, 3, 64);
+  CHECK(cpu_kernels().strided_heads(bf16_heads));
+  CHECK(cuda_takes_heads_in_place(layout_of(bf16_heads)));
+  // Columns in a stride: both copy.
+  CHECK_FALSE(cpu_kernels().strided_heads(bf16_heads.transpose(2, 3)));
+  CHECK_FALSE(cuda_takes_heads_in_place(layout_of(bf16_heads.transpose(2, 3))));
+  // Half rows 12 elements apart cannot load 16 bytes at a time; f32 ones are read where they lie.
+  CHECK_FALSE(cuda_takes_heads_in_place(layout_of(heads_of(DType::bf16, 3, 12))));
+  CHECK(cuda_takes_heads_in_place(layout_of(heads_of(DType::f32, 3, 12))));
+  // Not [B, H, T, D]: CUDA's kernels take it contiguous, the CPU's as it is.
+  const Tensor rows = empty({5, 3, 64}, dtype(DType::bf16)).transpose(0, 1);
+  CHECK(cpu_kernels().strided_heads(rows));
+  CHECK_FALSE(cuda_takes_heads_in_place(layout_of(rows)));
 }
 
 TEST_CASE("the CUDA table has a kernel for every entry when built with CUDA", "[dispatch]") {
@@ -207,21 +223,31 @@ TEST_CASE("every kernel of a bf16 seed-Llama step on CUDA, and none naive", "[di
                 {{"check_index", kIndexCheck}, {"embedding", "row gather"}});
     check_taken(kernels_taken([&] { (void)rms_norm_forward(x, norm_weight, 1e-6); }),
                 {{"rms_norm", "a block per row"}});
+    check_taken(kernels_taken([&] { (void)add_rms_norm_forward(x, x, norm_weight, 1e-6); }),
+                {{"add_rms_norm", "a block per row, the residual add's sum written on the way"}});
     // A Linear: x [B, T, in] times the weight's transpose, one GEMM over the B * T rows.
     check_taken(kernels_taken([&] { (void)matmul(x, w_q.transpose(0, 1)); }), {{"matmul", kFoldedGemm}});
-    // Heads split as a view, which the CPU's rotary kernel reads in place and CUDA's takes
-    // contiguous: a strided copy first.
-    const Tensor q_heads = x.reshape({batch, length, heads, head}).transpose(1, 2);
+    // With a bias (the Llama's Linears have none; most others do), it rides in the GEMM's epilogue.
+    check_taken(kernels_taken([&] { (void)linear(x, w_q, norm_weight); }),
+                {{"linear", std::string(kFoldedGemm) + ", the bias in cuBLASLt's epilogue"}});
+    // Heads split as views of the projections' [B, T, H * D] outputs, which rotary and attention read
+    // where they lie, on both devices: no copies.
+    const auto split_heads = [&](const Tensor& projected, std::int64_t count) {
+      return projected.reshape({batch, length, count, head}).transpose(1, 2);
+    };
+    const Tensor q = split_heads(x, heads);
     const Tensor cos = values({length, head}, 6), sin = values({length, head}, 7);
-    check_taken(kernels_taken([&] { (void)rotary(q_heads, cos, sin); }),
-                {{"rotary_embedding", "strided copies, then fused elementwise over (T, D) tables"}});
-    const Tensor q = values({batch, heads, length, head}, 8), k = values({batch, kv_heads, length, head}, 9);
-    const Tensor v = values({batch, kv_heads, length, head}, 10);
+    check_taken(kernels_taken([&] { (void)rotary(q, cos, sin); }),
+                {{"rotary_embedding", "fused elementwise over (T, D) tables"}});
+    const Tensor k = split_heads(values({batch, length, kv_heads * head}, 9), kv_heads);
+    const Tensor v = split_heads(values({batch, length, kv_heads * head}, 10), kv_heads);
     const std::string flash = "flash attention (mma.sync tensor cores, K/V tiles in shared memory)";
     check_taken(kernels_taken([&] { (void)attention_forward(q, k, v, {.causal = true}); }),
                 {{"attention_forward", flash}});
-    // Heads merged back: the transposed attention output made contiguous for o_proj.
-    check_taken(kernels_taken([&] { (void)q.transpose(1, 2).contiguous(); }), {{"copy", kStrided}});
+    // Heads merged back for o_proj: CUDA's output lies as q did, [B, T, H, D] (test_cuda_attention.cpp
+    // checks it on a GPU), so this is a view.
+    const Tensor out = empty_in_layout_of(q, q.shape(), bf16);
+    check_taken(kernels_taken([&] { (void)out.transpose(1, 2).contiguous(); }), {});
     check_taken(kernels_taken([&] { (void)add(x, x); }), {{"add", kPacked}});
     const Tensor gate = values({batch, length, mlp}, 11);
     check_taken(kernels_taken([&] { (void)matmul(x, w_gate.transpose(0, 1)); }), {{"matmul", kFoldedGemm}});
@@ -262,12 +288,18 @@ TEST_CASE("every kernel of a bf16 seed-Llama step on CUDA, and none naive", "[di
     const RmsNormResult norm = rms_norm_forward(x, norm_weight, 1e-6);
     check_taken(kernels_taken([&] { (void)rms_norm_backward(x, x, norm_weight, norm.rstd); }),
                 {{"rms_norm_backward", "a block per row; the weight gradient in two-pass column sums"}});
-    const Tensor q = values({batch, heads, length, head}, 8), k = values({batch, kv_heads, length, head}, 9);
-    const Tensor v = values({batch, kv_heads, length, head}, 10);
+    // The heads as the forward split them, and the output's gradient as o_proj's backward leaves it.
+    const auto split_heads = [&](const Tensor& projected, std::int64_t count) {
+      return projected.reshape({batch, length, count, head}).transpose(1, 2);
+    };
+    const Tensor q = split_heads(x, heads),
+                 k = split_heads(values({batch, length, kv_heads * head}, 9), kv_heads);
+    const Tensor v = split_heads(values({batch, length, kv_heads * head}, 10), kv_heads);
     const AttentionResult attended = attention_forward(q, k, v, {.causal = true});
+    const Tensor grad_out = split_heads(values({batch, length, hidden}, 8), heads);
     const std::string flash = "flash attention (mma.sync tensor cores, K/V tiles in shared memory)";
     check_taken(
-        kernels_taken([&] { (void)attention_backward(attended.out, q, k, v, attended, {.causal = true}); }),
+        kernels_taken([&] { (void)attention_backward(grad_out, q, k, v, attended, {.causal = true}); }),
         {{"attention_backward", flash}});
     const Tensor cos = values({length, head}, 6), sin = values({length, head}, 7);
     check_taken(kernels_taken([&] { (void)rotary(q, cos, sin, /*transpose=*/true); }),

@@ -408,8 +408,7 @@ TEST_CASE("bf16 units fed f32 inputs cast them, and the root's output_dtype give
   const auto w1 = cast(reference->first->weight, DType::bf16), b1 = cast(reference->first->bias, DType::bf16);
   const auto w2 = cast(reference->second->weight, DType::bf16),
              b2 = cast(reference->second->bias, DType::bf16);
-  const Variable expected =
-      add(matmul(relu(add(matmul(cast(x, DType::bf16), transpose(w1, 0, 1)), b1)), transpose(w2, 0, 1)), b2);
+  const Variable expected = linear(relu(linear(cast(x, DType::bf16), w1, b1)), w2, b2);
 
   for (const dist::Sharding sharding :
        {dist::Sharding::full, dist::Sharding::grad_op, dist::Sharding::none}) {
@@ -439,7 +438,7 @@ TEST_CASE("without cast_forward_inputs a bf16 unit fed f32 throws a clear error,
   const int r = world().rank(), w = world().size();
   Dense model;
   dist::fully_shard(*model, {.mixed_precision = {.param_dtype = DType::bf16, .cast_forward_inputs = false}});
-  CHECK_THROWS_ERROR(model(inputs_of(r, w)), "matmul: dtypes differ (f32 and bf16)");
+  CHECK_THROWS_ERROR(model(inputs_of(r, w)), "linear: dtypes differ (f32 and bf16)");
   // The exception left every rank able to go on: the unit serves the next forward and backward.
   const Variable logits = model(cast(inputs_of(r, w), DType::bf16));
   sum(logits).backward();

@@ -20,7 +20,8 @@ TEST_CASE("every kernel call of a Llama training step has a CUDA kernel rule, no
   models::Llama model(models::LlamaConfig::preset("tiny"), /*seed=*/3);
   optim::AdamW optimizer(model->named_parameters(), {.weight_decay = 0.1});
   const std::int64_t vocab = model->config.vocab_size;
-  const Tensor tokens = (test::random_tensor({2, 24}, 4, DType::f64, 0.0, 1.0) * double(vocab - 1)).to(DType::i64);
+  const Tensor tokens =
+      (test::random_tensor({2, 24}, 4, DType::f64, 0.0, 1.0) * double(vocab - 1)).to(DType::i64);
   const Tensor padding = zeros({2, 24}, dtype(DType::boolean));
   call_log::start();
   const Variable logits = model(tokens, padding);
@@ -41,13 +42,18 @@ TEST_CASE("every kernel call of a Llama training step has a CUDA kernel rule, no
     CHECK(!choice.naive);
   }
   // The step's fused kernels ran as such, not composed from smaller ops.
-  for (const char* op : {"attention_forward", "attention_backward", "rms_norm", "rms_norm_backward", "swiglu",
-                         "swiglu_backward", "rotary_embedding", "cross_entropy", "cross_entropy_backward",
-                         "embedding", "embedding_backward", "foreach_sum_squares", "adam_step"}) {
+  for (const char* op :
+       {"attention_forward", "attention_backward", "rms_norm", "add_rms_norm", "rms_norm_backward", "swiglu",
+        "swiglu_backward", "rotary_embedding", "cross_entropy", "cross_entropy_backward", "embedding",
+        "embedding_backward", "foreach_sum_squares", "adam_step"}) {
     INFO(op);
     CHECK(per_op[op] > 0);
   }
   CHECK(per_op["softmax"] == 0);
+  // Each layer's second norm takes the residual add with it; the first and the final norm stand alone.
+  const std::int64_t layers = model->config.num_hidden_layers;
+  CHECK(per_op["add_rms_norm"] == layers);
+  CHECK(per_op["rms_norm"] == layers + 1);
   CHECK(per_op["foreach_sum_squares"] == 1);  // one for all the gradients
   CHECK(per_op["adam_step"] == 1);            // one for all the parameters
 }

@@ -85,6 +85,29 @@ TEST_CASE("activation layers, Flatten, Embedding and the norms", "[nn][layers]")
   CHECK_THROWS_ERROR(RMSNorm(-3), "RMSNorm: dim must be positive, got -3");
 }
 
+TEST_CASE("RMSNorm's add_then_norm fuses the residual add only where its forward has no hooks",
+          "[nn][layers]") {
+  RMSNorm norm(4, 1e-6);
+  const Tensor x = random_tensor({2, 4}, 5, DType::f32, -2, 2),
+               y = random_tensor({2, 4}, 6, DType::f32, -2, 2);
+  const Tensor sum = add(x, y);
+  const auto [fused_sum, fused_out] = norm->add_then_norm(constant(x), constant(y));
+  check_close(fused_sum.data(), sum, {0.0, 0.0});
+  check_close(fused_out.data(), norm(constant(sum)).data(), {0.0, 0.0});
+  // A hook sees the norm's own input and output: the add runs first, then the forward through them.
+  Tensor seen_input, seen_output;
+  norm->register_forward_pre_hook([&](Module&, ForwardInputs& inputs) { seen_input = inputs.at(0).data(); });
+  norm->register_forward_hook([&](Module&, Variable& output) {
+    seen_output = output.data();
+    output = mul(output, 2.0);
+  });
+  const auto [hooked_sum, hooked_out] = norm->add_then_norm(constant(x), constant(y));
+  check_close(seen_input, sum, {0.0, 0.0});
+  check_close(seen_output, fused_out.data(), {0.0, 0.0});
+  check_close(hooked_sum.data(), sum, {0.0, 0.0});
+  check_close(hooked_out.data(), mul(fused_out.data(), 2.0), {0.0, 0.0});
+}
+
 TEST_CASE("Sequential applies its layers in order; ModuleList names and indexes them", "[nn][layers]") {
   Sequential net(Linear(LinearOptions(3, 5)), ReLU(), Linear(LinearOptions(5, 2)));
   initialize(*net, 2);
