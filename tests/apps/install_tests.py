@@ -13,7 +13,11 @@ copied out of the tree and built against the installed files, and checks that:
 - where cmake is installed, the example builds with CMake through shardlabConfig.cmake
   (find_package(shardlab), shardlab::shardlab) and prints the losses of the Meson-built one;
 - the example configures with shardlab as its Meson subproject (dependency('shardlab') answered by
-  meson.override_dependency); configured only, as building shardlab again would take minutes.
+  meson.override_dependency); configured only, as building shardlab again would take minutes;
+- examples/ladder builds against the installed shardlab.pc, and every rung prints rung 1's losses,
+  which fall: rung 2 (FSDP) at np 2, rung 3 (bf16, activation checkpointing) at np 2 within 2e-2,
+  rung 4 saved after step 10 at np 2 and resumed at np 3, rung 5 at np 4 as dp 2 x tp 2 (within 1e-5);
+  each rung refuses what it cannot do, saying so.
 
 Usage: install_tests.py <mpirun> <meson> <build dir> <source dir>. Prints one line per check, then
 "install: N passed, N failed, N skipped".
@@ -129,6 +133,57 @@ def check_runs(check, mpirun, program, name, reference):
     return one
 
 
+LADDER = ["01_one_process", "02_fully_shard", "03_mixed_precision", "04_checkpoint", "05_tensor_parallel"]
+BF16_RTOL = 2e-2
+
+
+def check_ladder(check, mpirun, meson, scratch, source_dir, env):
+    """examples/ladder built against the staged install, and each rung's losses against rung 1's."""
+    ladder = os.path.join(scratch, "ladder")
+    shutil.copytree(os.path.join(source_dir, "examples", "ladder"), ladder)
+    build = os.path.join(scratch, "ladder-build")
+    code, output = run_command([meson, "setup", build, ladder], env)
+    if code == 0:
+        code, output = run_command(["ninja", "-C", build, "-j2"], env)
+    check("examples/ladder builds with Meson against the installed shardlab.pc", code == 0, f"exit {code}\n{output}")
+    if code != 0:
+        return
+
+    def rung(name, ranks, *args):
+        code, output = run_job(mpirun, os.path.join(build, name), ranks, ["--steps", str(STEPS), *args])
+        return code, output, losses(output)
+
+    code, output, one = rung(LADDER[0], 1)
+    check(f"rung 1 trains {STEPS} steps in one process, its loss falling to under half ({one[0] if one else None} "
+          f"-> {one[-1] if one else None})", code == 0 and len(one) == STEPS and one[-1] < 0.5 * one[0],
+          f"exit {code}\n{output}")
+    if len(one) != STEPS:
+        return
+
+    def same_as_rung_1(what, code, output, got, rtol=RTOL):
+        ok = code == 0 and len(got) == STEPS and all(abs(a - e) <= rtol * abs(e) for a, e in zip(got, one))
+        check(f"{what} prints rung 1's losses within {rtol}", ok, f"exit {code}\n{output}\nrung 1 {one}")
+
+    same_as_rung_1("rung 2 (FSDP) at np 2", *rung(LADDER[1], 2))
+    same_as_rung_1("rung 3 (bf16, activation checkpointing) at np 2", *rung(LADDER[2], 2), rtol=BF16_RTOL)
+    checkpoint = os.path.join(scratch, "ladder-checkpoint")
+    code, saved_output, saved = rung(LADDER[3], 2, "--save-at", "10", "--dir", checkpoint)
+    _, resumed_output, resumed = rung(LADDER[3], 3, "--resume", checkpoint)
+    same_as_rung_1("rung 4 saved after step 10 at np 2 and resumed at np 3", code, saved_output + resumed_output,
+                   saved + resumed)
+    same_as_rung_1("rung 5 (tensor parallel x FSDP) at np 4 as dp 2 x tp 2", *rung(LADDER[4], 4, "--tp", "2"))
+
+    refusals = [(LADDER[0], 2, [], "01_one_process: trains in one process, not 2"),
+                (LADDER[3], 1, [], "04_checkpoint: give --save-at K with --dir D, or --resume D"),
+                (LADDER[3], 1, ["--dir"], "04_checkpoint: --dir wants a value"),
+                (LADDER[4], 4, ["--tp", "3"], "05_tensor_parallel: --tp 3 does not divide the 4 ranks"),
+                (LADDER[1], 1, ["--steps", "0"], "02_fully_shard: --steps wants a positive integer, got '0'")]
+    for name, ranks, args, message in refusals:
+        code, output = run_job(mpirun, os.path.join(build, name), ranks, args)
+        check(f"{name} {' '.join(args)} at np {ranks} is refused: {message}", code not in (0, None) and message in output,
+              f"exit {code}\n{output}")
+
+
 def main(mpirun, meson, build_dir, source_dir):
     check = Checks()
     skipped = 0
@@ -198,6 +253,7 @@ def main(mpirun, meson, build_dir, source_dir):
               code == 0 and re.search(r"Dependency shardlab (for host machine )?found: YES", output) is not None
               and "(overridden)" in output,
               f"exit {code}\n{output}")
+        check_ladder(check, mpirun, meson, scratch, source_dir, env)
     return check.summary("install", skipped)
 
 
