@@ -276,15 +276,32 @@ class LtMatmulDesc {
   cublasLtMatmulDesc_t desc_ = nullptr;
 };
 
-// cuBLASLt's first choice for the GEMM within the workspace.
+// The largest power of two up to 256 that `data`'s address is a multiple of.
+std::uint32_t alignment_of(const void* data) {
+  const auto address = reinterpret_cast<std::uintptr_t>(data);
+  std::uint32_t alignment = 256;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+// cuBLASLt's first choice for the GEMM within the workspace. The heuristic assumes operands on 256
+// bytes unless told otherwise, and a view (a Linear's weight inside FSDP's gathered buffer) may start
+// anywhere: each operand's own alignment rules out the algorithms it would break.
 cublasLtMatmulAlgo_t best_algorithm(cublasLtHandle_t handle, const LtMatmulDesc& desc, const LtLayout& a,
-                                    const LtLayout& b, const LtLayout& out) {
+                                    const void* a_data, const LtLayout& b, const void* b_data,
+                                    const LtLayout& out, const void* out_data) {
   cublasLtMatmulPreference_t preference = nullptr;
   SHARDLAB_CUBLASLT_CHECK(cublas_lt().preference_create(&preference));
   const std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, decltype(cublas_lt().preference_destroy)> owned(
       preference, cublas_lt().preference_destroy);
-  set_attribute(cublas_lt().preference_set, preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                static_cast<std::uint64_t>(kLtWorkspaceBytes));
+  const auto prefer = [&](cublasLtMatmulPreferenceAttributes_t attribute, auto value) {
+    set_attribute(cublas_lt().preference_set, preference, attribute, value);
+  };
+  prefer(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<std::uint64_t>(kLtWorkspaceBytes));
+  prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(a_data));
+  prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(b_data));
+  prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(out_data));
+  prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(out_data));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   SHARDLAB_CUBLASLT_CHECK(cublas_lt().heuristic(handle, desc.get(), a.get(), b.get(), out.get(), out.get(),
@@ -303,7 +320,8 @@ void gemm_with_bias(DType dtype, std::int64_t batches, std::int64_t rows, std::i
   const LtLayout a_layout = operand_layout(type, a, rows, inner, batches);
   const LtLayout b_layout = operand_layout(type, b, inner, cols, batches);
   const LtLayout out_layout(type, rows, cols, out_leading, batches, out_batch_stride);
-  const cublasLtMatmulAlgo_t algorithm = best_algorithm(handle.get(), desc, a_layout, b_layout, out_layout);
+  const cublasLtMatmulAlgo_t algorithm =
+      best_algorithm(handle.get(), desc, a_layout, a.data, b_layout, b.data, out_layout, out);
   const Scaling scaling(dtype);
   SHARDLAB_CUBLASLT_CHECK(cublas_lt().matmul(handle.get(), desc.get(), scaling.one(), a.data, a_layout.get(),
                                              b.data, b_layout.get(), scaling.zero(), out, out_layout.get(),

@@ -923,15 +923,18 @@ SHARDLAB_CUDA_VS_CPU(
     },
     kHalfGemmTolerance);
 // linear's bias: in cuBLASLt's epilogue over one GEMM of all the rows and over a batch of GEMMs (rows
-// of a view that do not follow one another), and added after the GEMM in f64.
+// of a view that do not follow one another), with a weight and bias that start 4 bytes into their
+// storage (as inside FSDP's gathered buffer), and added after the GEMM in f64.
 SHARDLAB_CUDA_VS_CPU(
     "linear with a bias, folded and batched, f32 and f64",
     {random_tensor({3, 37, 61}, 94), random_tensor({45, 61}, 95), random_tensor({45}, 96)},
     [](const Inputs& x) {
       const Tensor spaced = x[0].narrow(1, 0, 30);  // batches 37 rows apart, 30 used
+      const Tensor offset_weight = x[1].flatten().narrow(0, 1, 44 * 61).reshape({44, 61});
       return cat(
           {linear(x[0], x[1], x[2]).flatten(), linear(spaced, x[1], x[2]).flatten(),
            linear(x[0].select(0, 1), x[1], x[2]).flatten(),
+           linear(x[0], offset_weight, x[2].narrow(0, 1, 44)).flatten(),
            linear(x[0].to(DType::f64), x[1].to(DType::f64), x[2].to(DType::f64)).to(DType::f32).flatten()},
           0);
     });
