@@ -139,23 +139,16 @@ struct ShardedLlama {
   recipes::ParallelLlama layout;
 };
 
-// The model on `device`, drawn shard by shard there (no rank holds the whole model), or loaded
-// from a directory (each rank reads it and keeps its shards); split over the mesh's "tp" ranks
+// The model on `device`, each rank's shards drawn there, or read from --init-from's files (just
+// their elements, by offset): no rank ever holds the whole model. Split over the mesh's "tp" ranks
 // when there is one.
 ShardedLlama sharded_llama(const Options& options, const models::LlamaConfig& config,
                            const dist::FsdpOptions& fsdp, const dist::DeviceMesh* mesh, Device device) {
-  auto build = [&] {
-    if (!options.init_from.empty()) {
-      models::Llama model(config, options.seed);
-      nn::Named<Shape> shapes;
-      for (const auto& [name, p] : model->named_parameters()) shapes.emplace_back(name, p.shape());
-      model->load_state_dict(models::load_pretrained_weights(options.init_from, shapes));
-      return model;
-    }
+  models::Llama model = [&] {
     const nn::DeferredInitGuard deferred;
     return models::Llama(config, options.seed);
-  };
-  models::Llama model = build();
+  }();
+  if (!options.init_from.empty()) models::defer_to_pretrained(model, options.init_from);
   model->to(device);
   recipes::ParallelLlama layout = recipes::parallelize_llama(
       model, {.fsdp = fsdp, .mesh = mesh, .activation_checkpointing = options.activation_checkpointing});

@@ -443,14 +443,10 @@ nlohmann::json read_json(const fs::path& path, const char* what) {
 // Derived tables older Hugging Face checkpoints saved; they are recomputed, never loaded.
 bool derived_buffer(const std::string& name) { return name.ends_with("rotary_emb.inv_freq"); }
 
-// file -> the tensors it holds, by name.
-std::map<std::string, nn::StateDict> read_weight_files(const fs::path& dir) {
-  std::map<std::string, nn::StateDict> files;
+// The weight files of `dir`: model.safetensors, or those model.safetensors.index.json names.
+std::vector<fs::path> weight_files(const fs::path& dir) {
   const fs::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
-  if (fs::exists(single)) {
-    files[single.string()] = nn::load_safetensors(single.string()).tensors;
-    return files;
-  }
+  if (fs::exists(single)) return {single};
   SHARDLAB_CHECK(fs::exists(index), "'{}' holds neither model.safetensors nor model.safetensors.index.json",
                  dir.string());
   const nlohmann::json map = read_json(index, "weight index");
@@ -462,11 +458,46 @@ std::map<std::string, nn::StateDict> read_weight_files(const fs::path& dir) {
                    tensor);
     names.insert(file.get<std::string>());
   }
-  for (const std::string& name : names) {
-    const fs::path path = dir / name;
-    files[path.string()] = nn::load_safetensors(path.string()).tensors;
-  }
+  std::vector<fs::path> files;
+  for (const std::string& name : names) files.push_back(dir / name);
   return files;
+}
+
+// Where each expected parameter's values are: its file and entry, from the files' headers alone
+// (no tensor read), checked strictly against `expected`: missing, unexpected, misshapen and
+// non-floating tensors are errors naming them and the file.
+struct WeightSource {
+  std::string name, file;
+  nn::SafetensorsTensor tensor;
+};
+std::vector<WeightSource> weight_sources(const std::string& dir, const nn::Named<Shape>& expected) {
+  std::map<std::string, std::pair<nn::SafetensorsTensor, std::string>> found;  // name -> (entry, file)
+  for (const fs::path& path : weight_files(fs::path(dir))) {
+    for (nn::SafetensorsTensor& tensor : nn::read_safetensors_header(path.string())) {
+      if (derived_buffer(tensor.name)) continue;
+      const std::string name = tensor.name;
+      SHARDLAB_CHECK(found.emplace(name, std::pair{std::move(tensor), path.string()}).second,
+                     "'{}': tensor '{}' appears in two files", dir, name);
+    }
+  }
+  std::vector<WeightSource> sources;
+  for (const auto& [name, shape] : expected) {
+    const auto it = found.find(name);
+    SHARDLAB_CHECK(it != found.end(), "'{}': missing tensor '{}' (expected shape {})", dir, name,
+                   shape_str(shape));
+    const auto& [tensor, file] = it->second;
+    SHARDLAB_CHECK(tensor.shape == shape, "'{}': tensor '{}' has shape {}, the model expects {}", file, name,
+                   shape_str(tensor.shape), shape_str(shape));
+    SHARDLAB_CHECK(is_floating(tensor.dtype), "'{}': tensor '{}' is {}, expected a floating dtype", file,
+                   name, dtype_name(tensor.dtype));
+    sources.push_back({name, file, tensor});
+    found.erase(it);
+  }
+  SHARDLAB_CHECK(found.empty(), "'{}': unexpected tensor '{}' (shape {}) in '{}'", dir,
+                 found.empty() ? "" : found.begin()->first,
+                 found.empty() ? "" : shape_str(found.begin()->second.first.shape),
+                 found.empty() ? "" : found.begin()->second.second);
+  return sources;
 }
 
 }  // namespace
@@ -498,32 +529,26 @@ LlamaConfig load_pretrained_config(const std::string& dir) {
 }
 
 nn::StateDict load_pretrained_weights(const std::string& dir, const nn::Named<Shape>& expected) {
-  std::map<std::string, std::pair<Tensor, std::string>> found;  // name -> (tensor, file)
-  for (auto& [file, tensors] : read_weight_files(fs::path(dir))) {
-    for (auto& [name, tensor] : tensors) {
-      if (derived_buffer(name)) continue;
-      SHARDLAB_CHECK(found.emplace(name, std::pair{tensor, file}).second,
-                     "'{}': tensor '{}' appears in two files", dir, name);
-    }
-  }
   nn::StateDict out;
-  for (const auto& [name, shape] : expected) {
-    const auto it = found.find(name);
-    SHARDLAB_CHECK(it != found.end(), "'{}': missing tensor '{}' (expected shape {})", dir, name,
-                   shape_str(shape));
-    const auto& [tensor, file] = it->second;
-    SHARDLAB_CHECK(tensor.shape() == shape, "'{}': tensor '{}' has shape {}, the model expects {}", file,
-                   name, shape_str(tensor.shape()), shape_str(shape));
-    SHARDLAB_CHECK(is_floating(tensor.dtype()), "'{}': tensor '{}' is {}, expected a floating dtype", file,
-                   name, dtype_name(tensor.dtype()));
-    out.emplace_back(name, tensor.to(DType::f32));
-    found.erase(it);
+  for (const WeightSource& source : weight_sources(dir, expected)) {
+    const Tensor values = empty(source.tensor.shape);  // f32
+    nn::read_safetensors_elements(source.file, source.tensor, 0, values);
+    out.emplace_back(source.name, values);
   }
-  SHARDLAB_CHECK(found.empty(), "'{}': unexpected tensor '{}' (shape {}) in '{}'", dir,
-                 found.empty() ? "" : found.begin()->first,
-                 found.empty() ? "" : shape_str(found.begin()->second.first.shape()),
-                 found.empty() ? "" : found.begin()->second.second);
   return out;
+}
+
+void defer_to_pretrained(Llama& model, const std::string& dir) {
+  nn::Named<Shape> expected;
+  for (const auto& [name, parameter] : model->named_parameters()) {
+    SHARDLAB_CHECK(nn::deferred(parameter.data()),
+                   "defer_to_pretrained: parameter '{}' already holds values (make the model under "
+                   "nn::DeferredInitGuard, or load them with load_pretrained_weights)",
+                   name);
+    expected.emplace_back(name, parameter.shape());
+  }
+  for (const WeightSource& source : weight_sources(dir, expected))
+    model->set_init(source.name, nn::Init::from_file(source.file, source.tensor));
 }
 
 }  // namespace shardlab::models

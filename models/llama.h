@@ -156,5 +156,11 @@ LlamaConfig load_pretrained_config(const std::string& dir);
 // checked strictly against `expected` (names and shapes; missing, unexpected and mismatched
 // tensors are errors naming them and the file), converted to f32.
 nn::StateDict load_pretrained_weights(const std::string& dir, const nn::Named<Shape>& expected);
+// Points every parameter of a model made under nn::DeferredInitGuard at its values in `dir` (checked as
+// load_pretrained_weights checks them, from the files' headers alone): whoever then draws a parameter,
+// or its shard or tensor-parallel piece (dist::fully_shard, parallelize_module), reads just those
+// elements from the file, converted to f32, and no rank ever holds the whole model. Refused: a
+// parameter that already holds values.
+void defer_to_pretrained(Llama& model, const std::string& dir);
 
 }  // namespace shardlab::models

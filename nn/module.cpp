@@ -11,6 +11,7 @@
 #include "autograd/variable.h"
 #include "core/ops.h"
 #include "core/storage.h"
+#include "nn/safetensors.h"
 
 namespace shardlab::nn {
 
@@ -32,7 +33,17 @@ void Init::fill(const Tensor& out, std::uint64_t seed, const std::string& name,
     case Kind::constant:
       out.fill_(a);
       return;
+    case Kind::file:
+      read_safetensors_elements(path, *tensor, first_index, out);
+      return;
   }
+}
+
+Init Init::from_file(std::string path, const SafetensorsTensor& tensor) {
+  Init init{Kind::file};
+  init.path = std::move(path);
+  init.tensor = std::make_shared<const SafetensorsTensor>(tensor);
+  return init;
 }
 
 std::uint64_t name_stream(const std::string& name) {
@@ -152,6 +163,13 @@ void Module::replace_parameter(const std::string& name, Variable variable) {
 }
 
 void Module::set_init(const std::string& name, Init init) {
+  if (const auto dot = name.find('.'); dot != std::string::npos) {
+    const std::string child_name = name.substr(0, dot);
+    for (const auto& [child_path, child] : children_) {
+      if (child_path == child_name) return child->set_init(name.substr(dot + 1), std::move(init));
+    }
+    fail("{}: set_init: no child named '{}' (for '{}')", type_name_, child_name, name);
+  }
   for (auto& p : parameters_) {
     if (p.name == name) {
       p.init = init;

@@ -22,21 +22,29 @@ namespace shardlab::nn {
 // How a parameter is filled by initialize(): a distribution, drawn from Philox keyed by
 // (seed, hash of the parameter's dotted name), so values never depend on construction order,
 // device, or which rank draws which range.
+struct SafetensorsTensor;  // nn/safetensors.h
+
 struct Init {
-  enum class Kind : unsigned char { uniform, normal, constant };
+  enum class Kind : unsigned char { uniform, normal, constant, file };
   Kind kind = Kind::constant;
   double a = 0.0;  // uniform: low;  normal: mean; constant: value
   double b = 0.0;  // uniform: high; normal: std
+  // Kind::file: the safetensors file and its tensor that hold the values (a pretrained model's).
+  std::string path;
+  std::shared_ptr<const SafetensorsTensor> tensor;
 
   static Init uniform(double low, double high) { return {Kind::uniform, low, high}; }
   static Init normal(double mean, double std) { return {Kind::normal, mean, std}; }
   static Init constant(double value) { return {Kind::constant, value, 0.0}; }
+  // The values of `tensor` in the file at `path`: fill reads just the elements it is asked for, so
+  // an owner of a parameter's shard (FSDP, a tensor-parallel piece) reads only those.
+  static Init from_file(std::string path, const SafetensorsTensor& tensor);
   // PyTorch's default for Linear/Conv weights and biases: kaiming_uniform(a = sqrt(5)) reduces
   // to U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
   static Init fan_in_uniform(std::int64_t fan_in);
 
   // Fills `out` (contiguous) with elements [first_index, first_index + numel) of the draw
-  // for parameter `name` under `seed`.
+  // for parameter `name` under `seed` (of the file's tensor for Kind::file: seed and name unused).
   void fill(const Tensor& out, std::uint64_t seed, const std::string& name,
             std::int64_t first_index = 0) const;
 };
@@ -118,8 +126,8 @@ class Module : public std::enable_shared_from_this<Module> {
   // with the Variable register_parameter returned. FSDP registers each parameter's shard so
   // (dist/fsdp/fsdp.h), as FSDP2 registers DTensors. An unknown name is an error.
   void replace_parameter(const std::string& name, Variable variable);
-  // Replaces how initialize() draws this module's own parameter `name` (a model's N(0, 0.02) in
-  // place of a layer's default); an unknown name is an error.
+  // Replaces how initialize() draws parameter `name` (dotted for a descendant's: a model's N(0, 0.02)
+  // in place of a layer's default, a pretrained file's values); an unknown name is an error.
   void set_init(const std::string& name, Init init);
 
   // --- modes and moves -------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 #include "nn/safetensors.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
@@ -259,13 +260,25 @@ void save_safetensors(const std::string& path, const StateDict& tensors,
   file.commit();
 }
 
-SafetensorsFile load_safetensors(const std::string& path) {
+namespace {
+
+// An opened file's validated header: its metadata, and its tensors sorted by offset, laid end to end
+// over exactly the data section (which starts at data_start).
+struct ParsedFile {
+  File file;
+  std::map<std::string, std::string> metadata;
+  std::vector<Entry> entries;
+  std::uint64_t data_start = 0;
+};
+
+ParsedFile parse_file(const std::string& path) {
   errno = 0;
-  File file(std::fopen(path.c_str(), "rb"));
+  ParsedFile out{File(std::fopen(path.c_str(), "rb")), {}, {}, 0};
+  std::FILE* file = out.file.get();
   SHARDLAB_CHECK(file != nullptr, "load_safetensors: cannot open '{}': {}", path, std::strerror(errno));
   // The file's size bounds every offset, so it has to be a regular file, whose size is known.
   struct stat status {};
-  SHARDLAB_CHECK(::fstat(::fileno(file.get()), &status) == 0 && S_ISREG(status.st_mode),
+  SHARDLAB_CHECK(::fstat(::fileno(file), &status) == 0 && S_ISREG(status.st_mode),
                  "load_safetensors: '{}' is not a regular file", path);
   const auto file_size = static_cast<std::uint64_t>(status.st_size);
 
@@ -273,7 +286,7 @@ SafetensorsFile load_safetensors(const std::string& path) {
                  "load_safetensors: '{}' is too short for the 8-byte header length: the file has {} bytes",
                  path, file_size);
   std::uint64_t header_size = 0;
-  read_exact(file.get(), &header_size, sizeof header_size, path, "the header length");
+  read_exact(file, &header_size, sizeof header_size, path, "the header length");
   SHARDLAB_CHECK(header_size <= kMaxHeaderBytes,
                  "load_safetensors: '{}': header length {} exceeds the limit of {} bytes", path, header_size,
                  kMaxHeaderBytes);
@@ -283,12 +296,11 @@ SafetensorsFile load_safetensors(const std::string& path) {
       "field)",
       path, header_size, file_size - 8);
   std::string text(header_size, '\0');
-  read_exact(file.get(), text.data(), text.size(), path, "the header");
+  read_exact(file, text.data(), text.size(), path, "the header");
   const Json header = parse_header(path, text);
-  const std::uint64_t data_size = file_size - 8 - header_size;
+  out.data_start = 8 + header_size;
+  const std::uint64_t data_size = file_size - out.data_start;
 
-  SafetensorsFile out;
-  std::vector<Entry> entries;
   for (const auto& [name, info] : header.items()) {
     if (name == "__metadata__") {
       SHARDLAB_CHECK(info.is_object(),
@@ -302,17 +314,17 @@ SafetensorsFile load_safetensors(const std::string& path) {
       }
       continue;
     }
-    entries.push_back(parse_entry(path, name, info, data_size));
+    out.entries.push_back(parse_entry(path, name, info, data_size));
   }
 
   // The data section must be exactly the tensors laid end to end: empty tensors sit anywhere
-  // their zero-length span fits, ties keep header order.
-  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+  // their zero-length span fits, ties keep header order. A file cut short fails here.
+  std::stable_sort(out.entries.begin(), out.entries.end(), [](const Entry& a, const Entry& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
   std::uint64_t covered = 0;
   const Entry* previous = nullptr;
-  for (const Entry& entry : entries) {
+  for (const Entry& entry : out.entries) {
     SHARDLAB_CHECK(
         entry.begin <= covered,
         "load_safetensors: '{}': bytes [{}, {}) of the data section belong to no tensor (a gap before "
@@ -330,12 +342,19 @@ SafetensorsFile load_safetensors(const std::string& path) {
       "load_safetensors: '{}': {} bytes of the data section follow the last tensor (tensors end at byte {} "
       "of {})",
       path, data_size - covered, covered, data_size);
+  return out;
+}
 
-  for (const Entry& entry : entries) {
+}  // namespace
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  ParsedFile parsed = parse_file(path);
+  SafetensorsFile out{{}, std::move(parsed.metadata)};
+  for (const Entry& entry : parsed.entries) {
     Tensor tensor = empty(entry.shape, dtype(entry.dtype));
     const std::uint64_t bytes = entry.end - entry.begin;
     if (bytes > 0)
-      read_exact(file.get(), tensor.raw_data(), bytes, path, fmt::format("tensor '{}'", entry.name));
+      read_exact(parsed.file.get(), tensor.raw_data(), bytes, path, fmt::format("tensor '{}'", entry.name));
     if (entry.dtype == DType::boolean) {
       // Inspected as bytes before anything reads them as bool: other values are not valid bools.
       const auto* raw = static_cast<const unsigned char*>(tensor.raw_data());
@@ -349,6 +368,41 @@ SafetensorsFile load_safetensors(const std::string& path) {
     out.tensors.emplace_back(entry.name, std::move(tensor));
   }
   return out;
+}
+
+std::vector<SafetensorsTensor> read_safetensors_header(const std::string& path) {
+  const ParsedFile parsed = parse_file(path);
+  std::vector<SafetensorsTensor> out;
+  for (const Entry& entry : parsed.entries)
+    out.push_back({entry.name, entry.dtype, entry.shape, parsed.data_start + entry.begin});
+  return out;
+}
+
+void read_safetensors_elements(const std::string& path, const SafetensorsTensor& tensor, std::int64_t first,
+                               const Tensor& out) {
+  const std::int64_t count = out.numel(), total = shape_numel(tensor.shape);
+  SHARDLAB_CHECK(
+      first >= 0 && count <= total - first,
+      "read_safetensors_elements: '{}': elements [{}, {}) of tensor '{}' {} are past its {} elements", path,
+      first, first + count, tensor.name, shape_str(tensor.shape), total);
+  if (count == 0) return;
+  errno = 0;
+  const File file(std::fopen(path.c_str(), "rb"));
+  SHARDLAB_CHECK(file != nullptr, "read_safetensors_elements: cannot open '{}': {}", path,
+                 std::strerror(errno));
+  const Tensor raw = empty({count}, dtype(tensor.dtype));
+  const std::uint64_t element = dtype_size(tensor.dtype);
+  const auto at = static_cast<off_t>(tensor.offset + static_cast<std::uint64_t>(first) * element);
+  const auto bytes = static_cast<std::size_t>(count) * element;
+  auto* into = static_cast<char*>(raw.raw_data());
+  for (std::size_t done = 0; done < bytes;) {
+    const ssize_t got =
+        ::pread(::fileno(file.get()), into + done, bytes - done, at + static_cast<off_t>(done));
+    SHARDLAB_CHECK(got > 0, "read_safetensors_elements: '{}': reading tensor '{}' failed: {}", path,
+                   tensor.name, got == 0 ? "unexpected end of file" : std::strerror(errno));
+    done += static_cast<std::size_t>(got);
+  }
+  out.copy_(raw.view(out.shape()));  // converted to out's dtype and moved to its device
 }
 
 }  // namespace shardlab::nn

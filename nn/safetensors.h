@@ -61,4 +61,20 @@ struct SafetensorsFile {
 // returned unless the whole file is valid.
 SafetensorsFile load_safetensors(const std::string& path);
 
+// One tensor of a file, as its validated header describes it.
+struct SafetensorsTensor {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;
+  std::uint64_t offset = 0;  // of its first byte in the file
+};
+// The tensors of a file in data order, validated as load_safetensors validates them (the data
+// section's size taken from the file's, so a file cut short is refused), without reading their bytes.
+std::vector<SafetensorsTensor> read_safetensors_header(const std::string& path);
+// Elements [first, first + out.numel()) of `tensor` flattened, read from `path` by offset and converted
+// to out's dtype and device (bf16 and f16 widen exactly): a rank takes its shard of a parameter
+// without reading the rest. Refused: a range past the tensor's end, a read that fails or ends early.
+void read_safetensors_elements(const std::string& path, const SafetensorsTensor& tensor, std::int64_t first,
+                               const Tensor& out);
+
 }  // namespace shardlab::nn

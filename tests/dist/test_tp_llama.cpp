@@ -9,8 +9,10 @@
 // bit for bit (parameters and optimizer state), and the full safetensors it writes equals the one
 // process's file byte for byte. Under bf16 mixed precision the logits stay bf16 and give, bit for
 // bit, the losses and weights of logits cast to f32. Also: the one all-reduce per block half each way, the
-// refusal of tp 4 for the tiny Llama, and the plan's own refusals.
+// refusal of tp 4 for the tiny Llama, and the plan's own refusals. A model pointed at a pretrained
+// directory (models::defer_to_pretrained) takes, on each rank, the values loading it whole gives.
 #include <cmath>
+#include <functional>
 #include <map>
 #include <optional>
 #include <vector>
@@ -76,9 +78,11 @@ struct Parallel {
   recipes::ParallelLlama layout;
 };
 
+// `prepare` sees the model before it is parallelised (loads it, or points it at its files).
 Parallel parallel_llama(const models::LlamaConfig& config, int dp, int tp, bool deferred,
                         std::uint64_t seed = kSeed, Device device = Device::cpu(),
-                        dist::MixedPrecision precision = {}, bool activation_checkpointing = false) {
+                        dist::MixedPrecision precision = {}, bool activation_checkpointing = false,
+                        const std::function<void(models::Llama&)>& prepare = {}) {
   auto mesh = std::make_unique<dist::DeviceMesh>(world(), std::vector<int>{dp, tp},
                                                  std::vector<std::string>{"dp", "tp"});
   auto build = [&] {
@@ -87,6 +91,7 @@ Parallel parallel_llama(const models::LlamaConfig& config, int dp, int tp, bool 
     return models::Llama(config, seed);
   };
   models::Llama model = build();
+  if (prepare) prepare(model);
   model->to(device);
   recipes::ParallelLlama layout =
       recipes::parallelize_llama(model, {.fsdp = {.mixed_precision = precision},
@@ -394,6 +399,43 @@ TEST_CASE("2-D Llama in bf16: logits in bf16, with the losses and steps of logit
     for (const auto& [name, parameter] : kept.model->named_parameters()) {
       INFO(name);
       CHECK(parameter.data().to_vector<double>() == expected[index++].second.data().to_vector<double>());
+    }
+  }
+}
+
+TEST_CASE("2-D Llama from a pretrained directory: each rank reads its pieces, the values of loading it whole",
+          "[dist][tp][llama][pretrained]") {
+  const models::LlamaConfig config = tiny();
+  const test::SharedDir dir;
+  const std::string pretrained = dir.file("pretrained");
+  // bf16 weights, as Hugging Face directories hold them: widened to f32 exactly on either path.
+  if (world().rank() == 0) {
+    models::Llama source(config, kSeed + 3);
+    nn::StateDict halves;
+    for (const auto& [name, tensor] : source->state_dict()) halves.emplace_back(name, tensor.to(DType::bf16));
+    models::save_pretrained_config(pretrained, config);
+    nn::save_safetensors(models::pretrained_weights_path(pretrained), halves);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  for (const auto& [dp, tp] : meshes(world().size(), config)) {
+    INFO("dp " << dp << " x tp " << tp);
+    Parallel whole =
+        parallel_llama(config, dp, tp, false, kSeed, Device::cpu(), {}, false, [&](models::Llama& model) {
+          nn::Named<Shape> shapes;
+          for (const auto& [name, parameter] : model->named_parameters())
+            shapes.emplace_back(name, parameter.shape());
+          model->load_state_dict(models::load_pretrained_weights(pretrained, shapes));
+        });
+    Parallel pieces =
+        parallel_llama(config, dp, tp, true, kSeed, Device::cpu(), {}, false,
+                       [&](models::Llama& model) { models::defer_to_pretrained(model, pretrained); });
+    // FSDP draws (here: reads) each rank's shards when the root first runs: a step, then the values.
+    CHECK(parallel_step_loss(pieces, 0) == parallel_step_loss(whole, 0));
+    const auto expected = whole.model->named_parameters(), got = pieces.model->named_parameters();
+    REQUIRE(got.size() == expected.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      INFO(got[i].first);
+      CHECK(got[i].second.data().to_vector<float>() == expected[i].second.data().to_vector<float>());
     }
   }
 }

@@ -395,6 +395,28 @@ TEST_CASE(
   test::check_close(from_split.back().second, (*model->lm_head)->weight.data().to(DType::bf16).to(DType::f32),
                     {0, 0});
 
+  // The same directory for a model made with shapes only: each parameter's init reads its values, or
+  // any range of them, from the files by offset: the bits load_pretrained_weights gives.
+  models::Llama pointed = [&] {
+    const nn::DeferredInitGuard deferred;
+    return models::Llama(config, 7);
+  }();
+  models::defer_to_pretrained(pointed, split);
+  const nn::Named<nn::Init> inits = pointed->named_inits();
+  REQUIRE(inits.size() == from_split.size());
+  for (std::size_t k = 0; k < inits.size(); ++k) {
+    INFO(inits[k].first);
+    CHECK(inits[k].first == from_split[k].first);
+    const Tensor whole = empty(from_split[k].second.shape());
+    inits[k].second.fill(whole, 0, inits[k].first);
+    CHECK(test::values(whole) == test::values(from_split[k].second));
+    const Tensor tail = empty({3});
+    inits[k].second.fill(tail, 0, inits[k].first, whole.numel() - 3);
+    CHECK(test::values(tail) == test::values(whole.flatten().narrow(0, whole.numel() - 3, 3)));
+  }
+  CHECK_THROWS_ERROR(models::defer_to_pretrained(loaded, split),
+                     "defer_to_pretrained: parameter 'model.embed_tokens.weight' already holds values");
+
   nn::Named<Shape> shapes = parameter_shapes(*loaded);
   shapes.back().second = {259, 41};
   CHECK_THROWS_ERROR(models::load_pretrained_weights(path, shapes),

@@ -492,3 +492,66 @@ TEST_CASE("save_safetensors goes through a temporary file and leaves nothing whe
   check_equal(file.tensors[0].second, {4, 4, 4});
   CHECK(dir.entries() == std::vector<std::string>{"model.safetensors", "occupied"});
 }
+
+TEST_CASE("a file's tensors are read by element range without reading the rest, widened exactly",
+          "[nn][safetensors]") {
+  TempDir dir;
+  const std::string path = dir.file("weights.safetensors");
+  const Tensor whole = test::random_tensor({7, 9}, 21);
+  save_safetensors(path, {{"first", from_vector<std::int64_t>({1, 2, 3})},
+                          {"f32", whole},
+                          {"bf16", whole.to(DType::bf16)},
+                          {"f16", whole.to(DType::f16)}});
+  const std::vector<nn::SafetensorsTensor> header = nn::read_safetensors_header(path);
+  REQUIRE(header.size() == 4);
+  // In data order, each at its first byte in the file: the 8-byte length, the header, then the data.
+  const std::uint64_t data_start = read_file(path).size() - (3 * 8 + 63 * (4 + 2 + 2));
+  CHECK(header[0].name == "first");
+  CHECK(header[0].offset == data_start);
+  CHECK(header[1].offset == data_start + 3 * 8);
+  CHECK(header[2].dtype == DType::bf16);
+  CHECK(header[3].shape == Shape{7, 9});
+  for (const nn::SafetensorsTensor& tensor : std::vector(header.begin() + 1, header.end())) {
+    INFO(tensor.name);
+    const Tensor expected = whole.to(tensor.dtype).to(DType::f32).flatten();
+    for (const auto& [first, count] :
+         std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 63}, {5, 13}, {62, 1}, {20, 0}}) {
+      const Tensor out = empty({count});
+      nn::read_safetensors_elements(path, tensor, first, out);
+      CHECK(test::values(out) == test::values(expected.narrow(0, first, count)));
+    }
+    // Any shape of the same count, in any dtype: as copy_ casts.
+    const Tensor rows = empty({2, 9}, dtype(DType::f64));
+    nn::read_safetensors_elements(path, tensor, 9, rows);
+    CHECK(test::values(rows) == test::values(expected.narrow(0, 9, 18)));
+  }
+  CHECK_THROWS_EXACT(nn::read_safetensors_elements(path, header[1], 60, empty({4})),
+                     "read_safetensors_elements: '" + path +
+                         "': elements [60, 64) of tensor 'f32' [7, 9] are past its 63 elements");
+  CHECK_THROWS_EXACT(nn::read_safetensors_elements(path, header[1], -1, empty({1})),
+                     "read_safetensors_elements: '" + path +
+                         "': elements [-1, 0) of tensor 'f32' [7, 9] are past its 63 elements");
+  // A file cut short after its header was read: the read says so.
+  const Bytes bytes = read_file(path);
+  write_file(path, Bytes(bytes.begin(), bytes.end() - 10));
+  CHECK_THROWS_EXACT(
+      nn::read_safetensors_elements(path, header[3], 60, empty({3})),
+      "read_safetensors_elements: '" + path + "': reading tensor 'f16' failed: unexpected end of file");
+  // Its header is refused as load_safetensors refuses it.
+  CHECK_THROWS_ERROR(nn::read_safetensors_header(path), "past the end of the");
+}
+
+TEST_CASE("Init::from_file fills a parameter, or any range of it, with the file's values",
+          "[nn][safetensors]") {
+  TempDir dir;
+  const std::string path = dir.file("weights.safetensors");
+  const Tensor whole = test::random_tensor({4, 6}, 22);
+  save_safetensors(path, {{"w", whole.to(DType::bf16)}});
+  const nn::Init init = nn::Init::from_file(path, nn::read_safetensors_header(path).front());
+  const Tensor out = empty({4, 6});
+  init.fill(out, 123, "any name");  // seed and name do not matter
+  CHECK(test::values(out) == test::values(whole.to(DType::bf16).to(DType::f32)));
+  const Tensor part = empty({5});
+  init.fill(part, 0, "w", 7);
+  CHECK(test::values(part) == test::values(whole.to(DType::bf16).to(DType::f32).flatten().narrow(0, 7, 5)));
+}
