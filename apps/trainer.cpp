@@ -7,6 +7,7 @@
 
 #include "apps/support/memory_limit.h"
 #include "apps/support/ranks.h"
+#include "apps/support/resident_memory.h"
 #include "apps/support/stop_signals.h"
 #include "autograd/ops.h"
 #include "core/allocator.h"
@@ -399,11 +400,14 @@ void Trainer::report() const {
             step_bytes_received_, plan_.bytes_per_step());
   if (device_.is_cuda()) report_host_waits();
   if (!metrics_) return;
+  const std::optional<std::int64_t> resident = peak_resident_bytes();
   nlohmann::json summary{
       {"rank", rank_},
       {"steps", step_},
       {"skipped_steps", non_finite_.skipped()},
       {"train_peak_memory_bytes", peak_bytes_},
+      {"largest_allocation_bytes", memory_stats(device_).largest_allocation},
+      {"peak_resident_bytes", resident ? nlohmann::json(*resident) : nlohmann::json()},  // null: not known
       {"data_bytes", data_bytes_},
       {"persistent_bytes", plan_.total_persistent_bytes()},
       {"measured_persistent_bytes", persistent},

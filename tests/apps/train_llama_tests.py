@@ -7,6 +7,9 @@ checks what its users rely on:
   global batch of 10 split unevenly over 3 and 4 ranks gives its 1-process run's losses;
 - prefetching 2 units and CPU offload change nothing; bf16 mixed precision follows the f32 curve;
 - activation checkpointing gives the same losses and gradient norms as without, bit for bit;
+- --init-from reads each rank's shards from the files: at np 1-4 and with --tp 2 every rank's allocator
+  peak and largest allocation equal the random init's, its peak resident memory within a quarter of one
+  whole copy of a 50 MB model;
 - memory: the persistent model state measured on every rank equals the plan, the gathered
   parameters never exceed the planned peak, those held from forward to backward equal the plan's
   (after forward resharded to pairs of ranks too), and the last step received the planned bytes;
@@ -80,6 +83,7 @@ def main(mpirun, train_llama, generate):
     check_errors(mpirun, train_llama, check)
     with tempfile.TemporaryDirectory(prefix="train_llama_tests.") as scratch:
         check_random_tokens(mpirun, train_llama, scratch, check)
+        check_init_from_memory(mpirun, train_llama, scratch, check)
     skipped = 0
     if not os.path.isdir(DATA_DIR):
         skipped = len(PARITY_RUNS) + 2 + 14 + 5 + len(FIT_RUNS) + 1 + 4 + TRACE_CHECKS + 1 + 2 * len(TP_RUNS) - 1 + len(TP_RESUMES) + 4
@@ -307,6 +311,51 @@ def check_random_tokens(mpirun, program, scratch, check):
     check("--random-tokens at np 2: every step's loss within 1e-5 of one process's",
           code2 == 0 and len(losses2) == 4 and losses1.keys() == losses2.keys()
           and all(close(losses2[step], losses1[step]) for step in losses1), f"exit {code2}\n{losses1}\n{losses2}\n{output2}")
+
+
+# A Llama of 12.4 M parameters (50 MB in f32): big enough that one whole copy stands out in a
+# process's peak resident memory.
+MID_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 259, "hidden_size": 512,
+              "intermediate_size": 1376, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4,
+              "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+              "tie_word_embeddings": False}
+INIT_FROM_RUNS = [(1, ()), (2, ()), (3, ()), (4, ()), (2, ("--tp", "2")), (4, ("--tp", "2"))]
+
+
+def check_init_from_memory(mpirun, program, scratch, check):
+    """--init-from reads just each rank's shards from the files: every rank's allocator peak and largest
+    allocation are the random init's to the byte, and its peak resident memory (VmHWM, which also
+    counts what no allocator sees) the random init's within a quarter of one whole copy of the model."""
+    config = os.path.join(scratch, "mid.json")
+    with open(config, "w", encoding="utf-8") as f:
+        json.dump(MID_CONFIG, f)
+    saved = os.path.join(scratch, "mid-model")
+    args = ["--random-tokens", "--seq", "16", "--global-batch", "8", "--steps", "1", "--threads", "1"]
+    code, output = run_job(mpirun, program, 1, ["--config", config] + args + ["--save-model", saved])
+    weights = os.path.join(saved, "model.safetensors")
+    check("a 12.4 M-parameter Llama saved for --init-from", code == 0 and os.path.exists(weights), f"exit {code}\n{output}")
+    if code != 0 or not os.path.exists(weights):
+        return
+    whole = os.path.getsize(weights)
+    for ranks, extra in INIT_FROM_RUNS:
+        finals = {}
+        for source in ("init", "random"):
+            metrics = os.path.join(scratch, f"mid-{source}-np{ranks}{''.join(extra)}.jsonl")
+            origin = ["--init-from", saved] if source == "init" else ["--config", config]
+            code, output = run_job(mpirun, program, ranks, origin + args + list(extra) + ["--metrics", metrics])
+            finals[source] = (code, output, {r["rank"]: r for r in read_metrics(metrics) if "peak_resident_bytes" in r})
+        (code, output, init), (random_code, random_output, random) = finals["init"], finals["random"]
+        flags = " ".join(extra)
+        complete = code == 0 and random_code == 0 and len(init) == ranks and len(random) == ranks
+        allocator = complete and all(init[r][key] == random[r][key] for r in init
+                                     for key in ("train_peak_memory_bytes", "largest_allocation_bytes"))
+        extra_resident = [init[r]["peak_resident_bytes"] - random[r]["peak_resident_bytes"] for r in init] \
+            if complete else []
+        check(f"np {ranks} {flags}: --init-from's allocator peak and largest allocation equal the random init's on "
+              "every rank", allocator, f"exit {code}/{random_code}\n{init}\n{random}\n{output}")
+        check(f"np {ranks} {flags}: --init-from's peak resident memory is the random init's within a quarter of one "
+              f"whole copy ({whole} B): {max(extra_resident, default=None)} B more at most",
+              complete and max(extra_resident) < whole / 4, f"{extra_resident}\n{output}\n{random_output}")
 
 
 def check_mixed_precision(mpirun, program, scratch, check):
