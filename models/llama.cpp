@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <numbers>
 #include <set>
 
 #include "autograd/functional.h"
@@ -39,6 +40,14 @@ void LlamaConfig::validate() const {
                  hidden_size, num_attention_heads, head_dim());
   SHARDLAB_CHECK(rms_norm_eps > 0, "LlamaConfig: rms_norm_eps must be positive, got {}", rms_norm_eps);
   SHARDLAB_CHECK(rope_theta > 0, "LlamaConfig: rope_theta must be positive, got {}", rope_theta);
+  if (rope_scaling) {
+    const Llama3RopeScaling& r = *rope_scaling;
+    SHARDLAB_CHECK(r.factor > 0 && r.low_freq_factor > 0 && r.high_freq_factor > r.low_freq_factor &&
+                       r.original_max_position_embeddings >= 1,
+                   "LlamaConfig: rope_scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor and "
+                   "original_max_position_embeddings >= 1, got {}, {}, {} and {}",
+                   r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max_position_embeddings);
+  }
 }
 
 std::int64_t LlamaConfig::parameter_count() const {
@@ -74,6 +83,20 @@ LlamaConfig LlamaConfig::preset(std::string_view name) {
   fail("LlamaConfig: no preset named '{}' (tiny, small, 1b)", name);
 }
 
+double LlamaConfig::inverse_frequency(std::int64_t i) const {
+  const double plain =
+      1.0 / std::pow(rope_theta, static_cast<double>(2 * i) / static_cast<double>(head_dim()));
+  if (!rope_scaling) return plain;
+  const Llama3RopeScaling& r = *rope_scaling;
+  const double original = static_cast<double>(r.original_max_position_embeddings);
+  const double wavelength = 2 * std::numbers::pi / plain;
+  if (wavelength < original / r.high_freq_factor) return plain;
+  if (wavelength > original / r.low_freq_factor) return plain / r.factor;
+  const double smooth =
+      (original / wavelength - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+  return (1 - smooth) * plain / r.factor + smooth * plain;
+}
+
 nlohmann::json LlamaConfig::to_json() const {
   return {{"architectures", {"LlamaForCausalLM"}},
           {"model_type", "llama"},
@@ -87,7 +110,13 @@ nlohmann::json LlamaConfig::to_json() const {
           {"max_position_embeddings", max_position_embeddings},
           {"rms_norm_eps", rms_norm_eps},
           {"rope_theta", rope_theta},
-          {"rope_scaling", nullptr},
+          {"rope_scaling", rope_scaling ? nlohmann::json{{"rope_type", "llama3"},
+                                                         {"factor", rope_scaling->factor},
+                                                         {"low_freq_factor", rope_scaling->low_freq_factor},
+                                                         {"high_freq_factor", rope_scaling->high_freq_factor},
+                                                         {"original_max_position_embeddings",
+                                                          rope_scaling->original_max_position_embeddings}}
+                                        : nlohmann::json()},
           {"tie_word_embeddings", tie_word_embeddings},
           {"hidden_act", "silu"},
           {"attention_bias", false},
@@ -121,6 +150,39 @@ T required_field(const nlohmann::json& json, const char* field, const std::strin
   return *value;
 }
 
+// A rope description, transformers 4's rope_scaling or 5's rope_parameters: no scaling for rope_type
+// (or the older "type") "default" or absent, Llama 3's with its four numbers for "llama3"; any other
+// kind is refused by name.
+std::optional<LlamaConfig::Llama3RopeScaling> rope_scaling_of(const nlohmann::json& rope,
+                                                              const std::string& where) {
+  const std::string kind = json_field<std::string>(rope, "rope_type", where)
+                               .value_or(json_field<std::string>(rope, "type", where).value_or("default"));
+  if (kind == "default") return std::nullopt;
+  SHARDLAB_CHECK(kind == "llama3", "{}: rope kind '{}' is not supported (llama3, or default for none)", where,
+                 kind);
+  return LlamaConfig::Llama3RopeScaling{
+      .factor = required_field<double>(rope, "factor", where),
+      .low_freq_factor = required_field<double>(rope, "low_freq_factor", where),
+      .high_freq_factor = required_field<double>(rope, "high_freq_factor", where),
+      .original_max_position_embeddings =
+          required_field<std::int64_t>(rope, "original_max_position_embeddings", where)};
+}
+
+// rope_theta and the scaling: from rope_parameters where transformers 5 wrote them (rope_theta inside),
+// else from transformers 4's rope_theta and rope_scaling (what Llama 3's own config.json holds).
+void read_rope(const nlohmann::json& json, const std::string& source, LlamaConfig& config) {
+  for (const char* field : {"rope_parameters", "rope_scaling"}) {
+    const auto it = json.find(field);
+    if (it == json.end() || it->is_null()) continue;
+    SHARDLAB_CHECK(it->is_object(), "{}: {} {} is not an object", source, field, it->dump());
+    const std::string where = source + ": " + field;
+    if (std::string_view(field) == "rope_parameters")
+      config.rope_theta = json_field<double>(*it, "rope_theta", where).value_or(config.rope_theta);
+    config.rope_scaling = rope_scaling_of(*it, where);
+    return;
+  }
+}
+
 }  // namespace
 
 LlamaConfig LlamaConfig::from_json(const nlohmann::json& json, const std::string& source) {
@@ -135,9 +197,6 @@ LlamaConfig LlamaConfig::from_json(const nlohmann::json& json, const std::string
     SHARDLAB_CHECK(!json_field<bool>(json, bias, source).value_or(false), "{}: {} = true is not supported",
                    source, bias);
   }
-  SHARDLAB_CHECK(!json.contains("rope_scaling") || json["rope_scaling"].is_null(),
-                 "{}: rope_scaling {} is not supported (plain rotary embedding only)", source,
-                 json.contains("rope_scaling") ? json["rope_scaling"].dump() : "");
   LlamaConfig config{
       .vocab_size = required_field<std::int64_t>(json, "vocab_size", source),
       .hidden_size = required_field<std::int64_t>(json, "hidden_size", source),
@@ -153,6 +212,7 @@ LlamaConfig LlamaConfig::from_json(const nlohmann::json& json, const std::string
   config.rms_norm_eps = json_field<double>(json, "rms_norm_eps", source).value_or(1e-6);
   config.rope_theta = json_field<double>(json, "rope_theta", source).value_or(10000.0);
   config.tie_word_embeddings = json_field<bool>(json, "tie_word_embeddings", source).value_or(false);
+  read_rope(json, source, config);
   try {
     config.validate();
   } catch (const Error& e) {
@@ -187,7 +247,7 @@ LlamaRotaryEmbeddingImpl::LlamaRotaryEmbeddingImpl(const LlamaConfig& config)
   std::vector<float> cos_values(static_cast<std::size_t>(positions * dim));
   std::vector<float> sin_values(cos_values.size());
   for (std::int64_t i = 0; i < half; ++i) {
-    const double inverse_frequency = 1.0 / std::pow(config.rope_theta, static_cast<double>(2 * i) / dim);
+    const double inverse_frequency = config.inverse_frequency(i);
     for (std::int64_t t = 0; t < positions; ++t) {
       const double angle = static_cast<double>(t) * inverse_frequency;
       for (const std::int64_t column : {i, i + half}) {

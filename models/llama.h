@@ -32,8 +32,19 @@ struct LlamaConfig {
   double rms_norm_eps = 1e-5;
   double rope_theta = 10000.0;
   bool tie_word_embeddings = false;
+  // Llama 3's rope_scaling (rope_type "llama3"): wavelengths longer than original / low_freq_factor
+  // are stretched by `factor`, those shorter than original / high_freq_factor kept, those between
+  // blended. None: the plain rotary embedding.
+  struct Llama3RopeScaling {
+    double factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
+    std::int64_t original_max_position_embeddings = 8192;
+  };
+  std::optional<Llama3RopeScaling> rope_scaling;
 
   std::int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  // The rotation frequency of dimension pair i (0 <= i < head_dim / 2), in radians per position:
+  // rope_theta^(-2i / head_dim), rescaled as rope_scaling says.
+  double inverse_frequency(std::int64_t i) const;
   // Throws naming the fields when the shapes do not fit together (hidden not divisible by the
   // heads, heads not divisible by the key/value heads, an odd head dim, a size below 1).
   void validate() const;

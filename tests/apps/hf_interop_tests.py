@@ -9,7 +9,8 @@ reads what Hugging Face writes, checked with the real transformers and tokenizer
   on the BPE directory encodes every document of the corpus to shardlab's ids (bench_tokenizer
   --save-ids) and decodes them back to the document.
 - Hugging Face -> shardlab: a LlamaForCausalLM with a random config (grouped-query attention,
-  untied and tied embeddings) and a tokenizer trained by tokenizers' own BpeTrainer, saved by
+  untied and tied embeddings, the tied one with rope_theta 500000 and Llama 3's rope scaling, as
+  Llama-3.2-1B) and a tokenizer trained by tokenizers' own BpeTrainer, saved by
   save_pretrained in bf16 as sharded safetensors with their index, loads in generate and
   train_llama --init-from: the same logits within 1e-4, the same greedy ids.
 
@@ -228,13 +229,17 @@ def hf_to_shardlab(check, train_llama, generate, bench_tokenizer, scratch):
     with open(documents_path, encoding="utf-8") as f:
         documents = [d for d in json.load(f) if "\ufffd" not in d]
     for tied in (False, True):
-        name = f"Hugging Face -> shardlab ({'tied' if tied else 'untied'} embeddings, GQA 4/2, bf16, sharded)"
+        # The tied model is shaped like Llama-3.2-1B: rope_theta 500000 and Llama 3's rope scaling (with a
+        # short original context, so that the head dim of 16 has pairs kept, divided and blended).
+        rope = dict(rope_theta=500000.0, rope_scaling=LLAMA3_ROPE) if tied else dict(rope_theta=10000.0)
+        name = (f"Hugging Face -> shardlab ({'tied' if tied else 'untied'} embeddings, GQA 4/2, bf16, sharded"
+                f"{', Llama 3 rope scaling' if tied else ''})")
         directory = os.path.join(scratch, f"hf-{'tied' if tied else 'untied'}")
         tokenizer = hf_tokenizer(documents, directory)
         bot, eos, pad = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
         config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=176, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                             rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=tied,
+                             rms_norm_eps=1e-5, **rope, tie_word_embeddings=tied,
                              initializer_range=0.2, bos_token_id=bot, eos_token_id=eos, pad_token_id=pad)
         torch.manual_seed(3 + tied)
         LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(directory, max_shard_size="100KB")
@@ -249,6 +254,10 @@ def hf_to_shardlab(check, train_llama, generate, bench_tokenizer, scratch):
         code, output = run([train_llama, "--init-from", directory, "--seq", "64", "--global-batch", "8",
                             "--limit-documents", "100", "--steps", "2", "--threads", "2"])
         check(f"{name}: train_llama --init-from trains from it", code == 0 and "median step" in output, output)
+
+
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
 
 
 def main(train_llama, generate, bench_tokenizer):

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <numbers>
 
 #include "autograd/functional.h"
 #include "autograd/gradcheck.h"
@@ -195,7 +196,24 @@ TEST_CASE("config.json: Hugging Face's fields round trip; other architectures an
                      "model_type is 'mistral', expected 'llama'");
   j = minimal;
   j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
-  CHECK_THROWS_ERROR(models::LlamaConfig::from_json(j, "c.json"), "rope_scaling");
+  CHECK_THROWS_ERROR(
+      models::LlamaConfig::from_json(j, "c.json"),
+      "c.json: rope_scaling: rope kind 'linear' is not supported (llama3, or default for none)");
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 2.0}};
+  CHECK_THROWS_ERROR(models::LlamaConfig::from_json(j, "c.json"),
+                     "rope kind 'yarn' is not supported");
+  j["rope_scaling"] = {
+      {"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0}};
+  CHECK_THROWS_ERROR(models::LlamaConfig::from_json(j, "c.json"),
+                     "c.json: rope_scaling: required field 'original_max_position_embeddings' is missing");
+  j["rope_scaling"]["original_max_position_embeddings"] = 64;
+  j["rope_scaling"]["high_freq_factor"] = 0.5;
+  CHECK_THROWS_ERROR(models::LlamaConfig::from_json(j, "c.json"),
+                     "rope_scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor");
+  j["rope_scaling"] = 3;
+  CHECK_THROWS_ERROR(models::LlamaConfig::from_json(j, "c.json"), "c.json: rope_scaling 3 is not an object");
+  j["rope_scaling"] = {{"rope_type", "default"}};  // transformers' plain embedding
+  CHECK_FALSE(models::LlamaConfig::from_json(j, "c.json").rope_scaling.has_value());
   j = minimal;
   j["hidden_act"] = "gelu";
   CHECK_THROWS_ERROR(models::LlamaConfig::from_json(j, "c.json"), "hidden_act 'gelu' is not supported");
@@ -206,6 +224,71 @@ TEST_CASE("config.json: Hugging Face's fields round trip; other architectures an
   j = minimal;
   j["head_dim"] = 16;
   CHECK_THROWS_ERROR(models::LlamaConfig::from_json(j, "c.json"), "head_dim 16 differs");
+}
+
+TEST_CASE("Llama 3's rope_scaling: read from config.json, written back, and the rotary tables it gives",
+          "[models][llama]") {
+  // Llama-3.2-1B's rope_scaling with a short original context, so that every branch is taken at head dim 16.
+  const nlohmann::json scaling = {{"rope_type", "llama3"},
+                                  {"factor", 8.0},
+                                  {"low_freq_factor", 1.0},
+                                  {"high_freq_factor", 4.0},
+                                  {"original_max_position_embeddings", 64}};
+  nlohmann::json json = {{"vocab_size", 100},        {"hidden_size", 64},
+                         {"intermediate_size", 96},  {"num_hidden_layers", 1},
+                         {"num_attention_heads", 4}, {"max_position_embeddings", 256},
+                         {"rope_theta", 500000.0},   {"rope_scaling", scaling}};
+  const models::LlamaConfig config = models::LlamaConfig::from_json(json, "config.json");
+  REQUIRE(config.rope_scaling.has_value());
+  CHECK(config.rope_scaling->original_max_position_embeddings == 64);
+  CHECK(config.to_json()["rope_scaling"] == scaling);
+  CHECK(models::LlamaConfig::from_json(config.to_json(), "again").to_json() == config.to_json());
+  // transformers 5 writes rope_parameters instead, with rope_theta inside.
+  nlohmann::json v5 = json;
+  v5.erase("rope_scaling");
+  v5.erase("rope_theta");
+  v5["rope_parameters"] = scaling;
+  v5["rope_parameters"]["rope_theta"] = 500000.0;
+  CHECK(models::LlamaConfig::from_json(v5, "v5.json").to_json() == config.to_json());
+  v5["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 250000.0}};
+  const models::LlamaConfig plain = models::LlamaConfig::from_json(v5, "v5.json");
+  CHECK(plain.rope_theta == 250000.0);
+  CHECK_FALSE(plain.rope_scaling.has_value());
+  // transformers' _compute_llama3_parameters, step by step: wavelengths under 64 / 4 = 16 positions
+  // kept, over 64 / 1 divided by 8, the rest blended by where 64 / wavelength lies between 1 and 4.
+  int kept = 0, divided = 0, blended = 0;
+  for (std::int64_t i = 0; i < 8; ++i) {
+    const double plain = std::pow(500000.0, -static_cast<double>(2 * i) / 16),
+                 wavelength = 2 * std::numbers::pi / plain;
+    double expected = plain;
+    if (wavelength > 64) {
+      expected = plain / 8, ++divided;
+    } else if (wavelength >= 16) {
+      const double smooth = (64 / wavelength - 1) / 3;
+      expected = (1 - smooth) * plain / 8 + smooth * plain, ++blended;
+    } else {
+      ++kept;
+    }
+    INFO("pair " << i);
+    CHECK(std::abs(config.inverse_frequency(i) - expected) <= 1e-15 * expected);
+  }
+  CHECK(kept > 0);
+  CHECK(divided > 0);
+  CHECK(blended > 0);
+  // The rotary tables: cos and sin of position t times each pair's frequency, in both halves.
+  models::LlamaRotaryEmbedding rotary(config);
+  std::vector<float> cos;
+  for (const auto& [name, buffer] : rotary->named_buffers())
+    if (name == "cos") cos = buffer.to_vector<float>();
+  REQUIRE(cos.size() == 256 * 16);
+  for (const std::int64_t t : {0, 1, 37, 255}) {
+    for (std::int64_t i = 0; i < 8; ++i) {
+      const float expected =
+          static_cast<float>(std::cos(static_cast<double>(t) * config.inverse_frequency(i)));
+      CHECK(cos[static_cast<std::size_t>(t * 16 + i)] == expected);
+      CHECK(cos[static_cast<std::size_t>(t * 16 + i + 8)] == expected);
+    }
+  }
 }
 
 TEST_CASE("initialisation: projections and embedding N(0, 0.02), norms 1, by seed", "[models][llama]") {
