@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <optional>
+#include <thread>
 
 #include "dist/comm/monitor.h"
 
@@ -50,8 +51,14 @@ std::unique_ptr<dist::Session> start_session(int& argc, char**& argv, const char
   try {
     return dist::init(argc, argv, options);
   } catch (const std::exception& e) {
-    // Every rank fails alike (the device is agreed on before any rank goes on).
-    if (dist::launcher_rank() == 0) std::fprintf(stderr, "%s: %s\n", program, e.what());
+    // Every rank fails alike (the device is agreed on before any rank goes on), and rank 0 says why.
+    // mpirun ends the job when the first rank exits: the others give rank 0 the time to print first,
+    // or its line could be lost with it.
+    if (dist::launcher_rank() == 0) {
+      std::fprintf(stderr, "%s: %s\n", program, e.what());
+    } else {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
     return nullptr;
   }
 }
