@@ -44,7 +44,7 @@ DEVELOPMENT_WORDS = [
     (re.compile(r"\$" + r"OUT\b"), "a development tool's folder"),
     (re.compile(r"\brun\(" + "command:"), "a development tool's call"),
     (re.compile(r"\bclosing" + r" note\b", re.IGNORECASE), "a development report"),
-    (re.compile(r"\b(?:what|it|never) " + r"travels\b"), "how the checkout is copied elsewhere"),
+    (re.compile(r"\b(?:what|it|never) " + r"tra[v]els\b"), "how the checkout is copied elsewhere"),
     (re.compile(r"\b(?:limited to|of at most) " + r"10 minutes\b"), "a per-command time limit"),
 ]
 # Checked in the raw logs too: a checkout's or a home folder's absolute path.
@@ -142,7 +142,7 @@ def check_tampered(check):
         "bench/run.sh": (f"# the benchmark of {TICKET} 17\n", "a ticket number"),
         "README.txt": (f"On a {LOAN} GPU machine\n", "a machine on loan"),
         "scripts/gpu": ("# copies the logs to $" + "OUT\n", "a development tool's folder"),
-        "scripts/kit": ("# the archive is what " + "travels\n", "how the checkout is copied elsewhere"),
+        "scripts/kit": ("# the archive is what " + "tra" + "vels\n", "how the checkout is copied elsewhere"),
         "docs/limit.md": ("Two commands, each limited to " + "10 minutes.\n", "a per-command time limit"),
         RAW_LOGS + "run/configure.log": ("Source dir: /wo" + "rk/main\n", "an absolute path of a checkout or home"),
         RAW_LOGS + "README.md": ("[a run](2026-01-01-gone/)\n", "links to 2026-01-01-gone/, which does not exist"),
