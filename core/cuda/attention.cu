@@ -63,20 +63,7 @@ __device__ std::int64_t query_row(const AttentionGeometry& g, std::int64_t b, st
 
 // The typed operands of one call, each read through its strides.
 template <typename T>
-struct Operands {
-  HeadView<const T> q, k, v, out, grad_out;
-  const bool* padding;
-  T* logsumexp;
-  T* delta;
-  HeadView<T> grad_q, grad_k, grad_v;
-};
-template <typename T>
-Operands<T> typed(const AttentionOperands& o) {
-  return {head_view<const T>(o.q),      head_view<const T>(o.k),        head_view<const T>(o.v),
-          head_view<const T>(o.out),    head_view<const T>(o.grad_out), o.padding,
-          static_cast<T*>(o.logsumexp), static_cast<T*>(o.delta),       head_view<T>(o.grad_q),
-          head_view<T>(o.grad_k),       head_view<T>(o.grad_v)};
-}
+using Operands = TypedAttentionOperands<T, T>;
 
 // One warp per query row (b, h, t). Lane l holds the output elements e = l, l + 32, ... < Dv.
 template <typename T>
@@ -229,7 +216,7 @@ bool launch_attention_forward(DType dtype, const AttentionOperands& operands, co
       const std::int64_t rows = g.batch * g.heads * g.queries;
       if (rows == 0) return true;
       attention_forward_kernel<T>
-          <<<warp_blocks(rows), kBlockSize, 0, stream>>>(typed<T>(operands), g, head_view<T>(out));
+          <<<warp_blocks(rows), kBlockSize, 0, stream>>>(typed_attention_operands<T, T>(operands), g, head_view<T>(out));
       SHARDLAB_CUDA_CHECK_LAUNCH();
       return true;
     } else {
@@ -244,7 +231,7 @@ bool launch_attention_backward(DType dtype, const AttentionOperands& operands, c
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
       const std::int64_t rows = g.batch * g.heads * g.queries, keys = g.batch * g.kv_heads * g.keys;
       if (rows == 0 || keys == 0) return true;
-      const Operands<T> o = typed<T>(operands);
+      const Operands<T> o = typed_attention_operands<T, T>(operands);
       row_delta_kernel<T><<<warp_blocks(rows), kBlockSize, 0, stream>>>(o, g);
       SHARDLAB_CUDA_CHECK_LAUNCH();
       attention_grad_q_kernel<T><<<warp_blocks(rows), kBlockSize, 0, stream>>>(o, g);

@@ -198,24 +198,9 @@ struct QueryBlock {
         c(static_cast<int>(threadIdx.x % 4)) {}
 };
 
-// The 16-bit operands of one call, each through its strides.
-using Heads16 = HeadView<const std::uint16_t>;
+// The 16-bit operands of one call, each through its strides; logsumexp and delta in f32.
 using MutableHeads16 = HeadView<std::uint16_t>;
-struct Operands16 {
-  Heads16 q, k, v, out, grad_out;
-  const bool* padding;
-  float* logsumexp;
-  float* delta;
-  MutableHeads16 grad_q, grad_k, grad_v;
-};
-Operands16 typed(const AttentionOperands& o) {
-  return {head_view<const std::uint16_t>(o.q),        head_view<const std::uint16_t>(o.k),
-          head_view<const std::uint16_t>(o.v),        head_view<const std::uint16_t>(o.out),
-          head_view<const std::uint16_t>(o.grad_out), o.padding,
-          static_cast<float*>(o.logsumexp),           static_cast<float*>(o.delta),
-          head_view<std::uint16_t>(o.grad_q),         head_view<std::uint16_t>(o.grad_k),
-          head_view<std::uint16_t>(o.grad_v)};
-}
+using Operands16 = TypedAttentionOperands<std::uint16_t, float>;
 
 // --- forward -------------------------------------------------------------------------------------
 
@@ -461,13 +446,13 @@ template <typename Format, int D>
 void forward(const AttentionOperands& operands, const AttentionGeometry& g, MutableHeads out,
              cudaStream_t stream) {
   flash_forward_kernel<Format, D><<<tiles(g.batch * g.heads, g.queries), kThreads, 0, stream>>>(
-      typed(operands), g, head_view<std::uint16_t>(out));
+      typed_attention_operands<std::uint16_t, float>(operands), g, head_view<std::uint16_t>(out));
   SHARDLAB_CUDA_CHECK_LAUNCH();
 }
 
 template <typename Format, int D>
 void backward(const AttentionOperands& operands, const AttentionGeometry& g, cudaStream_t stream) {
-  const Operands16 o = typed(operands);
+  const Operands16 o = typed_attention_operands<std::uint16_t, float>(operands);
   const std::int64_t rows = g.batch * g.heads * g.queries;
   row_delta_kernel<Format, D>
       <<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), kThreads, 0, stream>>>(o, g);
