@@ -328,7 +328,8 @@ TestResult Training::evaluate() {
 void Training::finish() {
   if (options_.save_model.empty()) return;
   // A collective: every rank writes its own shards into the one file.
-  dist::save_full_safetensors(options_.save_model, *model_, {{"format", "pt"}, {"model", "shardlab Cnn"}});
+  dist::save_full_safetensors(options_.save_model, *model_,
+                              {.metadata = {{"format", "pt"}, {"model", "shardlab Cnn"}}});
   dist::log("train_cnn: saved the model to {}", options_.save_model);
 }
 

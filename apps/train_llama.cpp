@@ -54,10 +54,17 @@ struct Options : apps::TrainerOptions {
   bool cpu_offload = false;
   int tp = 1;
   std::string init_from;
+  std::string save_model_max_file_size;  // empty: one model.safetensors
+  std::string save_model_dtype = "f32";
   std::int64_t samples = 0;
   std::int64_t sample_tokens = 200;
   bool random_tokens = false;
 };
+
+// --save-model-dtype's words.
+DType weights_dtype(const std::string& name) {
+  return name == "bf16" ? DType::bf16 : name == "f16" ? DType::f16 : DType::f32;
+}
 
 // AdamW keeps exp_avg and exp_avg_sq in f32: what the plan counts as optimizer state.
 constexpr std::int64_t kOptimizerStateBytesPerElement = 8;
@@ -407,19 +414,24 @@ void Training::after_step(const StepResult& result) {
                     tokens_per_second(result.seconds));
 }
 
-// --save-model: every rank writes its own shards into model.safetensors (a collective; no rank
-// holds the whole model) and rank 0 writes config.json. --sample needs the full parameters:
-// gathered on every rank (a collective), then rank 0 samples from an unsharded copy.
+// --save-model: every rank writes its own shards into model.safetensors, or the files of Hugging
+// Face's sharded form (a collective; no rank holds the whole model), and rank 0 writes config.json. --sample
+// needs the full parameters: gathered on every rank (a collective), then rank 0 samples from an unsharded
+// copy.
 void Training::finish() {
   if (!options_.save_model.empty()) {
     const auto start = std::chrono::steady_clock::now();
     apps::on_rank_zero(session_.cpu_world(), fmt::format("writing '{}'", options_.save_model), [&] {
-      models::save_pretrained_config(options_.save_model, config_);  // creates the directory
+      models::save_pretrained_config(options_.save_model, config_,  // creates the directory
+                                     weights_dtype(options_.save_model_dtype));
       if (!tokenizer_document_.is_null()) {
         dynamic_cast<const data::BpeTokenizer&>(*tokenizer_).save(options_.save_model + "/tokenizer.json");
       }
     });
-    dist::save_full_safetensors(models::pretrained_weights_path(options_.save_model), **model_);
+    const std::uint64_t max_file_bytes =
+        options_.save_model_max_file_size.empty() ? 0 : *apps::parse_bytes(options_.save_model_max_file_size);
+    dist::save_pretrained_safetensors(options_.save_model, **model_, max_file_bytes,
+                                      {.dtype = weights_dtype(options_.save_model_dtype)});
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     dist::log("train_llama: saved the model to {} in {:.2f} s", options_.save_model, seconds);
   }
@@ -510,8 +522,20 @@ void add_options(CLI::App& app, Options& options) {
          "tensor-parallel ranks per group (consecutive ranks; they divide the world): the layers split "
          "over them, FSDP across the groups")
       ->check(apps::integer_at_least(1));
-  app.add_option("--save-model", options.save_model,
-                 "write model.safetensors + config.json here (Hugging Face's LlamaForCausalLM format)");
+  auto* save_model =
+      app.add_option("--save-model", options.save_model,
+                     "write model.safetensors + config.json here (Hugging Face's LlamaForCausalLM "
+                     "format)");
+  app.add_option(
+         "--save-model-max-file-size", options.save_model_max_file_size,
+         "cut --save-model's weights into files of at most this many tensor bytes, "
+         "model-0000k-of-0000n.safetensors with their index (save_pretrained's max_shard_size; K, M, G: "
+         "powers of 1024)")
+      ->check(apps::byte_count())
+      ->needs(save_model);
+  app.add_option("--save-model-dtype", options.save_model_dtype, "the dtype of --save-model's weights")
+      ->check(apps::one_of({"f32", "bf16", "f16"}))
+      ->needs(save_model);
   app.add_option("--init-from", options.init_from,
                  "start from a saved or Hugging Face Llama directory (its config)")
       ->excludes(config);

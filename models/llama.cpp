@@ -566,11 +566,17 @@ std::string pretrained_weights_path(const std::string& dir) {
   return (fs::path(dir) / "model.safetensors").string();
 }
 
-void save_pretrained_config(const std::string& dir, const LlamaConfig& config) {
+void save_pretrained_config(const std::string& dir, const LlamaConfig& config, DType weights_dtype) {
+  SHARDLAB_CHECK(weights_dtype == DType::f32 || weights_dtype == DType::bf16 || weights_dtype == DType::f16,
+                 "save_pretrained: weights in {}: f32, bf16 or f16", dtype_name(weights_dtype));
   std::error_code error;
   fs::create_directories(dir, error);
   SHARDLAB_CHECK(!error, "save_pretrained: cannot create the directory '{}': {}", dir, error.message());
-  write_text_atomically(fs::path(dir) / "config.json", config.to_json().dump(2) + "\n");
+  nlohmann::json json = config.to_json();
+  json["torch_dtype"] = weights_dtype == DType::bf16  ? "bfloat16"
+                        : weights_dtype == DType::f16 ? "float16"
+                                                      : "float32";
+  write_text_atomically(fs::path(dir) / "config.json", json.dump(2) + "\n");
 }
 
 void save_pretrained(const std::string& dir, const LlamaConfig& config, const nn::StateDict& state) {

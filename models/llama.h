@@ -157,10 +157,12 @@ using Llama = nn::Holder<LlamaImpl>;
 // directory transformers' LlamaForCausalLM.from_pretrained reads unchanged. `state` is the
 // model's parameters by name (gathered from the shards when sharded).
 void save_pretrained(const std::string& dir, const LlamaConfig& config, const nn::StateDict& state);
-// Its halves, for a caller that writes the weights itself (dist::save_full_safetensors from the
-// shards, a consolidated checkpoint): where they go, and config.json alone (creating `dir`).
+// Its halves, for a caller that writes the weights itself (dist::save_pretrained_safetensors from the
+// shards, a consolidated checkpoint): where they go, and config.json alone (creating `dir`), its
+// torch_dtype naming the weights' dtype (f32, bf16 or f16; transformers' dtype="auto" loads that).
 std::string pretrained_weights_path(const std::string& dir);
-void save_pretrained_config(const std::string& dir, const LlamaConfig& config);
+void save_pretrained_config(const std::string& dir, const LlamaConfig& config,
+                            DType weights_dtype = DType::f32);
 // config.json of a saved or Hugging Face directory.
 LlamaConfig load_pretrained_config(const std::string& dir);
 // The tensors of `dir`/model.safetensors, or of the files model.safetensors.index.json names,

@@ -109,6 +109,12 @@ def app_cases(scratch):
         (["--init-from", "/nonexistent/model"], "'/nonexistent/model' has no config.json"),
         (["--save-model", os.path.join(a_file, "model")],
          f"--save-model '{a_file}/model': cannot create the directory: Not a directory"),
+        (["--save-model", os.path.join(scratch, "m"), "--save-model-max-file-size", "2X"],
+         "--save-model-max-file-size: got '2X', expected a number of bytes"),
+        (["--save-model", os.path.join(scratch, "m"), "--save-model-dtype", "f64"],
+         "--save-model-dtype: got 'f64', expected one of f32, bf16, f16"),
+        (["--save-model-max-file-size", "2G"], "--save-model-max-file-size requires --save-model"),
+        (["--save-model-dtype", "bf16"], "--save-model-dtype requires --save-model"),
     ]
     generate = [
         (["/nonexistent/model"], "'/nonexistent/model' has no config.json"),

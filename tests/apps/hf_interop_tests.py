@@ -7,7 +7,10 @@ reads what Hugging Face writes, checked with the real transformers and tokenizer
   logits on a line it never saw are shardlab's (generate --logits) within 1e-4, its loss the same
   within 1e-5 (relative), and greedy generation gives the same ids; AutoTokenizer.from_pretrained
   on the BPE directory encodes every document of the corpus to shardlab's ids (bench_tokenizer
-  --save-ids) and decodes them back to the document.
+  --save-ids) and decodes them back to the document. Saved at 2 ranks in bf16 cut into files of
+  at most 20 KiB, the directory is cut as huggingface_hub's split_torch_state_dict_into_shards
+  (save_pretrained's) cuts the same tensors, holds what from_pretrained then loads, and gives the
+  same logits.
 - Hugging Face -> shardlab: a LlamaForCausalLM with a random config (grouped-query attention,
   untied and tied embeddings, the tied one with rope_theta 500000 and Llama 3's rope scaling, as
   Llama-3.2-1B) and a tokenizer trained by tokenizers' own BpeTrainer, saved by
@@ -173,6 +176,45 @@ def shardlab_to_hf(check, train_llama, generate, bench_tokenizer, scratch):
                       [tokenizer.convert_tokens_to_ids(t) for t in ("[BOT]", "[EOT]", "[PAD]")], scratch)
 
 
+def sharded_save_to_hf(check, train_llama, generate, scratch):
+    """train_llama at 2 ranks, --save-model cut into files in bf16: huggingface_hub's cut of its
+    tensors, and the same logits."""
+    import torch
+    from huggingface_hub import split_torch_state_dict_into_shards
+    from safetensors.torch import load_file
+    from transformers import LlamaForCausalLM
+
+    name = "shardlab -> Hugging Face (2 ranks, bf16, cut into files of 20 KiB)"
+    directory = os.path.join(scratch, "shardlab-sharded")
+    code, output = run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", train_llama, *TRAIN_ARGS,
+                        "--save-model", directory, "--save-model-max-file-size", "20K", "--save-model-dtype", "bf16"])
+    if code != 0:
+        check(f"{name}: train_llama --save-model", False, output)
+        return
+    with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+        check(f"{name}: config.json names the weights' dtype", json.load(f)["torch_dtype"] == "bfloat16")
+    model = LlamaForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    with open(os.path.join(directory, "model.safetensors.index.json"), encoding="utf-8") as f:
+        index = json.load(f)
+    # huggingface_hub's own cut of the tensors in the model's order (transformers' modules', as
+    # shardlab's; transformers 5 sorts the names before cutting, so its files cut elsewhere; either
+    # reads the other's) under the same bound.
+    files = sorted(set(index["weight_map"].values()))
+    loaded = {key: tensor for file in files for key, tensor in load_file(os.path.join(directory, file)).items()}
+    ours = {key: loaded[key] for key in model.state_dict() if key in loaded}
+    split = split_torch_state_dict_into_shards(ours, max_shard_size=20 * 1024)
+    check(f"{name}: huggingface_hub cuts the same tensors into the same {len(files)} files",
+          split.tensor_to_filename == index["weight_map"] and len(files) > 3 and
+          split.metadata["total_size"] == index["metadata"]["total_size"],
+          f"shardlab {index}\nhuggingface_hub {split.tensor_to_filename} {split.metadata}")
+    expected = {key: tensor.to(torch.bfloat16) for key, tensor in model.state_dict().items()}
+    different = [key for key in sorted(set(loaded) | set(expected))
+                 if key not in loaded or key not in expected or not torch.equal(loaded[key], expected[key])]
+    check(f"{name}: the files hold what from_pretrained loads, each tensor once", not different, f"{different}")
+    compare_model(check, name, generate, directory, model, lambda text: list(text.encode()), (256, 257, 258),
+                  scratch)
+
+
 def check_corpus_ids(check, bench_tokenizer, directory, tokenizer, scratch):
     """Every document of the corpus: Hugging Face's ids are shardlab's, and decode back to it."""
     documents_path = os.path.join(scratch, "documents.json")
@@ -274,6 +316,7 @@ def main(train_llama, generate, bench_tokenizer):
     check = Checks()
     with tempfile.TemporaryDirectory(prefix="hf_interop.") as scratch:
         shardlab_to_hf(check, train_llama, generate, bench_tokenizer, scratch)
+        sharded_save_to_hf(check, train_llama, generate, scratch)
         hf_to_shardlab(check, train_llama, generate, bench_tokenizer, scratch)
     return check.summary()
 
