@@ -15,6 +15,7 @@
 #include "core/ops.h"
 #include "core/parallel.h"
 #include "core/trace.h"
+#include "dist/checkpoint/checkpoint.h"
 #include "dist/comm/log.h"
 
 namespace shardlab::apps {
@@ -122,6 +123,13 @@ void Trainer::start(const Setup& setup) {
   setup.root->register_forward_hook([held = held_after_forward_](nn::Module&, Variable&) {
     if (is_grad_enabled()) *held = std::max(*held, dist::unsharded_memory().bytes);
   });
+  if (common_.explain) {
+    const dist::CheckpointPreview checkpoint = dist::preview_checkpoint(*setup.root, *setup.optimizer);
+    checkpoint_preview_ = fmt::format(
+        "a checkpoint: {} in rank files (the largest {}), metadata.json about {} ({} chunks of {} runs)\n",
+        dist::bytes_text(checkpoint.file_bytes), dist::bytes_text(checkpoint.largest_file_bytes),
+        dist::bytes_text(checkpoint.metadata_bytes), checkpoint.chunks, checkpoint.runs);
+  }
   if (common_.explain || !common_.memory_limit.empty()) {
     const std::optional<std::int64_t> limit =
         common_.memory_limit.empty() ? std::nullopt : parse_bytes(common_.memory_limit);
@@ -156,7 +164,7 @@ void Trainer::start(const Setup& setup) {
 }
 
 Trainer::End Trainer::run() {
-  if (common_.explain) dist::log("{}{}", plan_.str(), predicted_->str());
+  if (common_.explain) dist::log("{}{}{}", plan_.str(), predicted_->str(), checkpoint_preview_);
   begin_training();
   while (epoch_ <= setup_.last_epoch && step_ < setup_.total_steps) {
     const bool complete = train_epoch();

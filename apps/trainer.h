@@ -206,6 +206,7 @@ class Trainer {
   std::shared_ptr<std::int64_t> held_after_forward_ = std::make_shared<std::int64_t>(0);
   dist::Plan plan_;
   std::optional<dist::PeakPrediction> predicted_;  // with --explain or --memory-limit
+  std::string checkpoint_preview_;                 // with --explain: what a checkpoint will write
   std::optional<MetricsFile> metrics_;
 
  private:

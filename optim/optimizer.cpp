@@ -359,6 +359,12 @@ nn::StateDict Optimizer::state_dict() const {
   return out;
 }
 
+std::optional<std::vector<std::string>> Optimizer::state_slots(const std::string& parameter) const {
+  const auto group = group_of_.find(parameter);
+  if (group == group_of_.end()) return std::nullopt;
+  return slot_names(hyper_values(group->second));
+}
+
 void Optimizer::load_state_dict(const nn::StateDict& state) {
   wait_for_updates();
   check_settled("load_state_dict");
@@ -731,7 +737,8 @@ Tensor gradient_sum_of_squares(const std::vector<Variable>& parameters) {
   }
   if (by_device.empty()) return zeros({}, dtype(DType::f64).with_device(device));
   Tensor sum = on(foreach_sum_squares(by_device.front().second), device);
-  for (std::size_t i = 1; i < by_device.size(); ++i) add_(sum, on(foreach_sum_squares(by_device[i].second), device));
+  for (std::size_t i = 1; i < by_device.size(); ++i)
+    add_(sum, on(foreach_sum_squares(by_device[i].second), device));
   return sum;
 }
 

@@ -142,6 +142,10 @@ class Optimizer {
   // "step" (an i64 scalar, steps()). The slot tensors are the live state, not copies: save them
   // before the next step().
   nn::StateDict state_dict() const;
+  // The per-element slots update() keeps for `parameter` (its keys in state_dict() besides "step"
+  // once it is updated: Adam's exp_avg and exp_avg_sq, ...); nullopt for a name the optimizer does
+  // not hold. What a checkpoint will hold, known before the first step.
+  std::optional<std::vector<std::string>> state_slots(const std::string& parameter) const;
   // Replaces the whole state and every group's hyper-parameters (as PyTorch, the loaded ones win)
   // with copies of `state`, slots converted to each parameter's dtype and device. Every key must
   // name a parameter and a slot of its group, or a group of this optimizer and a hyper-parameter

@@ -79,27 +79,55 @@ OptimizerState split_state(const nn::StateDict& state, const std::set<std::strin
   return out;
 }
 
-// Writes this rank's pieces into `path` and describes them: the file's size and CRC32, its chunks,
-// and per parameter the elements held, the step count and the slots (for the ranks to compare).
-Json write_pieces(const std::string& path, const std::string& file, const nn::Named<ParameterShard>& shards,
+// Makes `chunk` (its runs stored one after another) take `next`, stored right after them, when
+// `next` has their length and continues their stride (a second run sets it).
+bool extend_chunk(Json& chunk, const ElementRun& next) {
+  const std::int64_t count = chunk["count"], first = chunk["first"];
+  const std::int64_t runs = chunk.value("runs", std::int64_t{1});
+  if (next.count != count) return false;
+  const std::int64_t stride = runs == 1 ? next.first - first : chunk["stride"].get<std::int64_t>();
+  if (stride < count || next.first != first + runs * stride) return false;
+  chunk["runs"] = runs + 1;
+  chunk["stride"] = stride;
+  chunk["bytes"] = (runs + 1) * count * kElementBytes;
+  return true;
+}
+
+// How write_pieces writes: into a file (null: only describing what a save would write, the slots'
+// tensors then unread), and whether runs of one length at one stride share a chunk (format version
+// 2) or each has its own (version 1).
+struct PieceOutput {
+  Fd* file = nullptr;
+  bool compact = true;
+};
+
+// Writes this rank's pieces into `output.file` and describes them: the file's size and CRC32, its
+// chunks, and per parameter the elements held, the step count and the slots (for the ranks to
+// compare).
+Json write_pieces(PieceOutput output, const std::string& file, const nn::Named<ParameterShard>& shards,
                   const OptimizerState& state, std::string_view where) {
-  Fd out(path, O_WRONLY | O_CREAT | O_TRUNC, where);
   std::uint64_t offset = 0;
   std::uint32_t crc = crc_update(0, nullptr, 0);
   Json chunks = Json::array();
-  // One chunk per run of the whole tensor's elements (one, unless a tensor-parallel piece splits rows).
+  // The runs of the whole tensor's elements (one, unless a tensor-parallel piece splits rows), one
+  // after another in the file: runs of one length at one distance from each other are one chunk.
   const auto write = [&](const std::string& tensor, const Tensor& local, const ParameterShard& shard) {
-    const Tensor host = local.to(Device::cpu()).contiguous();
+    const Tensor host = output.file != nullptr ? local.to(Device::cpu()).contiguous() : Tensor();
+    const std::size_t first_chunk = chunks.size();
     for (const ElementRun& run : whole_runs(shard)) {
       const auto bytes = static_cast<std::size_t>(run.count * kElementBytes);
-      const auto* from = static_cast<const char*>(host.raw_data()) + run.at * kElementBytes;
-      out.pwrite_all(from, bytes, offset, where);
-      crc = crc_update(crc, from, bytes);
-      chunks.push_back({{"tensor", tensor},
-                        {"offset", offset},
-                        {"bytes", bytes},
-                        {"first", run.first},
-                        {"count", run.count}});
+      if (output.file != nullptr) {
+        const auto* from = static_cast<const char*>(host.raw_data()) + run.at * kElementBytes;
+        output.file->pwrite_all(from, bytes, offset, where);
+        crc = crc_update(crc, from, bytes);
+      }
+      if (chunks.size() == first_chunk || !output.compact || !extend_chunk(chunks.back(), run)) {
+        chunks.push_back({{"tensor", tensor},
+                          {"offset", offset},
+                          {"bytes", bytes},
+                          {"first", run.first},
+                          {"count", run.count}});
+      }
       offset += bytes;
     }
   };
@@ -116,19 +144,18 @@ Json write_pieces(const std::string& path, const std::string& file, const nn::Na
           described["step"] = tensor.item<std::int64_t>();
           continue;
         }
-        SHARDLAB_CHECK(tensor.shape() == Shape{shard.count} && tensor.dtype() == DType::f32,
-                       "{}: the optimizer's '{}.{}' is {} {}, expected f32 {} (this rank's piece of the "
-                       "parameter): only per-element slots and the step count can be sharded",
-                       where, name, slot, dtype_name(tensor.dtype()), shape_str(tensor.shape()),
-                       shape_str(Shape{shard.count}));
+        SHARDLAB_CHECK(
+            output.file == nullptr || (tensor.shape() == Shape{shard.count} && tensor.dtype() == DType::f32),
+            "{}: the optimizer's '{}.{}' is {} {}, expected f32 {} (this rank's piece of the "
+            "parameter): only per-element slots and the step count can be sharded",
+            where, name, slot, dtype_name(tensor.dtype()), shape_str(tensor.shape()),
+            shape_str(Shape{shard.count}));
         described["slots"].push_back(slot);
         if (writes) write(fmt::format("{}{}.{}", kOptimPrefix, name, slot), tensor, shard);
       }
     }
     parameters[name] = std::move(described);
   }
-  out.sync(where);
-  out.close(where);
   return {{"file", file},
           {"bytes", offset},
           {"crc32", crc},
@@ -156,6 +183,7 @@ OrderedJson build_metadata(const std::vector<Json>& ranks, const nn::Named<Param
   }
   OrderedJson tensors = OrderedJson::object(), optim_tensors = OrderedJson::object();
   OrderedJson parameter_steps = OrderedJson::object();
+  bool several_runs = false;  // a chunk of several runs: version 2, else 1 (what older readers read)
   const auto entry = [&](const std::string& tensor, const Shape& shape) {
     std::vector<Json> chunks = chunks_of[tensor];
     std::sort(chunks.begin(), chunks.end(),
@@ -167,6 +195,11 @@ OrderedJson build_metadata(const std::vector<Json>& ranks, const nn::Named<Param
                       {"bytes", chunk["bytes"].get<std::int64_t>()},
                       {"first", chunk["first"].get<std::int64_t>()},
                       {"count", chunk["count"].get<std::int64_t>()}});
+      if (chunk.contains("runs")) {
+        list.back()["runs"] = chunk["runs"].get<std::int64_t>();
+        list.back()["stride"] = chunk["stride"].get<std::int64_t>();
+        several_runs = true;
+      }
     }
     return OrderedJson{{"shape", shape}, {"dtype", "F32"}, {"chunks", std::move(list)}};
   };
@@ -205,7 +238,7 @@ OrderedJson build_metadata(const std::vector<Json>& ranks, const nn::Named<Param
     if (key != kStep) hyper[key] = value.get<double>();
   }
   return {{"format", detail::kCheckpointFormat},
-          {"version", detail::kCheckpointVersion},
+          {"version", several_runs ? detail::kCheckpointVersion : 1},
           {"world_size", ranks.size()},
           {"sharding", sharding},
           {"files", std::move(files)},
@@ -217,11 +250,24 @@ OrderedJson build_metadata(const std::vector<Json>& ranks, const nn::Named<Param
           {"extra", OrderedJson::parse(extra.dump())}};
 }
 
+// Every rank's description of its pieces, each chunk naming its rank's file: on every rank.
+std::vector<Json> every_description(Communicator& comm, const Json& mine) {
+  std::vector<Json> ranks;
+  for (const std::string& text : all_gather_strings(comm, mine.dump())) ranks.push_back(Json::parse(text));
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    for (Json& chunk : ranks[r]["chunks"]) chunk["file"] = ranks[r]["file"];
+  }
+  return ranks;
+}
+
+// metadata.json's text as the commit writes it.
+std::string metadata_text(const OrderedJson& metadata) { return metadata.dump(1) + "\n"; }
+
 // Rank 0: metadata.json into the temporary directory, then the directory in place of `dir`.
 void commit(const std::string& temp, const std::string& dir, const OrderedJson& metadata, std::uint64_t id,
             std::string_view where) {
   const std::string path = join_path(temp, kMetadata);
-  const std::string text = metadata.dump(1) + "\n";
+  const std::string text = metadata_text(metadata);
   Fd out(path, O_WRONLY | O_CREAT | O_TRUNC, where);
   out.pwrite_all(text.data(), text.size(), 0, where);
   out.sync(where);
@@ -286,24 +332,56 @@ void save_checkpoint(const std::string& dir, nn::Module& root, const optim::Opti
   error = attempt(where, [&] {
     std::set<std::string> names;
     for (const auto& [name, shard] : shards) names.insert(name);
-    mine = write_pieces(join_path(temp, file), file, shards,
-                        split_state(optimizer.state_dict(), names, where), where);
+    Fd out(join_path(temp, file), O_WRONLY | O_CREAT | O_TRUNC, where);
+    mine =
+        write_pieces({.file = &out}, file, shards, split_state(optimizer.state_dict(), names, where), where);
+    out.sync(where);
+    out.close(where);
   });
   if (auto failed = first_error(comm, error)) fail_all(*failed);
 
   // Every rank's description reaches every rank after all have flushed their files: the barrier
   // before the metadata.
-  std::vector<Json> ranks;
-  for (const std::string& text : all_gather_strings(comm, mine.dump())) ranks.push_back(Json::parse(text));
-  for (std::size_t r = 0; r < ranks.size(); ++r) {
-    for (Json& chunk : ranks[r]["chunks"]) chunk["file"] = ranks[r]["file"];
-  }
+  const std::vector<Json> ranks = every_description(comm, mine);
   OrderedJson metadata;
   error = attempt(where, [&] { metadata = build_metadata(ranks, shards, sharding, extra, where); });
   if (auto failed = first_error(comm, error)) fail_all(*failed);
 
   if (rank == 0) error = attempt(where, [&] { commit(temp, trimmed, metadata, id, where); });
   if (auto failed = first_error(comm, error)) fail_all(*failed);
+}
+
+CheckpointPreview preview_checkpoint(nn::Module& root, const optim::Optimizer& optimizer,
+                                     bool one_chunk_per_run) {
+  const std::string where = "preview_checkpoint";
+  Communicator& comm = root_communicator(root);
+  const nn::Named<ParameterShard> shards = parameter_shards(root);
+  std::set<std::string> names;
+  for (const auto& [name, shard] : shards) names.insert(name);
+  // The state a step gives every parameter it updates (those with a gradient to come): a step
+  // count and the type's slots, whose values are not read.
+  OptimizerState state = split_state(optimizer.state_dict(), names, where);
+  for (const auto& [name, shard] : shards) {
+    const std::optional<std::vector<std::string>> slots = optimizer.state_slots(name);
+    if (!slots || !shard.local.requires_grad() || state.slots.contains(name)) continue;
+    state.slots[name][std::string(kStep)] = scalar_tensor(1, dtype(DType::i64));
+    for (const std::string& slot : *slots) state.slots[name][slot] = Tensor();
+  }
+  const std::string file = rank_file(comm.rank(), comm.size());
+  const Json mine = write_pieces({.compact = !one_chunk_per_run}, file, shards, state, where);
+  const std::vector<Json> ranks = every_description(comm, mine);
+  const OrderedJson metadata = build_metadata(ranks, shards, explain(root).sharding, nlohmann::json(), where);
+  CheckpointPreview preview{.metadata_bytes = static_cast<std::int64_t>(metadata_text(metadata).size())};
+  for (const Json& rank : ranks) {
+    const std::int64_t bytes = rank["bytes"];
+    preview.file_bytes += bytes;
+    preview.largest_file_bytes = std::max(preview.largest_file_bytes, bytes);
+    for (const Json& chunk : rank["chunks"]) {
+      ++preview.chunks;
+      preview.runs += chunk.value("runs", std::int64_t{1});
+    }
+  }
+  return preview;
 }
 
 // =================================================================================================
@@ -353,12 +431,26 @@ void check_against_model(const CheckpointInfo& metadata, const nn::Named<Paramet
   }
 }
 
-// This rank's elements [first, first + count) of a tensor, from the chunks overlapping them.
+// `count` elements from byte `offset` of `file` to element `at` of `into`.
 struct Read {
-  const CheckpointChunk* chunk;
-  std::int64_t from, count, at;  // elements of the tensor; `at` in the destination
+  const std::string* file;
+  std::int64_t offset, count, at;
   Tensor* into;
 };
+
+// Appends the read, or lengthens the last one where it continues it in the file and in `into`
+// (a piece saved and loaded in one layout: a chunk of many runs becomes one read).
+void add_read(std::vector<Read>& reads, const Read& read) {
+  if (!reads.empty()) {
+    Read& last = reads.back();
+    if (last.file == read.file && last.into == read.into &&
+        last.offset + last.count * kElementBytes == read.offset && last.at + last.count == read.at) {
+      last.count += read.count;
+      return;
+    }
+  }
+  reads.push_back(read);
+}
 
 struct Prepared {
   std::vector<Tensor> parameters;  // in shards order
@@ -376,13 +468,21 @@ Prepared prepare_load(const std::string& dir, const nn::Named<ParameterShard>& s
   out.parameters.resize(shards.size());
   std::vector<std::pair<std::string, Tensor>> slots;  // "<parameter>.<slot>" -> this rank's piece
   std::vector<Read> reads;
+  // Each of this rank's runs from the stored runs overlapping it (found by bisection: a piece of a
+  // large matrix has a run per row, and so may the checkpoint).
   const auto plan = [&](const CheckpointTensor& entry, const ParameterShard& shard, Tensor* into) {
     *into = empty({shard.count}, dtype(DType::f32));
+    const std::vector<CheckpointRun> stored = entry.runs();
     for (const ElementRun& run : whole_runs(shard)) {
-      for (const CheckpointChunk& chunk : entry.chunks) {
-        const std::int64_t from = std::max(chunk.first, run.first),
-                           to = std::min(chunk.first + chunk.count, run.first + run.count);
-        if (from < to) reads.push_back({&chunk, from, to - from, run.at + from - run.first, into});
+      auto it = std::upper_bound(stored.begin(), stored.end(), run.first,
+                                 [](std::int64_t first, const CheckpointRun& s) { return first < s.first; });
+      if (it != stored.begin()) --it;
+      for (; it != stored.end() && it->first < run.first + run.count; ++it) {
+        const std::int64_t from = std::max(it->first, run.first),
+                           to = std::min(it->first + it->count, run.first + run.count);
+        if (from >= to) continue;
+        add_read(reads, {&it->chunk->file, it->offset + (from - it->first) * kElementBytes, to - from,
+                         run.at + from - run.first, into});
       }
     }
   };
@@ -409,18 +509,16 @@ Prepared prepare_load(const std::string& dir, const nn::Named<ParameterShard>& s
   }
 
   std::set<std::string> files;
-  for (const Read& read : reads) files.insert(read.chunk->file);
+  for (const Read& read : reads) files.insert(*read.file);
   for (const std::string& name : files) detail::check_crc(dir, *metadata.file(name), where);
   std::map<std::string, std::unique_ptr<Fd>> open;
   for (const std::string& name : files)
     open[name] = std::make_unique<Fd>(join_path(dir, name), O_RDONLY, where);
   for (const Read& read : reads) {
-    const CheckpointChunk& chunk = *read.chunk;
     auto* into = static_cast<char*>(read.into->raw_data()) + read.at * kElementBytes;
-    open.at(chunk.file)
+    open.at(*read.file)
         ->pread_all(into, static_cast<std::size_t>(read.count * kElementBytes),
-                    static_cast<std::uint64_t>(chunk.offset + (read.from - chunk.first) * kElementBytes),
-                    where);
+                    static_cast<std::uint64_t>(read.offset), where);
   }
 
   for (auto& slot : slots) out.optimizer.push_back(std::move(slot));

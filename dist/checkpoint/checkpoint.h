@@ -6,7 +6,7 @@
 //   ... later, at any world size, with any sharding strategy ...
 //   const nlohmann::json extra = dist::load_checkpoint("ckpt/step-1000", *model, optimizer);
 //
-// The directory (format version 1):
+// The directory (format version 1, or 2 where a chunk has several runs):
 //   rank-00002-of-00004.bin  rank 2's pieces, raw little-endian f32, one after the other; empty
 //                            for a rank that holds nothing of its own (a second replica)
 //   metadata.json            written last, by rank 0:
@@ -20,10 +20,13 @@
 //                    "parameter_steps": {"embed.weight": 2, ...}},   (parameters updated so far)
 //      "extra": {...}}                                 (the caller's JSON, as given)
 //   A chunk {"file", "offset", "bytes", "first", "count"}: `count` elements of the flattened tensor
-//   from element `first` are at byte `offset` of `file`, `bytes` = 4 * count long. A tensor's
-//   chunks cover its elements exactly once. Parameters are stored under their dotted names, each
-//   optimizer slot kept per element (Adam's exp_avg and exp_avg_sq, SGD's momentum_buffer) as
-//   "optim.<parameter>.<slot>" with the parameter's full shape.
+//   from element `first` are at byte `offset` of `file`, `bytes` = 4 * count long. Version 2 adds
+//   "runs" and "stride" to a chunk of several runs: `runs` runs of `count` elements, the k-th from
+//   element first + k * stride, stored one after another (`bytes` = 4 * runs * count): a
+//   tensor-parallel piece split by input features, a run of every row, is one chunk instead of a
+//   chunk per row. A tensor's chunks cover its elements exactly once. Parameters are stored under their
+//   dotted names, each optimizer slot kept per element (Adam's exp_avg and exp_avg_sq, SGD's momentum_buffer)
+//   as "optim.<parameter>.<slot>" with the parameter's full shape.
 // One process reads a checkpoint without its model (what it holds, one safetensors file of it):
 // dist/checkpoint/reader.h.
 #pragma once
@@ -47,6 +50,22 @@ namespace shardlab::dist {
 // hold a parameter, an optimizer slot neither per element nor the step count, I/O failures.
 void save_checkpoint(const std::string& dir, nn::Module& root, const optim::Optimizer& optimizer,
                      const nlohmann::json& extra = {});
+
+// What save_checkpoint will write for `root` and `optimizer` once every parameter with a gradient
+// has its optimizer state (after the first step), from the shards' layout alone: no value is read,
+// so a model under deferred init, before its first step, will do (--explain prints it). A
+// collective over the ranks of root_communicator(root).
+struct CheckpointPreview {
+  // metadata.json with no extra: exact but for the digits of each file's CRC32 (0 here) and of each
+  // parameter's step count (the optimizer's where it has one, else 1).
+  std::int64_t metadata_bytes = 0;
+  std::int64_t file_bytes = 0;          // the rank files together
+  std::int64_t largest_file_bytes = 0;  // the largest rank file
+  std::int64_t chunks = 0, runs = 0;    // in metadata.json; runs of the tensors' elements they describe
+};
+// one_chunk_per_run: as format version 1 described a tensor-parallel piece, a chunk per row.
+CheckpointPreview preview_checkpoint(nn::Module& root, const optim::Optimizer& optimizer,
+                                     bool one_chunk_per_run = false);
 
 // Loads `dir` into the model's shards and the optimizer at any world size and sharding strategy;
 // returns the saved `extra`. A collective over the ranks of root_communicator(root). Every rank

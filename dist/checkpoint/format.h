@@ -15,7 +15,9 @@
 namespace shardlab::dist::detail {
 
 inline constexpr std::string_view kCheckpointFormat = "shardlab-sharded-checkpoint";
-inline constexpr std::int64_t kCheckpointVersion = 1;
+// Version 2 adds chunks of several runs (the "runs" and "stride" fields); a checkpoint is written
+// as version 1, which readers before it read, unless it holds such a chunk.
+inline constexpr std::int64_t kCheckpointVersion = 2;
 inline constexpr std::string_view kMetadata = "metadata.json";
 inline constexpr std::string_view kOptimPrefix = "optim.";
 inline constexpr std::int64_t kElementBytes = 4;  // f32

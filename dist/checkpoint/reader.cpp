@@ -24,6 +24,21 @@ static_assert(std::endian::native == std::endian::little, "checkpoint files hold
 
 bool CheckpointTensor::optimizer_slot() const { return name.starts_with(detail::kOptimPrefix); }
 
+std::vector<CheckpointRun> CheckpointTensor::runs() const {
+  std::vector<CheckpointRun> out;
+  for (const CheckpointChunk& chunk : chunks) {
+    for (std::int64_t k = 0; k < chunk.runs; ++k) {
+      out.push_back({.chunk = &chunk,
+                     .first = chunk.first + k * chunk.stride,
+                     .count = chunk.count,
+                     .offset = chunk.offset + k * chunk.count * detail::kElementBytes});
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const CheckpointRun& a, const CheckpointRun& b) { return a.first < b.first; });
+  return out;
+}
+
 const CheckpointTensor* CheckpointInfo::tensor(const std::string& name) const {
   const auto it = std::find_if(tensors.begin(), tensors.end(), [&](const auto& t) { return t.name == name; });
   return it == tensors.end() ? nullptr : &*it;
@@ -110,10 +125,24 @@ std::string read_text(const std::string& path, std::string_view where) {
   return text;
 }
 
+// A chunk's runs and stride: absent for one run (and in version 1, which has no other); several
+// runs must not overlap (stride at least count).
+void read_runs(const Reader& read, std::int64_t version, const Json& chunk, const std::string& at,
+               CheckpointChunk& out) {
+  if (!chunk.is_object() || !chunk.contains("runs")) return;
+  if (version < 2) read.fail("{} has 'runs', which format version {} does not have", at, version);
+  out.runs = read.size(chunk, "runs", at);
+  out.stride = read.size(chunk, "stride", at);
+  if (out.runs < 1) read.fail("{} has 'runs' = 0, expected at least 1", at);
+  if (out.runs > 1 && out.stride < out.count)
+    read.fail("{} has runs of {} elements {} apart: they overlap", at, out.count, out.stride);
+}
+
 // A tensor's entry: its shape (F32) and chunks, each inside its file and the tensor, sorted by
 // element and covering the tensor exactly once. Notes the tensor each file holds first.
-CheckpointTensor read_tensor(const Reader& read, const std::string& name, const Json& info,
-                             std::vector<CheckpointFile>& files, std::vector<std::int64_t>& first_offsets) {
+CheckpointTensor read_tensor(const Reader& read, std::int64_t version, const std::string& name,
+                             const Json& info, std::vector<CheckpointFile>& files,
+                             std::vector<std::int64_t>& first_offsets) {
   const std::string context = fmt::format("tensor '{}'", name);
   CheckpointTensor entry{.name = name};
   std::int64_t numel = 1;
@@ -138,18 +167,22 @@ CheckpointTensor read_tensor(const Reader& read, const std::string& name, const 
                           .bytes = read.size(chunks[i], "bytes", at),
                           .first = read.size(chunks[i], "first", at),
                           .count = read.size(chunks[i], "count", at)};
+    read_runs(read, version, chunks[i], at, chunk);
     const auto file =
         std::find_if(files.begin(), files.end(), [&](const auto& f) { return f.name == chunk.file; });
     if (file == files.end()) read.fail("{} names file '{}', which 'files' does not list", at, chunk.file);
-    if (chunk.bytes != chunk.count * kElementBytes)
-      read.fail("{} has {} bytes for {} F32 elements, expected {}", at, chunk.bytes, chunk.count,
-                chunk.count * kElementBytes);
+    std::int64_t elements = 0, last = 0;  // all its runs' elements; one past its last run's last element
+    if (__builtin_mul_overflow(chunk.runs, chunk.count, &elements) ||
+        __builtin_mul_overflow(chunk.runs - 1, chunk.stride, &last) || (last += chunk.count) > numel ||
+        chunk.first + last > numel)
+      read.fail("{} holds elements beyond the tensor's {}: {} runs of {} from {}, {} apart", at, numel,
+                chunk.runs, chunk.count, chunk.first, chunk.stride);
+    if (chunk.bytes != elements * kElementBytes)
+      read.fail("{} has {} bytes for {} F32 elements, expected {}", at, chunk.bytes, elements,
+                elements * kElementBytes);
     if (chunk.offset + chunk.bytes > file->bytes)
       read.fail("{} holds bytes [{}, {}) of file '{}', beyond its {} bytes", at, chunk.offset,
                 chunk.offset + chunk.bytes, chunk.file, file->bytes);
-    if (chunk.first + chunk.count > numel)
-      read.fail("{} holds elements [{}, {}), beyond the tensor's {}", at, chunk.first,
-                chunk.first + chunk.count, numel);
     std::int64_t& first_offset = first_offsets[static_cast<std::size_t>(file - files.begin())];
     if (chunk.offset < first_offset) {
       first_offset = chunk.offset;
@@ -160,12 +193,12 @@ CheckpointTensor read_tensor(const Reader& read, const std::string& name, const 
   std::sort(entry.chunks.begin(), entry.chunks.end(),
             [](const CheckpointChunk& a, const CheckpointChunk& b) { return a.first < b.first; });
   std::int64_t covered = 0;
-  for (const CheckpointChunk& chunk : entry.chunks) {
-    if (chunk.first < covered)
-      read.fail("{} has chunks overlapping at element {} (in file '{}')", context, chunk.first, chunk.file);
-    if (chunk.first > covered)
-      read.fail("{} has elements [{}, {}) in no chunk", context, covered, chunk.first);
-    covered = chunk.first + chunk.count;
+  for (const CheckpointRun& run : entry.runs()) {
+    if (run.first < covered)
+      read.fail("{} has chunks overlapping at element {} (in file '{}')", context, run.first,
+                run.chunk->file);
+    if (run.first > covered) read.fail("{} has elements [{}, {}) in no chunk", context, covered, run.first);
+    covered = run.first + run.count;
   }
   if (covered != numel) read.fail("{} has elements [{}, {}) in no chunk", context, covered, numel);
   return entry;
@@ -193,8 +226,8 @@ CheckpointInfo read_metadata(const std::string& dir, std::string_view where) {
   if (out.format != kCheckpointFormat)
     read.fail("format is '{}', expected '{}'", out.format, kCheckpointFormat);
   out.version = read.size(root, "version", top);
-  if (out.version != kCheckpointVersion)
-    read.fail("format version {}, this shardlab reads version {}", out.version, kCheckpointVersion);
+  if (out.version < 1 || out.version > kCheckpointVersion)
+    read.fail("format version {}, this shardlab reads versions 1 to {}", out.version, kCheckpointVersion);
   out.world_size = read.size(root, "world_size", top);
   out.sharding = read.string(root, "sharding", top);
 
@@ -211,7 +244,7 @@ CheckpointInfo read_metadata(const std::string& dir, std::string_view where) {
 
   std::vector<std::int64_t> first_offsets(out.files.size(), std::numeric_limits<std::int64_t>::max());
   for (const auto& [name, info] : read.object(root, "tensors", top).items())
-    out.tensors.push_back(read_tensor(read, name, info, out.files, first_offsets));
+    out.tensors.push_back(read_tensor(read, out.version, name, info, out.files, first_offsets));
 
   const std::string optim_context = "'optimizer'";
   const Json& optimizer = read.object(root, "optimizer", top);
@@ -280,7 +313,7 @@ void consolidate_checkpoint(const std::string& dir, const std::string& out_path,
   const nn::SafetensorsLayout layout =
       nn::safetensors_layout(entries, options.metadata, fmt::format("{}: '{}'", where, out_path));
 
-  // The chunks of each tensor cover it once, in order: every byte of the data is written once,
+  // The runs of each tensor cover it once, in order: every byte of the data is written once,
   // front to back, through one buffer of at most kBlock bytes.
   constexpr std::int64_t kBlock = 4 << 20;
   std::vector<char> buffer(static_cast<std::size_t>(kBlock));
@@ -288,14 +321,15 @@ void consolidate_checkpoint(const std::string& dir, const std::string& out_path,
   PendingFile out(out_path, where);  // removed unless renamed into place
   out.write(layout.header.data(), layout.header.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
-    for (const CheckpointChunk& chunk : tensors[i]->chunks) {
-      auto& input = inputs[chunk.file];
-      if (!input) input = std::make_unique<Fd>(join_path(dir, chunk.file), O_RDONLY, where);
+    for (const CheckpointRun& run : tensors[i]->runs()) {
+      auto& input = inputs[run.chunk->file];
+      if (!input) input = std::make_unique<Fd>(join_path(dir, run.chunk->file), O_RDONLY, where);
       const std::uint64_t target =
-          layout.offsets[i] + static_cast<std::uint64_t>(chunk.first * detail::kElementBytes);
-      for (std::int64_t done = 0; done < chunk.bytes; done += kBlock) {
-        const auto size = static_cast<std::size_t>(std::min(kBlock, chunk.bytes - done));
-        input->pread_all(buffer.data(), size, static_cast<std::uint64_t>(chunk.offset + done), where);
+          layout.offsets[i] + static_cast<std::uint64_t>(run.first * detail::kElementBytes);
+      const std::int64_t bytes = run.count * detail::kElementBytes;
+      for (std::int64_t done = 0; done < bytes; done += kBlock) {
+        const auto size = static_cast<std::size_t>(std::min(kBlock, bytes - done));
+        input->pread_all(buffer.data(), size, static_cast<std::uint64_t>(run.offset + done), where);
         out.write_at(buffer.data(), size, target + static_cast<std::uint64_t>(done));
       }
     }

@@ -18,10 +18,21 @@
 
 namespace shardlab::dist {
 
-// `count` elements of the flattened tensor from element `first`, at byte `offset` of `file`.
+// `runs` runs of `count` elements of the flattened tensor, the k-th from element first + k * stride,
+// stored one after another from byte `offset` of `file` (`bytes` in all). One run is a plain range;
+// several are a tensor-parallel piece's rows (a piece of every row, as a split by input features
+// holds), described once instead of once per row (format version 2).
 struct CheckpointChunk {
   std::string file;
   std::int64_t offset = 0, bytes = 0, first = 0, count = 0;
+  std::int64_t runs = 1, stride = 0;  // stride: elements from one run's first to the next's
+};
+
+// One run of a chunk: `count` elements from element `first` of the tensor, at byte `offset` of
+// `chunk->file`.
+struct CheckpointRun {
+  const CheckpointChunk* chunk = nullptr;
+  std::int64_t first = 0, count = 0, offset = 0;
 };
 
 struct CheckpointTensor {
@@ -30,6 +41,8 @@ struct CheckpointTensor {
   std::vector<CheckpointChunk> chunks;  // sorted by `first`, covering the elements exactly once
   // "optim.<parameter>.<slot>": an optimizer slot (Adam's exp_avg), not a parameter.
   bool optimizer_slot() const;
+  // Every run of its chunks, in element order (covering the tensor exactly once).
+  std::vector<CheckpointRun> runs() const;
 };
 
 struct CheckpointFile {

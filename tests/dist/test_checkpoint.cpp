@@ -297,6 +297,19 @@ TEST_CASE("load_checkpoint refuses a corrupt or foreign checkpoint on every rank
   };
   const std::string first0 = first_tensor(0), last = rank_file(w - 1);
   const auto& embed_chunk = metadata["tensors"]["embed.weight"]["chunks"][0];
+  const std::int64_t embed_count = embed_chunk["count"];
+  const auto with_version = [&](int version) {
+    nlohmann::json m = metadata;
+    m["version"] = version;
+    return m;
+  };
+  // embed.weight's chunk 0 as `runs` runs `stride` apart, in a checkpoint of format `version`.
+  const auto with_embed_runs = [&](int version, std::int64_t runs, std::int64_t stride) {
+    nlohmann::json m = with_version(version);
+    m["tensors"]["embed.weight"]["chunks"][0]["runs"] = runs;
+    m["tensors"]["embed.weight"]["chunks"][0]["stride"] = stride;
+    return m;
+  };
 
   // The target: another model with state of its own, which must come out untouched.
   Nested model = make_model(world(), {dist::Sharding::full}, kSeed + 1);
@@ -388,6 +401,26 @@ TEST_CASE("load_checkpoint refuses a corrupt or foreign checkpoint on every rank
          write_json(d + "/metadata.json", m);
        },
        "metadata.json: tensor 'head.weight' has dtype 'BF16', expected 'F32'"},
+      {"a later version", [&](const std::string& d) { write_json(d + "/metadata.json", with_version(3)); },
+       "metadata.json: format version 3, this shardlab reads versions 1 to 2"},
+      {"runs in version 1",
+       [&](const std::string& d) { write_json(d + "/metadata.json", with_embed_runs(1, 1, 0)); },
+       "metadata.json: tensor 'embed.weight' chunk 0 has 'runs', which format version 1 does not have"},
+      {"no runs", [&](const std::string& d) { write_json(d + "/metadata.json", with_embed_runs(2, 0, 0)); },
+       "metadata.json: tensor 'embed.weight' chunk 0 has 'runs' = 0, expected at least 1"},
+      {"runs overlapping",
+       [&](const std::string& d) {
+         write_json(d + "/metadata.json", with_embed_runs(2, 2, embed_count - 1));
+       },
+       fmt::format(
+           "metadata.json: tensor 'embed.weight' chunk 0 has runs of {} elements {} apart: they overlap",
+           embed_count, embed_count - 1)},
+      {"runs beyond the tensor",
+       [&](const std::string& d) { write_json(d + "/metadata.json", with_embed_runs(2, 2, 17 * 7)); },
+       fmt::format(
+           "metadata.json: tensor 'embed.weight' chunk 0 holds elements beyond the tensor's 119: 2 runs "
+           "of {} from {}, 119 apart",
+           embed_count, embed_chunk["first"].get<std::int64_t>())},
   };
   for (std::size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];

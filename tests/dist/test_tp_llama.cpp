@@ -12,8 +12,11 @@
 // refusal of tp 4 for the tiny Llama, and the plan's own refusals. A model pointed at a pretrained
 // directory (models::defer_to_pretrained) takes, on each rank, the values loading it whole gives.
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <vector>
 
@@ -166,15 +169,93 @@ std::vector<std::pair<int, int>> meshes(int world_size, const models::LlamaConfi
   return out;
 }
 
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+// Under tensor parallelism a piece split by input features holds a run of every row: the metadata
+// says so once per piece (version 2), never once per row.
+void check_compact_metadata(const std::string& dir) {
+  const nlohmann::json metadata = read_json(dir + "/metadata.json");
+  std::map<std::pair<std::string, std::string>, int> chunks_per_piece;  // (tensor, file) -> chunks
+  std::int64_t strided = 0;
+  for (const auto& [name, tensor] : metadata["tensors"].items()) {
+    for (const auto& chunk : tensor["chunks"]) {
+      ++chunks_per_piece[{name, chunk["file"].get<std::string>()}];
+      strided += chunk.value("runs", 1) > 1;
+    }
+  }
+  int most = 0;
+  for (const auto& [piece, count] : chunks_per_piece) most = std::max(most, count);
+  CHECK(metadata["version"] == 2);
+  CHECK(strided > 0);
+  CHECK(most <= 3);  // a shard of a piece: a partial first row, whole rows, a partial last row
+}
+
+// preview_checkpoint before the first step and after the last against the checkpoint saved then: the
+// same files, chunks and runs; metadata.json's size but for the CRC32s' digits (and, before the
+// steps, the step counts', 1 then 3).
+void check_preview(const dist::CheckpointPreview& before_steps, const dist::CheckpointPreview& after_steps,
+                   const std::string& dir) {
+  const nlohmann::json metadata = read_json(dir + "/metadata.json");
+  std::int64_t file_bytes = 0, largest = 0, chunks = 0, runs = 0, files = 0;
+  for (const auto& [name, file] : metadata["files"].items()) {
+    file_bytes += file["bytes"].get<std::int64_t>();
+    largest = std::max(largest, file["bytes"].get<std::int64_t>());
+    ++files;
+  }
+  for (const auto& [name, tensor] : metadata["tensors"].items()) {
+    for (const auto& chunk : tensor["chunks"]) {
+      ++chunks;
+      runs += chunk.value("runs", std::int64_t{1});
+    }
+  }
+  const auto written = static_cast<std::int64_t>(std::filesystem::file_size(dir + "/metadata.json"));
+  for (const dist::CheckpointPreview& preview : {before_steps, after_steps}) {
+    CHECK(preview.file_bytes == file_bytes);
+    CHECK(preview.largest_file_bytes == largest);
+    CHECK(preview.chunks == chunks);
+    CHECK(preview.runs == runs);
+    CHECK(preview.metadata_bytes <= written);
+    CHECK(preview.metadata_bytes >= written - 9 * files);  // a CRC32 has at most 10 digits, 0 has 1
+  }
+}
+
+// `from` as version 1 of the format wrote it, into `to`: a chunk per run.
+void write_version_1(const std::string& from, const std::string& to) {
+  std::filesystem::copy(from, to, std::filesystem::copy_options::recursive);
+  nlohmann::json metadata = read_json(to + "/metadata.json");
+  for (auto& [name, tensor] : metadata["tensors"].items()) {
+    nlohmann::json chunks = nlohmann::json::array();
+    for (const auto& chunk : tensor["chunks"]) {
+      const std::int64_t count = chunk["count"], stride = chunk.value("stride", std::int64_t{0});
+      for (std::int64_t k = 0; k < chunk.value("runs", std::int64_t{1}); ++k) {
+        chunks.push_back({{"file", chunk["file"]},
+                          {"offset", chunk["offset"].get<std::int64_t>() + k * count * 4},
+                          {"bytes", count * 4},
+                          {"first", chunk["first"].get<std::int64_t>() + k * stride},
+                          {"count", count}});
+      }
+    }
+    tensor["chunks"] = std::move(chunks);
+  }
+  metadata["version"] = 1;
+  std::ofstream(to + "/metadata.json") << metadata.dump(1);
+}
+
 // Trains 3 steps at (save_dp, save_tp), saves a checkpoint and the full safetensors, and loads the
-// checkpoint at every layout: saved again, the same bytes; and one process writes the same file.
+// checkpoint, and under tensor parallelism its version-1 form, at every layout: saved again, the
+// same bytes; and one process writes the same file.
 void check_reloads(const models::LlamaConfig& config, int save_dp, int save_tp,
                    const std::vector<std::pair<int, int>>& layouts) {
   const test::SharedDir dir;
   const std::string saved = dir.file("saved"), saved_file = dir.file("saved.safetensors");
+  dist::CheckpointPreview per_run;  // what version 1 wrote: a chunk per run
   {
     Parallel run = parallel_llama(config, save_dp, save_tp, true);
     optim::AdamW optimizer(run.model->named_parameters(), {.lr = 1e-3});
+    const dist::CheckpointPreview before_steps = dist::preview_checkpoint(*run.model, optimizer);
     for (int step = 0; step < 3; ++step) {
       optimizer.zero_grad();
       parallel_step_loss(run, step);
@@ -182,25 +263,44 @@ void check_reloads(const models::LlamaConfig& config, int save_dp, int save_tp,
     }
     dist::save_checkpoint(saved, *run.model, optimizer);
     dist::save_full_safetensors(saved_file, *run.model);
+    check_preview(before_steps, dist::preview_checkpoint(*run.model, optimizer), saved);
+    per_run = dist::preview_checkpoint(*run.model, optimizer, /*one_chunk_per_run=*/true);
   }
-  if (world().rank() == 0)
+  std::vector<std::string> sources{saved};
+  if (world().rank() == 0) {
     dist::consolidate_checkpoint(saved, dir.file("saved-all.safetensors"), {.optimizer = true});
+    if (save_tp > 1) {
+      check_compact_metadata(saved);
+      write_version_1(saved, dir.file("saved-v1"));
+      CHECK(per_run.chunks == per_run.runs);
+      const auto v1_bytes =
+          static_cast<std::int64_t>(std::filesystem::file_size(dir.file("saved-v1/metadata.json")));
+      CHECK(std::abs(per_run.metadata_bytes - v1_bytes) <= 9 * save_dp * save_tp + 1);  // CRC32s, the newline
+    }
+  }
+  if (save_tp > 1) sources.push_back(dir.file("saved-v1"));
+  MPI_Barrier(MPI_COMM_WORLD);
   for (const auto& [dp, tp] : layouts) {
-    INFO("saved at dp " << save_dp << " x tp " << save_tp << ", loaded at dp " << dp << " x tp " << tp);
-    Parallel run = parallel_llama(config, dp, tp, true, kSeed + 1);  // other values until loaded
-    optim::AdamW optimizer(run.model->named_parameters(), {.lr = 1e-3});
-    dist::load_checkpoint(saved, *run.model, optimizer);
-    const std::string again = dir.file(fmt::format("again-{}x{}", dp, tp));
-    dist::save_checkpoint(again, *run.model, optimizer);
-    dist::save_full_safetensors(again + ".safetensors", *run.model);
-    if (world().rank() == 0) {
-      dist::consolidate_checkpoint(again, again + "-all.safetensors", {.optimizer = true});
-      CHECK(test::read_file(again + "-all.safetensors") ==
-            test::read_file(dir.file("saved-all.safetensors")));
-      CHECK(test::read_file(again + ".safetensors") == test::read_file(saved_file));
-      const dist::CheckpointInfo before = dist::checkpoint_info(saved), after = dist::checkpoint_info(again);
-      CHECK(after.step == before.step);
-      CHECK(after.parameter_steps == before.parameter_steps);
+    for (const std::string& source : sources) {
+      INFO("saved at dp " << save_dp << " x tp " << save_tp << ", loaded at dp " << dp << " x tp " << tp
+                          << " from " << source);
+      Parallel run = parallel_llama(config, dp, tp, true, kSeed + 1);  // other values until loaded
+      optim::AdamW optimizer(run.model->named_parameters(), {.lr = 1e-3});
+      dist::load_checkpoint(source, *run.model, optimizer);
+      const std::string again =
+          dir.file(fmt::format("again-{}x{}-{}", dp, tp, source == saved ? "v2" : "v1"));
+      dist::save_checkpoint(again, *run.model, optimizer);
+      dist::save_full_safetensors(again + ".safetensors", *run.model);
+      if (world().rank() == 0) {
+        dist::consolidate_checkpoint(again, again + "-all.safetensors", {.optimizer = true});
+        CHECK(test::read_file(again + "-all.safetensors") ==
+              test::read_file(dir.file("saved-all.safetensors")));
+        CHECK(test::read_file(again + ".safetensors") == test::read_file(saved_file));
+        const dist::CheckpointInfo before = dist::checkpoint_info(saved),
+                                   after = dist::checkpoint_info(again);
+        CHECK(after.step == before.step);
+        CHECK(after.parameter_steps == before.parameter_steps);
+      }
     }
   }
   if (world().rank() == 0) {
