@@ -51,12 +51,23 @@ void add_trainer_options(CLI::App& app, TrainerOptions& options) {
   app.add_option("--trace-steps", options.trace_steps,
                  "the steps --trace records, FIRST:LAST (from 1, both included)")
       ->needs(trace);
-  app.add_option("--checkpoint-dir", options.checkpoint_dir,
-                 "save sharded checkpoints here (DIR/step-N), at the end and every --checkpoint-every steps");
+  auto* checkpoint_dir = app.add_option(
+      "--checkpoint-dir", options.checkpoint_dir,
+      "save sharded checkpoints here (DIR/step-N), at the end and every --checkpoint-every steps");
   app.add_option("--checkpoint-every", options.checkpoint_every,
                  "steps between checkpoints (0: only at the end)")
       ->check(integer_at_least(0));
   app.add_option("--keep", options.keep, "keep the newest K checkpoints")->check(integer_at_least(1));
+  auto* async_checkpoint =
+      app.add_flag("--async-checkpoint", options.async_checkpoint,
+                   "write --checkpoint-every's checkpoints in the background: training waits only while each "
+                   "rank copies its pieces into host memory")
+          ->needs(checkpoint_dir);
+  app.add_option("--checkpoint-staging", options.checkpoint_staging,
+                 "host memory per rank for --async-checkpoint's copy (pieces beyond it are written before "
+                 "training goes on)")
+      ->check(byte_count())
+      ->needs(async_checkpoint);
   app.add_flag(
       "--resume", options.resume,
       "continue from the newest complete checkpoint in --checkpoint-dir (any world size or sharding)");
@@ -102,6 +113,7 @@ Trainer::Trainer(const char* program, const TrainerOptions& options, dist::Sessi
       checkpoints_(options.checkpoint_dir, options.keep),
       non_finite_(program, options.max_skipped_steps) {
   if (options.threads > 0) set_num_threads(options.threads);
+  if (options.async_checkpoint) saver_.emplace(*parse_bytes(options.checkpoint_staging));
   const auto [sharding, group] = dist::parse_sharding(options.sharding);
   fsdp_ = {.sharding = sharding,
            .hybrid_group_size = group,
@@ -173,6 +185,8 @@ Trainer::End Trainer::run() {
     if (!complete) break;
     ++epoch_;
   }
+  // A save in flight counts before the last one (and before the program ends on a stop signal).
+  if (saver_) note_committed(saver_->finish(), stopped_by_ != 0 ? "at the stop" : "at the end");
   if (!common_.checkpoint_dir.empty() && last_saved_ != state()) save_checkpoint();
   if (stopped_by_ != 0) {
     report_stop();
@@ -197,6 +211,7 @@ bool Trainer::train_epoch() {
       complete = false;
       break;
     }
+    if (saver_) note_committed(saver_->poll(), "");
     train_step(*it);
   }
   peak_bytes_ = std::max(peak_bytes_, memory_stats(device_).peak_bytes);
@@ -272,7 +287,8 @@ void Trainer::train_step(const std::vector<std::int64_t>& indices) {
   }
   if (setup_.scheduler != nullptr) setup_.scheduler->step();
   end_step(clock);
-  if (common_.checkpoint_every > 0 && step_ % common_.checkpoint_every == 0) save_checkpoint();
+  if (common_.checkpoint_every > 0 && step_ % common_.checkpoint_every == 0)
+    save_checkpoint(/*in_background=*/true);
 }
 
 Trainer::StepClock Trainer::begin_step() {
@@ -290,6 +306,7 @@ void Trainer::end_step(const StepClock& clock) {
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - clock.start).count();
   if (step_ > 1) {
     step_seconds_.push_back(result.seconds);
+    (saver_ && saver_->in_flight() ? steps_during_saves_ : steps_otherwise_).push_back(result.seconds);
     most_host_waits_ = std::max(most_host_waits_, result.host_waits);
   }
   queued_ = std::move(this_step_);  // read during the next step, or by the next settle_steps()
@@ -350,10 +367,42 @@ nlohmann::json Trainer::state() const {
   return state;
 }
 
-void Trainer::save_checkpoint() {
+void Trainer::save_checkpoint(bool in_background) {
   settle_steps();
   last_saved_ = state();
+  if (saver_ && in_background) {
+    note_committed(checkpoints_.start(*saver_, step_, *setup_.root, *setup_.optimizer, last_saved_),
+                   "before the next save");
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
   checkpoints_.save(step_, *setup_.root, *setup_.optimizer, last_saved_, program_);
+  save_blocked_seconds_.push_back(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  save_committed_seconds_.push_back(save_blocked_seconds_.back());
+}
+
+void Trainer::note_committed(const std::optional<dist::AsyncCheckpointer::Committed>& saved,
+                             std::string_view when) {
+  if (!saved) return;
+  checkpoints_.committed(session_.cpu_world(), *saved, program_, when);
+  save_blocked_seconds_.push_back(saved->blocked_seconds + saved->waited_seconds);
+  save_committed_seconds_.push_back(saved->seconds);
+}
+
+// How long training waited per save, and how the steps during background writes compare.
+void Trainer::report_checkpoints() const {
+  if (save_blocked_seconds_.empty()) return;
+  std::string background;
+  if (saver_) {
+    background = fmt::format(
+        "; in the background: committed {:.2f} s after the start (median), steps during a write {:.1f} ms "
+        "against {:.1f} ms otherwise (median, {} and {} steps), {} saves waited for the one before",
+        median(save_committed_seconds_), 1e3 * median(steps_during_saves_), 1e3 * median(steps_otherwise_),
+        steps_during_saves_.size(), steps_otherwise_.size(), saver_->waits());
+  }
+  dist::log("{}: rank 0 checkpoints: {} saves, training blocked {:.3f} s per save (median){}", program_,
+            save_blocked_seconds_.size(), median(save_blocked_seconds_), background);
 }
 
 void Trainer::resume(const std::vector<std::string>& unchanged) {
@@ -383,6 +432,7 @@ void Trainer::report() const {
   dist::log("{}: median step {:.1f} ms{} ({} steps, the first excluded)", program_, 1e3 * median_seconds,
             throughput(median_seconds), step_seconds_.size());
   non_finite_.report();
+  report_checkpoints();
   report_memory();
   // What is left between steps: shards, gradient shards and optimizer state (plus the optimizer's
   // 8-byte step counter per parameter), measured against the plan. Buffers (the Llama's rotary
@@ -424,6 +474,12 @@ void Trainer::report() const {
       {"held_after_forward_bytes", *held_after_forward_},
       {"planned_held_after_forward_bytes", plan_.held_after_forward_bytes()},
       {"most_host_waits_per_step", most_host_waits_},
+      {"checkpoint_blocked_seconds", save_blocked_seconds_},
+      {"checkpoint_committed_seconds", save_committed_seconds_},
+      {"median_step_seconds_during_saves",
+       steps_during_saves_.empty() ? nlohmann::json() : nlohmann::json(median(steps_during_saves_))},
+      {"median_step_seconds_otherwise",
+       steps_otherwise_.empty() ? nlohmann::json() : nlohmann::json(median(steps_otherwise_))},
       {"plan", dist::plan_json(plan_)},
       {"predicted_peak", predicted_ ? dist::prediction_json(*predicted_) : nlohmann::json()}};
   add_summary(summary, median_seconds);

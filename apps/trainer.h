@@ -58,6 +58,8 @@ struct TrainerOptions {
   std::string save_model;
   std::string checkpoint_dir;
   std::int64_t checkpoint_every = 0;  // 0: only at the end, when --checkpoint-dir is given
+  bool async_checkpoint = false;      // --checkpoint-every's saves written while training goes on
+  std::string checkpoint_staging = "2G";
   std::int64_t keep = 2;
   bool resume = false;
   int threads = 0;
@@ -241,7 +243,11 @@ class Trainer {
     PendingRead values;  // loss, grad_norm, finite
   };
   nlohmann::json state() const;
-  void save_checkpoint();
+  // A checkpoint of the state now: with --async-checkpoint and `in_background`, written by the
+  // saver's thread while training goes on.
+  void save_checkpoint(bool in_background = false);
+  void note_committed(const std::optional<dist::AsyncCheckpointer::Committed>& saved, std::string_view when);
+  void report_checkpoints() const;
   void resume(const std::vector<std::string>& unchanged);
   void report() const;
   void report_host_waits() const;
@@ -253,6 +259,11 @@ class Trainer {
   StepProfile profile_{false};
   nlohmann::json last_saved_;  // the state saved or resumed from: the end need not save it again
   std::vector<double> step_seconds_;
+  std::optional<dist::AsyncCheckpointer> saver_;  // with --async-checkpoint
+  // Per save, how long training waited for it (a synchronous save: all of it); per step after the
+  // first, its time while a background save was in flight, or else.
+  std::vector<double> save_blocked_seconds_, save_committed_seconds_;
+  std::vector<double> steps_during_saves_, steps_otherwise_;
   std::optional<QueuedStep> queued_;     // the last step taken, until settle_steps() reads it
   std::optional<QueuedStep> this_step_;  // the step in progress, queued once its update is
   int stopped_by_ = 0;                   // the signal that stopped the run, 0 while none has

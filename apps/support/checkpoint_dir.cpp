@@ -56,13 +56,37 @@ void CheckpointDir::save(std::int64_t step, nn::Module& root, const optim::Optim
   const auto start = std::chrono::steady_clock::now();
   dist::save_checkpoint(target, root, optimizer, state);
   const double seconds = seconds_since(start);
-  if (dist::root_communicator(root).rank() == 0) {
-    const std::vector<std::int64_t> saved = steps();
-    for (std::size_t i = 0; i + static_cast<std::size_t>(keep_) < saved.size(); ++i) {
-      std::filesystem::remove_all(path(saved[i]));
-    }
-  }
+  prune(dist::root_communicator(root));
   dist::log("{}: saved checkpoint {} in {:.2f} s", program, target, seconds);
+}
+
+std::optional<dist::AsyncCheckpointer::Committed> CheckpointDir::start(dist::AsyncCheckpointer& saver,
+                                                                       std::int64_t step, nn::Module& root,
+                                                                       const optim::Optimizer& optimizer,
+                                                                       const nlohmann::json& state) const {
+  on_rank_zero(dist::root_communicator(root), fmt::format("creating '{}'", dir_),
+               [&] { std::filesystem::create_directories(dir_); });
+  return saver.start(path(step), root, optimizer, state);
+}
+
+void CheckpointDir::committed(dist::Communicator& comm, const dist::AsyncCheckpointer::Committed& saved,
+                              const char* program, std::string_view when) const {
+  prune(comm);
+  dist::log(
+      "{}: saved checkpoint {} in the background{}: training blocked {:.3f} s{}, committed after {:.2f} s",
+      program, saved.dir, when.empty() ? "" : fmt::format(" (committed {})", when), saved.blocked_seconds,
+      saved.waited_seconds > 0
+          ? fmt::format(" (and {:.3f} s finishing the save before it)", saved.waited_seconds)
+          : "",
+      saved.seconds);
+}
+
+void CheckpointDir::prune(dist::Communicator& comm) const {
+  if (comm.rank() != 0) return;
+  const std::vector<std::int64_t> saved = steps();
+  for (std::size_t i = 0; i + static_cast<std::size_t>(keep_) < saved.size(); ++i) {
+    std::filesystem::remove_all(path(saved[i]));
+  }
 }
 
 CheckpointDir::Resumed CheckpointDir::resume(dist::Communicator& comm, nn::Module& root,

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/checkpoint/async_checkpoint.h"
 #include "dist/comm/communicator.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
@@ -25,6 +26,15 @@ class CheckpointDir {
   // and the optimizer. Logs the path and the time.
   void save(std::int64_t step, nn::Module& root, const optim::Optimizer& optimizer,
             const nlohmann::json& state, const char* program) const;
+  // As save(), written by `saver`'s thread: returns once the pieces are copied, and the save before
+  // it, which it finished, if one was in flight. A save counts once committed (what saver's poll()
+  // and finish() return), and committed() then prunes and logs it.
+  std::optional<dist::AsyncCheckpointer::Committed> start(dist::AsyncCheckpointer& saver, std::int64_t step,
+                                                          nn::Module& root, const optim::Optimizer& optimizer,
+                                                          const nlohmann::json& state) const;
+  // `when` says what committed it: "" at a step boundary, "before the next save", "at the stop".
+  void committed(dist::Communicator& comm, const dist::AsyncCheckpointer::Committed& saved,
+                 const char* program, std::string_view when) const;
 
   struct Resumed {
     std::string path;
@@ -44,6 +54,8 @@ class CheckpointDir {
   const std::string& dir() const { return dir_; }
 
  private:
+  void prune(dist::Communicator& comm) const;  // on rank 0: all but the newest `keep`
+
   std::string dir_;
   std::int64_t keep_;
 };

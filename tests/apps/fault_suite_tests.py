@@ -8,7 +8,8 @@ Faults (train_cnn at np 2, checkpoints every 2 steps; SHARDLAB_INJECT_FAULT, dis
 picks the collective):
 - SIGKILL of rank 1 inside a collective (its 5th reduce-scatter of fc1: step 5);
 - SIGKILL of rank 1 from outside mid-step (once step 5 is done) and mid-save (once a save of step
-  4 or later is under way);
+  4 or later is under way), and with --async-checkpoint while a save is written in the background
+  (its temporary directory left uncommitted: the save before it resumes);
 - rank 1 hangs before a collective: rank 0's watchdog names the collective and ends the job;
 - a full disk (a 20 MiB tmpfs, room for one checkpoint) during the second save: every rank names
   the file and the error;
@@ -40,7 +41,7 @@ DATA_DIR = "/usr/share/datasets/fashion-mnist"
 # 10 steps per epoch; 8 steps in all, a checkpoint every 2.
 ARGS = ["--limit-train", "640", "--limit-test", "200", "--global-batch", "64", "--epochs", "2", "--threads", "1"]
 STEPS = 8
-CASES = 11
+CASES = 12
 
 
 class Suite:
@@ -80,14 +81,15 @@ class Suite:
                    f"step {newest}'s checkpoint resumes bit for bit", ended and resumed,
                    f"missing {missing}\n{output}\n{detail}")
 
-    def killed_from_outside(self, name, ready, limit_s=60, attempts=4):
+    def killed_from_outside(self, name, ready, limit_s=60, attempts=4, args=(), landed_when=None):
         """Kills rank 1 with SIGKILL once ready(directory, metrics) holds; returns (code, seconds,
-        output, directory) of the attempt where the kill landed, or None."""
+        output, directory) of the attempt where the kill landed (and landed_when(directory) held
+        after it), or None."""
         for attempt in range(attempts):
             directory, metrics = self.path(f"{name}-{attempt}"), self.path(f"{name}-{attempt}.jsonl")
             began = time.monotonic()
             job = start(self.mpirun, self.cnn, ARGS + ["--steps", str(STEPS), "--checkpoint-dir", directory,
-                                                       "--checkpoint-every", "2", "--metrics", metrics])
+                                                       "--checkpoint-every", "2", "--metrics", metrics, *args])
             landed = False
             while job.poll() is None and time.monotonic() - began < limit_s:
                 if ready(directory, metrics):
@@ -98,7 +100,7 @@ class Suite:
                     break
                 time.sleep(0.0005)
             code, seconds, output = finish(job, began, limit_s)
-            if landed and code not in (0, None):
+            if landed and code not in (0, None) and (landed_when is None or landed_when(directory)):
                 return code, seconds, output, directory
         return None
 
@@ -138,8 +140,39 @@ def check_faults(suite, check):
         check(f"{name}: ends in {seconds:.1f} s with exit {code}, mpirun names the killed rank; step {expected}'s "
               f"checkpoint resumes bit for bit", ok and resumed, f"{output}\n{detail}")
 
+    check_background_save_killed(suite, check)
     check_full_disk(suite, check)
     check_unreadable_data(suite, check)
+
+
+def saves_under_way(directory):
+    """The steps of the temporary directories of saves in `directory` (step-00000004.tmp-<id>)."""
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(n[5:13]) for n in os.listdir(directory) if ".tmp-" in n)
+
+
+def check_background_save_killed(suite, check):
+    """--async-checkpoint: rank 1 killed once a save of step 4 or later has begun, and found after the
+    job still uncommitted (its temporary directory left, no metadata.json): the save before it resumes."""
+    name = "rank 1 killed by SIGKILL during a background save (--async-checkpoint)"
+
+    def in_flight(directory):
+        complete = complete_steps(directory)
+        return any(step >= 4 and step not in complete for step in saves_under_way(directory))
+
+    killed = suite.killed_from_outside(name, lambda directory, metrics: any(s >= 4 for s in saves_under_way(directory)),
+                                       args=["--async-checkpoint"], landed_when=in_flight)
+    if killed is None:
+        check(f"{name}: the kill landed while a save was in flight", False)
+        return
+    code, seconds, output, directory = killed
+    saved, uncommitted = complete_steps(directory), saves_under_way(directory)
+    newest = saved[-1] if saved else -1
+    resumed, detail = suite.resumes("background-save", directory, newest) if newest >= 2 else (False, "")
+    check(f"{name}: ends in {seconds:.1f} s with exit {code}, the save of step {uncommitted} left "
+          f"uncommitted; step {newest}'s checkpoint resumes bit for bit",
+          seconds <= 60 and "exited on signal 9" in output and resumed, f"complete {saved}\n{output}\n{detail}")
 
 
 def check_full_disk(suite, check):

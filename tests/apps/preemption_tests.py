@@ -6,7 +6,9 @@ written, one line names the step and the checkpoint, the job exits 75, and --res
 uninterrupted run's losses bit for bit. SIGUSR1 to mpirun (which forwards it at once) stops the
 same way; SIGTERM to mpirun itself reaches the ranks after Open MPI's odls_base_sigkill_timeout,
 and with that raised the checkpoint is written (mpirun then exits 1, its own status); a second
-SIGTERM ends the ranks at once, without the line.
+SIGTERM ends the ranks at once, without the line. With --async-checkpoint, SIGTERM to every rank as
+a background save begins: that save is committed at the stop before the program exits, and
+--resume continues bit for bit.
 
 Usage: preemption_tests.py <mpirun> <train_cnn> <train_llama>. Needs Fashion-MNIST and Debian's
 fortunes (scripts/setup); without them their cases are skipped. Ends with "preemption: N passed,
@@ -31,7 +33,7 @@ LLAMA_ARGS = ["--config", "tiny", "--seq", "48", "--global-batch", "12", "--limi
               "--lr", "3e-3", "--threads", "1", "--steps", str(STEPS)]
 RANKS = (2, 4)
 CASES_PER_APP = 2 * len(RANKS)  # per world size: the stop, and the resume
-CNN_ONLY_CASES = 3  # SIGUSR1 to mpirun, SIGTERM to mpirun, a second SIGTERM
+CNN_ONLY_CASES = 5  # SIGUSR1 to mpirun, SIGTERM to mpirun, a second SIGTERM, during a background save (2)
 
 
 class Suite:
@@ -72,6 +74,58 @@ class Suite:
         seconds = time.monotonic() - sent if sent else None
         return code, seconds, output, directory, stops[0] if stops else None
 
+    def resumes_bit_for_bit(self, case, program, args, ranks, directory, step, expected):
+        """Whether --resume from `directory` (newest: `step`) continues the run's losses bit for bit;
+        (ok, detail)."""
+        metrics = self.path(f"{case}-resumed.jsonl")
+        code, _, output = run_timed(self.mpirun, program, args + ["--checkpoint-dir", directory, "--resume",
+                                                                  "--metrics", metrics], ranks=ranks)
+        resumed = rank0_losses(metrics)
+        ok = code == 0 and sorted(resumed) == list(range(step + 1, STEPS + 1)) and all(
+            resumed[s] == expected[s] for s in resumed)
+        return ok, f"exit {code}: {resumed}\nreference {expected}\n{output}"
+
+    def stop_during_background_save(self, cnn, attempts=4):
+        """SIGTERM to every rank once a save's temporary directory appears (--async-checkpoint, a save
+        every 2 steps): while the save is in flight, so the stop commits it (the log says so), and the
+        newest checkpoint resumes bit for bit. A poll may commit the save before the signal lands:
+        then another attempt."""
+        expected = self.reference("cnn", cnn, CNN_ARGS, 2)
+        for attempt in range(attempts):
+            directory, metrics = self.path(f"async-stop-{attempt}-dir"), self.path(f"async-stop-{attempt}.jsonl")
+            began = time.monotonic()
+            job = start(self.mpirun, cnn, CNN_ARGS + ["--checkpoint-dir", directory, "--checkpoint-every", "2",
+                                                      "--async-checkpoint", "--metrics", metrics], ranks=2)
+            under_way = None
+            while job.poll() is None and time.monotonic() - began < 120:
+                names = os.listdir(directory) if os.path.isdir(directory) else []
+                steps = [int(n[5:13]) for n in names if ".tmp-" in n and int(n[5:13]) >= 4]
+                if steps:
+                    under_way = steps[0]
+                    for pid in ranks_of(job.pid).values():
+                        os.kill(pid, signal.SIGTERM)
+                    break
+                time.sleep(0.0005)
+            code, _, output = finish(job, began, 120)
+            line = f"train_cnn: saved checkpoint {directory}/step-{under_way:08d} in the background (committed at the stop)"
+            if under_way is None or line not in output:
+                continue
+            stops = [r for r in read_metrics_so_far(metrics) if r.get("rank") == 0 and "stopped_by" in r]
+            step = stops[0]["step"] if stops else None
+            # The stop comes at the first boundary after the signal: step under_way's, or the next one's
+            # when a rank was past it (then the stop's own checkpoint follows the committed one).
+            complete = complete_steps(directory)
+            self.check(f"train_cnn np 2 --async-checkpoint: SIGTERM as step {under_way}'s save begins: the save is "
+                       f"committed at the stop, exit {code}, stopped after step {step}",
+                       code == STOPPED and step is not None and step >= under_way and under_way in complete
+                       and complete[-1] == step, f"complete {complete}\n{output}")
+            ok, detail = self.resumes_bit_for_bit(f"async-stop-{attempt}", cnn, CNN_ARGS, 2, directory, step, expected)
+            self.check(f"train_cnn np 2 --async-checkpoint: --resume from step {step} continues bit for bit", ok, detail)
+            return
+        self.check("train_cnn np 2 --async-checkpoint: SIGTERM reached the ranks while a save was in flight", False,
+                   f"in {attempts} attempts")
+        self.check("train_cnn np 2 --async-checkpoint: --resume continues bit for bit", False, "nothing to resume")
+
     def stops_and_resumes(self, name, program, args, ranks, program_name):
         expected = self.reference(name, program, args, ranks)
 
@@ -92,14 +146,9 @@ class Suite:
         if not stopped:
             self.check(f"{program_name} np {ranks}: --resume continues bit for bit", False, "nothing to resume")
             return
-        metrics = self.path(f"{case}-resumed.jsonl")
-        code, _, output = run_timed(self.mpirun, program, args + ["--checkpoint-dir", directory, "--resume",
-                                                                  "--metrics", metrics], ranks=ranks)
-        resumed = rank0_losses(metrics)
+        ok, detail = self.resumes_bit_for_bit(case, program, args, ranks, directory, step, expected)
         self.check(f"{program_name} np {ranks}: --resume from step {step} gives the uninterrupted run's losses "
-                   f"bit for bit", code == 0 and sorted(resumed) == list(range(step + 1, STEPS + 1))
-                   and all(resumed[s] == expected[s] for s in resumed),
-                   f"exit {code}: {resumed}\nreference {expected}\n{output}")
+                   f"bit for bit", ok, detail)
 
     def other_ways(self, cnn):
         code, _, output, directory, stop = self.interrupt("usr1", cnn, CNN_ARGS, 2,
@@ -146,6 +195,7 @@ def main(mpirun, cnn, llama):
             for ranks in RANKS:
                 suite.stops_and_resumes("cnn", cnn, CNN_ARGS, ranks, "train_cnn")
             suite.other_ways(cnn)
+            suite.stop_during_background_save(cnn)
         else:
             print(f"skipped: {CASES_PER_APP + CNN_ONLY_CASES} train_cnn cases, {CNN_DATA} is missing "
                   f"(scripts/setup installs dataset-fashion-mnist)")
