@@ -729,6 +729,7 @@ void Unit::start_reduction() {
       reduce_input_ = gradient_in_reduce_dtype();
       reduce_work_ = groups_->shard->reduce_scatter(reduce_output_, reduce_input_, ReduceOp::avg, name_);
     });
+    root_->reduction_started(this);
   }
   drop_gradient_views();
   // ZeRO-1 keeps it and writes the next step's gradient into it, unless it is itself the reduced
@@ -745,14 +746,27 @@ void Unit::flush_backward() {
   }
 }
 
-void Unit::collect_gradient() {
-  if (!reducing_) return;
+void Unit::release_reduce_input() {
+  if (!reducing_ || reduce_input_released_) return;
+  reduce_input_released_ = true;
   {
     trace::Span span(trace::on() ? "wait reduce_scatter " + name_ : std::string(), "wait");
     span.arg("unit", name_);
     reduce_work_.wait();
-    if (groups_->replica != nullptr)
-      groups_->replica->all_reduce(reduce_output_, ReduceOp::avg, name_).wait();
+  }
+  // The handle and the member were what kept the input alive (the output is the shard's, kept).
+  reduce_work_ = Work();
+  reduce_input_ = Tensor();
+}
+
+void Unit::collect_gradient() {
+  if (!reducing_) return;
+  release_reduce_input();
+  if (groups_->replica != nullptr) {
+    // In `units` order at the end of the backward on every rank of the replica group alike.
+    trace::Span span(trace::on() ? "wait all_reduce " + name_ : std::string(), "wait");
+    span.arg("unit", name_);
+    groups_->replica->all_reduce(reduce_output_, ReduceOp::avg, name_).wait();
   }
   // Unless it is a cast, the reduced gradient is a buffer of its own (a 1-rank shard group's is the
   // full-gradient buffer, whose parameter views were dropped): the gradient shard, offloaded to the
@@ -783,6 +797,7 @@ void Unit::finish_backward(const std::uint8_t* agreed_flags) {
     std::fill(got_gradient_.begin(), got_gradient_.end(), 0);
     owes_reduction_ = reducing_ = false;
   }
+  reduce_input_released_ = false;
   reduce_work_ = Work();
   reduce_input_ = reduce_output_ = Tensor();
   backward_started_ = reduced_ = false;
@@ -796,7 +811,7 @@ void Unit::abandon_backward() {
   reduce_input_ = reduce_output_ = full_grad_ = gradient_shard_ = Tensor();
   drop_gradient_views();
   std::fill(got_gradient_.begin(), got_gradient_.end(), 0);
-  owes_reduction_ = backward_started_ = reduced_ = reducing_ = false;
+  owes_reduction_ = backward_started_ = reduced_ = reducing_ = reduce_input_released_ = false;
   inputs_marked_ = inputs_done_ = 0;
 }
 
@@ -824,8 +839,17 @@ Tensor Unit::full_shard_values() const {
 
 // --- RootState ----------------------------------------------------------------------------------
 
+void RootState::reduction_started(Unit* unit) {
+  reductions_in_flight.push_back(unit);
+  while (reductions_in_flight.size() > kReductionsInFlight) {
+    reductions_in_flight.front()->release_reduce_input();
+    reductions_in_flight.pop_front();
+  }
+}
+
 void RootState::finish_backward() {
   for (Unit* unit : units) unit->flush_backward();
+  reductions_in_flight.clear();
   std::vector<Unit*> reducing;
   for (Unit* unit : units) {
     if (unit->reducing()) reducing.push_back(unit);
@@ -878,6 +902,7 @@ std::vector<std::uint8_t> RootState::agree_on_gradients(const std::vector<Unit*>
 
 void RootState::abandon_backward() {
   for (Unit* unit : units) unit->abandon_backward();
+  reductions_in_flight.clear();
   callback_queued = false;
 }
 

@@ -273,8 +273,9 @@ struct UnitPlan {
   std::int64_t persistent_bytes = 0;
   std::int64_t unsharded_bytes = 0;  // the gathered parameters while they exist
   std::int64_t optimizer_bytes = 0;  // of persistent_bytes, the optimizer state
-  // The unsharded gradient in reduce_dtype, kept from the unit's reduce-scatter to the end of the
-  // backward (0 where the reduction's output is the gradient shard itself: a group of 1 rank).
+  // The unsharded gradient in reduce_dtype, kept until the unit's reduce-scatter is waited for:
+  // when kReductionsInFlight newer ones started, else at the end of the backward (0 where the
+  // reduction's output is the gradient shard itself: a group of 1 rank).
   std::int64_t reduce_buffer_bytes = 0;
   // With reduce_dtype other than param_dtype: the param_dtype gradient while the unit's backward runs.
   std::int64_t cast_buffer_bytes = 0;
@@ -316,7 +317,8 @@ struct Plan {
   // What of the parameters stays gathered from the end of forward to backward: the units gathered
   // through backward and the slices kept for post-forward groups.
   std::int64_t held_after_forward_bytes() const;
-  // Unsharded gradients at the end of backward: every unit's reduce buffer, plus the largest cast buffer.
+  // Unsharded gradients at once during backward: the kReductionsInFlight + 1 largest reduce buffers
+  // (the reductions in flight and the gradient being computed), plus the largest cast buffer.
   std::int64_t gradient_buffer_bytes() const;
   std::int64_t bytes_per_step() const;  // all collectives, received per rank
   // What gradient accumulation without sync holds between micro-steps: every unit's unsharded

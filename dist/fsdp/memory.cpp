@@ -22,7 +22,7 @@ std::string PeakPrediction::str() const {
   line("loaded data (in use before the model)", data);
   line("persistent: shards, gradient shards, optimizer state", persistent);
   line("gathered parameters in flight (1 + prefetch units)", gathered);
-  line("unsharded gradients until the end of backward", gradients);
+  line("unsharded gradients in flight (the 3 largest units)", gradients);
   if (measured) {
     line(fmt::format("activations and temporaries ({} samples, {} B each)", micro_batch, per_sample),
          activations);

@@ -25,7 +25,7 @@ struct PeakPrediction {
   std::int64_t data = 0;         // in use before the model existed: the loaded data (measured)
   std::int64_t persistent = 0;   // shards, gradient shards and optimizer state (plan)
   std::int64_t gathered = 0;     // gathered parameters in flight: 1 + prefetch units (plan)
-  std::int64_t gradients = 0;    // unsharded gradients until the end of backward (plan)
+  std::int64_t gradients = 0;    // unsharded gradients in flight during backward (plan)
   std::int64_t activations = 0;  // the rest of the forward/backward peak (dry run); 0 before it
   std::int64_t per_sample = 0;   // activations' growth per sample, from micro-batches of half and all
   std::int64_t micro_batch = 0;  // samples per rank and step

@@ -153,11 +153,18 @@ std::int64_t Plan::optimizer_state_bytes() const {
 }
 
 std::int64_t Plan::gradient_buffer_bytes() const {
-  std::int64_t total = 0, largest_cast = 0;
+  std::vector<std::int64_t> reduce_buffers;
+  std::int64_t largest_cast = 0;
   for (const UnitPlan& unit : units) {
-    total += unit.reduce_buffer_bytes;
+    reduce_buffers.push_back(unit.reduce_buffer_bytes);
     largest_cast = std::max(largest_cast, unit.cast_buffer_bytes);
   }
+  // The reductions in flight and the gradient the backward computes: bounded by the largest of them.
+  const std::size_t held = std::min(reduce_buffers.size(), kReductionsInFlight + 1);
+  std::partial_sort(reduce_buffers.begin(), reduce_buffers.begin() + static_cast<std::ptrdiff_t>(held),
+                    reduce_buffers.end(), std::greater<>());
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < held; ++i) total += reduce_buffers[i];
   return total + largest_cast;
 }
 

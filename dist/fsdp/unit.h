@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <future>
 #include <map>
 #include <memory>
@@ -56,6 +57,11 @@ class Unit;
 
 // The units under one root, in preorder of the module tree (the root's first), and what the
 // steps of that root share: execution orders for prefetching and the end-of-backward callback.
+// Reduce-scatters a backward leaves in flight: when a unit starts its own, the oldest beyond these
+// is waited for and its unsharded gradient freed (FSDP2 keeps one in flight). So a backward holds
+// the unsharded gradients of at most this many units and the one it computes, not of every unit.
+inline constexpr std::size_t kReductionsInFlight = 2;
+
 struct RootState {
   nn::Module* root = nullptr;
   std::vector<Unit*> units;
@@ -65,6 +71,11 @@ struct RootState {
   bool sync = true;
   Communicator* mesh_ranks = nullptr;  // place_in_mesh's `all`: the ranks of the whole model
 
+  // The units whose reduce-scatter runs, oldest first (kReductionsInFlight).
+  std::deque<Unit*> reductions_in_flight;
+
+  // A unit started its reduce-scatter: the oldest beyond kReductionsInFlight frees its input.
+  void reduction_started(Unit* unit);
   void finish_backward();
   // A backward that threw before its end (its callbacks never ran): the units drop its partial
   // gradients, as zero_grad would, and are ready for the next step.
@@ -127,6 +138,9 @@ class Unit : public std::enable_shared_from_this<Unit> {
   bool trains() const;
   Piece piece(const Slot& slot) const;
   bool reducing() const { return reducing_; }
+  // Waits for the reduce-scatter and frees its input, the unsharded gradient, before the end of the
+  // backward; the replica all-reduce and the gradient shard still wait for collect_gradient.
+  void release_reduce_input();
   // This rank's "got a gradient since the last reduction" flags, one per slot.
   const std::vector<std::uint8_t>& gradient_flags() const { return got_gradient_; }
   // Between its pre-backward and its post-backward: its gradients still read the gathered parameters.
@@ -244,7 +258,8 @@ class Unit : public std::enable_shared_from_this<Unit> {
   // destinations) are views into it.
   Tensor full_grad_;
   bool backward_started_ = false, reduced_ = false, reducing_ = false;
-  std::vector<std::uint8_t> counted_;  // per slot: its gradient arrived in this backward
+  bool reduce_input_released_ = false;  // release_reduce_input ran this backward
+  std::vector<std::uint8_t> counted_;   // per slot: its gradient arrived in this backward
   std::int64_t ready_ = 0, expected_ = 0;
   std::int64_t inputs_marked_ = 0, inputs_done_ = 0;  // since the last finish_backward
   Work reduce_work_;
