@@ -1,9 +1,10 @@
 // apps/train_llama: trains the Llama (models/llama.h) on a text corpus (Debian's fortunes by
 // default) with FSDP over the ranks mpirun starts: one unit per decoder layer plus the root
 // (recipes/llama.h); with --tp N, tensor parallelism inside groups of N ranks and FSDP across. AdamW
-// (0.9, 0.99, wd 0.1), linear warm-up from 0.1 then cosine to 0, gradient clipping at 1.0, cross-entropy that
-// ignores [PAD]. Besides what every training program has (apps/trainer.h), prints a progress bar with loss
-// and tokens/s, saves a Hugging Face directory, and can print a few samples after training.
+// (0.9, 0.99, wd 0.1; or SGD), linear warm-up from 0.1 then cosine to 0, gradient clipping at 1.0,
+// cross-entropy that ignores [PAD]. Besides what every training program has (apps/trainer.h), prints a
+// progress bar with loss and tokens/s, saves a Hugging Face directory, and can print a few samples after
+// training.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -48,6 +49,8 @@ struct Options : apps::TrainerOptions {
   double lr = 1e-3;
   std::int64_t warmup_steps = -1;  // default: a tenth of the steps
   double weight_decay = 0.1;
+  std::string optimizer = "adamw";
+  std::optional<double> momentum;  // --optimizer sgd's (default 0.9)
   bool no_decay_norms = false;
   double clip = 1.0;
   bool activation_checkpointing = false;
@@ -66,8 +69,28 @@ DType weights_dtype(const std::string& name) {
   return name == "bf16" ? DType::bf16 : name == "f16" ? DType::f16 : DType::f32;
 }
 
-// AdamW keeps exp_avg and exp_avg_sq in f32: what the plan counts as optimizer state.
-constexpr std::int64_t kOptimizerStateBytesPerElement = 8;
+// What the plan counts as optimizer state per element: AdamW's exp_avg and exp_avg_sq in f32, SGD's
+// momentum buffer (none without momentum).
+std::int64_t optimizer_state_bytes_per_element(const Options& options) {
+  if (options.optimizer == "adamw") return 8;
+  return options.momentum.value_or(0.9) > 0 ? 4 : 0;
+}
+
+// --optimizer: AdamW (betas 0.9, 0.99, decoupled weight decay), or SGD (momentum, L2 weight decay).
+std::unique_ptr<optim::Optimizer> make_optimizer(const Options& options,
+                                                 std::vector<optim::ParamGroup> groups) {
+  if (options.optimizer == "sgd") {
+    return std::make_unique<optim::SGD>(std::move(groups),
+                                        optim::SGDOptions{.lr = options.lr,
+                                                          .momentum = options.momentum.value_or(0.9),
+                                                          .weight_decay = options.weight_decay});
+  }
+  SHARDLAB_CHECK(!options.momentum, "--momentum is SGD's: --optimizer adamw has none");
+  return std::make_unique<optim::AdamW>(
+      std::move(groups),
+      optim::AdamWOptions{
+          .lr = options.lr, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = options.weight_decay});
+}
 
 // A preset's shape takes the tokenizer's vocabulary; a config file, a directory, and random tokens
 // (drawn from the model's vocabulary) keep its own.
@@ -202,7 +225,7 @@ class Training : public apps::Trainer {
   std::int64_t tensor_parallel_bytes_ = 0;  // what the tp ranks exchanged in the last step
   std::optional<models::Llama> model_;
   recipes::ParallelLlama layout_;
-  std::unique_ptr<optim::AdamW> optimizer_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::LRScheduler> scheduler_;
   std::int64_t total_steps_ = 0;
   std::optional<apps::Progress> progress_;
@@ -269,11 +292,8 @@ Training::Training(const Options& options, dist::Session& session)
   }
   std::vector<optim::ParamGroup> groups{{.parameters = decayed}};
   if (!undecayed.empty()) groups.push_back({.parameters = undecayed, .weight_decay = 0.0});
-  optimizer_ = std::make_unique<optim::AdamW>(
-      std::move(groups),
-      optim::AdamWOptions{
-          .lr = options.lr, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = options.weight_decay});
-  // Offloaded, each unit's AdamW runs on a host thread while the next forward gathers the units before it.
+  optimizer_ = make_optimizer(options, std::move(groups));
+  // Offloaded, each unit's update runs on a host thread while the next forward gathers the units before it.
   if (options.cpu_offload) dist::overlap_host_step(*optimizer_, **model_);
   scheduler_ = make_schedule(*optimizer_, total_steps_, std::max<std::int64_t>(1, warmup));
   start({.root = &**model_,
@@ -281,7 +301,7 @@ Training::Training(const Options& options, dist::Session& session)
          .loader = &*loader_,
          .scheduler = scheduler_.get(),
          .total_steps = total_steps_,
-         .optimizer_state_bytes_per_element = kOptimizerStateBytesPerElement,
+         .optimizer_state_bytes_per_element = optimizer_state_bytes_per_element(options),
          .checkpointing_available = true,
          .checkpointing = options.activation_checkpointing,
          .unchanged = {"seq", "sequences", "tokenizer_json", "config"},
@@ -290,14 +310,16 @@ Training::Training(const Options& options, dist::Session& session)
   dist::log(
       "train_llama: {} documents, {} sequences of {} tokens ({} tokenizer, vocab {}), model {} with {} "
       "parameters, "
-      "{} rank{} x {} threads, sharding {}{}, global batch {} ({}), {} steps, AdamW lr {:g}{}{}",
+      "{} rank{} x {} threads, sharding {}{}, global batch {} ({}), {} steps, {} lr {:g}{}{}",
       options.random_tokens ? "no" : std::to_string(documents.size()), sequences_, options.seq,
       options.random_tokens ? "random token ids, no" : tokenizer_->name(), config_.vocab_size,
       options.init_from.empty() ? options.config : options.init_from, config_.parameter_count(), world_size_,
       world_size_ == 1 ? "" : "s", num_threads(), plan_.sharding,
       mesh_ ? fmt::format(" over {}, tensor parallel in tp", mesh_->str()) : "", options.global_batch,
-      apps::rank_shares(options.global_batch, data_parallel().size()), total_steps_, options.lr,
-      options.mixed_precision == "none" ? "" : ", mixed precision " + options.mixed_precision,
+      apps::rank_shares(options.global_batch, data_parallel().size()), total_steps_,
+      options.optimizer == "sgd" ? fmt::format("SGD (momentum {:g})", options.momentum.value_or(0.9))
+                                 : "AdamW",
+      options.lr, options.mixed_precision == "none" ? "" : ", mixed precision " + options.mixed_precision,
       options.activation_checkpointing ? ", activation checkpointing" : "");
 }
 
@@ -507,7 +529,13 @@ void add_options(CLI::App& app, Options& options) {
   app.add_option("--warmup-steps", options.warmup_steps,
                  "linear warm-up from 0.1 x lr (default: a tenth of the steps)")
       ->check(apps::integer_at_least(0));
-  app.add_option("--weight-decay", options.weight_decay, "AdamW's decoupled weight decay")
+  app.add_option("--optimizer", options.optimizer,
+                 "adamw, or sgd (no second moment: 4 bytes of state per element with momentum, none without)")
+      ->check(apps::one_of({"adamw", "sgd"}));
+  app.add_option("--momentum", options.momentum, "--optimizer sgd's momentum (default 0.9; 0: none)")
+      ->check(apps::number_at_least(0));
+  app.add_option("--weight-decay", options.weight_decay,
+                 "AdamW's decoupled weight decay, SGD's L2 weight decay")
       ->check(apps::number_at_least(0));
   app.add_flag("--no-decay-norms", options.no_decay_norms, "put the norms in a group without weight decay");
   app.add_option("--clip", options.clip, "clip the global gradient norm to this")

@@ -120,6 +120,9 @@ def app_cases(scratch):
         (["--save-model", os.path.join(scratch, "m"), "--save-model-dtype", "f64"],
          "--save-model-dtype: got 'f64', expected one of f32, bf16, f16"),
         (["--save-model-max-file-size", "2G"], "--save-model-max-file-size requires --save-model"),
+        (["--optimizer", "adam"], "--optimizer: got 'adam', expected one of adamw, sgd"),
+        number("--momentum", "-0.5", ">= 0"),
+        (["--momentum", "0.5"], "--momentum is SGD's: --optimizer adamw has none"),
         (["--save-model-dtype", "bf16"], "--save-model-dtype requires --save-model"),
     ]
     generate = [

@@ -83,6 +83,7 @@ def main(mpirun, train_llama, generate):
     check_errors(mpirun, train_llama, check)
     with tempfile.TemporaryDirectory(prefix="train_llama_tests.") as scratch:
         check_random_tokens(mpirun, train_llama, scratch, check)
+        check_sgd(mpirun, train_llama, scratch, check)
         check_init_from_memory(mpirun, train_llama, scratch, check)
     skipped = 0
     if not os.path.isdir(DATA_DIR):
@@ -311,6 +312,34 @@ def check_random_tokens(mpirun, program, scratch, check):
     check("--random-tokens at np 2: every step's loss within 1e-5 of one process's",
           code2 == 0 and len(losses2) == 4 and losses1.keys() == losses2.keys()
           and all(close(losses2[step], losses1[step]) for step in losses1), f"exit {code2}\n{losses1}\n{losses2}\n{output2}")
+
+
+def check_sgd(mpirun, program, scratch, check):
+    # --optimizer sgd: the loss falls, 3 ranks give one process's losses, and the plan counts the
+    # momentum buffer (4 B per element; none at --momentum 0) to the byte.
+    args = ["--config", "tiny", "--random-tokens", "--seq", "16", "--global-batch", "6", "--steps", "6",
+            "--threads", "1", "--optimizer", "sgd", "--lr", "0.5"]
+    runs = {}
+    for ranks, extra in ((1, ()), (3, ()), (3, ("--momentum", "0"))):
+        metrics = os.path.join(scratch, f"sgd-np{ranks}{''.join(extra)}.jsonl")
+        code, output = run_job(mpirun, program, ranks, args + list(extra) + ["--metrics", metrics])
+        records = read_metrics(metrics)
+        runs[(ranks, extra)] = (code, output, per_step(records, 0, "loss"), records)
+    code1, output1, losses1, _ = runs[(1, ())]
+    check("--optimizer sgd: 6 steps, the loss falls", code1 == 0 and len(losses1) == 6 and losses1[6] < losses1[1],
+          f"exit {code1}\n{losses1}\n{output1}")
+    code3, output3, losses3, records3 = runs[(3, ())]
+    check("--optimizer sgd at np 3: every step's loss within 1e-5 of one process's",
+          code3 == 0 and losses3.keys() == losses1.keys() and all(close(losses3[s], losses1[s]) for s in losses1),
+          f"exit {code3}\n{losses1}\n{losses3}\n{output3}")
+    for (ranks, extra), per_element in (((3, ()), 4), ((3, ("--momentum", "0")), 0)):
+        code, output, _, records = runs[(ranks, extra)]
+        finals, problems = plan_problems(records)
+        check(f"--optimizer sgd{''.join(' ' + e for e in extra)} at np 3: every rank's memory equals the plan, "
+              f"{per_element} B of optimizer state per element",
+              code == 0 and len(finals) == 3 and not problems
+              and all(r["plan"]["optimizer_state_bytes_per_element"] == per_element for r in finals),
+              f"exit {code}; {problems}\n{output}")
 
 
 # A Llama of 12.4 M parameters (50 MB in f32): big enough that one whole copy stands out in a
