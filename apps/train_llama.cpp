@@ -286,6 +286,13 @@ Training::Training(const Options& options, dist::Session& session)
   ShardedLlama sharded = sharded_llama(options, config_, fsdp_, mesh_.get(), device_);
   model_.emplace(std::move(sharded.model));
   layout_ = std::move(sharded.layout);
+  if (!options.init_from.empty()) {
+    // Joining the units to the root draws the shards: each rank reads its elements of the files now.
+    const auto start = std::chrono::steady_clock::now();
+    dist::sharded_parameters(**model_);
+    dist::log("train_llama: read each rank's shards of '{}' in {:.2f} s", options.init_from,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
   nn::Named<Variable> decayed, undecayed;
   for (auto& [name, shard] : (*model_)->named_parameters()) {  // this rank's shards, after fully_shard
     (options.no_decay_norms && is_norm(name) ? undecayed : decayed).emplace_back(name, shard);
