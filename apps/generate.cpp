@@ -2,7 +2,8 @@
 // Face LlamaForCausalLM with a byte-level or BPE tokenizer.json) writes after a prompt: greedy, or
 // sampled with temperature and top-k, through the KV cache, on the CPU or a GPU; or, with --logits,
 // scores the prompt (its logits to a file, its loss printed), for comparing with another library.
-// One process, no MPI.
+// One process holds the whole model; under mpirun the ranks shard it with FSDP, none holding it
+// whole, compute the same tokens in step, and rank 0 prints (apps/generate_model.h).
 #include "models/generate.h"
 
 #include <fmt/format.h>
@@ -11,6 +12,7 @@
 #include <cstdio>
 
 #include "apps/cli.h"
+#include "apps/generate_model.h"
 #include "autograd/functional.h"
 #include "core/parallel.h"
 #include "data/tokenizer.h"
@@ -35,7 +37,7 @@ struct Options {
 
 // --logits: the logits of [BOT] + the prompt's ids in one forward (f32 [tokens, vocab], with the
 // ids, to a safetensors file) and the mean loss of predicting each id from those before it.
-void score(models::Llama& model, const std::vector<std::int64_t>& ids, const std::string& path) {
+void score(models::Llama& model, const std::vector<std::int64_t>& ids, const std::string& path, bool prints) {
   const NoGradGuard no_grad;
   const auto length = static_cast<std::int64_t>(ids.size());
   const Device device = model->parameters().front().device();
@@ -48,41 +50,34 @@ void score(models::Llama& model, const std::vector<std::int64_t>& ids, const std
                .data()
                .item<double>();
   }
+  if (!prints) return;
   nn::save_safetensors(path, {{"logits", logits.to(Device::cpu())}, {"ids", from_vector(ids, {length})}});
   std::printf("scored %lld tokens: loss %.9g; logits written to %s\n", static_cast<long long>(length), loss,
               path.c_str());
 }
 
-void run(const Options& options) {
+void run(int& argc, char**& argv, const Options& options) {
   if (!options.logits.empty()) apps::check_writable_path("--logits", options.logits, /*is_directory=*/false);
   if (options.threads > 0) set_num_threads(options.threads);
-  const Device device = device_for(parse_device_choice(options.device));
+  const apps::GenerationRanks ranks = apps::join_ranks(argc, argv, parse_device_choice(options.device));
+  const bool prints = ranks.rank == 0;
   const std::unique_ptr<data::Tokenizer> tokenizer = data::make_tokenizer(
       options.tokenizer.empty() ? data::directory_tokenizer(options.model_dir) : options.tokenizer);
   const models::LlamaConfig config = models::load_pretrained_config(options.model_dir);
   SHARDLAB_CHECK(config.vocab_size >= tokenizer->vocab_size(),
                  "'{}' has a vocabulary of {}, fewer than the {} tokenizer's {} ids", options.model_dir,
                  config.vocab_size, tokenizer->name(), tokenizer->vocab_size());
-  models::Llama model = [&] {
-    const nn::DeferredInitGuard deferred;  // shapes only: the weights come from the file
-    return models::Llama(config);
-  }();
-  nn::Named<Shape> shapes;
-  for (const auto& [name, p] : model->named_parameters()) {
-    p.set_data(empty(p.shape()));
-    shapes.emplace_back(name, p.shape());
-  }
-  model->load_state_dict(models::load_pretrained_weights(options.model_dir, shapes));
-  model->to(device);
+  models::Llama model = apps::open_model(ranks, options.model_dir);
 
   std::vector<std::int64_t> prompt{tokenizer->bot_id()};
   for (const std::int64_t id : tokenizer->encode(options.prompt)) prompt.push_back(id);
-  if (!options.logits.empty()) return score(model, prompt, options.logits);
+  if (!options.logits.empty()) return score(model, prompt, options.logits, prints);
   for (std::int64_t i = 0; i < options.samples; ++i) {
     models::SamplingOptions sampling = options.sampling;
     sampling.seed += static_cast<std::uint64_t>(i);
     sampling.stop_token = tokenizer->eot_id();
     const std::vector<std::int64_t> tokens = models::generate(*model, prompt, sampling);
+    if (!prints) continue;
     std::printf("--- sample %lld ---\n%s%s\n", static_cast<long long>(i + 1), options.prompt.c_str(),
                 tokenizer->decode(tokens).c_str());
     if (options.print_ids) std::printf("ids: %s\n", fmt::format("{}", fmt::join(tokens, " ")).c_str());
@@ -90,6 +85,21 @@ void run(const Options& options) {
 }
 
 }  // namespace
+
+models::Llama apps::whole_model(const std::string& dir, Device device) {
+  models::Llama model = [&] {
+    const nn::DeferredInitGuard deferred;  // shapes only: the weights come from the file
+    return models::Llama(models::load_pretrained_config(dir));
+  }();
+  nn::Named<Shape> shapes;
+  for (const auto& [name, p] : model->named_parameters()) {
+    p.set_data(empty(p.shape()));
+    shapes.emplace_back(name, p.shape());
+  }
+  model->load_state_dict(models::load_pretrained_weights(dir, shapes));
+  model->to(device);
+  return model;
+}
 
 int main(int argc, char** argv) {
   Options options;
@@ -117,12 +127,13 @@ int main(int argc, char** argv) {
       ->check(apps::integer_at_least(0));
   app.add_option("--device", options.device, "auto (a GPU where one answers, else the CPU), cpu or cuda")
       ->check(apps::one_of({"auto", "cpu", "cuda"}));
-  if (const std::optional<int> status = apps::parse_command_line(app, argc, argv, "generate", true))
+  if (const std::optional<int> status =
+          apps::parse_command_line(app, argc, argv, "generate", apps::prints_errors()))
     return *status;
   try {
-    run(options);
+    run(argc, argv, options);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "generate: %s\n", e.what());
+    if (apps::prints_errors()) std::fprintf(stderr, "generate: %s\n", e.what());
     return 1;
   }
   return 0;

@@ -45,10 +45,12 @@ std::vector<std::int64_t> generate(LlamaImpl& model, const std::vector<std::int6
   const bool was_training = model.is_training();
   model.eval();
   const NoGradGuard no_grad;
-  const Device device = model.model->embed_tokens->weight.device();
+  // The parameters as named_parameters() gives them (a sharded model's shards): where the model
+  // computes, and in what.
+  const Variable first = model.named_parameters().front().second;
+  const Device device = first.device();
   const std::int64_t capacity = std::min(limit, prompt_length + options.max_new_tokens);
-  KvCache cache(model.config, 1, capacity,
-                TensorOptions{}.with_device(device).with_dtype(model.model->embed_tokens->weight.dtype()));
+  KvCache cache(model.config, 1, capacity, TensorOptions{}.with_device(device).with_dtype(first.dtype()));
   std::vector<std::int64_t> out;
   Tensor input = from_vector(prompt, {1, prompt_length}, device);
   while (static_cast<std::int64_t>(out.size()) < options.max_new_tokens && cache.length < capacity) {

@@ -206,7 +206,7 @@ def main(programs):
 
 # Where no GPU answers, --device cuda: "<app>: [dist::init: ]device cuda was requested but <why>".
 CUDA_REFUSALS = {
-    "generate": (["/nonexistent/model"], "generate: device cuda was requested but "),
+    "generate": (["/nonexistent/model"], "generate: dist::init: device cuda was requested but "),
     "train_cnn": (["--steps", "1"], "train_cnn: dist::init: device cuda was requested but "),
     "train_llama": (["--steps", "1"], "train_llama: dist::init: device cuda was requested but "),
     "bench_ops": (["--reps", "1"], "bench_ops: device cuda was requested but "),

@@ -87,7 +87,7 @@ def main(mpirun, train_llama, generate):
         check_init_from_memory(mpirun, train_llama, scratch, check)
     skipped = 0
     if not os.path.isdir(DATA_DIR):
-        skipped = len(PARITY_RUNS) + 2 + 14 + 5 + len(FIT_RUNS) + 1 + 4 + TRACE_CHECKS + 1 + 2 * len(TP_RUNS) - 1 + len(TP_RESUMES) + 4
+        skipped = len(PARITY_RUNS) + 2 + 14 + 5 + len(FIT_RUNS) + 1 + 4 + TRACE_CHECKS + 1 + 2 * len(TP_RUNS) - 1 + len(TP_RESUMES) + 4 + 5
         print(f"skipped: {skipped} cases that train, {DATA_DIR} is missing (scripts/setup installs fortunes)")
     else:
         with tempfile.TemporaryDirectory(prefix="train_llama_tests.") as scratch:
@@ -515,6 +515,7 @@ def check_save_and_generate(mpirun, program, generate, scratch, check):
           output.count("--- sample") == 2 and len(ids) == 2 and all(0 < len(row) <= 16 for row in ids),
           f"exit {code}\n{output}")
     check_scoring(generate, saved, scratch, check)
+    check_generate_over_ranks(mpirun, generate, saved, scratch, check)
 
     # Starting from the saved model, the first step's loss is the trained model's, well below a
     # fresh model's first loss.
@@ -569,6 +570,33 @@ def check_scoring(generate, saved, scratch, check):
     check("generate --logits writes [BOT] + the prompt's ids and their logits, and prints their mean loss",
           printed is not None and loss is not None and abs(float(printed.group(2)) - loss) <= 1e-5 * loss,
           f"exit {code}, recomputed loss {loss}\n{output}")
+
+
+def check_generate_over_ranks(mpirun, generate, saved, scratch, check):
+    """generate under mpirun shards the model over the ranks (each reading its shards): at np 2 and 3
+    the logits file is one process's bit for bit, the sampled texts and ids the same, printed once; a
+    refusal is printed once."""
+    prompt = "Q: Why do fortunes end?"
+    alone_logits = os.path.join(scratch, "alone.safetensors")
+    code, _ = run_command([generate, saved, "--prompt", prompt, "--logits", alone_logits, "--threads", "1"])
+    sample = ["--prompt", "Q:", "--samples", "2", "--tokens", "16", "--print-ids", "--threads", "1"]
+    _, alone_samples = run_command([generate, saved] + sample)
+    for ranks in (2, 3):
+        path = os.path.join(scratch, f"np{ranks}.safetensors")
+        code_l, output_l = run_job(mpirun, generate, ranks, [saved, "--prompt", prompt, "--logits", path,
+                                                             "--threads", "1"])
+        same = code == 0 and code_l == 0 and os.path.isfile(path) and read_safetensors(path) == read_safetensors(
+            alone_logits)
+        check(f"generate at np {ranks}: each rank reads its shards, the logits are one process's bit for bit, "
+              "printed once", same and "read each rank's shards" in output_l and output_l.count("scored ") == 1,
+              f"exit {code_l}\n{output_l}")
+        code_s, output_s = run_job(mpirun, generate, ranks, [saved] + sample)
+        texts = [line for line in output_s.splitlines() if not line.startswith("generate: read each")]
+        check(f"generate at np {ranks}: the same 2 samples and ids as one process, printed once",
+              code_s == 0 and texts == alone_samples.splitlines(), f"exit {code_s}\n{output_s}\n{alone_samples}")
+    code, output = run_job(mpirun, generate, 2, [os.path.join(scratch, "no-such-model")])
+    check("generate at np 2: a missing directory is refused in one line",
+          code != 0 and output.count("has no config.json") == 1, f"exit {code}\n{output}")
 
 
 def check_bpe(mpirun, program, generate, scratch, check):
