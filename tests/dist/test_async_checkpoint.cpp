@@ -41,6 +41,14 @@ bool holds_only(const std::string& dir, const std::vector<std::string>& expected
   return names == expected;
 }
 
+// The Nested model fully sharded over the world, after one AdamW step.
+std::pair<test::Nested, std::unique_ptr<optim::AdamW>> trained_one_step() {
+  test::Nested model = test::make_model(test::world(), {dist::Sharding::full});
+  auto optimizer = test::make_optimizer(model);
+  test::train(model, *optimizer, test::world(), 0, 1);
+  return {std::move(model), std::move(optimizer)};
+}
+
 }  // namespace
 
 TEST_CASE("AsyncCheckpointer writes save_checkpoint's files of the state at start(), for every strategy",
@@ -78,9 +86,7 @@ TEST_CASE("AsyncCheckpointer writes save_checkpoint's files of the state at star
 TEST_CASE("AsyncCheckpointer commits at poll() once every rank has written, and one save at a time",
           "[dist][checkpoint][async_checkpoint]") {
   test::SharedDir dir;
-  test::Nested model = test::make_model(test::world(), {dist::Sharding::full});
-  auto optimizer = test::make_optimizer(model);
-  test::train(model, *optimizer, test::world(), 0, 1);
+  auto [model, optimizer] = trained_one_step();
   dist::save_checkpoint(dir.file("step-1-now"), *model, *optimizer);
   dist::AsyncCheckpointer saver(1 << 20);
   saver.start(dir.file("step-1"), *model, *optimizer);
@@ -112,9 +118,7 @@ TEST_CASE("AsyncCheckpointer commits at poll() once every rank has written, and 
 TEST_CASE("AsyncCheckpointer: a write that fails on one rank is thrown on every rank, nothing left behind",
           "[dist][checkpoint][async_checkpoint]") {
   test::SharedDir dir;
-  test::Nested model = test::make_model(test::world(), {dist::Sharding::full});
-  auto optimizer = test::make_optimizer(model);
-  test::train(model, *optimizer, test::world(), 0, 1);
+  auto [model, optimizer] = trained_one_step();
   // The last rank's files may not grow past 64 bytes: its thread's write fails (EFBIG, the signal ignored).
   const int last = test::world().size() - 1;
   rlimit before{};
