@@ -42,7 +42,12 @@ bool holds_only(const std::string& dir, const std::vector<std::string>& expected
 }
 
 // The Nested model fully sharded over the world, after one AdamW step.
-std::pair<test::Nested, std::unique_ptr<optim::AdamW>> trained_one_step() {
+struct Trained {
+  test::Nested model;
+  std::unique_ptr<optim::AdamW> optimizer;
+};
+
+Trained trained_one_step() {
   test::Nested model = test::make_model(test::world(), {dist::Sharding::full});
   auto optimizer = test::make_optimizer(model);
   test::train(model, *optimizer, test::world(), 0, 1);
@@ -118,7 +123,8 @@ TEST_CASE("AsyncCheckpointer commits at poll() once every rank has written, and 
 TEST_CASE("AsyncCheckpointer: a write that fails on one rank is thrown on every rank, nothing left behind",
           "[dist][checkpoint][async_checkpoint]") {
   test::SharedDir dir;
-  auto [model, optimizer] = trained_one_step();
+  // Named members, not a structured binding: the lambda below uses them (clang 15 cannot capture a binding).
+  Trained trained = trained_one_step();
   // The last rank's files may not grow past 64 bytes: its thread's write fails (EFBIG, the signal ignored).
   const int last = test::world().size() - 1;
   rlimit before{};
@@ -132,7 +138,7 @@ TEST_CASE("AsyncCheckpointer: a write that fails on one rank is thrown on every 
     setrlimit(RLIMIT_FSIZE, &small);
   }
   error = test::error_of([&] {
-    saver.start(dir.file("ckpt"), *model, *optimizer);
+    saver.start(dir.file("ckpt"), *trained.model, *trained.optimizer);
     saver.finish();
   });
   if (test::world().rank() == last) setrlimit(RLIMIT_FSIZE, &before);
