@@ -106,6 +106,11 @@ BinnedSum::BinnedSum(std::int64_t numel) : numel_(numel) {
   SHARDLAB_CHECK(numel >= 0, "BinnedSum: a negative element count ({})", numel);
   tops_ = full({binned_blocks(numel)}, kLowestTop, dtype(DType::u8));
   bins_ = zeros({kBinsKept, numel}, dtype(DType::i32));
+  terms_.assign(static_cast<std::size_t>(binned_blocks(numel)), 0);
+}
+
+std::int64_t BinnedSum::terms() const {
+  return terms_.empty() ? 0 : *std::max_element(terms_.begin(), terms_.end());
 }
 
 BinnedSum BinnedSum::clone() const {
@@ -130,34 +135,40 @@ void BinnedSum::raise(std::int64_t block, int top) {
   current = static_cast<std::uint8_t>(top);
 }
 
-void BinnedSum::add(const Tensor& terms) {
+void BinnedSum::add(const Tensor& terms, std::int64_t first) {
   SHARDLAB_CHECK(terms.defined() && (terms.dtype() == DType::f32 || terms.dtype() == DType::bf16 ||
                                      terms.dtype() == DType::f16),
                  "BinnedSum::add: the terms must be f32, bf16 or f16, got {}",
                  terms.defined() ? dtype_name(terms.dtype()) : "an undefined tensor");
   SHARDLAB_CHECK(terms.device().is_cpu(), "BinnedSum::add: binned sums run on the CPU, got terms on {}",
                  terms.device().str());
-  SHARDLAB_CHECK(terms.numel() == numel_ && terms.is_contiguous(),
-                 "BinnedSum::add: expected {} contiguous elements, got {}{}", numel_,
-                 shape_str(terms.shape()), terms.is_contiguous() ? "" : " (not contiguous)");
-  SHARDLAB_CHECK(terms_ < kMostBinnedTerms, "BinnedSum::add: more than {} terms per element",
-                 kMostBinnedTerms);
-  ++terms_;
+  SHARDLAB_CHECK(terms.is_contiguous() && first >= 0 && first + terms.numel() <= numel_,
+                 "BinnedSum::add: expected contiguous terms for elements [{}, {} + n) of {}, got {}{}", first,
+                 first, numel_, shape_str(terms.shape()), terms.is_contiguous() ? "" : " (not contiguous)");
+  const std::int64_t end = first + terms.numel();
+  if (end == first) return;
+  const std::int64_t first_block = first / kBinBlock, end_block = binned_blocks(end);
+  for (std::int64_t block = first_block; block < end_block; ++block) {
+    SHARDLAB_CHECK(terms_[block] < kMostBinnedTerms, "BinnedSum::add: more than {} terms per element",
+                   kMostBinnedTerms);
+  }
+  for (std::int64_t block = first_block; block < end_block; ++block) ++terms_[block];
   std::int32_t* bins = bins_.data<std::int32_t>();
-  parallel_for(0, binned_blocks(numel_), kBlocksPerTask, [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t block = begin; block < end; ++block) {
-      const std::int64_t first = block * kBinBlock, last = std::min(numel_, first + kBinBlock);
+  parallel_for(first_block, end_block, kBlocksPerTask, [&](std::int64_t begin_task, std::int64_t end_task) {
+    for (std::int64_t block = begin_task; block < end_task; ++block) {
+      const std::int64_t low_element = std::max(first, block * kBinBlock),
+                         high_element = std::min(end, (block + 1) * kBinBlock);
       int top = kLowestTop;
-      for (std::int64_t i = first; i < last; ++i) {
-        const Fixed term = fixed_of(term_bits(terms, i));
+      for (std::int64_t i = low_element; i < high_element; ++i) {
+        const Fixed term = fixed_of(term_bits(terms, i - first));
         top = std::max(top, term.finite ? top_of(term) : int{kNonFiniteTop});
       }
       raise(block, top);
       const int current = tops_.data<std::uint8_t>()[block];
       if (current == kNonFiniteTop) continue;
       const int low = current - (kBinsKept - 1);
-      for (std::int64_t i = first; i < last; ++i) {
-        const Fixed term = fixed_of(term_bits(terms, i));
+      for (std::int64_t i = low_element; i < high_element; ++i) {
+        const Fixed term = fixed_of(term_bits(terms, i - first));
         const std::uint64_t bits = bits_from(term, low);
         for (int b = 0; b < kBinsKept; ++b) {
           const auto digit = static_cast<std::int32_t>((bits >> (b * kBinBits)) & kDigitMask);
@@ -171,9 +182,11 @@ void BinnedSum::add(const Tensor& terms) {
 void BinnedSum::add(const BinnedSum& other) {
   SHARDLAB_CHECK(other.numel_ == numel_, "BinnedSum::add: a sum of {} elements added to one of {}",
                  other.numel_, numel_);
-  SHARDLAB_CHECK(terms_ + other.terms_ <= kMostBinnedTerms, "BinnedSum::add: more than {} terms per element",
-                 kMostBinnedTerms);
-  terms_ += other.terms_;
+  for (std::size_t block = 0; block < terms_.size(); ++block) {
+    SHARDLAB_CHECK(terms_[block] + other.terms_[block] <= kMostBinnedTerms,
+                   "BinnedSum::add: more than {} terms per element", kMostBinnedTerms);
+  }
+  for (std::size_t block = 0; block < terms_.size(); ++block) terms_[block] += other.terms_[block];
   std::int32_t* bins = bins_.data<std::int32_t>();
   const std::int32_t* others = other.bins_.data<std::int32_t>();
   parallel_for(0, binned_blocks(numel_), kBlocksPerTask, [&](std::int64_t begin, std::int64_t end) {

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -52,11 +53,13 @@ class BinnedSum {
   BinnedSum clone() const;
 
   std::int64_t numel() const { return numel_; }
-  // The tensors added so far, counting a merged sum's: at most kMostBinnedTerms.
-  std::int64_t terms() const { return terms_; }
+  // The most terms an element's block holds (each add counts once in every block it reaches, a merged
+  // sum's count too): at most kMostBinnedTerms.
+  std::int64_t terms() const;
 
-  // Adds one term per element: a contiguous f32, bf16 or f16 tensor of numel() elements on the CPU.
-  void add(const Tensor& terms);
+  // Adds one term per element to elements [first, first + terms.numel()): a contiguous f32, bf16 or f16
+  // tensor on the CPU (a parameter's gradient part into a flat buffer of several).
+  void add(const Tensor& terms, std::int64_t first = 0);
   // Adds another sum of as many elements: the same bins as if its terms had been added here.
   void add(const BinnedSum& other);
 
@@ -74,9 +77,9 @@ class BinnedSum {
   void raise(std::int64_t block, int top);
 
   std::int64_t numel_ = 0;
-  std::int64_t terms_ = 0;
-  Tensor tops_;  // u8 [blocks]
-  Tensor bins_;  // i32 [kBinsKept, numel]: the window's lowest bin first
+  std::vector<std::int32_t> terms_;  // per block
+  Tensor tops_;                      // u8 [blocks]
+  Tensor bins_;                      // i32 [kBinsKept, numel]: the window's lowest bin first
 };
 
 // f32 [windows.numel()]: a sum of windows (i64, contiguous, on the CPU) at `tops`, each rounded to the

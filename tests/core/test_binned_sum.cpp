@@ -227,16 +227,46 @@ TEST_CASE("BinnedSum: bf16 and f16 terms add as their f32 values", "[binned_sum]
   }
 }
 
+TEST_CASE(
+    "BinnedSum: parts added at their offsets are their concatenation added whole; terms count per block",
+    "[binned_sum]") {
+  // A flat buffer of three parameters (70, 30 and 100 elements: blocks shared across their edges).
+  const std::vector<Tensor> first = random_parts(3, 200, 40, 17), second = random_parts(3, 200, 40, 18);
+  BinnedSum whole(200), pieces(200);
+  for (const auto* parts : {&first, &second}) {
+    for (const Tensor& part : *parts) {
+      whole.add(part);
+      pieces.add(part.narrow(0, 100, 100).contiguous(), 100);
+      pieces.add(part.narrow(0, 0, 70).contiguous(), 0);
+      pieces.add(part.narrow(0, 70, 30).contiguous(), 70);
+    }
+  }
+  CHECK(bits_of(pieces.result()) == bits_of(whole.result()));
+  BinnedSum counted(200);
+  counted.add(ones({10}), 0);
+  counted.add(ones({10}), 5);
+  counted.add(ones({36}), 64);
+  counted.add(ones({0}), 199);  // nothing: counts nothing
+  CHECK(counted.terms() == 2);
+  CHECK(counted.result().to_vector<float>()[7] == 2.0f);
+  CHECK(counted.result().to_vector<float>()[64] == 1.0f);
+}
+
 TEST_CASE("BinnedSum: refusals name what is wrong and change nothing", "[binned_sum]") {
   BinnedSum sum(100);
   sum.add(test::random_tensor({100}, 1));
   const std::vector<float> before = sum.result().to_vector<float>();
   CHECK_THROWS_ERROR(sum.add(test::random_tensor({100}, 2, DType::f64)),
                      "BinnedSum::add: the terms must be f32, bf16 or f16, got f64");
-  CHECK_THROWS_ERROR(sum.add(test::random_tensor({99}, 2)),
-                     "BinnedSum::add: expected 100 contiguous elements, got [99]");
+  CHECK_THROWS_ERROR(sum.add(test::random_tensor({101}, 2)),
+                     "BinnedSum::add: expected contiguous terms for elements [0, 0 + n) of 100, got [101]");
+  CHECK_THROWS_ERROR(sum.add(test::random_tensor({10}, 2), 91),
+                     "BinnedSum::add: expected contiguous terms for elements [91, 91 + n) of 100, got [10]");
+  CHECK_THROWS_ERROR(sum.add(test::random_tensor({10}, 2), -1),
+                     "BinnedSum::add: expected contiguous terms for elements [-1, -1 + n) of 100, got [10]");
   CHECK_THROWS_ERROR(sum.add(test::random_tensor({10, 10}, 2).transpose(0, 1)),
-                     "BinnedSum::add: expected 100 contiguous elements, got [10, 10] (not contiguous)");
+                     "BinnedSum::add: expected contiguous terms for elements [0, 0 + n) of 100, got [10, 10] "
+                     "(not contiguous)");
   CHECK_THROWS_ERROR(sum.add(BinnedSum(101)), "BinnedSum::add: a sum of 101 elements added to one of 100");
   CHECK_THROWS_ERROR(sum.window(zeros({2}, dtype(DType::u8))), "BinnedSum::window: block 0's top 0 is below");
   CHECK_THROWS_ERROR(sum.window(sum.tops().to(DType::i32)),
