@@ -46,6 +46,7 @@ import struct
 import sys
 import tempfile
 
+from golden import check_golden
 from trace_checks import check_trace_run
 from jobs import Checks, check_dry_runs_change_nothing, check_memory_limit, check_peak, read_metrics, run_command, run_job
 
@@ -67,6 +68,9 @@ PARITY_RUNS = [(1, "full", ()), (1, "grad_op", ()), (2, "full", ()), (2, "grad_o
                (4, "hybrid:2", ()), (1, "optimizer", ()), (2, "optimizer", ()), (4, "optimizer", ()),
                (4, "full", RESHARD_TO_PAIRS), *UNEVEN_RUNS]
 RTOL = 1e-5
+# The parity runs whose every step's loss and gradient norm are held to the bit by a golden file.
+GOLDEN_RUNS = [(1, "full", ()), (2, "full", ()), (3, "full", ()), (2, "grad_op", ()), (2, "none", ()),
+               (2, "hybrid:1", ()), (4, "hybrid:2", ()), (2, "optimizer", ()), (3, "full", UNEVEN)]
 
 
 def per_step(records, rank, field):
@@ -87,7 +91,7 @@ def main(mpirun, train_llama, generate):
         check_init_from_memory(mpirun, train_llama, scratch, check)
     skipped = 0
     if not os.path.isdir(DATA_DIR):
-        skipped = len(PARITY_RUNS) + 2 + 14 + 5 + len(FIT_RUNS) + 1 + 4 + TRACE_CHECKS + 1 + 2 * len(TP_RUNS) - 1 + len(TP_RESUMES) + 4 + 5
+        skipped = len(PARITY_RUNS) + len(GOLDEN_RUNS) + 1 + 2 + 14 + 5 + len(FIT_RUNS) + 1 + 4 + TRACE_CHECKS + 1 + 2 * len(TP_RUNS) - 1 + len(TP_RESUMES) + 4 + 5
         print(f"skipped: {skipped} cases that train, {DATA_DIR} is missing (scripts/setup installs fortunes)")
     else:
         with tempfile.TemporaryDirectory(prefix="train_llama_tests.") as scratch:
@@ -161,6 +165,10 @@ def check_parity_and_memory(mpirun, program, scratch, check):
         flags = " ".join(("--sharding", sharding) + extra)
         check(f"np {ranks} {flags}: {STEPS} step losses equal the 1-process run's within {RTOL:g}",
               code == 0 and expected and not wrong, f"exit {code}; " + "; ".join(wrong[:4]) + "\n" + output)
+
+    for ranks, sharding, extra in GOLDEN_RUNS:
+        check_golden(check, "train_llama_steps.json", " ".join([f"train_llama np {ranks} --sharding {sharding}", *extra]),
+                     runs[(ranks, sharding, extra)][2])
 
     # Offloaded, AdamW runs on the host step thread while the next forward runs: when, never what.
     in_line, offloaded = (per_step(runs[(2, "full", extra)][2], 0, "loss") for extra in ((), OFFLOADED))
@@ -396,6 +404,7 @@ def check_mixed_precision(mpirun, program, scratch, check):
     ok = code == 0 and len(losses) == STEPS and all(abs(losses[s] - reference[s]) < 0.05 for s in reference)
     check("np 2 --mixed-precision bf16: every step's loss within 0.05 of the f32 run's", ok,
           f"exit {code}\n{losses}\n{reference}\n{output}")
+    check_golden(check, "train_llama_steps.json", "train_llama np 2 --mixed-precision bf16", read_metrics(metrics))
 
 
 def check_resume(mpirun, program, scratch, check):
