@@ -125,6 +125,8 @@ void backward(const std::vector<Variable>& outputs, const std::vector<Tensor>& g
         for (std::size_t i = 0; i < input_grads.size(); ++i) check_gradient(*node, i, input_grads[i]);
       }
       if (!retain_graph) node->release();
+    } else if (auto* accumulator = dynamic_cast<AccumulateGrad*>(node.get())) {
+      accumulator->finish_deposits();  // its gradient came as chunk parts (autograd/batch_chunks.h)
     }
     for (std::size_t i = 0; i < node->next_edges().size(); ++i) {
       const std::shared_ptr<Node>& next = node->next_edges()[i].node;

@@ -3,12 +3,27 @@
 
 #include <utility>
 
+#include "autograd/batch_chunks.h"
 #include "core/ops.h"
 
 namespace shardlab::autograd {
 
 namespace {
 std::atomic<std::uint64_t> next_sequence_nr{0};
+
+// The op whose backward function runs on this thread, for deliver_gradient_part.
+thread_local FunctionNode* applying = nullptr;
+
+class Applying {
+ public:
+  explicit Applying(FunctionNode* node) : previous_(std::exchange(applying, node)) {}
+  ~Applying() { applying = previous_; }
+  Applying(const Applying&) = delete;
+  Applying& operator=(const Applying&) = delete;
+
+ private:
+  FunctionNode* previous_;
+};
 
 std::string describe(const std::string& name) { return name.empty() ? "a leaf" : "leaf '" + name + "'"; }
 }  // namespace
@@ -43,7 +58,11 @@ Grads FunctionNode::apply(const Tensor& grad_output) {
                  "{}: its saved tensors were freed by an earlier backward; pass retain_graph=true to the "
                  "first backward to run backward through this graph again",
                  name());
-  Grads grads = backward_(grad_output);
+  Grads grads;
+  {
+    const Applying scope(this);
+    grads = backward_(grad_output);
+  }
   SHARDLAB_CHECK(grads.size() == inputs_.size(), "{} returned {} gradients for {} inputs", name(),
                  grads.size(), inputs_.size());
   for (std::size_t i = 0; i < grads.size(); ++i) {
@@ -67,6 +86,11 @@ AccumulateGrad::AccumulateGrad(std::shared_ptr<VariableImpl> leaf)
 
 Grads AccumulateGrad::apply(const Tensor& grad_output) {
   VariableImpl& leaf = *leaf_;
+  SHARDLAB_CHECK(leaf.binned_grad == nullptr,
+                 "backward: {} gathers its gradient by chunks (set_binned_grad), but got a whole one: an op "
+                 "it enters does not cut its batch into chunks (BatchChunking); those that do: linear, "
+                 "conv2d, embedding, rms_norm",
+                 describe(leaf.name));
   const TensorMeta meta = TensorMeta::of(leaf.data);  // current: set_data may have changed it
   Tensor grad = run_grad_hooks(leaf.grad_hooks, grad_output, meta, describe(leaf.name));
   SHARDLAB_CHECK(grad.shape() == meta.shape, "backward: gradient of shape {} for {} of shape {}",
@@ -83,6 +107,40 @@ Grads AccumulateGrad::apply(const Tensor& grad_output) {
   const Variable variable = Variable::from_impl(leaf_);
   for (const auto& hook : leaf.post_accumulate_hooks) hook(variable);
   return {};
+}
+
+void AccumulateGrad::deposit(const Tensor& part) {
+  VariableImpl& leaf = *leaf_;
+  SHARDLAB_CHECK(leaf.binned_grad != nullptr,
+                 "backward: an op cut its batch into chunks (BatchChunking) but {} has no BinnedSum for the "
+                 "parts (Variable::set_binned_grad)",
+                 describe(leaf.name));
+  const TensorMeta meta = TensorMeta::of(leaf.data);
+  const Tensor grad = run_grad_hooks(leaf.grad_hooks, part, meta, describe(leaf.name));
+  SHARDLAB_CHECK(grad.shape() == meta.shape, "backward: a gradient part of shape {} for {} of shape {}",
+                 shape_str(grad.shape()), describe(leaf.name), shape_str(meta.shape));
+  leaf.binned_grad->add(grad.to(meta.dtype).contiguous().reshape({grad.numel()}), leaf.binned_first);
+  deposited_ = true;
+}
+
+void AccumulateGrad::finish_deposits() {
+  if (!std::exchange(deposited_, false)) return;
+  const Variable variable = Variable::from_impl(leaf_);
+  for (const auto& hook : leaf_->post_accumulate_hooks) hook(variable);
+}
+
+void deliver_gradient_part(std::size_t input, const Tensor& part) {
+  SHARDLAB_CHECK(applying != nullptr, "deliver_gradient_part: called outside an op's backward function");
+  SHARDLAB_CHECK(input < applying->next_edges().size() && applying->next_edges()[input].node != nullptr,
+                 "{}: deliver_gradient_part for input {}, which needs no gradient", applying->name(), input);
+  Node* next = applying->next_edges()[input].node.get();
+  auto* accumulator = dynamic_cast<AccumulateGrad*>(next);
+  SHARDLAB_CHECK(
+      accumulator != nullptr,
+      "{}: its input {} comes from {}, not from a parameter: under BatchChunking a parameter is the "
+      "op's input itself, so that its gradient's chunk parts reach the parameter's BinnedSum",
+      applying->name(), input, next->name());
+  accumulator->deposit(part);
 }
 
 std::shared_ptr<Node> grad_accumulator(const std::shared_ptr<VariableImpl>& leaf) {

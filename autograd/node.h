@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "autograd/variable.h"
+#include "core/binned_sum.h"
 #include "core/tensor.h"
 
 namespace shardlab::autograd {
@@ -90,6 +91,10 @@ struct VariableImpl {
   std::vector<Variable::PostAccumulateHook> post_accumulate_hooks;
   std::shared_ptr<const ShardInfo> shard;    // set when this leaf is one rank's part of a parameter
   std::optional<std::string> not_trainable;  // why an optimizer must not take it (set_not_trainable)
+  // Leaves under bitwise training: the sum that chunk parts of the gradient go to, from element
+  // binned_first on (Variable::set_binned_grad).
+  std::shared_ptr<BinnedSum> binned_grad;
+  std::int64_t binned_first = 0;
 };
 
 // The sink of a leaf's gradient: runs the leaf's hooks, adds into .grad(), then runs its
@@ -99,9 +104,15 @@ class AccumulateGrad final : public Node {
   explicit AccumulateGrad(std::shared_ptr<VariableImpl> leaf);
   Grads apply(const Tensor& grad_output) override;
   const std::string& leaf_name() const { return leaf_->name; }
+  // One chunk's part of the gradient (autograd/batch_chunks.h), through the leaf's hooks into its
+  // BinnedSum; the post-accumulate hooks wait for finish_deposits().
+  void deposit(const Tensor& part);
+  // Once the engine reaches the node: runs the post-accumulate hooks if parts came since the last call.
+  void finish_deposits();
 
  private:
   std::shared_ptr<VariableImpl> leaf_;
+  bool deposited_ = false;
 };
 
 // The accumulator of a leaf that requires grad, created on first use.

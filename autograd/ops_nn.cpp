@@ -2,6 +2,7 @@
 // forward next to its backward. Operands that need no gradient get none computed.
 #include <algorithm>
 
+#include "autograd/batch_chunks.h"
 #include "autograd/ops.h"
 #include "autograd/record.h"
 
@@ -98,17 +99,46 @@ Variable matmul(const Variable& a, const Variable& b) {
   return record("matmul", {a, b}, output, ProductGrads(x, y, a.requires_grad(), b.requires_grad()));
 }
 
+namespace {
+
+// Bitwise training: the weight's and the bias's gradients of a linear as one part per chunk of the batch's
+// rows, each with the chunk's shapes (autograd/batch_chunks.h).
+void deliver_linear_parts(const autograd::BatchChunks& chunks, const Tensor& input, const Tensor& g,
+                          bool need_weight, bool need_bias) {
+  const std::int64_t rows = g.numel() / std::max<std::int64_t>(g.size(-1), 1);
+  const Tensor rows_g = g.reshape({rows, g.size(-1)});
+  const Tensor rows_x = need_weight ? input.reshape({rows, input.size(-1)}) : Tensor();
+  for (const autograd::RowRange& chunk : autograd::chunk_rows(chunks, rows, "linear")) {
+    const Tensor chunk_g = rows_g.narrow(0, chunk.start, chunk.count);
+    if (need_weight)
+      autograd::deliver_gradient_part(
+          1, matmul(chunk_g.transpose(0, 1), rows_x.narrow(0, chunk.start, chunk.count)));
+    if (need_bias) autograd::deliver_gradient_part(2, sum(chunk_g, {0}));
+  }
+}
+
+}  // namespace
+
 Variable linear(const Variable& x, const Variable& weight, const Variable& bias) {
   const Tensor input = x.data(), w = weight.data(), b = bias.defined() ? bias.data() : Tensor();
   const Tensor output = linear(input, w, b);  // validates shapes and dtypes
-  const ProductGrads product(input, w.transpose(0, 1), x.requires_grad(), weight.requires_grad());
+  const std::optional<autograd::BatchChunks> chunks = autograd::batch_chunks();
+  const bool need_weight = weight.requires_grad();
+  const ProductGrads product(input, w.transpose(0, 1), x.requires_grad(), need_weight && !chunks);
   const bool has_bias = bias.defined(), need_bias = has_bias && bias.requires_grad();
   const Shape bias_shape = has_bias ? b.shape() : Shape{};
+  const Tensor chunked_input = chunks && need_weight ? input : Tensor();
   std::vector<Variable> inputs{x, weight};
   if (has_bias) inputs.push_back(bias);
   return record("linear", inputs, output,
-                [product, has_bias, need_bias, bias_shape](const Tensor& g) -> Grads {
+                [product, has_bias, need_bias, bias_shape, chunks, chunked_input,
+                 need_weight](const Tensor& g) -> Grads {
                   Grads grads = product(g);
+                  if (chunks) {
+                    deliver_linear_parts(*chunks, chunked_input, g, need_weight, need_bias);
+                    if (has_bias) grads.emplace_back();
+                    return grads;
+                  }
                   if (grads[1].defined())
                     grads[1] = grads[1].transpose(0, 1);  // the weight's, not its transpose's
                   if (has_bias) grads.push_back(need_bias ? sum_to(g, bias_shape) : Tensor());

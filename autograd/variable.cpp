@@ -135,6 +135,22 @@ void Variable::set_grad_destination(Tensor buffer) const {
   impl_->grad_destination = std::move(buffer);
 }
 
+void Variable::set_binned_grad(std::shared_ptr<BinnedSum> sum, std::int64_t first) const {
+  require_defined("set_binned_grad");
+  SHARDLAB_CHECK(sum == nullptr || (is_leaf() && requires_grad()),
+                 "set_binned_grad: '{}' is not a leaf that requires grad", name());
+  SHARDLAB_CHECK(sum == nullptr || (first >= 0 && first + numel() <= sum->numel()),
+                 "set_binned_grad: '{}' ({} elements from {}) does not fit a sum of {}", name(), numel(),
+                 first, sum == nullptr ? 0 : sum->numel());
+  impl_->binned_grad = std::move(sum);
+  impl_->binned_first = first;
+}
+
+const std::shared_ptr<BinnedSum>& Variable::binned_grad() const {
+  require_defined("binned_grad");
+  return impl_->binned_grad;
+}
+
 void Variable::zero_grad(bool set_to_none) const {
   require_defined("zero_grad");
   if (set_to_none) {

@@ -15,6 +15,8 @@
 
 namespace shardlab {
 
+class BinnedSum;
+
 namespace autograd {
 class Node;
 struct VariableImpl;
@@ -75,6 +77,11 @@ class Variable {
   // (copied, not added, so the buffer need not be zeroed) and makes `buffer` the grad(). FSDP
   // gathers its parameters' gradients into one flat buffer this way. Undefined clears it.
   void set_grad_destination(Tensor buffer) const;
+  // Bitwise training (autograd/batch_chunks.h): every chunk's part of this leaf's gradient is added into
+  // `sum` at elements [first, first + numel()) instead of into grad(); a whole gradient is refused. Null
+  // clears it.
+  void set_binned_grad(std::shared_ptr<BinnedSum> sum, std::int64_t first = 0) const;
+  const std::shared_ptr<BinnedSum>& binned_grad() const;
   // Clears the gradient: drops it (set_to_none) or fills it with zeros in place.
   void zero_grad(bool set_to_none = true) const;
 
