@@ -73,7 +73,7 @@ float round_to_f32(std::int64_t window, int top) {
   const int base = (top - (kBinsKept - 1)) * kBinBits;  // the window's lowest bit, in units of 2^-149
   const int highest = std::bit_width(magnitude) - 1 + base;
   float value = std::numeric_limits<float>::infinity();
-  if (highest <= 276) {
+  if (highest <= kHighestF32Bit) {
     // f32's step at that magnitude: 2^(highest - 23) for normal numbers, 2^-149 (one unit) below them.
     const int dropped = std::max(highest - 23, 0) - base;
     std::uint64_t kept = magnitude;

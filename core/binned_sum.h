@@ -32,8 +32,8 @@ namespace shardlab {
 inline constexpr int kBinBits = 16;
 inline constexpr int kBinsKept = 3;
 inline constexpr std::int64_t kBinBlock = 64;
-// The bins of an f32 multiple of 2^-149: the highest bit of the largest finite f32 is bit 276.
-inline constexpr int kHighestBin = 276 / kBinBits;
+// An f32 as a multiple of 2^-149: the highest bit of the largest finite one is bit 276.
+inline constexpr int kHighestF32Bit = 276;
 inline constexpr int kLowestTop = kBinsKept - 1;  // an empty block's window starts at bin 0
 inline constexpr std::uint8_t kNonFiniteTop = 255;
 // Terms per element a sum (and a window summed over ranks) may hold: each bin adds digits below 2^16 in
