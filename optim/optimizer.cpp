@@ -713,9 +713,9 @@ template class OptimizerWith<AdadeltaOptions>;
 
 namespace {
 
-// Where a sum over `parameters` lives: their device (the first one's), the CPU for none.
-Device device_of(const std::vector<Variable>& parameters) {
-  return parameters.empty() ? Device::cpu() : parameters.front().data().device();
+// Where a sum over `parameters` lives: their device (the first one's), `if_none` for none.
+Device device_of(const std::vector<Variable>& parameters, Device if_none) {
+  return parameters.empty() ? if_none : parameters.front().data().device();
 }
 
 // `value` on `device`: a copy only for parameters spread over devices.
@@ -723,8 +723,8 @@ Tensor on(const Tensor& value, Device device) { return value.device() == device 
 
 }  // namespace
 
-Tensor gradient_sum_of_squares(const std::vector<Variable>& parameters) {
-  const Device device = device_of(parameters);
+Tensor gradient_sum_of_squares(const std::vector<Variable>& parameters, Device if_none) {
+  const Device device = device_of(parameters, if_none);
   // The gradients by device, in the parameters' order: one foreach_sum_squares on each.
   std::vector<std::pair<Device, std::vector<Tensor>>> by_device;
   for (const Variable& variable : parameters) {
@@ -775,11 +775,11 @@ Tensor global_sum_of_squares(const std::vector<Variable>& parameters, const SumC
     if (it == sharded.end()) it = sharded.insert(sharded.end(), {shard->ranks.get(), {}});
     if (shard->counts_once) it->second.push_back(variable);
   }
-  const Device device = device_of(parameters);
-  Tensor local = gradient_sum_of_squares(whole);
+  const Device device = device_of(parameters, Device::cpu());
+  Tensor local = gradient_sum_of_squares(whole, device);
   Tensor global = on(combine ? combine(local) : local, device);
   for (const auto& [ranks, counted] : sharded)
-    global = add(global, on(ranks->sum(gradient_sum_of_squares(counted)), device));
+    global = add(global, on(ranks->sum(gradient_sum_of_squares(counted, device)), device));
   return global;
 }
 

@@ -307,9 +307,10 @@ Tensor clip_grad_norm_(const std::vector<Variable>& parameters, double max_norm,
 
 // clip_grad_norm_'s two halves, for callers that combine sums their own way. The sum of the
 // squared gradients of the variables that have one, here, in double (core's foreach_sum_squares:
-// one pass, one launch per device on a GPU), as a one-element f64 tensor on their device (the CPU
-// for an empty list):
-Tensor gradient_sum_of_squares(const std::vector<Variable>& parameters);
+// one pass, one launch per device on a GPU), as a one-element f64 tensor on their device (on
+// `if_none` for an empty list: a rank holding nothing to count still answers on its GPU, so no
+// zero is copied up from the host inside a step):
+Tensor gradient_sum_of_squares(const std::vector<Variable>& parameters, Device if_none = Device::cpu());
 // Scales the gradients by max_norm / (norm + 1e-6) when that is below 1 (a NaN norm makes them
 // NaN, as in PyTorch) and returns norm; max_norm > 0. Norm stays on its device: no host wait.
 Tensor clip_gradients_to_norm(const std::vector<Variable>& parameters, double max_norm, const Tensor& norm);

@@ -59,7 +59,9 @@ class StreamEvents : public DeviceMemory {
   };
 };
 
-// An out-of-memory answer is the allocator's to handle (free its cache, retry, or throw).
+// An out-of-memory answer is the allocator's to handle (free its cache, retry, or throw). The
+// status is taken first and the pointer after: as two arguments of one call, the compiler may read
+// the pointer before the allocation has written it.
 void* null_when_out_of_memory(cudaError_t status, void* data) {
   if (status == cudaErrorMemoryAllocation) {
     cudaGetLastError();
@@ -77,7 +79,8 @@ class CudaMemory final : public StreamEvents {
   void* malloc(std::size_t nbytes) override {
     const DeviceGuard guard(device_);
     void* data = nullptr;
-    return null_when_out_of_memory(cudaMalloc(&data, nbytes), data);
+    const cudaError_t status = cudaMalloc(&data, nbytes);
+    return null_when_out_of_memory(status, data);
   }
 
   void free(void* data) override {
@@ -101,7 +104,8 @@ class PinnedMemory final : public StreamEvents {
  public:
   void* malloc(std::size_t nbytes) override {
     void* data = nullptr;
-    return null_when_out_of_memory(cudaHostAlloc(&data, nbytes, cudaHostAllocPortable), data);
+    const cudaError_t status = cudaHostAlloc(&data, nbytes, cudaHostAllocPortable);
+    return null_when_out_of_memory(status, data);
   }
 
   void free(void* data) override { SHARDLAB_CUDA_CHECK(cudaFreeHost(data)); }

@@ -195,9 +195,9 @@ Tensor local_gradient_sum_of_squares(nn::Module& root) {
     const std::vector<Variable>& shards = unit->sharded_parameters();
     counted.insert(counted.end(), shards.begin(), shards.end());
   }
-  const Tensor local = optim::gradient_sum_of_squares(counted);
   const Device device = units.front()->device();
-  return local.device() == device ? local : local.to(device);
+  const Tensor local = optim::gradient_sum_of_squares(counted, device);
+  return local.device() == device ? local : local.to(device);  // shards offloaded to the host
 }
 
 namespace {
