@@ -3,11 +3,13 @@
 // attention also as one fused node over core's attention kernels.
 #include "autograd/functional.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
 #include <utility>
 
+#include "autograd/batch_chunks.h"
 #include "autograd/record.h"
 #include "core/kernels.h"
 
@@ -146,6 +148,28 @@ Variable naive(const Variable& q, const Variable& k, const Variable& v, const At
 }
 
 // One node: core's fused kernels compute the output and, in backward, all three gradients.
+// Bitwise training: the backward chunk by chunk of the batch's samples, as the kernel deals its work
+// (how it splits a head's dQ) by the batch it is given; each sample's gradients are its own.
+AttentionGrads chunked_attention_backward(const autograd::BatchChunks& chunks, const Tensor& g,
+                                          const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const AttentionResult& result, const AttentionParams& params) {
+  const auto dense = [](const Tensor& t) { return empty(t.shape(), TensorOptions{t.dtype(), t.device()}); };
+  const AttentionGrads grads{dense(q), dense(k), dense(v)};
+  for (const autograd::RowRange& chunk : autograd::chunk_rows(chunks, q.size(0), kAttention)) {
+    const auto part = [&](const Tensor& t) {
+      return t.defined() ? t.narrow(0, chunk.start, chunk.count) : t;
+    };
+    const AttentionParams chunk_params{
+        .causal = params.causal, .padding = part(params.padding), .scale = params.scale};
+    const AttentionGrads parts = attention_backward(part(g), part(q), part(k), part(v),
+                                                    {part(result.out), part(result.logsumexp)}, chunk_params);
+    part(grads.q).copy_(parts.q);
+    part(grads.k).copy_(parts.k);
+    part(grads.v).copy_(parts.v);
+  }
+  return grads;
+}
+
 Variable fused(const Variable& q, const Variable& k, const Variable& v, const AttentionOptions& options) {
   SHARDLAB_CHECK(!options.mask.defined(), "{}: the fused path takes no additive mask (got one of shape {})",
                  kAttention, shape_str(options.mask.shape()));
@@ -153,8 +177,10 @@ Variable fused(const Variable& q, const Variable& k, const Variable& v, const At
   const Tensor x = q.data(), y = k.data(), z = v.data();
   const AttentionResult result = attention_forward(x, y, z, params);
   const bool need_q = q.requires_grad(), need_k = k.requires_grad(), need_v = v.requires_grad();
+  const std::optional<autograd::BatchChunks> chunks = autograd::batch_chunks();
   return record("attention", {q, k, v}, result.out, [=](const Tensor& g) -> Grads {
-    const AttentionGrads grads = attention_backward(g, x, y, z, result, params);
+    const AttentionGrads grads = chunks ? chunked_attention_backward(*chunks, g, x, y, z, result, params)
+                                        : attention_backward(g, x, y, z, result, params);
     return {need_q ? grads.q : Tensor(), need_k ? grads.k : Tensor(), need_v ? grads.v : Tensor()};
   });
 }
@@ -195,11 +221,34 @@ bool fused_rms_norm(const char* op, const Variable& x, const Variable& weight) {
   return x.dtype() == weight.dtype() && is_floating(x.dtype());
 }
 
+// Bitwise training: the norm's backward chunk by chunk of the batch's rows, each with the chunk's
+// shapes; the weight's gradient goes one part per chunk, x's (a row's own) is returned whole.
+Tensor rms_norm_chunk_parts(const autograd::BatchChunks& chunks, const Tensor& g, const Tensor& input,
+                            const Tensor& scale, const Tensor& rstd, bool need_weight) {
+  const std::int64_t width = input.size(-1), rows = input.numel() / std::max<std::int64_t>(width, 1);
+  const Tensor rows_g = g.reshape({rows, width}), rows_x = input.reshape({rows, width});
+  const Tensor rows_rstd = rstd.reshape({rows});
+  const Tensor grad_x = empty({rows, width}, TensorOptions{input.dtype(), input.device()});
+  for (const autograd::RowRange& chunk : autograd::chunk_rows(chunks, rows, "rms_norm")) {
+    const RmsNormGrads grads = rms_norm_backward(rows_g.narrow(0, chunk.start, chunk.count),
+                                                 rows_x.narrow(0, chunk.start, chunk.count), scale,
+                                                 rows_rstd.narrow(0, chunk.start, chunk.count));
+    grad_x.narrow(0, chunk.start, chunk.count).copy_(grads.x);
+    if (need_weight) autograd::deliver_gradient_part(1, grads.weight);
+  }
+  return grad_x.reshape(input.shape());
+}
+
 // The rms_norm node over a forward core computed from `x`'s values.
 Variable record_rms_norm(const Variable& x, const Variable& weight, const RmsNormResult& result) {
   const Tensor input = x.data(), scale = weight.data(), rstd = result.rstd;
   const bool need_x = x.requires_grad(), need_weight = weight.requires_grad();
+  const std::optional<autograd::BatchChunks> chunks = autograd::batch_chunks();
   return record("rms_norm", {x, weight}, result.out, [=](const Tensor& g) -> Grads {
+    if (chunks) {
+      const Tensor grad_x = rms_norm_chunk_parts(*chunks, g, input, scale, rstd, need_weight);
+      return {need_x ? grad_x : Tensor(), Tensor()};
+    }
     const RmsNormGrads grads = rms_norm_backward(g, input, scale, rstd);
     return {need_x ? grads.x : Tensor(), need_weight ? grads.weight : Tensor()};
   });

@@ -117,6 +117,20 @@ void deliver_linear_parts(const autograd::BatchChunks& chunks, const Tensor& inp
   }
 }
 
+// Bitwise training: a convolution's weight and bias gradients as one part per chunk of the batch's
+// images, each from the chunk's images alone (`input` undefined when the weight needs none).
+void deliver_conv2d_parts(const autograd::BatchChunks& chunks, const Tensor& g, const Tensor& input,
+                          const Shape& weight_shape, Conv2dParams params, bool need_bias) {
+  for (const autograd::RowRange& chunk : autograd::chunk_rows(chunks, g.size(0), "conv2d")) {
+    const Tensor chunk_g = g.narrow(0, chunk.start, chunk.count);
+    if (input.defined())
+      autograd::deliver_gradient_part(
+          1,
+          conv2d_backward_weight(chunk_g, input.narrow(0, chunk.start, chunk.count), weight_shape, params));
+    if (need_bias) autograd::deliver_gradient_part(2, sum(chunk_g, {0, 2, 3}));
+  }
+}
+
 }  // namespace
 
 Variable linear(const Variable& x, const Variable& weight, const Variable& bias) {
@@ -176,9 +190,14 @@ Variable conv2d(const Variable& input, const Variable& weight, const Variable& b
   // nothing is kept for one.
   const Tensor saved_x = need_weight ? x : Tensor(), saved_w = need_input ? w : Tensor();
   const Shape input_shape = x.shape(), weight_shape = w.shape();
+  const std::optional<autograd::BatchChunks> chunks = autograd::batch_chunks();
   return record("conv2d", {input, weight, bias}, output, [=](const Tensor& g) -> Grads {
-    return {need_input ? conv2d_backward_input(g, saved_w, input_shape, params) : Tensor(),
-            need_weight ? conv2d_backward_weight(g, saved_x, weight_shape, params) : Tensor(),
+    const Tensor grad_input = need_input ? conv2d_backward_input(g, saved_w, input_shape, params) : Tensor();
+    if (chunks) {
+      deliver_conv2d_parts(*chunks, g, saved_x, weight_shape, params, need_bias);
+      return {grad_input, Tensor(), Tensor()};
+    }
+    return {grad_input, need_weight ? conv2d_backward_weight(g, saved_x, weight_shape, params) : Tensor(),
             need_bias ? sum(g, {0, 2, 3}) : Tensor()};
   });
 }
@@ -196,9 +215,19 @@ Variable max_pool2d(const Variable& input, MaxPool2dParams params) {
 Variable embedding(const Variable& weight, const Tensor& indices) {
   const Tensor output = embedding(weight.data(), indices);  // validates weight and indices
   const std::int64_t rows = weight.size(0);
+  const std::optional<autograd::BatchChunks> chunks = autograd::batch_chunks();
   // Rows looked up several times sum their gradients.
-  return record("embedding", {weight}, output,
-                [indices, rows](const Tensor& g) -> Grads { return {embedding_backward(g, indices, rows)}; });
+  return record("embedding", {weight}, output, [indices, rows, chunks](const Tensor& g) -> Grads {
+    if (!chunks) return {embedding_backward(g, indices, rows)};
+    // Bitwise training: one part per chunk of the batch's lookups, each a whole table's gradient.
+    const Tensor picks = indices.reshape({indices.numel()});
+    const Tensor picked = g.reshape({indices.numel(), g.size(-1)});
+    for (const autograd::RowRange& chunk : autograd::chunk_rows(*chunks, picks.numel(), "embedding")) {
+      autograd::deliver_gradient_part(0, embedding_backward(picked.narrow(0, chunk.start, chunk.count),
+                                                            picks.narrow(0, chunk.start, chunk.count), rows));
+    }
+    return {Tensor()};
+  });
 }
 
 // index_select and gather pick elements of x: their gradient adds each picked element's

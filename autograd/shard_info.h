@@ -27,8 +27,9 @@ namespace shardlab {
 class ShardRanks {
  public:
   virtual ~ShardRanks() = default;
-  // `value` (a one-element tensor) summed over those ranks, on the ranks' device: a collective,
-  // which each of them calls in the same order. No host wait on a GPU with NCCL.
+  // `value` (a one-element tensor, or an exact sum's limbs) summed elementwise over those ranks, on
+  // the ranks' device: a collective, which each of them calls in the same order. No host wait on a
+  // GPU with NCCL.
   virtual Tensor sum(const Tensor& value) const = 0;
 };
 

@@ -155,6 +155,7 @@ DataLoader::DataLoader(const TensorDataset& dataset, std::int64_t batch_size,
   SHARDLAB_CHECK(batch_size > 0, "DataLoader: batch_size must be positive, got {}", batch_size);
   SHARDLAB_CHECK(sampler_ != nullptr, "DataLoader: sampler must not be null");
   rank_batch_size(batch_size, share.world_size, share.rank);  // checks the share
+  if (share.chunk != 0) chunk_share(batch_size, share);
 }
 
 std::vector<std::vector<std::int64_t>> DataLoader::batch_indices(std::int64_t epoch) const {
@@ -166,9 +167,10 @@ std::vector<std::vector<std::int64_t>> DataLoader::batch_indices(std::int64_t ep
   }
   const auto count = static_cast<std::int64_t>(order.size());
   const std::int64_t world = share_.world_size, tail = count % batch_size_;
-  if (world > 1 && !drop_last_ && tail > 0) {
+  if ((world > 1 || share_.chunk > 0) && !drop_last_ && tail > 0) {
     // Capped at batch_size: a last batch padded past it would be two batches, one rank short.
-    const std::int64_t padded = std::min(batch_size_, (tail + world - 1) / world * world);
+    const std::int64_t padded =
+        share_.chunk > 0 ? batch_size_ : std::min(batch_size_, (tail + world - 1) / world * world);
     for (std::int64_t i = count; i < count - tail + padded; ++i)
       order.push_back(order[static_cast<std::size_t>(i % count)]);
   }
@@ -178,6 +180,11 @@ std::vector<std::vector<std::int64_t>> DataLoader::batch_indices(std::int64_t ep
     const std::int64_t end = std::min(total, start + batch_size_);
     if (drop_last_ && end - start < batch_size_) break;
     std::vector<std::int64_t>& batch = batches.emplace_back();
+    if (share_.chunk > 0) {
+      const ChunkShare mine = chunk_share(batch_size_, share_);
+      batch.assign(order.begin() + start + mine.first, order.begin() + start + mine.first + mine.count);
+      continue;
+    }
     for (std::int64_t i = start + share_.rank; i < end; i += world)
       batch.push_back(order[static_cast<std::size_t>(i)]);
   }
@@ -202,6 +209,20 @@ std::int64_t rank_batch_size(std::int64_t global_batch, int world_size, int rank
   return (global_batch - rank + world_size - 1) / world_size;
 }
 
+ChunkShare chunk_share(std::int64_t batch_size, const RankShare& share) {
+  SHARDLAB_CHECK(share.chunk > 0 && batch_size % share.chunk == 0,
+                 "global batch: {} does not cut into chunks of {}", batch_size, share.chunk);
+  const std::int64_t chunks = batch_size / share.chunk;
+  SHARDLAB_CHECK(
+      chunks >= share.world_size,
+      "global batch: {} in chunks of {} makes {} chunks, fewer than the {} ranks (every rank needs a "
+      "whole chunk per step)",
+      batch_size, share.chunk, chunks, share.world_size);
+  const std::int64_t base = chunks / share.world_size, extra = chunks % share.world_size;
+  const std::int64_t before = share.rank * base + std::min<std::int64_t>(share.rank, extra);
+  return {before * share.chunk, (base + (share.rank < extra ? 1 : 0)) * share.chunk};
+}
+
 DataLoader rank_loader(const TensorDataset& dataset, const GlobalBatch& batch) {
   std::shared_ptr<const Sampler> sampler;
   if (batch.shuffle) {
@@ -210,7 +231,7 @@ DataLoader rank_loader(const TensorDataset& dataset, const GlobalBatch& batch) {
     sampler = std::make_shared<SequentialSampler>(dataset.size());
   }
   return DataLoader(dataset, batch.size, std::move(sampler), batch.drop_last,
-                    {.world_size = batch.world_size, .rank = batch.rank});
+                    {.world_size = batch.world_size, .rank = batch.rank, .chunk = batch.chunk});
 }
 
 }  // namespace shardlab::data

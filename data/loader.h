@@ -90,17 +90,29 @@ class DistributedSampler final : public Sampler {
 
 // One rank's part of every batch when `world_size` ranks split it: rows rank, rank + W, ... of
 // the batch. Batch sizes need not divide by W: rank r holds ceil((B - r) / W) rows of a batch of B.
+// With `chunk` > 0 (bitwise training, autograd::BatchChunking) the batch is cut into chunks of that
+// many consecutive rows and each rank takes consecutive whole chunks, the first ranks one more where
+// the chunks do not divide by W (64 rows in chunks of 16 over 3 ranks: 32, 16, 16).
 struct RankShare {
   int world_size = 1;
   int rank = 0;
+  std::int64_t chunk = 0;
 };
+
+// Rows [first, first + count) of a batch of `batch_size` that a rank takes under `share`, whose
+// chunk is set; throws unless the chunk divides the batch into at least W chunks.
+struct ChunkShare {
+  std::int64_t first = 0, count = 0;
+};
+ChunkShare chunk_share(std::int64_t batch_size, const RankShare& share);
 
 class DataLoader {
  public:
   // Batches of `batch_size` consecutive samples of the sampler's order, or with a RankShare of
   // W > 1, this rank's rows of them. Then, without drop_last, the incomplete last batch is padded
   // with the order's first samples to a multiple of W (at most batch_size), as DistributedSampler
-  // pads, so that every rank has as many batches as one process and none is empty.
+  // pads, so that every rank has as many batches as one process and none is empty. With a chunk,
+  // at any W, it is padded to batch_size: every batch is cut into the same chunks.
   DataLoader(const TensorDataset& dataset, std::int64_t batch_size, std::shared_ptr<const Sampler> sampler,
              bool drop_last = false, RankShare share = {});
   // The batches of one epoch, in order (the last may be smaller unless drop_last).
@@ -132,6 +144,7 @@ struct GlobalBatch {
   // multiple of W with samples from the start of the epoch's order (DistributedSampler's
   // padding), so every rank trains the same number of batches of equal size.
   bool drop_last = false;
+  std::int64_t chunk = 0;  // RankShare::chunk: whole chunks of G per rank
 };
 
 // Rank `rank`'s rows of each complete global batch, ceil((G - rank) / W); throws naming G and W

@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <variant>
 
+#include "core/exact_sum.h"
 #include "core/ops.h"
 
 namespace shardlab::optim {
@@ -758,11 +759,19 @@ Tensor clip_gradients_to_norm(const std::vector<Variable>& parameters, double ma
 
 namespace {
 
-Tensor global_sum_of_squares(const std::vector<Variable>& parameters, const SumCombiner& combine) {
-  // A shard's part is summed over the ranks that hold its parameter, a replicated copy once; one
-  // sum per set of ranks, in the order the parameters name them, which every rank shares.
+// The parameters whose gradients a global sum adds: whole ones (each rank's own, combined as the
+// caller says) and, per set of ranks, the shards whose parts they hold, each counted by one copy.
+struct SumGroups {
   std::vector<Variable> whole;
   std::vector<std::pair<const ShardRanks*, std::vector<Variable>>> sharded;
+};
+
+SumGroups sum_groups(const std::vector<Variable>& parameters) {
+  // A shard's part is summed over the ranks that hold its parameter, a replicated copy once; one
+  // sum per set of ranks, in the order the parameters name them, which every rank shares.
+  SumGroups groups;
+  std::vector<Variable>& whole = groups.whole;
+  auto& sharded = groups.sharded;
   for (const Variable& variable : parameters) {
     check_trainable("clip_grad_norm_", variable.name(), variable);
     const ShardInfo* shard = variable.shard_info();
@@ -775,15 +784,47 @@ Tensor global_sum_of_squares(const std::vector<Variable>& parameters, const SumC
     if (it == sharded.end()) it = sharded.insert(sharded.end(), {shard->ranks.get(), {}});
     if (shard->counts_once) it->second.push_back(variable);
   }
+  return groups;
+}
+
+Tensor global_sum_of_squares(const std::vector<Variable>& parameters, const SumCombiner& combine) {
+  const SumGroups groups = sum_groups(parameters);
   const Device device = device_of(parameters, Device::cpu());
-  Tensor local = gradient_sum_of_squares(whole, device);
+  Tensor local = gradient_sum_of_squares(groups.whole, device);
   Tensor global = on(combine ? combine(local) : local, device);
-  for (const auto& [ranks, counted] : sharded)
+  for (const auto& [ranks, counted] : groups.sharded)
     global = add(global, on(ranks->sum(gradient_sum_of_squares(counted, device)), device));
   return global;
 }
 
+// The squares of the gradients of `parameters` added exactly.
+ExactSum exact_sum_of_squares(const std::vector<Variable>& parameters) {
+  ExactSum sum;
+  for (const Variable& variable : parameters) {
+    const Tensor& grad = variable.grad();
+    if (!grad.defined()) continue;
+    SHARDLAB_CHECK(grad.device().is_cpu(),
+                   "clip_grad_norm_exact: the gradient of '{}' is on {}; exact sums are "
+                   "made on the CPU",
+                   variable.name(), grad.device().str());
+    sum.add(grad.contiguous(), /*squares=*/true);
+  }
+  return sum;
+}
+
 }  // namespace
+
+Tensor clip_grad_norm_exact(const std::vector<Variable>& parameters, double max_norm,
+                            const SumCombiner& combine) {
+  SHARDLAB_CHECK(max_norm > 0, "clip_grad_norm_exact: max_norm must be > 0, got {}", max_norm);
+  const SumGroups groups = sum_groups(parameters);
+  const Tensor whole = exact_sum_of_squares(groups.whole).limbs();
+  ExactSum total = ExactSum::from_limbs(combine ? combine(whole) : whole);
+  for (const auto& [ranks, counted] : groups.sharded)
+    total.add(ExactSum::from_limbs(ranks->sum(exact_sum_of_squares(counted).limbs())));
+  const Tensor norm = scalar_tensor(std::sqrt(total.value()), dtype(DType::f64));
+  return clip_gradients_to_norm(parameters, max_norm, norm);
+}
 
 Tensor clip_grad_norm_(const std::vector<Variable>& parameters, double max_norm, const SumCombiner& combine) {
   SHARDLAB_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be > 0, got {}", max_norm);

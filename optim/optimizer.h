@@ -305,6 +305,14 @@ using SumCombiner = std::function<Tensor(const Tensor& local)>;
 Tensor clip_grad_norm_(const std::vector<Variable>& parameters, double max_norm,
                        const SumCombiner& combine = {});
 
+// clip_grad_norm_ whose norm has the same bits however the gradients are split over ranks (FSDP's
+// bitwise training, FsdpOptions::bitwise): every element's square added exactly (core/exact_sum.h:
+// the square of an f32 is exact in a double, the sum kept in integer limbs), the limbs summed over the
+// ranks as clip_grad_norm_ sums (the combiner and the shards' ranks get the limbs, i64 [kExactLimbs]),
+// rounded once; the gradients are then clipped to it as clip_grad_norm_ does. CPU gradients only.
+Tensor clip_grad_norm_exact(const std::vector<Variable>& parameters, double max_norm,
+                            const SumCombiner& combine = {});
+
 // clip_grad_norm_'s two halves, for callers that combine sums their own way. The sum of the
 // squared gradients of the variables that have one, here, in double (core's foreach_sum_squares:
 // one pass, one launch per device on a GPU), as a one-element f64 tensor on their device (on

@@ -133,6 +133,11 @@ void fully_shard(nn::Module& module, const FsdpOptions& options) {
     slots.push_back(
         {.names = {name}, .variable = variable, .shape = variable.shape(), .init = inits.at(name)});
   }
+  SHARDLAB_CHECK(
+      !options.bitwise || slots.empty() || !slots.front().variable.device().is_cuda(),
+      "fully_shard: bitwise gradients (FsdpOptions::bitwise) are summed on the CPU, but '{}' is on {}",
+      slots.empty() ? "" : slots.front().names.front(),
+      slots.empty() ? "" : slots.front().variable.device().str());
   Communicator& base = options.communicator ? *options.communicator : session().world();
   auto unit = std::make_shared<Unit>(module, std::move(slots), options,
                                      groups_for(base, options.sharding, options.hybrid_group_size));

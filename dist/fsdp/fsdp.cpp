@@ -648,6 +648,7 @@ void Unit::prepare_gradients() {
     });
   }
   if (expected_ == 0) return;  // all frozen: nothing to accumulate or reduce
+  if (options_.bitwise) return prepare_binned_gradients();
   if (!full_grad_.defined()) {
     full_grad_ = empty({padded_}, dtype(options_.mixed_precision.param_dtype).with_device(device_));
     drop_gradient_views();
@@ -656,6 +657,43 @@ void Unit::prepare_gradients() {
     if (slot.variable.requires_grad() && !slot.variable.grad().defined())
       slot.variable.set_grad_destination(gradient_slice(slot));
   }
+}
+
+// Bitwise: each trainable parameter's gradient parts go into the unit's BinnedSum at its offset in the
+// flat gradient; the sum lives until the reduction, so backwards without sync add to it.
+void Unit::prepare_binned_gradients() {
+  if (binned_ == nullptr) binned_ = std::make_shared<BinnedSum>(padded_);
+  for (const Slot& slot : slots_) {
+    if (slot.variable.requires_grad()) slot.variable.set_binned_grad(binned_, slot.offset);
+  }
+}
+
+void Unit::drop_binned_gradients() {
+  for (const Slot& slot : slots_) slot.variable.set_binned_grad(nullptr);
+  binned_.reset();
+}
+
+// Bitwise: every block's top is all-reduced with max over the shard and replica groups, then the windows
+// at those tops, integers, are reduce-scattered and all-reduced with sum, exactly, and this rank's
+// shard is rounded once: the same bits whatever the ranks, their shares of the batch or the order of
+// the parts. A rank whose backward never reached the unit joins with an empty sum.
+void Unit::reduce_binned_gradient() {
+  const std::shared_ptr<BinnedSum> sum = binned_ != nullptr ? binned_ : std::make_shared<BinnedSum>(padded_);
+  reducing_ = true;
+  const Tensor tops = sum->tops().clone();
+  for (Communicator* group : {groups_->shard, groups_->replica}) {
+    if (group != nullptr) group->all_reduce(tops, ReduceOp::max, name_ + " (gradient tops)").wait();
+  }
+  const Tensor window = sum->window(tops);
+  Tensor shard_window = window;
+  if (groups_->shard != nullptr) {
+    shard_window = empty({shard_elements_}, dtype(DType::i64));
+    groups_->shard->reduce_scatter(shard_window, window, ReduceOp::sum, name_ + " (gradient windows)").wait();
+  }
+  if (groups_->replica != nullptr)
+    groups_->replica->all_reduce(shard_window, ReduceOp::sum, name_ + " (gradient windows)").wait();
+  reduce_output_ = round_binned(shard_window, tops, groups_->shard_rank() * shard_elements_);
+  drop_binned_gradients();
 }
 
 Tensor Unit::gradient_slice(const Slot& slot) const {
@@ -705,6 +743,7 @@ void Unit::trace_backward_end() { trace_unit_span(backward_began_, "backward", n
 // Reduce-scatter (averaged) the full gradient into this rank's slot; the replica all-reduce of
 // hybrid and none waits for it, in finish_backward.
 void Unit::start_reduction() {
+  if (options_.bitwise) return reduce_binned_gradient();
   // A rank whose backward never reached the unit (no parameter of it used here) still joins
   // with zeros: the other ranks' reduce-scatter needs it.
   if (!full_grad_.defined()) {
@@ -762,7 +801,7 @@ void Unit::release_reduce_input() {
 void Unit::collect_gradient() {
   if (!reducing_) return;
   release_reduce_input();
-  if (groups_->replica != nullptr) {
+  if (groups_->replica != nullptr && !options_.bitwise) {  // bitwise: summed with the shard's
     // In `units` order at the end of the backward on every rank of the replica group alike.
     trace::Span span(trace::on() ? "wait all_reduce " + name_ : std::string(), "wait");
     span.arg("unit", name_);
@@ -810,6 +849,7 @@ void Unit::abandon_backward() {
   reduce_work_ = Work();
   reduce_input_ = reduce_output_ = full_grad_ = gradient_shard_ = Tensor();
   drop_gradient_views();
+  if (options_.bitwise) drop_binned_gradients();
   std::fill(got_gradient_.begin(), got_gradient_.end(), 0);
   owes_reduction_ = backward_started_ = reduced_ = reducing_ = reduce_input_released_ = false;
   inputs_marked_ = inputs_done_ = 0;

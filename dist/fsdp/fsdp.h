@@ -92,6 +92,13 @@ struct FsdpOptions {
   // Keep the f32 shards, their gradients and the optimizer state in host memory (GPU runs: the
   // optimizer steps on the CPU; each gather copies the shard up). On the CPU: nothing to do.
   bool cpu_offload = false;
+  // Gradients with the same bits at any world size and sharding: each parameter's gradient parts
+  // (one per chunk of the batch, autograd::BatchChunking) go into an order-free sum (BinnedSum),
+  // reduced across ranks as integers (block tops with max, windows with sum) and rounded once, so
+  // the reduction is a sum, not an average: the loss is scaled by the global batch. The reduction
+  // waits for the unit's gradient (no overlap with the backward) and moves 8 bytes an element
+  // instead of the reduce dtype's. CPU only.
+  bool bitwise = false;
   // Default: dist::session().world().
   Communicator* communicator = nullptr;
 };

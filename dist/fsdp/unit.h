@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/binned_sum.h"
 #include "core/trace.h"
 #include "dist/comm/work.h"
 #include "dist/fsdp/fsdp.h"
@@ -206,6 +207,9 @@ class Unit : public std::enable_shared_from_this<Unit> {
   void zero_unwritten_gradients();
   void drop_gradient_views();
   void start_reduction();
+  void prepare_binned_gradients();
+  void reduce_binned_gradient();
+  void drop_binned_gradients();
   void cast_inputs(nn::ForwardInputs& inputs) const;
   void mark_inputs(nn::ForwardInputs& inputs);
   void cast_output(Variable& output) const;
@@ -257,6 +261,9 @@ class Unit : public std::enable_shared_from_this<Unit> {
   // [padded] in param_dtype; the parameters' .grad (or, before their first gradient, their grad
   // destinations) are views into it.
   Tensor full_grad_;
+  // FsdpOptions::bitwise: the order-free sum [padded] that the parameters' gradient parts go into,
+  // over every backward until the reduction.
+  std::shared_ptr<BinnedSum> binned_;
   bool backward_started_ = false, reduced_ = false, reducing_ = false;
   bool reduce_input_released_ = false;  // release_reduce_input ran this backward
   std::vector<std::uint8_t> counted_;   // per slot: its gradient arrived in this backward

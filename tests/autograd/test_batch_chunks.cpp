@@ -1,11 +1,15 @@
-// tests/autograd/test_batch_chunks.cpp: BatchChunking (autograd/batch_chunks.h): a linear's weight and
-// bias gradients, delivered as chunk parts into BinnedSums, have the same bits however the batch is split
-// over simulated ranks (and equal plain autograd's gradient to rounding), while plain gradients summed over
-// the same splits do not; hooks fire once per backward; every misuse is refused by name.
+// tests/autograd/test_batch_chunks.cpp: BatchChunking (autograd/batch_chunks.h): the gradients of linear,
+// conv2d, embedding and rms_norm weights, delivered as chunk parts into BinnedSums, and those reaching them
+// through attention, have the same bits however the batch is split over simulated ranks (and equal plain
+// autograd's gradients to rounding), while plain gradients summed over the same splits do not; hooks fire
+// once per backward; every misuse is refused by name.
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "autograd/batch_chunks.h"
+#include "autograd/functional.h"
 #include "autograd/ops.h"
 #include "core/binned_sum.h"
 #include "tests/check.h"
@@ -16,26 +20,68 @@ namespace {
 
 constexpr std::int64_t kSamples = 12, kChunk = 3;
 
-struct Weights {
-  Tensor w1 = test::random_tensor({4, 5}, 1), b1 = test::random_tensor({4}, 2),
-         w2 = test::random_tensor({3, 4}, 3);
+// A model's parameters and the loss of samples [first, first + count) of its batch of kSamples.
+struct Net {
+  std::vector<Tensor> weights;
+  std::function<Variable(const std::vector<Variable>& p, std::int64_t first, std::int64_t count)> loss;
 };
 
-// A batch's loss: the sum of squares of linear(tanh(linear(x, w1, b1)), w2), x [samples, 3, 5].
-Variable loss_of(const Variable& x, const std::vector<Variable>& p) {
-  const Variable y = linear(tanh(linear(x, p[0], p[1])), p[2]);
-  return sum(mul(y, y));
+Variable sum_of_squares(const Variable& y) { return sum(mul(y, y)); }
+
+// linear(tanh(linear(x, w1, b1)), w2), x [samples, 3, 5].
+Net linear_net() {
+  const Tensor x = test::random_tensor({kSamples, 3, 5}, 4);
+  return {{test::random_tensor({4, 5}, 1), test::random_tensor({4}, 2), test::random_tensor({3, 4}, 3)},
+          [x](const std::vector<Variable>& p, std::int64_t first, std::int64_t count) {
+            const Variable in = constant(x.narrow(0, first, count));
+            return sum_of_squares(linear(tanh(linear(in, p[0], p[1])), p[2]));
+          }};
 }
 
-std::vector<Variable> leaves(const Weights& w) {
-  return {Variable(w.w1, true, "w1"), Variable(w.b1, true, "b1"), Variable(w.w2, true, "w2")};
+// linear(relu(conv2d(x, w, b)) flattened, w2), x [samples, 2, 6, 6].
+Net conv_net() {
+  const Tensor x = test::random_tensor({kSamples, 2, 6, 6}, 7);
+  return {
+      {test::random_tensor({3, 2, 3, 3}, 8), test::random_tensor({3}, 9), test::random_tensor({4, 48}, 10)},
+      [x](const std::vector<Variable>& p, std::int64_t first, std::int64_t count) {
+        const Variable image = conv2d(constant(x.narrow(0, first, count)), p[0], p[1], {.padding = 0});
+        return sum_of_squares(linear(flatten(relu(image), 1, -1), p[2]));
+      }};
+}
+
+// A causal attention block over tokens [samples, 130]: embedding, rms_norm, q/k/v projections (2 query
+// heads, 1 key/value head, of 4), fused attention, out projection. 130 tokens make 3 key tiles, so the
+// CPU kernel deals a head's dQ over a number of tasks that depends on the batch it is given.
+Net attention_net() {
+  constexpr std::int64_t kTokens = 130, kVocab = 11;
+  const Tensor tokens = test::random_tensor({kSamples, kTokens}, 11, DType::f32, 0.0, kVocab).to(DType::i64);
+  return {
+      {test::random_tensor({kVocab, 8}, 12), test::random_tensor({8}, 13), test::random_tensor({8, 8}, 14),
+       test::random_tensor({4, 8}, 15), test::random_tensor({4, 8}, 16), test::random_tensor({8, 8}, 17)},
+      [tokens](const std::vector<Variable>& p, std::int64_t first, std::int64_t count) {
+        const Variable h = rms_norm(embedding(p[0], tokens.narrow(0, first, count)), p[1], 1e-6);
+        const auto heads = [&](const Variable& y, std::int64_t n) {
+          return transpose(reshape(y, {count, kTokens, n, 4}), 1, 2);
+        };
+        const Variable out =
+            scaled_dot_product_attention(heads(linear(h, p[2]), 2), heads(linear(h, p[3]), 1),
+                                         heads(linear(h, p[4]), 1), {.causal = true});
+        return sum_of_squares(linear(reshape(transpose(out, 1, 2), {count, kTokens, 8}), p[5]));
+      }};
+}
+
+std::vector<Variable> leaves(const Net& net) {
+  std::vector<Variable> p;
+  for (std::size_t i = 0; i < net.weights.size(); ++i)
+    p.emplace_back(net.weights[i], true, "p" + std::to_string(i));
+  return p;
 }
 
 // One simulated rank: samples [first, first + count) under BatchChunking, each parameter's parts in a
 // BinnedSum of its own. `hooks` counts the post-accumulate hooks.
-std::vector<std::shared_ptr<BinnedSum>> rank_sums(const Weights& w, const Tensor& x, std::int64_t first,
-                                                  std::int64_t count, int* hooks = nullptr) {
-  std::vector<Variable> p = leaves(w);
+std::vector<std::shared_ptr<BinnedSum>> rank_sums(const Net& net, std::int64_t first, std::int64_t count,
+                                                  int* hooks = nullptr) {
+  std::vector<Variable> p = leaves(net);
   std::vector<std::shared_ptr<BinnedSum>> sums;
   for (const Variable& v : p) {
     sums.push_back(std::make_shared<BinnedSum>(v.numel()));
@@ -43,17 +89,16 @@ std::vector<std::shared_ptr<BinnedSum>> rank_sums(const Weights& w, const Tensor
     if (hooks != nullptr) v.register_post_accumulate_grad_hook([hooks](const Variable&) { ++*hooks; });
   }
   const autograd::BatchChunking chunking({.samples = count, .chunk = kChunk});
-  loss_of(constant(x.narrow(0, first, count)), p).backward();
+  net.loss(p, first, count).backward();
   return sums;
 }
 
 // The ranks' sums combined as ranks do: tops all-reduced with max, windows with sum, rounded once.
-std::vector<std::vector<float>> over_ranks(const Weights& w, const Tensor& x,
-                                           const std::vector<std::int64_t>& counts) {
+std::vector<std::vector<float>> over_ranks(const Net& net, const std::vector<std::int64_t>& counts) {
   std::vector<std::vector<std::shared_ptr<BinnedSum>>> ranks;
   std::int64_t first = 0;
   for (const std::int64_t count : counts) {
-    ranks.push_back(rank_sums(w, x, first, count));
+    ranks.push_back(rank_sums(net, first, count));
     first += count;
   }
   std::vector<std::vector<float>> grads;
@@ -67,48 +112,61 @@ std::vector<std::vector<float>> over_ranks(const Weights& w, const Tensor& x,
   return grads;
 }
 
-}  // namespace
-
-TEST_CASE("BatchChunking: linear's weight and bias gradients have the same bits however the batch is split",
-          "[batch_chunks]") {
-  const Weights w;
-  const Tensor x = test::random_tensor({kSamples, 3, 5}, 4);
-  const std::vector<std::vector<float>> reference = over_ranks(w, x, {kSamples});
+// Every split gives the reference's bits; the reference is plain autograd's gradient to rounding; plain
+// gradients of the parts, added, differ from the whole batch's in some bit (so the check can fail).
+void check_split_free(const Net& net, double tolerance) {
+  const std::vector<std::vector<float>> reference = over_ranks(net, {kSamples});
   for (const std::vector<std::int64_t>& counts :
        std::vector<std::vector<std::int64_t>>{{6, 6}, {3, 9}, {9, 3}, {3, 3, 3, 3}, {3, 6, 3}}) {
     INFO("split " << counts.size() << " ways, the first rank holding " << counts.front());
-    CHECK(over_ranks(w, x, counts) == reference);
+    CHECK(over_ranks(net, counts) == reference);
   }
-  // The same gradient as plain autograd's over the whole batch, to rounding.
-  const std::vector<Variable> plain = leaves(w);
-  loss_of(constant(x), plain).backward();
+  const std::vector<Variable> plain = leaves(net);
+  net.loss(plain, 0, kSamples).backward();
   for (std::size_t p = 0; p < plain.size(); ++p) {
-    std::vector<double> expected;
-    for (const float v : reference[p]) expected.push_back(v);
-    test::check_close(plain[p].grad(), expected, {1e-5, 1e-5});
+    INFO("parameter " << p);
+    std::vector<double> expected(reference[p].begin(), reference[p].end());
+    test::check_close(plain[p].grad(), expected, {tolerance, tolerance});
   }
-  // Plain gradients of the halves, added, differ from the whole batch's in some bit: the test can fail.
   bool differs = false;
   for (const std::vector<std::int64_t>& counts : std::vector<std::vector<std::int64_t>>{{6, 6}, {3, 9}}) {
-    const std::vector<Variable> a = leaves(w), b = leaves(w);
-    loss_of(constant(x.narrow(0, 0, counts[0])), a).backward();
-    loss_of(constant(x.narrow(0, counts[0], counts[1])), b).backward();
+    const std::vector<Variable> a = leaves(net), b = leaves(net);
+    net.loss(a, 0, counts[0]).backward();
+    net.loss(b, counts[0], counts[1]).backward();
     for (std::size_t p = 0; p < a.size(); ++p)
       differs |= add(a[p].grad(), b[p].grad()).to_vector<float>() != plain[p].grad().to_vector<float>();
   }
   CHECK(differs);
 }
 
+}  // namespace
+
+TEST_CASE("BatchChunking: linear's weight and bias gradients have the same bits however the batch is split",
+          "[batch_chunks]") {
+  check_split_free(linear_net(), 1e-5);
+}
+
+TEST_CASE("BatchChunking: conv2d's weight and bias gradients have the same bits however the batch is split",
+          "[batch_chunks]") {
+  check_split_free(conv_net(), 1e-5);
+}
+
+TEST_CASE(
+    "BatchChunking: embedding, rms_norm and the projections around attention have the same bits "
+    "however the batch is split",
+    "[batch_chunks]") {
+  check_split_free(attention_net(), 1e-4);
+}
+
 TEST_CASE("BatchChunking: post-accumulate hooks run once per parameter and backward", "[batch_chunks]") {
-  const Weights w;
   int hooks = 0;
-  const auto sums = rank_sums(w, test::random_tensor({kSamples, 3, 5}, 4), 0, kSamples, &hooks);
+  const auto sums = rank_sums(linear_net(), 0, kSamples, &hooks);
   CHECK(hooks == 3);
   CHECK(sums[0]->terms() == kSamples / kChunk);  // one part per chunk
 }
 
 TEST_CASE("BatchChunking: misuses are refused by name", "[batch_chunks]") {
-  const Weights w;
+  const Tensor w1_values = linear_net().weights[0];
   const Tensor x = test::random_tensor({4, 5}, 5);
   CHECK_THROWS_ERROR(autograd::BatchChunking({.samples = 5, .chunk = 2}),
                      "BatchChunking: a batch of 5 samples does not cut into chunks of 2");
@@ -125,7 +183,7 @@ TEST_CASE("BatchChunking: misuses are refused by name", "[batch_chunks]") {
   }
   {
     const autograd::BatchChunking chunking({.samples = 4, .chunk = 2});
-    Variable w1(w.w1, true, "w1");
+    Variable w1(w1_values, true, "w1");
     CHECK_THROWS_ERROR(sum(linear(constant(x), mul(w1, 2.0))).backward(),
                        "linear_backward: its input 1 comes from mul_backward, not from a parameter");
     CHECK_THROWS_ERROR(
@@ -134,8 +192,12 @@ TEST_CASE("BatchChunking: misuses are refused by name", "[batch_chunks]") {
     w1.set_binned_grad(std::make_shared<BinnedSum>(20));
     CHECK_THROWS_ERROR(sum(linear(constant(test::random_tensor({6, 5}, 6)), w1)).backward(),
                        "linear: its 6 rows are not a whole number per sample of the batch of 4");
+    Variable kernel(test::random_tensor({1, 1, 2, 2}, 7), true, "kernel");
+    kernel.set_binned_grad(std::make_shared<BinnedSum>(4));
+    CHECK_THROWS_ERROR(sum(conv2d(constant(test::random_tensor({6, 1, 3, 3}, 8)), kernel)).backward(),
+                       "conv2d: its 6 rows are not a whole number per sample of the batch of 4");
   }
-  Variable w1(w.w1, true, "w1");
+  Variable w1(w1_values, true, "w1");
   CHECK_THROWS_ERROR(w1.set_binned_grad(std::make_shared<BinnedSum>(19)),
                      "set_binned_grad: 'w1' (20 elements from 0) does not fit a sum of 19");
   CHECK_THROWS_ERROR(mul(w1, 2.0).set_binned_grad(std::make_shared<BinnedSum>(20)),

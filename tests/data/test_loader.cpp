@@ -303,6 +303,47 @@ TEST_CASE("rank_loader splits a global batch W divides as DistributedSampler doe
   }
 }
 
+TEST_CASE(
+    "rank_loader with chunks: each rank's whole chunks in order, every batch padded to the global batch",
+    "[data][loader][distributed]") {
+  // 23 samples in global batches of 8, chunks of 2: the third batch is 7 samples, padded with the
+  // order's first one; 4 chunks a batch, over 3 ranks 2, 1, 1.
+  const auto dataset = numbered_dataset(23);
+  const std::int64_t epoch = 2;
+  const Indices p = permutation(23, 5, epoch);
+  for (int world = 1; world <= 4; ++world) {
+    std::vector<std::vector<Indices>> ranks;
+    for (int rank = 0; rank < world; ++rank) {
+      const DataLoader loader =
+          data::rank_loader(dataset, {.size = 8, .world_size = world, .rank = rank, .seed = 5, .chunk = 2});
+      ranks.push_back(loader.batch_indices(epoch));
+      CHECK(static_cast<std::int64_t>(ranks.back().size()) == loader.batches_per_epoch());
+    }
+    for (std::size_t k = 0; k < 3; ++k) {
+      INFO("world " << world << " batch " << k);
+      Indices joint;  // the ranks' rows one after another
+      for (const auto& batches : ranks) joint.insert(joint.end(), batches[k].begin(), batches[k].end());
+      Indices expected;
+      for (std::size_t i = 0; i < 8; ++i) expected.push_back(p[(k * 8 + i) % 23]);
+      CHECK(joint == expected);
+    }
+  }
+  // 64 in chunks of 16 over 3 ranks: 32, 16, 16 rows from 0, 32 and 48.
+  const std::vector<data::ChunkShare> shares = {
+      data::chunk_share(64, {.world_size = 3, .rank = 0, .chunk = 16}),
+      data::chunk_share(64, {.world_size = 3, .rank = 1, .chunk = 16}),
+      data::chunk_share(64, {.world_size = 3, .rank = 2, .chunk = 16})};
+  CHECK((shares[0].first == 0 && shares[0].count == 32));
+  CHECK((shares[1].first == 32 && shares[1].count == 16));
+  CHECK((shares[2].first == 48 && shares[2].count == 16));
+  CHECK_THROWS_EXACT(data::chunk_share(64, {.world_size = 2, .rank = 0, .chunk = 24}),
+                     "global batch: 64 does not cut into chunks of 24");
+  CHECK_THROWS_EXACT(
+      data::rank_loader(dataset, {.size = 8, .world_size = 3, .rank = 0, .chunk = 4}),
+      "global batch: 8 in chunks of 4 makes 2 chunks, fewer than the 3 ranks (every rank needs a "
+      "whole chunk per step)");
+}
+
 TEST_CASE("rank_batch_size: ceil((G - r) / W) rows, refusing fewer rows than ranks",
           "[data][loader][distributed][errors]") {
   CHECK(data::rank_batch_size(64, 4, 3) == 16);

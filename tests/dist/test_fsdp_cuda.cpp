@@ -178,6 +178,16 @@ TEST_CASE("overlap_host_step refuses shards on a GPU", "[dist][fsdp][cuda]") {
                   gpu().str()));
 }
 
+TEST_CASE("bitwise gradients are refused for a unit on a GPU", "[dist][fsdp][cuda]") {
+  Nested model(5, kSeed);
+  model->to(gpu());
+  CHECK_THROWS_ERROR(
+      dist::fully_shard(*model, {.bitwise = true}),
+      fmt::format("fully_shard: bitwise gradients (FsdpOptions::bitwise) are summed on the CPU, but "
+                  "'embed.weight' is on {}",
+                  gpu().str()));
+}
+
 TEST_CASE("a checkpoint of CUDA shards loads into a CPU model over the same ranks, bit for bit",
           "[dist][fsdp][checkpoint][cuda]") {
   const std::int64_t vocab = 4 * world().size() + 1;

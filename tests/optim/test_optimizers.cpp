@@ -2,6 +2,7 @@
 // re-implementations, their state dicts, argument errors, and clip_grad_norm_.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "autograd/ops.h"
+#include "core/exact_sum.h"
 #include "optim/optimizer.h"
 #include "tests/check.h"
 #include "tests/cuda_compare.h"
@@ -1130,6 +1132,51 @@ TEST_CASE("cuda matches cpu: optimizer steps and clip_grad_norm_", "[cuda-vs-cpu
 }
 
 // --- clip_grad_norm_ --------------------------------------------------------------------------
+
+TEST_CASE(
+    "clip_grad_norm_exact: the squares added exactly, over any grouping, then clipped as clip_grad_norm_",
+    "[optim]") {
+  // |(3, 4, 12)| = 13 exactly.
+  Variable a(zeros({2}), true), b(zeros({1}), true), no_grad(zeros({5}), true);
+  a.set_grad(from_vector<float>({3.0F, -4.0F}));
+  b.set_grad(from_vector<float>({12.0F}));
+  SECTION("clips as clip_grad_norm_") {
+    CHECK(optim::clip_grad_norm_exact({a, no_grad, b}, 6.5).item<double>() == 13.0);
+    const double factor = 6.5 / (13.0 + 1e-6);
+    check_close(a.grad(), {3.0 * factor, -4.0 * factor}, {1e-6, 1e-6});
+    check_close(b.grad(), {12.0 * factor}, {1e-6, 1e-6});
+  }
+  SECTION("the combiner gets the limbs, whose sum over ranks is exact") {
+    std::vector<Shape> seen;
+    // As an all-reduce over 4 ranks holding equal shards would: 4 x 169 = 26^2.
+    const double total = optim::clip_grad_norm_exact({a, b}, 100.0, [&](const Tensor& limbs) {
+                           seen.push_back(limbs.shape());
+                           return mul(limbs, 4);
+                         }).item<double>();
+    CHECK(seen == std::vector<Shape>{Shape{kExactLimbs}});
+    CHECK(total == 26.0);
+  }
+  SECTION("no square is lost to rounding, in any order") {
+    // 2^60 + 1000 x 1: added in this order in f64 each 1 is lost (the step there is 256); the exact
+    // sum rounds once, to 2^60 + 1024, whichever comes first.
+    std::vector<float> values(1001, 1.0F);
+    values.front() = std::ldexp(1.0F, 30);
+    Variable big_first(zeros({1001}), true), big_last(zeros({1001}), true);
+    big_first.set_grad(from_vector<float>(values));
+    std::reverse(values.begin(), values.end());
+    big_last.set_grad(from_vector<float>(values));
+    const double expected = std::sqrt(std::ldexp(1.0, 60) + 1024.0);
+    CHECK(optim::clip_grad_norm_exact({big_first}, 1e30).item<double>() == expected);
+    CHECK(optim::clip_grad_norm_exact({big_last}, 1e30).item<double>() == expected);
+  }
+  SECTION("errors") {
+    CHECK_THROWS_ERROR(optim::clip_grad_norm_exact({a}, 0.0),
+                       "clip_grad_norm_exact: max_norm must be > 0, got 0");
+    Variable wide(zeros({1}, dtype(DType::f64)), true);
+    wide.set_grad(zeros({1}, dtype(DType::f64)));
+    CHECK_THROWS_ERROR(optim::clip_grad_norm_exact({wide}, 1.0), "f64");
+  }
+}
 
 TEST_CASE("clip_grad_norm_: global norm, scaling above max_norm, combine hook", "[optim]") {
   // |(3, 4, 12)| = 13 exactly.
