@@ -103,9 +103,7 @@ class Training : public apps::Trainer {
   double global_samples(const data::Batch& on_host) override;
   StepLoss forward_loss(const data::Batch& batch, double samples) override;
   Tensor clip_gradients() override;
-  void dry_run(const data::Batch& batch) override {
-    (summed_loss(batch) * static_cast<double>(world_size_)).backward();
-  }
+  void dry_run(const data::Batch& batch) override { sum(losses(batch)).backward(); }
   nlohmann::json training_state() const override;
   void restore(const nlohmann::json& state, const std::string& path) override;
   void begin_epoch() override;
@@ -115,7 +113,7 @@ class Training : public apps::Trainer {
   void report_memory() const override;
   void add_summary(nlohmann::json& summary, double median_seconds) const override;
 
-  Variable summed_loss(const data::Batch& batch);
+  Variable losses(const data::Batch& batch);
   TestResult evaluate();
 
   const Options options_;
@@ -149,7 +147,8 @@ Training::Training(const Options& options, dist::Session& session)
                                                 .world_size = world_size_,
                                                 .rank = rank_,
                                                 .shuffle = true,
-                                                .seed = options.seed}));
+                                                .seed = options.seed,
+                                                .chunk = chunk_}));
   test_total_ = test_.images.size(0);
   if (options.limit_test > 0) test_total_ = std::min(options.limit_test, test_total_);
   test_images_ = test_.images.slice(0, rank_, test_total_, world_size_).contiguous().to(device_);
@@ -179,7 +178,7 @@ Training::Training(const Options& options, dist::Session& session)
       "train_cnn: {} training images, {} test images, {} rank{} x {} threads, sharding {}, "
       "global batch {} ({}), {} lr {:g}{}",
       train_set.size(), test_total_, world_size_, world_size_ == 1 ? "" : "s", num_threads(), plan_.sharding,
-      options.global_batch, apps::rank_shares(options.global_batch, world_size_), options.optimizer,
+      options.global_batch, apps::rank_shares(options.global_batch, world_size_, chunk_), options.optimizer,
       optimizer_->lr(),
       options.mixed_precision == "none" ? "" : ", mixed precision " + options.mixed_precision);
 }
@@ -201,25 +200,25 @@ double Training::global_samples(const data::Batch& on_host) {
 }
 
 Training::StepLoss Training::forward_loss(const data::Batch& batch, double images) {
-  // FSDP averages the gradients over the ranks; scaled by W, the average is the gradient of the
-  // global batch's summed loss, as one process computes it.
-  return {.summed = summed_loss(batch), .scale = static_cast<double>(world_size_), .samples = images};
+  // The gradient of the global batch's summed loss, as one process computes it.
+  return {.losses = losses(batch), .divisor = 1, .samples = images};
 }
 
 // The tutorial does not clip: the norm alone, for the records, from every rank's share of the
 // squared gradient summed over the ranks on the device.
 Tensor Training::clip_gradients() {
+  if (options_.bitwise) return optim::gradient_norm_exact(model_->parameters());
   const Tensor sum = dist::local_gradient_sum_of_squares(*model_).to(device_).reshape({1}).clone();
   session_.world().all_reduce(sum, dist::ReduceOp::sum, "gradient norm").wait();
   return sqrt(sum);
 }
 
-// The loss summed over the batch.
-Variable Training::summed_loss(const data::Batch& batch) {
+// The loss of each image of the batch.
+Variable Training::losses(const data::Batch& batch) {
   // Dropout masks are keyed by (seed, step, global sample index): the same on any number of ranks.
   const RandomContextGuard context({options_.seed, step_, batch.sample_indices});
   const Variable output = model_(constant(batch.inputs));  // f32: a bf16 root casts its inputs
-  return nll_loss(output, batch.targets, -100, Reduction::sum);
+  return nll_loss(output, batch.targets, -100, Reduction::none);
 }
 
 void Training::after_step(const StepResult& result) {

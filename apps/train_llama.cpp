@@ -154,6 +154,10 @@ void check_tensor_parallel(const Options& options, int world_size) {
   SHARDLAB_CHECK(world_size % options.tp == 0, "--tp {} does not divide the {} ranks", options.tp,
                  world_size);
   if (options.tp == 1) return;
+  SHARDLAB_CHECK(!options.bitwise,
+                 "--bitwise is not supported with --tp {}: tensor parallelism's all-reduces add in an order "
+                 "that depends on the ranks",
+                 options.tp);
   SHARDLAB_CHECK(options.sharding == "full",
                  "--tp shards fully across the tensor-parallel groups; --sharding {} "
                  "is not supported with it",
@@ -195,7 +199,7 @@ class Training : public apps::Trainer {
   Tensor clip_gradients() override;
   void dry_run(const data::Batch& batch) override {
     optimizer_->zero_grad();
-    summed_loss(batch).backward();
+    sum(losses(batch)).backward();
   }
   nlohmann::json training_state() const override;
   void restore(const nlohmann::json& state, const std::string& path) override;
@@ -206,7 +210,7 @@ class Training : public apps::Trainer {
   void report_memory() const override;
   void add_summary(nlohmann::json& summary, double median_seconds) const override;
 
-  Variable summed_loss(const data::Batch& batch);
+  Variable losses(const data::Batch& batch);
   // The ranks that share out the batch: the mesh's "dp" with --tp, else all.
   dist::Communicator& data_parallel() const { return mesh_ ? (*mesh_)["dp"] : session_.world(); }
   double tokens_per_second(double seconds) const {
@@ -274,7 +278,8 @@ Training::Training(const Options& options, dist::Session& session)
                                                    .world_size = data_parallel().size(),
                                                    .rank = data_parallel().rank(),
                                                    .shuffle = true,
-                                                   .seed = options.seed}));
+                                                   .seed = options.seed,
+                                                   .chunk = chunk_}));
   data_bytes_ = memory_stats(device_).bytes_in_use;
   total_steps_ = options.steps > 0 ? options.steps : options.epochs * loader_->batches_per_epoch();
   SHARDLAB_CHECK(total_steps_ > 0, "nothing to train: {} documents give no batch of {}", documents.size(),
@@ -323,7 +328,7 @@ Training::Training(const Options& options, dist::Session& session)
       options.init_from.empty() ? options.config : options.init_from, config_.parameter_count(), world_size_,
       world_size_ == 1 ? "" : "s", num_threads(), plan_.sharding,
       mesh_ ? fmt::format(" over {}, tensor parallel in tp", mesh_->str()) : "", options.global_batch,
-      apps::rank_shares(options.global_batch, data_parallel().size()), total_steps_,
+      apps::rank_shares(options.global_batch, data_parallel().size(), chunk_), total_steps_,
       options.optimizer == "sgd" ? fmt::format("SGD (momentum {:g})", options.momentum.value_or(0.9))
                                  : "AdamW",
       options.lr, options.mixed_precision == "none" ? "" : ", mixed precision " + options.mixed_precision,
@@ -395,21 +400,20 @@ double Training::global_samples(const data::Batch& on_host) {
 
 Training::StepLoss Training::forward_loss(const data::Batch& batch, double samples) {
   if (mesh_) (*mesh_)["tp"].reset_counters();
-  // Scaled by the data-parallel ranks over the targets: FSDP's average is the global mean's gradient.
-  return {.summed = summed_loss(batch),
-          .scale = static_cast<double>(data_parallel().size()) / samples,
-          .samples = samples};
+  // The gradient of the global mean over the targets.
+  return {.losses = losses(batch), .divisor = samples, .samples = samples};
 }
 
 Tensor Training::clip_gradients() {
   // The block halves' all-reduces of this step's forward and backward (clipping's comes next).
   if (mesh_) tensor_parallel_bytes_ = (*mesh_)["tp"].counters().total().bytes_received;
   // Over the shards, the norm of the whole gradient: their sums of squares are added over the ranks.
+  if (options_.bitwise) return optim::clip_grad_norm_exact((*model_)->parameters(), options_.clip);
   return optim::clip_grad_norm_((*model_)->parameters(), options_.clip);
 }
 
-// The loss summed over the batch's targets.
-Variable Training::summed_loss(const data::Batch& batch) {
+// The loss of each of the batch's targets (0 for padding).
+Variable Training::losses(const data::Batch& batch) {
   // The root's all-gather first, as the FSDP2 article's model.unshard(): it overlaps the padding mask.
   dist::UnshardHandle gathering = dist::unshard(**model_);
   const Tensor padding = eq(batch.inputs, pad_id_);
@@ -419,8 +423,8 @@ Variable Training::summed_loss(const data::Batch& batch) {
   const Variable rows = reshape(logits, {-1, logits.size(-1)});
   const Tensor targets = batch.targets.reshape({-1});
   return mesh_ ? dist::vocab_parallel_cross_entropy(rows, targets, layout_.vocabulary, (*mesh_)["tp"],
-                                                    pad_id_, Reduction::sum)
-               : cross_entropy(rows, targets, pad_id_, Reduction::sum);
+                                                    pad_id_, Reduction::none)
+               : cross_entropy(rows, targets, pad_id_, Reduction::none);
 }
 
 void Training::after_step(const StepResult& result) {

@@ -4,14 +4,18 @@
 #include <algorithm>
 #include <chrono>
 #include <csignal>
+#include <numeric>
+#include <optional>
 
 #include "apps/support/memory_limit.h"
 #include "apps/support/ranks.h"
 #include "apps/support/resident_memory.h"
 #include "apps/support/stop_signals.h"
+#include "autograd/batch_chunks.h"
 #include "autograd/ops.h"
 #include "core/allocator.h"
 #include "core/error.h"
+#include "core/exact_sum.h"
 #include "core/ops.h"
 #include "core/parallel.h"
 #include "core/trace.h"
@@ -83,6 +87,23 @@ void add_trainer_options(CLI::App& app, TrainerOptions& options) {
   app.add_flag("--share-gpu", options.share_gpu,
                "let more ranks than GPUs share them, their collectives through MPI and host memory (for "
                "testing on one GPU)");
+  auto* bitwise =
+      app.add_flag("--bitwise", options.bitwise,
+                   "the same bits at any world size and sharding: the global batch in fixed chunks, "
+                   "gradients, loss and norm summed exactly (CPU)");
+  app.add_option("--chunk", options.chunk,
+                 "--bitwise's samples per chunk, dividing the global batch (default: its largest divisor at "
+                 "most a quarter of it)")
+      ->check(integer_at_least(1))
+      ->needs(bitwise);
+}
+
+std::int64_t bitwise_chunk(const TrainerOptions& options) {
+  if (options.chunk > 0) return options.chunk;
+  std::int64_t chunk = 1;
+  for (std::int64_t d = 1; d <= options.global_batch / 4; ++d)
+    if (options.global_batch % d == 0) chunk = d;
+  return chunk;
 }
 
 dist::InitOptions init_options(const TrainerOptions& options) {
@@ -110,6 +131,7 @@ Trainer::Trainer(const char* program, const TrainerOptions& options, dist::Sessi
       rank_(session.rank()),
       world_size_(session.world_size()),
       device_(session.device()),
+      chunk_(options.bitwise ? bitwise_chunk(options) : 0),
       checkpoints_(options.checkpoint_dir, options.keep),
       non_finite_(program, options.max_skipped_steps) {
   if (options.threads > 0) set_num_threads(options.threads);
@@ -119,7 +141,14 @@ Trainer::Trainer(const char* program, const TrainerOptions& options, dist::Sessi
            .hybrid_group_size = group,
            .reshard_after_forward_group = options.reshard_after_forward_group,
            .prefetch = options.prefetch,
-           .mixed_precision = parse_mixed_precision(options.mixed_precision)};
+           .mixed_precision = parse_mixed_precision(options.mixed_precision),
+           .bitwise = options.bitwise};
+  if (options.bitwise) {
+    SHARDLAB_CHECK(!device_.is_cuda(),
+                   "--bitwise: its exact sums run on the CPU, and this run is on {} (--device cpu)",
+                   device_.str());
+    data::chunk_share(options.global_batch, {.world_size = world_size_, .rank = rank_, .chunk = chunk_});
+  }
   if (!options.save_model.empty())
     check_output_path(session.cpu_world(), "--save-model", options.save_model, save_model_is_directory);
   if (!options.checkpoint_dir.empty())
@@ -159,6 +188,9 @@ void Trainer::start(const Setup& setup) {
         data::rank_batch_size(common_.global_batch, data_parallel.size(), data_parallel.rank()), limit,
         levers, *setup.optimizer, [&](std::int64_t samples) {
           const std::vector<std::int64_t> first = setup.loader->batch_indices(setup.first_epoch).front();
+          std::optional<autograd::BatchChunking> chunking;  // bitwise units take gradients in parts only
+          if (chunk_ > 0)
+            chunking.emplace(autograd::BatchChunks{.samples = samples, .chunk = std::gcd(samples, chunk_)});
           dry_run(batch_on_device({first.begin(), first.begin() + samples}));
         });
   }
@@ -176,7 +208,8 @@ void Trainer::start(const Setup& setup) {
 }
 
 Trainer::End Trainer::run() {
-  if (common_.explain) dist::log("{}{}{}", plan_.str(), predicted_->str(), checkpoint_preview_);
+  if (common_.explain)
+    dist::log("{}{}{}{}", plan_.str(), predicted_->str(), checkpoint_preview_, bitwise_preview());
   begin_training();
   while (epoch_ <= setup_.last_epoch && step_ < setup_.total_steps) {
     const bool complete = train_epoch();
@@ -272,8 +305,13 @@ void Trainer::train_step(const std::vector<std::int64_t>& indices) {
     const auto no_waits = forbid_host_waits("forward and backward");
     dist::reset_collective_counters(*setup_.root);
     setup_.optimizer->zero_grad();
-    loss = forward_loss(batch, samples);
-    (loss.summed * loss.scale).backward();
+    {
+      std::optional<autograd::BatchChunking> chunking;  // the ops keep it for their backward
+      if (chunk_ > 0)
+        chunking.emplace(autograd::BatchChunks{.samples = on_host.inputs.size(0), .chunk = chunk_});
+      loss = forward_loss(batch, samples);
+    }
+    backward(loss);
     // Every collective of the units (hybrid sharding's groups too): what the plan predicts.
     step_bytes_received_ = dist::collective_counters(*setup_.root).total().bytes_received;
     grad_norm = clip_gradients();
@@ -313,11 +351,26 @@ void Trainer::end_step(const StepClock& clock) {
   this_step_.reset();
 }
 
+void Trainer::backward(const StepLoss& loss) {
+  const double ranks = chunk_ > 0 ? 1.0 : static_cast<double>(data_parallel_ranks().size());
+  (sum(loss.losses) * (ranks / loss.divisor)).backward();
+}
+
 Tensor Trainer::global_loss(const StepLoss& loss) {
-  const Tensor total = loss.summed.data().to(DType::f64).reshape({1}).clone();
-  dist::Communicator& ranks = setup_.data_parallel != nullptr ? *setup_.data_parallel : session_.world();
-  ranks.all_reduce(total, dist::ReduceOp::sum, "step loss").wait();
+  if (chunk_ > 0) {
+    ExactSum exact;
+    exact.add(loss.losses.data().contiguous());
+    const Tensor limbs = exact.limbs();
+    data_parallel_ranks().all_reduce(limbs, dist::ReduceOp::sum, "step loss").wait();
+    return full({1}, ExactSum::from_limbs(limbs).value() / loss.samples, dtype(DType::f64));
+  }
+  const Tensor total = sum(loss.losses.data()).to(DType::f64).reshape({1}).clone();
+  data_parallel_ranks().all_reduce(total, dist::ReduceOp::sum, "step loss").wait();
   return div(total, loss.samples);
+}
+
+dist::Communicator& Trainer::data_parallel_ranks() const {
+  return setup_.data_parallel != nullptr ? *setup_.data_parallel : session_.world();
 }
 
 Tensor Trainer::queue_for_host(const StepLoss& loss, const Tensor& grad_norm) {
@@ -358,12 +411,23 @@ nlohmann::json Trainer::step_record(const StepResult& result) const {
 
 // The step fixes the data cursor, the dropout keys and the schedule; the seed and the global batch
 // must not change between the runs.
+std::string Trainer::bitwise_preview() const {
+  if (chunk_ == 0) return "";
+  return fmt::format(
+      "bitwise: global batch {} {} (whole chunks per rank); each unit's gradient summed exactly once its "
+      "backward is over (block tops all-reduced with max, then 8-byte windows reduce-scattered with sum: "
+      "twice an f32 gradient's bytes, not overlapped with the backward); the loss and the gradient norm "
+      "summed exactly\n",
+      common_.global_batch, rank_shares(common_.global_batch, data_parallel_ranks().size(), chunk_));
+}
+
 nlohmann::json Trainer::state() const {
   nlohmann::json state = training_state();
   state["app"] = program_;
   state["step"] = step_;
   state["seed"] = common_.seed;
   state["global_batch"] = common_.global_batch;
+  if (chunk_ > 0) state["chunk"] = chunk_;
   return state;
 }
 
@@ -410,6 +474,12 @@ void Trainer::resume(const std::vector<std::string>& unchanged) {
   fields.insert(fields.end(), unchanged.begin(), unchanged.end());
   const CheckpointDir::Resumed resumed =
       checkpoints_.resume(session_.cpu_world(), *setup_.root, *setup_.optimizer, state(), fields, program_);
+  // A bitwise run continues the bits of one that saved with the same chunks; from a run without
+  // them it continues as any resumed run does.
+  SHARDLAB_CHECK(
+      chunk_ == 0 || !resumed.state.contains("chunk") || resumed.state["chunk"] == chunk_,
+      "--resume: '{}' was trained with --bitwise in chunks of {}, this run cuts chunks of {} (--chunk)",
+      resumed.path, resumed.state.value("chunk", nlohmann::json()).dump(), chunk_);
   step_ = resumed.state["step"].get<std::int64_t>();
   epoch_ = setup_.first_epoch + step_ / setup_.loader->batches_per_epoch();
   last_saved_ = resumed.state;

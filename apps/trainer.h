@@ -66,7 +66,15 @@ struct TrainerOptions {
   std::string memory_limit;  // none by default: the CPU's memory is the host's, shared with everything else
   std::string device = "auto";
   bool share_gpu = false;
+  // The same bits at any world size and sharding (FsdpOptions::bitwise): the global batch in chunks of
+  // `chunk` samples (0: bitwise_chunk's choice), each rank whole chunks; CPU only.
+  bool bitwise = false;
+  std::int64_t chunk = 0;
 };
+
+// --chunk, or where it is 0 the largest divisor of the global batch at most a quarter of it (16 for
+// 64, 2 for 10), so that up to 4 ranks hold whole chunks: what bitwise training cuts a batch into.
+std::int64_t bitwise_chunk(const TrainerOptions& options);
 
 // The TrainerOptions flags whose words are the same in both programs; --global-batch, --epochs,
 // --steps, --seed and --save-model each program words for itself.
@@ -98,14 +106,15 @@ class Trainer {
   End run();
 
  protected:
-  // What the program's forward leaves for the step: this rank's loss summed over its samples, the
-  // factor its backward is scaled by (FSDP averages the gradients over the data-parallel ranks, so
-  // the Llama scales by their number over the global count, for the global mean's gradient, and the
-  // CNN by their number, for the global sum's), and what the reported loss averages over (images,
-  // targets) in the whole global batch, known on the host.
+  // What the program's forward leaves for the step: this rank's losses (one per image or target,
+  // 0 for padding), what the step's gradient divides the global batch's summed loss by (the Llama:
+  // the global count, for the mean's gradient; the CNN: 1, for the sum's), and what the reported
+  // loss averages over (images, targets) in the whole global batch, known on the host. The Trainer
+  // sums the losses and scales the backward: FSDP averages the gradients over the data-parallel
+  // ranks, so by their number over the divisor; bitwise training sums them, so by 1 over it.
   struct StepLoss {
-    Variable summed;
-    double scale = 1;
+    Variable losses;
+    double divisor = 1;
     double samples = 0;
   };
 
@@ -197,6 +206,7 @@ class Trainer {
   const int rank_, world_size_;
   const Device device_;  // the session's: the model, the batches and the measured memory
   dist::FsdpOptions fsdp_;
+  const std::int64_t chunk_;               // bitwise training's samples per chunk; 0 without it
   std::int64_t step_ = 0;                  // optimizer steps taken, skipped ones included
   std::int64_t epoch_ = 0;                 // the epoch in progress, as the loader numbers it
   std::int64_t data_bytes_ = 0;            // device_'s bytes in use once the data is loaded (the program's)
@@ -232,8 +242,12 @@ class Trainer {
   StepClock begin_step();
   void end_step(const StepClock& clock);
   // The loss of the global batch: the data-parallel ranks' sums added on the device, over the
-  // samples counted on the host.
+  // samples counted on the host; bitwise, every loss added exactly (core/exact_sum.h).
   Tensor global_loss(const StepLoss& loss);
+  // The gradient of `loss`: forward_loss's losses summed, scaled as StepLoss says.
+  void backward(const StepLoss& loss);
+  // Setup::data_parallel, or the world.
+  dist::Communicator& data_parallel_ranks() const;
   // Queues this step's loss and gradient norm for the host, read during the next step; returns,
   // on the device, whether both are finite (the gate of the update).
   Tensor queue_for_host(const StepLoss& loss, const Tensor& grad_norm);
@@ -243,6 +257,8 @@ class Trainer {
     PendingRead values;  // loss, grad_norm, finite
   };
   nlohmann::json state() const;
+  // --explain's lines on bitwise training (none without it).
+  std::string bitwise_preview() const;
   // A checkpoint of the state now: with --async-checkpoint and `in_background`, written by the
   // saver's thread while training goes on.
   void save_checkpoint(bool in_background = false);

@@ -1,9 +1,12 @@
 // autograd/activation_checkpoint.cpp: checkpoint(): forward without a graph, recompute in backward.
 #include "autograd/activation_checkpoint.h"
 
+#include <optional>
+
+#include "autograd/batch_chunks.h"
 #include "autograd/engine.h"
-#include "autograd/record.h"
 #include "autograd/random_context.h"
+#include "autograd/record.h"
 
 namespace shardlab {
 
@@ -17,6 +20,8 @@ Variable checkpoint(const CheckpointFn& fn, const std::vector<Variable>& inputs)
     requires_grad.push_back(input.requires_grad());
   }
   const RandomContext context = random_context();
+  // The recompute cuts its batch as the forward did (bitwise training's chunks), for the same parts.
+  const std::optional<autograd::BatchChunks> chunks = autograd::batch_chunks();
   Tensor output;
   {
     const NoGradGuard no_grad;
@@ -24,9 +29,11 @@ Variable checkpoint(const CheckpointFn& fn, const std::vector<Variable>& inputs)
   }
   return autograd::record(
       "checkpoint", inputs, output,
-      [fn, tensors, requires_grad, context](const Tensor& g) -> autograd::Grads {
+      [fn, tensors, requires_grad, context, chunks](const Tensor& g) -> autograd::Grads {
         const RandomContextGuard same_randomness(context);
         const GradModeGuard recording(true);
+        std::optional<autograd::BatchChunking> chunking;
+        if (chunks) chunking.emplace(*chunks);
         std::vector<Variable> leaves;
         for (std::size_t i = 0; i < tensors.size(); ++i) {
           leaves.emplace_back(tensors[i], requires_grad[i]);

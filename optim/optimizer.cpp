@@ -817,13 +817,16 @@ ExactSum exact_sum_of_squares(const std::vector<Variable>& parameters) {
 Tensor clip_grad_norm_exact(const std::vector<Variable>& parameters, double max_norm,
                             const SumCombiner& combine) {
   SHARDLAB_CHECK(max_norm > 0, "clip_grad_norm_exact: max_norm must be > 0, got {}", max_norm);
+  return clip_gradients_to_norm(parameters, max_norm, gradient_norm_exact(parameters, combine));
+}
+
+Tensor gradient_norm_exact(const std::vector<Variable>& parameters, const SumCombiner& combine) {
   const SumGroups groups = sum_groups(parameters);
   const Tensor whole = exact_sum_of_squares(groups.whole).limbs();
   ExactSum total = ExactSum::from_limbs(combine ? combine(whole) : whole);
   for (const auto& [ranks, counted] : groups.sharded)
     total.add(ExactSum::from_limbs(ranks->sum(exact_sum_of_squares(counted).limbs())));
-  const Tensor norm = scalar_tensor(std::sqrt(total.value()), dtype(DType::f64));
-  return clip_gradients_to_norm(parameters, max_norm, norm);
+  return scalar_tensor(std::sqrt(total.value()), dtype(DType::f64));
 }
 
 Tensor clip_grad_norm_(const std::vector<Variable>& parameters, double max_norm, const SumCombiner& combine) {

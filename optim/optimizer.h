@@ -312,6 +312,8 @@ Tensor clip_grad_norm_(const std::vector<Variable>& parameters, double max_norm,
 // rounded once; the gradients are then clipped to it as clip_grad_norm_ does. CPU gradients only.
 Tensor clip_grad_norm_exact(const std::vector<Variable>& parameters, double max_norm,
                             const SumCombiner& combine = {});
+// Its norm alone, a one-element f64 tensor: for a caller that reports the norm and does not clip.
+Tensor gradient_norm_exact(const std::vector<Variable>& parameters, const SumCombiner& combine = {});
 
 // clip_grad_norm_'s two halves, for callers that combine sums their own way. The sum of the
 // squared gradients of the variables that have one, here, in double (core's foreach_sum_squares:

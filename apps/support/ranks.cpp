@@ -46,14 +46,16 @@ std::string broadcast_text(dist::Communicator& comm, const std::string& text) {
   return {reinterpret_cast<const char*>(bytes.data<std::uint8_t>()), static_cast<std::size_t>(bytes.numel())};
 }
 
-std::string rank_shares(std::int64_t global_batch, int world_size) {
-  const std::int64_t larger = global_batch % world_size;  // ranks 0..larger-1 hold one row more
-  const std::int64_t base = global_batch / world_size;
-  if (larger == 0) return fmt::format("{} per rank", base);
+std::string rank_shares(std::int64_t global_batch, int world_size, std::int64_t chunk) {
+  // Ranks 0..larger-1 hold one row (or chunk) more.
+  const std::int64_t unit = chunk > 0 ? chunk : 1, units = global_batch / unit;
+  const std::int64_t larger = units % world_size, base = units / world_size * unit;
+  const std::string chunks = chunk > 0 ? fmt::format("in chunks of {}, ", chunk) : "";
+  if (larger == 0) return fmt::format("{}{} per rank", chunks, base);
   const auto ranks = [](std::int64_t first, std::int64_t last) {
     return first == last ? fmt::format("rank {}", first) : fmt::format("ranks {}-{}", first, last);
   };
-  return fmt::format("{} on {}, {} on {}", base + 1, ranks(0, larger - 1), base,
+  return fmt::format("{}{} on {}, {} on {}", chunks, base + unit, ranks(0, larger - 1), base,
                      ranks(larger, world_size - 1));
 }
 

@@ -33,7 +33,8 @@ void check_output_path(dist::Communicator& comm, std::string_view option, const 
 std::string broadcast_text(dist::Communicator& comm, const std::string& text);
 
 // How a global batch splits over the ranks, for the start-up line: "32 per rank", or where W does
-// not divide G, "22 on rank 0, 21 on ranks 1-2" (data::rank_batch_size).
-std::string rank_shares(std::int64_t global_batch, int world_size);
+// not divide G, "22 on rank 0, 21 on ranks 1-2" (data::rank_batch_size). With a chunk (bitwise
+// training, data::chunk_share): "in chunks of 16, 32 on rank 0, 16 on ranks 1-2".
+std::string rank_shares(std::int64_t global_batch, int world_size, std::int64_t chunk = 0);
 
 }  // namespace shardlab::apps

@@ -41,9 +41,10 @@ UnitPlan plan_unit(const Unit& unit, std::int64_t optimizer_state_bytes_per_elem
   row.optimizer_bytes = trained_here * optimizer_state_bytes_per_element;
   row.persistent_bytes = row.shard_elements * (trains ? 4 + 4 : 4) + row.optimizer_bytes;
   row.unsharded_bytes = unit.padded() * static_cast<std::int64_t>(dtype_size(precision.param_dtype));
-  const bool cast = precision.reduce_dtype != precision.param_dtype;
+  const bool bitwise = unit.options().bitwise;
+  const bool cast = precision.reduce_dtype != precision.param_dtype && !bitwise;
   // The reduction reads a buffer of its own (not the gradient shard itself): more than one rank, or a cast.
-  const bool separate_reduce_input = trains && (shard_size > 1 || cast);
+  const bool separate_reduce_input = trains && (shard_size > 1 || cast) && !bitwise;
   const std::int64_t reduce_input =
       separate_reduce_input ? unit.padded() * static_cast<std::int64_t>(dtype_size(precision.reduce_dtype))
                             : 0;
@@ -59,6 +60,18 @@ UnitPlan plan_unit(const Unit& unit, std::int64_t optimizer_state_bytes_per_elem
     if (trains && shard_size > 1) row.reduce_buffer_bytes = reduce_input;  // Unit::start_reduction's input
     if (trains && cast) row.cast_buffer_bytes = row.unsharded_bytes;
   }
+  // Bitwise: the BinnedSum (three i32 bins an element, a top a block) and, while it reduces, its
+  // windows (i64) instead of a gradient in param_dtype.
+  if (bitwise && trains)
+    row.reduce_buffer_bytes = unit.padded() * (kBinsKept * 4 + 8) + binned_blocks(unit.padded());
+  const DType reduced = bitwise ? DType::i64 : precision.reduce_dtype;
+  // Bitwise: each group all-reduces the blocks' tops (u8, max) before the windows.
+  const auto tops_bytes = [&](const Communicator& group) {
+    return traffic_of(
+               {.op = Collective::all_reduce, .dtype = DType::u8, .count = binned_blocks(unit.padded())},
+               group.rank(), group.size())
+        .bytes_received;
+  };
   const Fingerprint gather{
       .op = Collective::all_gather, .dtype = precision.param_dtype, .count = unit.padded()};
   if (shard_size > 1) {
@@ -76,19 +89,25 @@ UnitPlan plan_unit(const Unit& unit, std::int64_t optimizer_state_bytes_per_elem
     if (trains) {
       row.reduce_scatters = 1;
       row.reduce_bytes =
-          traffic_of(
-              {.op = Collective::reduce_scatter, .dtype = precision.reduce_dtype, .count = unit.padded()},
-              shard_rank, shard_size)
+          traffic_of({.op = Collective::reduce_scatter, .dtype = reduced, .count = unit.padded()}, shard_rank,
+                     shard_size)
               .bytes_received;
+      if (bitwise) {
+        row.all_reduces += 1;
+        row.reduce_bytes += tops_bytes(*groups.shard);
+      }
     }
   }
   if (groups.replica != nullptr && trains) {
-    row.all_reduces = 1;
+    row.all_reduces += 1;
     row.reduce_bytes +=
-        traffic_of(
-            {.op = Collective::all_reduce, .dtype = precision.reduce_dtype, .count = row.shard_elements},
-            groups.replica->rank(), groups.replica->size())
+        traffic_of({.op = Collective::all_reduce, .dtype = reduced, .count = row.shard_elements},
+                   groups.replica->rank(), groups.replica->size())
             .bytes_received;
+    if (bitwise) {
+      row.all_reduces += 1;
+      row.reduce_bytes += tops_bytes(*groups.replica);
+    }
   }
   return row;
 }

@@ -71,6 +71,9 @@ def training_cases(scratch):
         (["--checkpoint-dir", os.path.join(scratch, "c"), "--async-checkpoint", "--checkpoint-staging", "0"],
          "AsyncCheckpointer: the staging bound must be positive, got 0 bytes"),
         (["--device", "gpu"], "--device: got 'gpu', expected one of auto, cpu, cuda"),
+        (["--bitwise", "--chunk", "0"], "--chunk: got '0', expected an integer >= 1"),
+        (["--chunk", "2"], "--chunk requires --bitwise"),
+        (["--bitwise", "--global-batch", "8", "--chunk", "3"], "global batch: 8 does not cut into chunks of 3"),
         (["--bogus"], "The following argument was not expected: --bogus"),
         (["--explain", "x"], "The following argument was not expected: x"),
     ]
@@ -164,8 +167,9 @@ def app_cases(scratch):
 
 # Options whose every value is valid (free text), or that have no value, per app.
 FREE = {
-    "train_cnn": {"--help", "--explain", "--detect-anomaly", "--resume", "--profile", "--share-gpu"},
-    "train_llama": {"--help", "--explain", "--detect-anomaly", "--resume", "--profile", "--share-gpu", "--separator",
+    "train_cnn": {"--help", "--explain", "--detect-anomaly", "--resume", "--profile", "--share-gpu", "--bitwise"},
+    "train_llama": {"--help", "--explain", "--detect-anomaly", "--resume", "--profile", "--share-gpu", "--bitwise",
+                    "--separator",
                     "--no-decay-norms",
                     "--activation-checkpointing", "--cpu-offload"},
     "generate": {"--help", "--prompt", "--print-ids"},
