@@ -52,5 +52,8 @@ std::vector<RowRange> chunk_rows(const BatchChunks& chunks, std::int64_t rows, c
 // Inside an op's backward function: hands one chunk's part of the gradient of the op's input `input`
 // (in the input's shape) to that input's BinnedSum. The input must be a leaf with set_binned_grad.
 void deliver_gradient_part(std::size_t input, const Tensor& part);
+// The same for a part that is zero outside rows `rows` (i64 [n], distinct) of the input's first dim,
+// given as those rows' `values` [n, ...]: an embedding's part, which touches the rows its chunk looks up.
+void deliver_gradient_rows(std::size_t input, const Tensor& rows, const Tensor& values);
 
 }  // namespace shardlab::autograd

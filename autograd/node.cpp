@@ -1,6 +1,7 @@
 // autograd/node.cpp: graph nodes: sequence numbers, op backward closures, leaf accumulation.
 #include "autograd/node.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "autograd/batch_chunks.h"
@@ -123,13 +124,45 @@ void AccumulateGrad::deposit(const Tensor& part) {
   deposited_ = true;
 }
 
+void AccumulateGrad::deposit_rows(const Tensor& rows, const Tensor& values) {
+  VariableImpl& leaf = *leaf_;
+  const TensorMeta meta = TensorMeta::of(leaf.data);
+  Shape row_shape = meta.shape;
+  if (!row_shape.empty()) row_shape[0] = rows.numel();
+  SHARDLAB_CHECK(!meta.shape.empty() && rows.dim() == 1 && values.shape() == row_shape,
+                 "backward: {} rows of a gradient part of shape {} for {} of shape {}", rows.numel(),
+                 shape_str(values.shape()), describe(leaf.name), shape_str(meta.shape));
+  if (!leaf.grad_hooks.empty() || leaf.binned_grad == nullptr) {
+    // The hooks see the whole part (and a leaf without a BinnedSum is refused by deposit).
+    return deposit(
+        index_add(zeros(meta.shape, TensorOptions{values.dtype(), values.device()}), 0, rows, values));
+  }
+  const std::int64_t width = values.numel() / std::max<std::int64_t>(rows.numel(), 1);
+  const Tensor flat = values.to(meta.dtype).contiguous().reshape({rows.numel(), width});
+  const std::vector<std::int64_t> picked = rows.to(DType::i64).to_vector<std::int64_t>();
+  std::vector<std::int64_t> sorted = picked;
+  std::sort(sorted.begin(), sorted.end());
+  SHARDLAB_CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end() &&
+                     (sorted.empty() || (sorted.front() >= 0 && sorted.back() < meta.shape[0])),
+                 "backward: the rows of a gradient part for {} of shape {} must be distinct rows of it",
+                 describe(leaf.name), shape_str(meta.shape));
+  for (std::size_t i = 0; i < picked.size(); ++i) {
+    const auto at = static_cast<std::int64_t>(i);
+    leaf.binned_grad->add(flat.narrow(0, at, 1).reshape({width}), leaf.binned_first + picked[i] * width);
+  }
+  deposited_ = true;
+}
+
 void AccumulateGrad::finish_deposits() {
   if (!std::exchange(deposited_, false)) return;
   const Variable variable = Variable::from_impl(leaf_);
   for (const auto& hook : leaf_->post_accumulate_hooks) hook(variable);
 }
 
-void deliver_gradient_part(std::size_t input, const Tensor& part) {
+namespace {
+
+// The AccumulateGrad that input `input` of the op being applied feeds, for its chunk parts.
+AccumulateGrad& part_sink(std::size_t input) {
   SHARDLAB_CHECK(applying != nullptr, "deliver_gradient_part: called outside an op's backward function");
   SHARDLAB_CHECK(input < applying->next_edges().size() && applying->next_edges()[input].node != nullptr,
                  "{}: deliver_gradient_part for input {}, which needs no gradient", applying->name(), input);
@@ -140,7 +173,15 @@ void deliver_gradient_part(std::size_t input, const Tensor& part) {
       "{}: its input {} comes from {}, not from a parameter: under BatchChunking a parameter is the "
       "op's input itself, so that its gradient's chunk parts reach the parameter's BinnedSum",
       applying->name(), input, next->name());
-  accumulator->deposit(part);
+  return *accumulator;
+}
+
+}  // namespace
+
+void deliver_gradient_part(std::size_t input, const Tensor& part) { part_sink(input).deposit(part); }
+
+void deliver_gradient_rows(std::size_t input, const Tensor& rows, const Tensor& values) {
+  part_sink(input).deposit_rows(rows, values);
 }
 
 std::shared_ptr<Node> grad_accumulator(const std::shared_ptr<VariableImpl>& leaf) {

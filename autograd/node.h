@@ -107,6 +107,10 @@ class AccumulateGrad final : public Node {
   // One chunk's part of the gradient (autograd/batch_chunks.h), through the leaf's hooks into its
   // BinnedSum; the post-accumulate hooks wait for finish_deposits().
   void deposit(const Tensor& part);
+  // A part that is zero but in some rows of the leaf's first dim: `values` [n, ...] are rows `rows`
+  // (i64 [n]). Only those rows are added, the same bins as the whole part's (zeros add nothing); a
+  // leaf with gradient hooks gets the whole part, for them to see.
+  void deposit_rows(const Tensor& rows, const Tensor& values);
   // Once the engine reaches the node: runs the post-accumulate hooks if parts came since the last call.
   void finish_deposits();
 

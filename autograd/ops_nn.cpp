@@ -1,6 +1,7 @@
 // autograd/ops_nn.cpp: differentiable matmul, softmax, convolution, pooling and indexing, each
 // forward next to its backward. Operands that need no gradient get none computed.
 #include <algorithm>
+#include <vector>
 
 #include "autograd/batch_chunks.h"
 #include "autograd/ops.h"
@@ -223,8 +224,15 @@ Variable embedding(const Variable& weight, const Tensor& indices) {
     const Tensor picks = indices.reshape({indices.numel()});
     const Tensor picked = g.reshape({indices.numel(), g.size(-1)});
     for (const autograd::RowRange& chunk : autograd::chunk_rows(*chunks, picks.numel(), "embedding")) {
-      autograd::deliver_gradient_part(0, embedding_backward(picked.narrow(0, chunk.start, chunk.count),
-                                                            picks.narrow(0, chunk.start, chunk.count), rows));
+      const Tensor chunk_picks = picks.narrow(0, chunk.start, chunk.count);
+      const Tensor part = embedding_backward(picked.narrow(0, chunk.start, chunk.count), chunk_picks, rows);
+      // Only the rows the chunk looked up are not zero: those alone go into the sum.
+      std::vector<std::int64_t> looked_up = chunk_picks.to(DType::i64).to_vector<std::int64_t>();
+      std::sort(looked_up.begin(), looked_up.end());
+      looked_up.erase(std::unique(looked_up.begin(), looked_up.end()), looked_up.end());
+      const auto count = static_cast<std::int64_t>(looked_up.size());
+      const Tensor touched = from_vector(looked_up, {count});
+      autograd::deliver_gradient_rows(0, touched, index_select(part, 0, touched));
     }
     return {Tensor()};
   });

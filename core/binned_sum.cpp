@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
+#include "core/cpu/isa.h"
 #include "core/ops.h"
 #include "core/parallel.h"
 
@@ -15,55 +17,53 @@ namespace {
 constexpr std::int64_t kBlocksPerTask = 64;
 constexpr std::uint32_t kDigitMask = (1u << kBinBits) - 1;
 
-// A finite f32 as |x| / 2^-149 = magnitude << shift, the magnitude below 2^24.
-struct Fixed {
-  std::uint32_t magnitude = 0;
-  int shift = 0;
-  bool negative = false;
-  bool finite = true;
-};
-
-Fixed fixed_of(std::uint32_t bits) {
-  const std::uint32_t exponent = (bits >> 23) & 0xffu;
-  const std::uint32_t mantissa = bits & 0x7fffffu;
-  if (exponent == 0xffu) return {.finite = false};
-  if (exponent == 0) return {.magnitude = mantissa, .shift = 0, .negative = (bits >> 31) != 0};
-  return {.magnitude = mantissa | 0x800000u,
-          .shift = static_cast<int>(exponent) - 1,
-          .negative = (bits >> 31) != 0};
-}
-
-// The bin of the highest bit of a term (kLowestTop for zero and anything below it).
-int top_of(const Fixed& term) {
-  if (term.magnitude == 0) return kLowestTop;
-  const int highest = std::bit_width(term.magnitude) - 1 + term.shift;
+// The bin of the highest bit of a term |x| / 2^-149 = magnitude << shift (kLowestTop for zero and
+// anything below it).
+int top_of(std::uint32_t magnitude, int shift) {
+  if (magnitude == 0) return kLowestTop;
+  const int highest = std::bit_width(magnitude) - 1 + shift;
   return std::max(kLowestTop, highest / kBinBits);
 }
 
-// The term's bits from bin `low` up, truncated below it: under 2^48 where its top is at most low + 2.
-std::uint64_t bits_from(const Fixed& term, int low) {
-  const int shift = term.shift - low * kBinBits;
-  if (shift >= 0) return static_cast<std::uint64_t>(term.magnitude) << shift;
-  return -shift >= 24 ? 0 : term.magnitude >> -shift;
-}
-
-std::uint32_t term_bits(const Tensor& terms, std::int64_t i) {
+// Terms [first, first + count) of `terms` as f32 bits, into `out`.
+void term_bits(const Tensor& terms, std::int64_t first, std::int64_t count, std::uint32_t* out) {
   switch (terms.dtype()) {
-    case DType::f32:
-      return float_bits(terms.data<float>()[i]);
-    case DType::bf16:
-      return static_cast<std::uint32_t>(terms.data<bf16>()[i].bits) << 16;
-    default:
-      return float_bits(f16_to_float(terms.data<f16>()[i]));
+    case DType::f32: {
+      const float* values = terms.data<float>() + first;
+      for (std::int64_t i = 0; i < count; ++i) out[i] = float_bits(values[i]);
+      return;
+    }
+    case DType::bf16: {
+      const bf16* values = terms.data<bf16>() + first;
+      for (std::int64_t i = 0; i < count; ++i) out[i] = static_cast<std::uint32_t>(values[i].bits) << 16;
+      return;
+    }
+    default: {
+      const f16* values = terms.data<f16>() + first;
+      for (std::int64_t i = 0; i < count; ++i) out[i] = float_bits(f16_to_float(values[i]));
+      return;
+    }
   }
 }
 
-// Element i's bins from `drop` up as one integer in units of bin `drop`.
-std::int64_t window_value(const std::int32_t* bins, std::int64_t numel, std::int64_t i, int drop) {
-  std::int64_t value = 0;
-  for (int b = kBinsKept - 1; b >= drop; --b)
-    value = value * (std::int64_t{1} << kBinBits) + bins[b * numel + i];
-  return value;
+// The bin of the largest of `count` terms (as f32 bits), or kNonFiniteTop when one is not finite.
+int block_top(const std::uint32_t* bits, std::int64_t count) {
+  // The exponent field orders magnitudes: the largest field gives the highest bit, except among
+  // subnormals (field 0), whose highest bit is their mantissa's.
+  std::uint32_t widest = 0, subnormal = 0;
+  for (std::int64_t i = 0; i < count; ++i) {
+    const std::uint32_t magnitude = bits[i] & 0x7fffffffu;
+    widest = std::max(widest, magnitude >> 23);
+    subnormal |= magnitude < 0x800000u ? magnitude : 0;
+  }
+  if (widest == 0xffu) return kNonFiniteTop;
+  if (widest > 0) return top_of(0x800000u, static_cast<int>(widest) - 1);
+  return top_of(subnormal, 0);
+}
+
+// 2^power as a double, for powers where it is a normal number.
+double power_of_two(int power) {
+  return std::bit_cast<double>(static_cast<std::uint64_t>(power + 1023) << 52);
 }
 
 float round_to_f32(std::int64_t window, int top) {
@@ -71,6 +71,12 @@ float round_to_f32(std::int64_t window, int top) {
   const std::uint64_t magnitude =
       window < 0 ? ~static_cast<std::uint64_t>(window) + 1 : static_cast<std::uint64_t>(window);
   const int base = (top - (kBinsKept - 1)) * kBinBits;  // the window's lowest bit, in units of 2^-149
+  if (magnitude < (std::uint64_t{1} << 53)) {
+    // Exact in a double, and so is its product with 2^(base - 149) (a normal double for every top):
+    // converting that to f32 is the one rounding, to nearest, ties to even, subnormals and overflow
+    // included.
+    return static_cast<float>(static_cast<double>(window) * power_of_two(base - 149));
+  }
   const int highest = std::bit_width(magnitude) - 1 + base;
   float value = std::numeric_limits<float>::infinity();
   if (highest <= kHighestF32Bit) {
@@ -83,9 +89,44 @@ float round_to_f32(std::int64_t window, int top) {
       const std::uint64_t half = std::uint64_t{1} << (dropped - 1);
       if (rest > half || (rest == half && (kept & 1) != 0)) ++kept;
     }
-    value = std::ldexp(static_cast<float>(kept), base + std::max(dropped, 0) - 149);
+    // kept (at most 2^24) times 2^power is an f32 (or 2^128, infinity); made in a double, where the
+    // power of two is a normal number and the product exact, it converts without rounding.
+    value = static_cast<float>(static_cast<double>(kept) * power_of_two(base + std::max(dropped, 0) - 149));
   }
   return window < 0 ? -value : value;
+}
+
+// Each term's bits from bit `low_bit` up (its magnitude as a multiple of 2^-149, truncated below the
+// window), cut into the three digits added to rows[0..2], negated for a negative term. Integers only,
+// branch-free, so that every instruction set's clone vectorises it to the same sums.
+SHARDLAB_CPU_CLONES(void, add_digits,
+                    (const std::uint32_t* term, std::int64_t count, int low_bit, std::int32_t* const* rows),
+                    (term, count, low_bit, rows)) {
+  std::int32_t *low = rows[0], *middle = rows[1], *high = rows[2];
+  for (std::int64_t i = 0; i < count; ++i) {
+    const std::uint32_t field = (term[i] >> 23) & 0xffu;
+    const std::uint64_t magnitude = (term[i] & 0x7fffffu) | (field != 0 ? 0x800000u : 0u);
+    const int shift = static_cast<int>(field != 0 ? field - 1 : 0) - low_bit;
+    const std::uint64_t up = magnitude << (shift > 0 ? shift : 0);
+    const std::uint64_t down = magnitude >> (shift < 0 && shift > -24 ? -shift : 0);
+    const std::uint64_t bits = shift >= 0 ? up : (shift > -24 ? down : 0);
+    const auto negative = static_cast<std::int32_t>(term[i] >> 31);  // 0 or 1
+    low[i] += (static_cast<std::int32_t>(bits & kDigitMask) ^ -negative) + negative;
+    middle[i] += (static_cast<std::int32_t>((bits >> kBinBits) & kDigitMask) ^ -negative) + negative;
+    high[i] += (static_cast<std::int32_t>((bits >> (2 * kBinBits)) & kDigitMask) ^ -negative) + negative;
+  }
+}
+
+// Elements' bins from `drop` up as one integer in units of bin `drop` (0 when drop is kBinsKept).
+SHARDLAB_CPU_CLONES(void, window_values,
+                    (const std::int32_t* low, const std::int32_t* middle, const std::int32_t* high,
+                     std::int64_t count, int drop, std::int64_t* out),
+                    (low, middle, high, count, drop, out)) {
+  constexpr std::int64_t kDigit = std::int64_t{1} << kBinBits;
+  for (std::int64_t i = 0; i < count; ++i) {
+    const std::int64_t h = high[i], m = middle[i];
+    out[i] = drop == 0 ? (h * kDigit + m) * kDigit + low[i] : drop == 1 ? h * kDigit + m : drop == 2 ? h : 0;
+  }
 }
 
 void check_tops(const Tensor& tops, std::int64_t blocks, const char* what) {
@@ -105,7 +146,9 @@ std::int64_t binned_blocks(std::int64_t numel) { return (numel + kBinBlock - 1) 
 BinnedSum::BinnedSum(std::int64_t numel) : numel_(numel) {
   SHARDLAB_CHECK(numel >= 0, "BinnedSum: a negative element count ({})", numel);
   tops_ = full({binned_blocks(numel)}, kLowestTop, dtype(DType::u8));
-  bins_ = zeros({kBinsKept, numel}, dtype(DType::i32));
+  // Left uncleared: a block's bins are cleared by the first add that reaches it (one pass over the
+  // bins less, and that one while they are in cache); a block no add reached reads as zero.
+  bins_ = empty({kBinsKept, numel}, dtype(DType::i32));
   terms_.assign(static_cast<std::size_t>(binned_blocks(numel)), 0);
 }
 
@@ -120,6 +163,13 @@ BinnedSum BinnedSum::clone() const {
   copy.tops_ = tops_.clone();
   copy.bins_ = bins_.clone();
   return copy;
+}
+
+void BinnedSum::clear_block(std::int64_t block) {
+  const std::int64_t first = block * kBinBlock, count = std::min(numel_, first + kBinBlock) - first;
+  for (int b = 0; b < kBinsKept; ++b)
+    std::memset(bins_.data<std::int32_t>() + b * numel_ + first, 0,
+                static_cast<std::size_t>(count) * sizeof(std::int32_t));
 }
 
 void BinnedSum::raise(std::int64_t block, int top) {
@@ -158,23 +208,17 @@ void BinnedSum::add(const Tensor& terms, std::int64_t first) {
     for (std::int64_t block = begin_task; block < end_task; ++block) {
       const std::int64_t low_element = std::max(first, block * kBinBlock),
                          high_element = std::min(end, (block + 1) * kBinBlock);
-      int top = kLowestTop;
-      for (std::int64_t i = low_element; i < high_element; ++i) {
-        const Fixed term = fixed_of(term_bits(terms, i - first));
-        top = std::max(top, term.finite ? top_of(term) : int{kNonFiniteTop});
-      }
-      raise(block, top);
+      const std::int64_t count = high_element - low_element;
+      std::uint32_t term[kBinBlock];
+      term_bits(terms, low_element - first, count, term);
+      if (terms_[block] == 1) clear_block(block);  // the block's first add
+      raise(block, block_top(term, count));
       const int current = tops_.data<std::uint8_t>()[block];
       if (current == kNonFiniteTop) continue;
       const int low = current - (kBinsKept - 1);
-      for (std::int64_t i = low_element; i < high_element; ++i) {
-        const Fixed term = fixed_of(term_bits(terms, i - first));
-        const std::uint64_t bits = bits_from(term, low);
-        for (int b = 0; b < kBinsKept; ++b) {
-          const auto digit = static_cast<std::int32_t>((bits >> (b * kBinBits)) & kDigitMask);
-          bins[b * numel_ + i] += term.negative ? -digit : digit;
-        }
-      }
+      std::int32_t* row[kBinsKept];
+      for (int b = 0; b < kBinsKept; ++b) row[b] = bins + b * numel_ + low_element;
+      add_digits(term, count, low * kBinBits, row);
     }
   });
 }
@@ -191,6 +235,8 @@ void BinnedSum::add(const BinnedSum& other) {
   const std::int32_t* others = other.bins_.data<std::int32_t>();
   parallel_for(0, binned_blocks(numel_), kBlocksPerTask, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t block = begin; block < end; ++block) {
+      if (other.terms_[block] == 0) continue;  // nothing added there: its bins are not cleared
+      if (terms_[block] == other.terms_[block]) clear_block(block);  // this sum had nothing there
       const int theirs = other.tops_.data<std::uint8_t>()[block];
       raise(block, theirs);
       const int current = tops_.data<std::uint8_t>()[block];
@@ -219,9 +265,13 @@ Tensor BinnedSum::window(const Tensor& tops) const {
   }
   parallel_for(0, blocks, kBlocksPerTask, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t block = begin; block < end; ++block) {
-      const int drop = wanted[block] == kNonFiniteTop ? kBinsKept : wanted[block] - mine[block];
+      // No term reached the block (its bins never cleared): a window of zero.
+      const int drop = wanted[block] == kNonFiniteTop || terms_[static_cast<std::size_t>(block)] == 0
+                           ? kBinsKept
+                           : std::min(wanted[block] - mine[block], kBinsKept);
       const std::int64_t first = block * kBinBlock, last = std::min(numel_, first + kBinBlock);
-      for (std::int64_t i = first; i < last; ++i) values[i] = window_value(bins, numel_, i, drop);
+      window_values(bins + first, bins + numel_ + first, bins + 2 * numel_ + first, last - first, drop,
+                    values + first);
     }
   });
   return out;
@@ -243,11 +293,17 @@ Tensor round_binned(const Tensor& windows, const Tensor& tops, std::int64_t firs
   float* values = out.data<float>();
   const std::int64_t* sums = windows.data<std::int64_t>();
   const std::uint8_t* top = tops.data<std::uint8_t>();
-  parallel_for(0, numel, kBlocksPerTask * kBinBlock, [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t i = begin; i < end; ++i) {
-      const int block_top = top[(first + i) / kBinBlock];
-      values[i] = block_top == kNonFiniteTop ? std::numeric_limits<float>::quiet_NaN()
-                                             : round_to_f32(sums[i], block_top);
+  // Block by block of the flat sum: element i is element first + i of it.
+  const std::int64_t first_block = first / kBinBlock, end_block = binned_blocks(first + numel);
+  parallel_for(first_block, end_block, kBlocksPerTask, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t block = begin; block < end; ++block) {
+      const int block_top = top[block];
+      const std::int64_t low = std::max(block * kBinBlock, first) - first,
+                         high = std::min((block + 1) * kBinBlock, first + numel) - first;
+      for (std::int64_t i = low; i < high; ++i) {
+        values[i] = block_top == kNonFiniteTop ? std::numeric_limits<float>::quiet_NaN()
+                                               : round_to_f32(sums[i], block_top);
+      }
     }
   });
   return out;

@@ -75,6 +75,8 @@ class BinnedSum {
  private:
   // Moves block `block`'s window up to `top`, dropping the bins that fall out of it.
   void raise(std::int64_t block, int top);
+  // Zeros block `block`'s bins, before its first term.
+  void clear_block(std::int64_t block);
 
   std::int64_t numel_ = 0;
   std::vector<std::int32_t> terms_;  // per block

@@ -44,6 +44,8 @@ class ExactSum {
  private:
   // Carries moved up so that every digit limb but the highest lies in [0, 2^32).
   void settle();
+  // Adds value * 2^(shift - 1074), value below 2^97, and settles.
+  void add_shifted(unsigned __int128 value, int shift);
 
   std::array<std::int64_t, kExactLimbs> limbs_{};
   std::int64_t unsettled_ = 0;  // terms added since the last settle()

@@ -11,7 +11,9 @@
 #include "autograd/batch_chunks.h"
 #include "autograd/functional.h"
 #include "autograd/ops.h"
+#include "autograd/record.h"
 #include "core/binned_sum.h"
+#include "core/ops.h"
 #include "tests/check.h"
 
 using namespace shardlab;
@@ -156,6 +158,47 @@ TEST_CASE(
     "however the batch is split",
     "[batch_chunks]") {
   check_split_free(attention_net(), 1e-4);
+}
+
+TEST_CASE("BatchChunking: an embedding's parts go in by the rows each chunk looked up, the whole parts' bits",
+          "[batch_chunks]") {
+  // loss = sum(embedding(w, ids) * c): each chunk's part of w's gradient is embedding_backward(c's rows).
+  const Tensor ids = from_vector<std::int64_t>({3, 1, 3, 0, 1, 1, 6, 3}, {4, 2});
+  const Tensor c = test::random_tensor({4, 2, 5}, 21);
+  Variable w(test::random_tensor({7, 5}, 22), true, "w");
+  auto by_rows = std::make_shared<BinnedSum>(35);
+  w.set_binned_grad(by_rows);
+  {
+    const autograd::BatchChunking chunking({.samples = 4, .chunk = 2});
+    sum(mul(embedding(w, ids), constant(c))).backward();
+  }
+  BinnedSum whole_parts(35);
+  for (std::int64_t first : {0, 2}) {
+    whole_parts.add(
+        embedding_backward(c.narrow(0, first, 2).reshape({4, 5}), ids.narrow(0, first, 2).reshape({4}), 7)
+            .reshape({35}));
+  }
+  CHECK(by_rows->result().to_vector<float>() == whole_parts.result().to_vector<float>());
+  CHECK(by_rows->window(by_rows->tops()).to_vector<std::int64_t>() ==
+        whole_parts.window(whole_parts.tops()).to_vector<std::int64_t>());
+}
+
+TEST_CASE("BatchChunking: rows of a part that repeat or do not fit are refused by name", "[batch_chunks]") {
+  Variable w(zeros({3, 2}), true, "w");
+  w.set_binned_grad(std::make_shared<BinnedSum>(6));
+  const auto deliver = [&](const Tensor& rows, const Tensor& values) {
+    return autograd::record("rows_op", {w}, zeros({1}), [rows, values](const Tensor&) -> autograd::Grads {
+      autograd::deliver_gradient_rows(0, rows, values);
+      return {Tensor()};
+    });
+  };
+  CHECK_THROWS_ERROR(
+      sum(deliver(from_vector<std::int64_t>({1, 1}, {2}), ones({2, 2}))).backward(),
+      "backward: the rows of a gradient part for leaf 'w' of shape [3, 2] must be distinct rows of it");
+  CHECK_THROWS_ERROR(sum(deliver(from_vector<std::int64_t>({3}, {1}), ones({1, 2}))).backward(),
+                     "must be distinct rows of it");
+  CHECK_THROWS_ERROR(sum(deliver(from_vector<std::int64_t>({0}, {1}), ones({1, 3}))).backward(),
+                     "backward: 1 rows of a gradient part of shape [1, 3] for leaf 'w' of shape [3, 2]");
 }
 
 TEST_CASE("BatchChunking: post-accumulate hooks run once per parameter and backward", "[batch_chunks]") {

@@ -188,6 +188,18 @@ TEST_CASE("round_binned: ties to even, subnormals, the largest f32 and overflow,
         std::numeric_limits<float>::infinity());  // the tie above the largest rounds to 2^128
   CHECK(round_one(-(std::int64_t{1} << 40), 17) == -std::numeric_limits<float>::infinity());
   CHECK(std::isnan(round_one(0, kNonFiniteTop)));
+  // Windows of every size up to 2^62 (the sums of many terms) at every top: the exact value (a long
+  // double holds 64 bits of it, and its power of two) rounded once to f32.
+  std::mt19937_64 random(5);
+  for (int k = 0; k < 4000; ++k) {
+    const int bits = 1 + static_cast<int>(random() % 62);
+    const auto window = static_cast<std::int64_t>(random() >> (64 - bits)) * (k % 2 == 0 ? 1 : -1);
+    const auto top = static_cast<std::uint8_t>(2 + random() % 16);
+    const long double exact = static_cast<long double>(window) * std::ldexp(1.0L, 16 * (top - 2) - 149);
+    INFO("window " << window << " at top " << int{top});
+    CHECK(std::bit_cast<std::uint32_t>(round_one(window, top)) ==
+          std::bit_cast<std::uint32_t>(static_cast<float>(exact)));
+  }
   // A shard: element i of the windows is element first + i of the sum whose blocks the tops cover.
   const Tensor tops = from_vector(std::vector<std::uint8_t>{2, 9}, {2});
   const Tensor shard = round_binned(from_vector(std::vector<std::int64_t>{one, one}, {2}), tops, 63);
@@ -250,6 +262,17 @@ TEST_CASE(
   CHECK(counted.terms() == 2);
   CHECK(counted.result().to_vector<float>()[7] == 2.0f);
   CHECK(counted.result().to_vector<float>()[64] == 1.0f);
+  // Elements no part reached read as zero (in a block another reached, and in blocks none did); a sum
+  // merged into one that had nothing, or an empty one into it, is the same sum.
+  const std::vector<float> reached = counted.result().to_vector<float>();
+  CHECK(std::all_of(reached.begin() + 15, reached.begin() + 64, [](float v) { return v == 0.0f; }));
+  CHECK(std::all_of(reached.begin() + 100, reached.end(), [](float v) { return v == 0.0f; }));
+  BinnedSum into_empty(200), empty_into = counted.clone();
+  into_empty.add(counted);
+  empty_into.add(BinnedSum(200));
+  CHECK(bits_of(into_empty.result()) == bits_of(counted.result()));
+  CHECK(bits_of(empty_into.result()) == bits_of(counted.result()));
+  CHECK(bits_of(BinnedSum(200).result()) == bits_of(zeros({200})));
 }
 
 TEST_CASE("BinnedSum: refusals name what is wrong and change nothing", "[binned_sum]") {

@@ -149,6 +149,23 @@ TEST_CASE("ExactSum: tensors of every floating dtype, and squares", "[exact_sum]
     for (const double v : terms.to_vector<double>()) of_doubles.add(v);
     CHECK(same_bits(of_tensor.value(), of_doubles.value()));
   }
+  // Squares over f32's whole range (the smallest subnormal to the largest finite) and of halves, each
+  // against its square added as a double; the square of an infinity is +infinity, of a NaN a NaN.
+  const std::vector<float> wide = {std::numeric_limits<float>::denorm_min(), 3e-40f, 1e-20f, -1.5f, 2.0f,
+                                   std::numeric_limits<float>::max(),        -3e38f, 0.0f};
+  for (const DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+    INFO(dtype_name(dtype));
+    const Tensor terms = from_vector(wide).to(dtype);
+    ExactSum fast, slow;
+    fast.add(terms, true);
+    for (const double v : terms.to_vector<double>()) slow.add(v * v);
+    CHECK(same_bits(fast.value(), slow.value()));
+  }
+  ExactSum infinite, not_a_number;
+  infinite.add(from_vector(std::vector<float>{-std::numeric_limits<float>::infinity(), 1.0f}), true);
+  not_a_number.add(from_vector(std::vector<float>{std::numeric_limits<float>::quiet_NaN(), 1.0f}), true);
+  CHECK(infinite.value() == std::numeric_limits<double>::infinity());
+  CHECK(std::isnan(not_a_number.value()));
 }
 
 TEST_CASE("ExactSum: refusals name what is wrong", "[exact_sum]") {
