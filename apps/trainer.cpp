@@ -174,8 +174,7 @@ void Trainer::start(const Setup& setup) {
   if (common_.explain || !common_.memory_limit.empty()) {
     const std::optional<std::int64_t> limit =
         common_.memory_limit.empty() ? std::nullopt : parse_bytes(common_.memory_limit);
-    dist::Communicator& data_parallel =
-        setup.data_parallel != nullptr ? *setup.data_parallel : session_.world();
+    dist::Communicator& data_parallel = data_parallel_ranks();
     const FitLevers levers{.global_batch = common_.global_batch,
                            .world_size = world_size_,
                            .data_ranks = data_parallel.size(),
@@ -299,7 +298,7 @@ void Trainer::train_step(const std::vector<std::int64_t>& indices) {
     batch = data::to_device(on_host, device_);
   }
   StepLoss loss;
-  Tensor grad_norm;
+  Tensor summed, grad_norm;
   {
     const double samples = global_samples(on_host);  // a collective of its own, before FSDP's are counted
     const auto no_waits = forbid_host_waits("forward and backward");
@@ -311,12 +310,12 @@ void Trainer::train_step(const std::vector<std::int64_t>& indices) {
         chunking.emplace(autograd::BatchChunks{.samples = on_host.inputs.size(0), .chunk = chunk_});
       loss = forward_loss(batch, samples);
     }
-    backward(loss);
+    summed = backward(loss);
     // Every collective of the units (hybrid sharding's groups too): what the plan predicts.
     step_bytes_received_ = dist::collective_counters(*setup_.root).total().bytes_received;
     grad_norm = clip_gradients();
   }
-  const Tensor finite = queue_for_host(loss, grad_norm);
+  const Tensor finite = queue_for_host(loss, summed, grad_norm);
   settle_steps();  // the previous step's values, before this step's update is queued
   {
     const trace::Span span("optimizer step", "compute");
@@ -351,12 +350,14 @@ void Trainer::end_step(const StepClock& clock) {
   this_step_.reset();
 }
 
-void Trainer::backward(const StepLoss& loss) {
+Tensor Trainer::backward(const StepLoss& loss) {
   const double ranks = chunk_ > 0 ? 1.0 : static_cast<double>(data_parallel_ranks().size());
-  (sum(loss.losses) * (ranks / loss.divisor)).backward();
+  const Variable summed = sum(loss.losses);
+  (summed * (ranks / loss.divisor)).backward();
+  return summed.data();
 }
 
-Tensor Trainer::global_loss(const StepLoss& loss) {
+Tensor Trainer::global_loss(const StepLoss& loss, const Tensor& summed) {
   if (chunk_ > 0) {
     ExactSum exact;
     exact.add(loss.losses.data().contiguous());
@@ -364,7 +365,7 @@ Tensor Trainer::global_loss(const StepLoss& loss) {
     data_parallel_ranks().all_reduce(limbs, dist::ReduceOp::sum, "step loss").wait();
     return full({1}, ExactSum::from_limbs(limbs).value() / loss.samples, dtype(DType::f64));
   }
-  const Tensor total = sum(loss.losses.data()).to(DType::f64).reshape({1}).clone();
+  const Tensor total = summed.to(DType::f64).reshape({1}).clone();
   data_parallel_ranks().all_reduce(total, dist::ReduceOp::sum, "step loss").wait();
   return div(total, loss.samples);
 }
@@ -373,8 +374,8 @@ dist::Communicator& Trainer::data_parallel_ranks() const {
   return setup_.data_parallel != nullptr ? *setup_.data_parallel : session_.world();
 }
 
-Tensor Trainer::queue_for_host(const StepLoss& loss, const Tensor& grad_norm) {
-  const Tensor global = global_loss(loss);
+Tensor Trainer::queue_for_host(const StepLoss& loss, const Tensor& summed, const Tensor& grad_norm) {
+  const Tensor global = global_loss(loss, summed);
   const auto no_waits = forbid_host_waits("queuing the step's loss for the host");
   // Offloaded, the norm comes from the gradients in host memory: it joins the loss on the device.
   const Tensor norm = grad_norm.to(DType::f64).to(global.device());
@@ -409,8 +410,6 @@ nlohmann::json Trainer::step_record(const StepResult& result) const {
           {"host_waits", result.host_waits}};
 }
 
-// The step fixes the data cursor, the dropout keys and the schedule; the seed and the global batch
-// must not change between the runs.
 std::string Trainer::bitwise_preview() const {
   if (chunk_ == 0) return "";
   return fmt::format(
@@ -421,6 +420,8 @@ std::string Trainer::bitwise_preview() const {
       common_.global_batch, rank_shares(common_.global_batch, data_parallel_ranks().size(), chunk_));
 }
 
+// The step fixes the data cursor, the dropout keys and the schedule; the seed and the global batch
+// must not change between the runs.
 nlohmann::json Trainer::state() const {
   nlohmann::json state = training_state();
   state["app"] = program_;

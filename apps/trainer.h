@@ -242,15 +242,16 @@ class Trainer {
   StepClock begin_step();
   void end_step(const StepClock& clock);
   // The loss of the global batch: the data-parallel ranks' sums added on the device, over the
-  // samples counted on the host; bitwise, every loss added exactly (core/exact_sum.h).
-  Tensor global_loss(const StepLoss& loss);
-  // The gradient of `loss`: forward_loss's losses summed, scaled as StepLoss says.
-  void backward(const StepLoss& loss);
+  // samples counted on the host (`summed`: this rank's, from backward); bitwise, every loss added
+  // exactly (core/exact_sum.h).
+  Tensor global_loss(const StepLoss& loss, const Tensor& summed);
+  // The gradient of `loss`: forward_loss's losses summed, scaled as StepLoss says; returns the sum.
+  Tensor backward(const StepLoss& loss);
   // Setup::data_parallel, or the world.
   dist::Communicator& data_parallel_ranks() const;
   // Queues this step's loss and gradient norm for the host, read during the next step; returns,
   // on the device, whether both are finite (the gate of the update).
-  Tensor queue_for_host(const StepLoss& loss, const Tensor& grad_norm);
+  Tensor queue_for_host(const StepLoss& loss, const Tensor& summed, const Tensor& grad_norm);
   // The previous step, queued and not yet read: its values on their way to the host.
   struct QueuedStep {
     StepResult result;   // loss, grad_norm and skipped still to come
