@@ -97,12 +97,15 @@ float round_to_f32(std::int64_t window, int top) {
 }
 
 // Each term's bits from bit `low_bit` up (its magnitude as a multiple of 2^-149, truncated below the
-// window), cut into the three digits added to rows[0..2], negated for a negative term. Integers only,
-// branch-free, so that every instruction set's clone vectorises it to the same sums.
-SHARDLAB_CPU_CLONES(void, add_digits,
-                    (const std::uint32_t* term, std::int64_t count, int low_bit, std::int32_t* const* rows),
-                    (term, count, low_bit, rows)) {
-  std::int32_t *low = rows[0], *middle = rows[1], *high = rows[2];
+// window), cut into the three digits added to rows[0..2] (kStore: written there, a block's first terms),
+// negated for a negative term. Integers only, branch-free, so that every instruction set's clone
+// vectorises it to the same sums.
+template <bool kStore>
+[[gnu::always_inline]] inline void digits_into(const std::uint32_t* term, std::int64_t count, int low_bit,
+                                               std::int32_t* const* rows) {
+  std::int32_t* const low = rows[0];
+  std::int32_t* const middle = rows[1];
+  std::int32_t* const high = rows[2];
   for (std::int64_t i = 0; i < count; ++i) {
     const std::uint32_t field = (term[i] >> 23) & 0xffu;
     const std::uint64_t magnitude = (term[i] & 0x7fffffu) | (field != 0 ? 0x800000u : 0u);
@@ -111,9 +114,26 @@ SHARDLAB_CPU_CLONES(void, add_digits,
     const std::uint64_t down = magnitude >> (shift < 0 && shift > -24 ? -shift : 0);
     const std::uint64_t bits = shift >= 0 ? up : (shift > -24 ? down : 0);
     const auto negative = static_cast<std::int32_t>(term[i] >> 31);  // 0 or 1
-    low[i] += (static_cast<std::int32_t>(bits & kDigitMask) ^ -negative) + negative;
-    middle[i] += (static_cast<std::int32_t>((bits >> kBinBits) & kDigitMask) ^ -negative) + negative;
-    high[i] += (static_cast<std::int32_t>((bits >> (2 * kBinBits)) & kDigitMask) ^ -negative) + negative;
+    const std::int32_t digits[kBinsKept] = {
+        (static_cast<std::int32_t>(bits & kDigitMask) ^ -negative) + negative,
+        (static_cast<std::int32_t>((bits >> kBinBits) & kDigitMask) ^ -negative) + negative,
+        (static_cast<std::int32_t>((bits >> (2 * kBinBits)) & kDigitMask) ^ -negative) + negative};
+    if constexpr (kStore) {
+      low[i] = digits[0], middle[i] = digits[1], high[i] = digits[2];
+    } else {
+      low[i] += digits[0], middle[i] += digits[1], high[i] += digits[2];
+    }
+  }
+}
+
+SHARDLAB_CPU_CLONES(void, add_digits,
+                    (const std::uint32_t* term, std::int64_t count, int low_bit, bool store,
+                     std::int32_t* const* rows),
+                    (term, count, low_bit, store, rows)) {
+  if (store) {
+    digits_into<true>(term, count, low_bit, rows);
+  } else {
+    digits_into<false>(term, count, low_bit, rows);
   }
 }
 
@@ -127,6 +147,25 @@ SHARDLAB_CPU_CLONES(void, window_values,
     const std::int64_t h = high[i], m = middle[i];
     out[i] = drop == 0 ? (h * kDigit + m) * kDigit + low[i] : drop == 1 ? h * kDigit + m : drop == 2 ? h : 0;
   }
+}
+
+// Windows below 2^51 in magnitude made doubles exactly (through 2^52 + 2^51, integers only, so that
+// every instruction set's clone vectorises it), times `scale` (2^(base - 149), exact) and rounded once to
+// f32, round_to_f32's result; returns whether some window was larger (round_to_f32 then redoes the block).
+SHARDLAB_CPU_CLONES(bool, round_small_windows,
+                    (const std::int64_t* windows, std::int64_t count, double scale, float* out),
+                    (windows, count, scale, out)) {
+  constexpr std::int64_t kLimit = std::int64_t{1} << 51;
+  constexpr double kOffset = 6755399441055744.0;  // 2^52 + 2^51: a window w is the double kOffset + w
+  const auto offset_bits = std::bit_cast<std::int64_t>(kOffset);
+  bool large = false;
+  for (std::int64_t i = 0; i < count; ++i) {
+    const std::int64_t window = windows[i];
+    large |= window >= kLimit || window <= -kLimit;
+    const double exact = std::bit_cast<double>(window + offset_bits) - kOffset;
+    out[i] = static_cast<float>(exact * scale);
+  }
+  return large;
 }
 
 void check_tops(const Tensor& tops, std::int64_t blocks, const char* what) {
@@ -211,14 +250,23 @@ void BinnedSum::add(const Tensor& terms, std::int64_t first) {
       const std::int64_t count = high_element - low_element;
       std::uint32_t term[kBinBlock];
       term_bits(terms, low_element - first, count, term);
-      if (terms_[block] == 1) clear_block(block);  // the block's first add
-      raise(block, block_top(term, count));
+      // A block's first add, reaching all of it, writes its digits (the bins were never cleared) and its
+      // top (at least the empty block's); any other adds to them.
+      const int top = block_top(term, count);
+      const bool first_add = terms_[block] == 1;
+      const bool writes = first_add && count == std::min(numel_, (block + 1) * kBinBlock) - block * kBinBlock;
+      if (writes) {
+        tops_.data<std::uint8_t>()[block] = static_cast<std::uint8_t>(top);
+      } else {
+        if (first_add) clear_block(block);
+        raise(block, top);
+      }
       const int current = tops_.data<std::uint8_t>()[block];
       if (current == kNonFiniteTop) continue;
       const int low = current - (kBinsKept - 1);
       std::int32_t* row[kBinsKept];
       for (int b = 0; b < kBinsKept; ++b) row[b] = bins + b * numel_ + low_element;
-      add_digits(term, count, low * kBinBits, row);
+      add_digits(term, count, low * kBinBits, writes, row);
     }
   });
 }
@@ -300,10 +348,13 @@ Tensor round_binned(const Tensor& windows, const Tensor& tops, std::int64_t firs
       const int block_top = top[block];
       const std::int64_t low = std::max(block * kBinBlock, first) - first,
                          high = std::min((block + 1) * kBinBlock, first + numel) - first;
-      for (std::int64_t i = low; i < high; ++i) {
-        values[i] = block_top == kNonFiniteTop ? std::numeric_limits<float>::quiet_NaN()
-                                               : round_to_f32(sums[i], block_top);
+      if (block_top == kNonFiniteTop) {
+        std::fill(values + low, values + high, std::numeric_limits<float>::quiet_NaN());
+        continue;
       }
+      const double scale = power_of_two((block_top - (kBinsKept - 1)) * kBinBits - 149);
+      if (!round_small_windows(sums + low, high - low, scale, values + low)) continue;
+      for (std::int64_t i = low; i < high; ++i) values[i] = round_to_f32(sums[i], block_top);
     }
   });
   return out;

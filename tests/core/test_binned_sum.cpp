@@ -188,16 +188,26 @@ TEST_CASE("round_binned: ties to even, subnormals, the largest f32 and overflow,
         std::numeric_limits<float>::infinity());  // the tie above the largest rounds to 2^128
   CHECK(round_one(-(std::int64_t{1} << 40), 17) == -std::numeric_limits<float>::infinity());
   CHECK(std::isnan(round_one(0, kNonFiniteTop)));
-  // Windows of every size up to 2^62 (the sums of many terms) at every top: the exact value (a long
-  // double holds 64 bits of it, and its power of two) rounded once to f32.
+  // Windows of every size up to 2^62 (the sums of many terms) at every top, mixed within blocks (a block
+  // shares its top): the exact value (a long double holds 64 bits of it, and its power of two) rounded
+  // once to f32.
   std::mt19937_64 random(5);
-  for (int k = 0; k < 4000; ++k) {
+  constexpr std::int64_t kWindows = 4000;
+  std::vector<std::int64_t> windows;
+  std::vector<std::uint8_t> block_tops(static_cast<std::size_t>(binned_blocks(kWindows)));
+  for (auto& top : block_tops) top = static_cast<std::uint8_t>(2 + random() % 16);
+  for (std::int64_t k = 0; k < kWindows; ++k) {
     const int bits = 1 + static_cast<int>(random() % 62);
-    const auto window = static_cast<std::int64_t>(random() >> (64 - bits)) * (k % 2 == 0 ? 1 : -1);
-    const auto top = static_cast<std::uint8_t>(2 + random() % 16);
-    const long double exact = static_cast<long double>(window) * std::ldexp(1.0L, 16 * (top - 2) - 149);
-    INFO("window " << window << " at top " << int{top});
-    CHECK(std::bit_cast<std::uint32_t>(round_one(window, top)) ==
+    windows.push_back(static_cast<std::int64_t>(random() >> (64 - bits)) * (k % 2 == 0 ? 1 : -1));
+  }
+  const std::vector<float> rounded =
+      round_binned(from_vector(windows, {kWindows}), from_vector(block_tops, {binned_blocks(kWindows)}))
+          .to_vector<float>();
+  for (std::int64_t k = 0; k < kWindows; ++k) {
+    const int top = block_tops[static_cast<std::size_t>(k / kBinBlock)];
+    const long double exact = static_cast<long double>(windows[k]) * std::ldexp(1.0L, 16 * (top - 2) - 149);
+    INFO("window " << windows[k] << " at top " << top);
+    CHECK(std::bit_cast<std::uint32_t>(rounded[k]) ==
           std::bit_cast<std::uint32_t>(static_cast<float>(exact)));
   }
   // A shard: element i of the windows is element first + i of the sum whose blocks the tops cover.

@@ -2,31 +2,44 @@
 // of the global batch per rank (an uneven share where the chunks do not divide by the ranks) gets, at every
 // sharding, the bits of the same training in one process: gradient norms (clip_grad_norm_exact), clipped
 // gradients and parameters after AdamW steps.
-// Without the mode, the same runs differ from one process in some bit (so the check can fail). The tiny
-// Llama (also with activation checkpointing) and the CNN, f32 and with bf16 parameters, at every sharding:
-// losses (added exactly), clipped norms and parameters, one process's bits.
+// The tiny Llama (also with activation checkpointing) and the CNN, f32 and with bf16 parameters, at every
+// sharding, over 20 steps: every step's loss (added exactly) and clipped norm, and the full safetensors
+// file written at the end, one process's bits. Without the mode, the same runs differ from one process in
+// some bit (so each check can fail).
 #include <bit>
 #include <cstdint>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <numeric>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "autograd/batch_chunks.h"
 #include "autograd/random_context.h"
 #include "core/exact_sum.h"
+#include "dist/checkpoint/full_safetensors.h"
 #include "models/cnn.h"
 #include "models/llama.h"
 #include "recipes/llama.h"
 #include "tests/dist/fsdp_parity.h"
+#include "tests/dist/shared_dir.h"
 
 namespace shardlab::test {
 namespace {
 
 constexpr std::int64_t kChunk = 2;  // 6 chunks: 6, 3/3, 2/2/2 and 2/2/1/1 per rank at np 1-4
 constexpr int kSteps = 3;
+// The reference models' runs: 20 steps; 3 in the sanitizer build, which checks the same code's memory and
+// runs it several times slower (the normal build's run shows the bits).
+#ifdef __SANITIZE_ADDRESS__
+constexpr int kModelSteps = 3;
+#else
+constexpr int kModelSteps = 20;
+#endif
 
 // Rows [first, first + count) of the global batch that a rank of `ranks` holds: whole chunks, the first
 // ranks one more where they do not divide.
@@ -189,9 +202,9 @@ ModelCase tiny_llama(bool activation_checkpointing) {
 }
 
 ModelCase cnn() {
-  constexpr std::int64_t kBatch = 8;
+  constexpr std::int64_t kBatch = 4;  // in chunks of 1: 2/1/1 at np 3
   return {.global_batch = kBatch,
-          .chunk = 2,
+          .chunk = 1,
           .build =
               [](const dist::FsdpOptions& options) {
                 models::Cnn model(kSeed);
@@ -215,57 +228,114 @@ ModelCase cnn() {
               }};
 }
 
-// Rank 0's loss (added exactly over the ranks), clipped gradient norm and final parameters, after
-// kSteps AdamW steps of `model` sharded over `communicator` with bitwise `options`.
+// Every step's loss (over the global batch) and clipped gradient norm, and the model's full safetensors
+// file, after kModelSteps AdamW steps of `model` sharded over `communicator` with `options`. Bitwise:
+// each rank runs its whole chunks under BatchChunking, the loss is added exactly over the ranks, the
+// norm is clip_grad_norm_exact's. Without the mode: the same shares in one forward, the loss scaled by
+// the ranks (FSDP averages the gradients), summed over the ranks in f64 and clipped by clip_grad_norm_,
+// as a plain FSDP program does.
 struct ModelRun {
   std::vector<double> losses, norms;
-  nn::Named<Tensor> parameters;
+  std::string file;
 };
 
-ModelRun train_model(const ModelCase& model, dist::Communicator& communicator, dist::FsdpOptions options) {
+double summed_loss(const Variable& losses, dist::Communicator& communicator, bool exactly) {
+  if (!exactly) {
+    const Tensor total = full({1}, sum(losses.data()).item<double>(), dtype(DType::f64));
+    communicator.all_reduce(total, dist::ReduceOp::sum, "loss").wait();
+    return total.item<double>();
+  }
+  ExactSum loss;
+  loss.add(losses.data());
+  const Tensor limbs = loss.limbs();
+  communicator.all_reduce(limbs, dist::ReduceOp::sum, "loss").wait();
+  return ExactSum::from_limbs(limbs).value();
+}
+
+ModelRun train_model(const ModelCase& model, dist::Communicator& communicator, dist::FsdpOptions options,
+                     const std::string& file) {
   options.communicator = &communicator;
-  options.bitwise = true;
   const std::shared_ptr<nn::Module> root = model.build(options);
   optim::AdamW optimizer(dist::sharded_parameters(*root), {.lr = 1e-2});
   const Share share = share_of(communicator.rank(), communicator.size(), model.global_batch, model.chunk);
-  ModelRun run;
-  for (int step = 0; step < kSteps; ++step) {
+  const double ranks = options.bitwise ? 1.0 : communicator.size();
+  ModelRun run{.file = file};
+  for (int step = 0; step < kModelSteps; ++step) {
     optimizer.zero_grad();
     Variable losses;
     {
-      const autograd::BatchChunking chunking({.samples = share.count, .chunk = model.chunk});
+      std::optional<autograd::BatchChunking> chunking;
+      if (options.bitwise)
+        chunking.emplace(autograd::BatchChunks{.samples = share.count, .chunk = model.chunk});
       losses = model.losses(*root, step, share);
     }
     const std::int64_t per_sample = losses.numel() / share.count;  // the Llama's targets per sequence
-    mul(sum(losses), 1.0 / static_cast<double>(per_sample * model.global_batch)).backward();
-    ExactSum loss;
-    loss.add(losses.data());
-    const Tensor limbs = loss.limbs();
-    communicator.all_reduce(limbs, dist::ReduceOp::sum, "loss").wait();
-    run.losses.push_back(ExactSum::from_limbs(limbs).value());
-    run.norms.push_back(optim::clip_grad_norm_exact(root->parameters(), 1.0).item<double>());
+    mul(sum(losses), ranks / static_cast<double>(per_sample * model.global_batch)).backward();
+    run.losses.push_back(summed_loss(losses, communicator, options.bitwise));
+    run.norms.push_back((options.bitwise ? optim::clip_grad_norm_exact(root->parameters(), 1.0)
+                                         : optim::clip_grad_norm_(root->parameters(), 1.0))
+                            .item<double>());
     optimizer.step();
   }
-  run.parameters = dist::gather_full_parameters(*root);
+  dist::save_full_safetensors(file, *root);
+  communicator.barrier("saved").wait();  // rank 0 renames the file into place: then every rank reads it
   return run;
 }
 
-void check_model(const ModelCase& model) {
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE(in.good());
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// One process's run of `model` with `options` (the mode's or not), made by rank 0 alone: its steps
+// broadcast, its file written where every rank reads it.
+ModelRun one_process(const ModelCase& model, dist::FsdpOptions options, const std::string& file) {
   const std::unique_ptr<dist::Communicator> self = alone();
+  ModelRun run{
+      .losses = std::vector<double>(kModelSteps), .norms = std::vector<double>(kModelSteps), .file = file};
+  if (world().rank() == 0) run = train_model(model, *self, options, file);
+  MPI_Bcast(run.losses.data(), kModelSteps, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  MPI_Bcast(run.norms.data(), kModelSteps, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  return run;
+}
+
+// Over the ranks, how many of a run's steps (losses and norms) and file differ in some bit from one
+// process's (0: the same bits).
+std::int64_t differences(const ModelRun& run, const ModelRun& reference) {
+  const bool steps_differ =
+      bits(run.losses) != bits(reference.losses) || bits(run.norms) != bits(reference.norms);
+  const bool files_differ = file_bytes(run.file) != file_bytes(reference.file);
+  return sum_over_ranks(std::int64_t{steps_differ} + std::int64_t{files_differ});
+}
+
+dist::MixedPrecision precision(bool bf16) {
+  return bf16 ? dist::MixedPrecision{.param_dtype = DType::bf16, .reduce_dtype = DType::f32}
+              : dist::MixedPrecision{};
+}
+
+// In the mode, every sharding at this world size, f32 and bf16 parameters: one process's bits, every
+// step's and the file's. Without it (the control; at np 1 one rank is one process), they differ.
+void check_model(const ModelCase& model) {
+  const SharedDir dir;
   for (const bool bf16 : {false, true}) {
-    const dist::MixedPrecision precision =
-        bf16 ? dist::MixedPrecision{.param_dtype = DType::bf16, .reduce_dtype = DType::f32}
-             : dist::MixedPrecision{};
-    const ModelRun reference = train_model(model, *self, {.mixed_precision = precision});
+    const ModelRun reference = one_process(model, {.mixed_precision = precision(bf16), .bitwise = true},
+                                           dir.file("one.safetensors"));
     for (auto [name, options] : strategies(world().size())) {
       INFO(name << (bf16 ? ", bf16 parameters" : ", f32"));
-      options.mixed_precision = precision;
-      const ModelRun run = train_model(model, world(), options);
+      options.mixed_precision = precision(bf16);
+      options.bitwise = true;
+      const ModelRun run = train_model(model, world(), options, dir.file("world.safetensors"));
+      CHECK(run.losses.size() == kModelSteps);
       CHECK(bits(run.losses) == bits(reference.losses));
       CHECK(bits(run.norms) == bits(reference.norms));
-      CHECK(differing_bits(run.parameters, reference.parameters) == 0);
+      CHECK(file_bytes(run.file) == file_bytes(reference.file));
     }
   }
+  if (world().size() == 1) return;
+  INFO("without the mode");
+  const ModelRun one = one_process(model, {}, dir.file("plain-one.safetensors"));
+  CHECK(differences(train_model(model, world(), {}, dir.file("plain-world.safetensors")), one) > 0);
 }
 
 }  // namespace
