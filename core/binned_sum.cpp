@@ -46,21 +46,6 @@ void term_bits(const Tensor& terms, std::int64_t first, std::int64_t count, std:
   }
 }
 
-// The bin of the largest of `count` terms (as f32 bits), or kNonFiniteTop when one is not finite.
-int block_top(const std::uint32_t* bits, std::int64_t count) {
-  // The exponent field orders magnitudes: the largest field gives the highest bit, except among
-  // subnormals (field 0), whose highest bit is their mantissa's.
-  std::uint32_t widest = 0, subnormal = 0;
-  for (std::int64_t i = 0; i < count; ++i) {
-    const std::uint32_t magnitude = bits[i] & 0x7fffffffu;
-    widest = std::max(widest, magnitude >> 23);
-    subnormal |= magnitude < 0x800000u ? magnitude : 0;
-  }
-  if (widest == 0xffu) return kNonFiniteTop;
-  if (widest > 0) return top_of(0x800000u, static_cast<int>(widest) - 1);
-  return top_of(subnormal, 0);
-}
-
 // 2^power as a double, for powers where it is a normal number.
 double power_of_two(int power) {
   return std::bit_cast<double>(static_cast<std::uint64_t>(power + 1023) << 52);
@@ -94,6 +79,24 @@ float round_to_f32(std::int64_t window, int top) {
     value = static_cast<float>(static_cast<double>(kept) * power_of_two(base + std::max(dropped, 0) - 149));
   }
   return window < 0 ? -value : value;
+}
+
+// The largest of `count` terms' magnitudes (f32 bits without the sign): they order as the values do,
+// infinity and NaN above every finite one.
+SHARDLAB_CPU_CLONES(std::uint32_t, largest_magnitude, (const std::uint32_t* bits, std::int64_t count),
+                    (bits, count)) {
+  std::uint32_t widest = 0;
+  for (std::int64_t i = 0; i < count; ++i) widest = std::max(widest, bits[i] & 0x7fffffffu);
+  return widest;
+}
+
+// The bin of the largest of `count` terms (as f32 bits), or kNonFiniteTop when one is not finite.
+int block_top(const std::uint32_t* bits, std::int64_t count) {
+  const std::uint32_t widest = largest_magnitude(bits, count);
+  if (widest >= 0x7f800000u) return kNonFiniteTop;
+  // A normal number's highest bit is its exponent field's; a subnormal's (field 0), its mantissa's.
+  const std::uint32_t field = widest >> 23;
+  return field > 0 ? top_of(0x800000u, static_cast<int>(field) - 1) : top_of(widest, 0);
 }
 
 // Each term's bits from bit `low_bit` up (its magnitude as a multiple of 2^-149, truncated below the

@@ -5,10 +5,12 @@
 // MPI_THREAD_MULTIPLE (dist/comm/mpi_support.h).
 #include "dist/comm/mpi_backend.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <deque>
 #include <thread>
+#include <vector>
 
 #include "core/cuda/runtime.h"
 #include "core/device.h"
@@ -113,6 +115,50 @@ const void* all_gather_source(const HostBuffers& host, int rank) {
   return host.input.raw_data() == slot && host.input.numel() > 0 ? MPI_IN_PLACE : host.input.raw_data();
 }
 
+// Integer reductions add exactly in any grouping, so a large one runs in pieces of about kPieceBytes
+// (all ranks' slices together): each piece's slices are gathered into one small buffer that MPI reads
+// while it is in cache. On one host (2 and 4 ranks on 2 cores) Open MPI reduce-scattered 8 MiB 3 to 8
+// times faster in such pieces than in one call (the integer windows of bitwise training); a float
+// reduction keeps one call: the algorithm Open MPI picks by size fixes the order of its adds.
+constexpr std::int64_t kPieceBytes = 64 << 10;
+
+bool runs_in_pieces(const Fingerprint& fingerprint, const Tensor& output) {
+  return !is_floating(fingerprint.dtype) && fingerprint.dtype != DType::boolean &&
+         output.numel() * static_cast<std::int64_t>(output.element_size()) > kPieceBytes;
+}
+
+void reduce_scatter_in_pieces(const Fingerprint& fingerprint, const HostBuffers& host, const MpiComm& comm,
+                              int size) {
+  const std::int64_t part = host.output.numel(),
+                     element = static_cast<std::int64_t>(host.output.element_size());
+  const std::int64_t slice = std::max<std::int64_t>(1, kPieceBytes / (element * size));
+  const MPI_Datatype type = mpi_datatype(fingerprint.dtype, "reduce_scatter");
+  const MPI_Op reduction = mpi_reduction(fingerprint.reduce, fingerprint.dtype);
+  std::vector<char> gathered(static_cast<std::size_t>(slice * size * element));
+  const auto* input = static_cast<const char*>(host.input.raw_data());
+  auto* output = static_cast<char*>(host.output.raw_data());
+  for (std::int64_t first = 0; first < part; first += slice) {
+    const std::int64_t count = std::min(slice, part - first);
+    for (int rank = 0; rank < size; ++rank)
+      std::memcpy(gathered.data() + rank * count * element, input + (rank * part + first) * element,
+                  static_cast<std::size_t>(count * element));
+    SHARDLAB_MPI_CHECK(MPI_Reduce_scatter_block(gathered.data(), output + first * element,
+                                                static_cast<int>(count), type, reduction, comm.get()));
+  }
+}
+
+void all_reduce_in_pieces(const Fingerprint& fingerprint, const HostBuffers& host, const MpiComm& comm) {
+  const std::int64_t element = static_cast<std::int64_t>(host.output.element_size());
+  const std::int64_t slice = kPieceBytes / element;
+  auto* data = static_cast<char*>(host.output.raw_data());
+  for (std::int64_t first = 0; first < host.output.numel(); first += slice) {
+    SHARDLAB_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data + first * element,
+                                     static_cast<int>(std::min(slice, host.output.numel() - first)),
+                                     mpi_datatype(fingerprint.dtype, "all_reduce"),
+                                     mpi_reduction(fingerprint.reduce, fingerprint.dtype), comm.get()));
+  }
+}
+
 void run_mpi(const Fingerprint& fingerprint, const HostBuffers& host, const MpiComm& comm, int size) {
   const std::string_view op = collective_name(fingerprint.op);
   switch (fingerprint.op) {
@@ -125,16 +171,24 @@ void run_mpi(const Fingerprint& fingerprint, const HostBuffers& host, const MpiC
     }
     case Collective::reduce_scatter: {
       const int count = mpi_count(host.output, op);
-      SHARDLAB_MPI_CHECK(MPI_Reduce_scatter_block(
-          host.input.raw_data(), host.output.raw_data(), count, mpi_datatype(fingerprint.dtype, op),
-          mpi_reduction(fingerprint.reduce, fingerprint.dtype), comm.get()));
+      if (runs_in_pieces(fingerprint, host.output)) {
+        reduce_scatter_in_pieces(fingerprint, host, comm, size);
+      } else {
+        SHARDLAB_MPI_CHECK(MPI_Reduce_scatter_block(
+            host.input.raw_data(), host.output.raw_data(), count, mpi_datatype(fingerprint.dtype, op),
+            mpi_reduction(fingerprint.reduce, fingerprint.dtype), comm.get()));
+      }
       if (fingerprint.reduce == ReduceOp::avg) divide_by(host.output, size);
       return;
     }
     case Collective::all_reduce:
-      SHARDLAB_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, host.output.raw_data(), mpi_count(host.output, op),
-                                       mpi_datatype(fingerprint.dtype, op),
-                                       mpi_reduction(fingerprint.reduce, fingerprint.dtype), comm.get()));
+      if (runs_in_pieces(fingerprint, host.output)) {
+        all_reduce_in_pieces(fingerprint, host, comm);
+      } else {
+        SHARDLAB_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, host.output.raw_data(), mpi_count(host.output, op),
+                                         mpi_datatype(fingerprint.dtype, op),
+                                         mpi_reduction(fingerprint.reduce, fingerprint.dtype), comm.get()));
+      }
       if (fingerprint.reduce == ReduceOp::avg) divide_by(host.output, size);
       return;
     case Collective::broadcast:

@@ -1,6 +1,7 @@
 // tests/dist/test_collectives.cpp (mpirun): every collective, dtype and reduction on exact rank
 // patterns, counts that do not divide by the world size, empty and multi-megabyte buffers,
 // byte counters, sub-communicators and the argument errors.
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <memory>
@@ -194,6 +195,41 @@ TEST_CASE(
   const Device gpu = session.device().is_cuda() ? session.device() : Device::cuda(0);
   check_every_collective(session.world(), gpu);
   if (&session.cpu_world() != &session.world()) check_every_collective(session.cpu_world(), gpu);
+}
+
+TEST_CASE("integer reductions run in pieces give every element its own exact sum and maximum",
+          "[dist][collectives]") {
+  // Integers reduce in pieces of a few KiB per rank: 300001 i64 per rank (many pieces, the last one
+  // short) whose every element is distinct, larger than a double holds exactly, so that a slice taken
+  // from the wrong place or rank shows.
+  auto& comm = world();
+  const int r = comm.rank(), w = comm.size();
+  const std::int64_t n = 300001;
+  const auto value = [](int rank, std::int64_t i) {
+    return (std::int64_t{1} << 54) + i * 1000003 + rank * 7919;
+  };
+  std::vector<std::int64_t> mine(static_cast<std::size_t>(w * n));
+  for (std::int64_t i = 0; i < w * n; ++i) mine[static_cast<std::size_t>(i)] = value(r, i);
+  const auto expected = [&](std::int64_t i, Reduce op) {
+    std::int64_t total = 0;
+    for (int rank = 0; rank < w; ++rank)
+      total = op == Reduce::max ? std::max(total, value(rank, i)) : total + value(rank, i);
+    return total;
+  };
+  for (const Reduce op : {Reduce::sum, Reduce::max}) {
+    INFO(dist::reduce_op_name(op));
+    const Tensor output = empty({n}, dtype(DType::i64));
+    comm.reduce_scatter(output, from_vector(mine, {w * n}), op).wait();
+    const Tensor reduced = from_vector(mine, {w * n});
+    comm.all_reduce(reduced, op).wait();
+    const std::vector<std::int64_t> scattered = output.to_vector<std::int64_t>(),
+                                    all = reduced.to_vector<std::int64_t>();
+    std::int64_t wrong = 0;
+    for (std::int64_t i = 0; i < n; ++i)
+      wrong += scattered[static_cast<std::size_t>(i)] != expected(r * n + i, op);
+    for (std::int64_t i = 0; i < w * n; ++i) wrong += all[static_cast<std::size_t>(i)] != expected(i, op);
+    CHECK(test::sum_over_ranks(wrong) == 0);
+  }
 }
 
 TEST_CASE("all_reduce avg truncates integer averages as NCCL does", "[dist][collectives]") {
