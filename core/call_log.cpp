@@ -16,9 +16,9 @@ thread_local int depth = 0;
 
 namespace detail {
 
-void record(const char* op, Device device, std::vector<OperandLayout> operands) {
+void record(Call call) {
   const std::lock_guard lock(mutex);
-  calls.push_back({op, device, std::move(operands)});
+  calls.push_back(std::move(call));
 }
 
 bool enter() { return depth++ == 0; }
@@ -36,6 +36,17 @@ std::vector<Call> stop() {
   detail::enabled.store(false, std::memory_order_relaxed);
   const std::lock_guard lock(mutex);
   return std::exchange(calls, {});
+}
+
+std::vector<Call> calls_of(const std::function<void()>& work) {
+  start();
+  try {
+    work();
+  } catch (...) {
+    stop();
+    throw;
+  }
+  return stop();
 }
 
 }  // namespace shardlab::call_log

@@ -8,12 +8,15 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/device.h"
 #include "core/kernel_choice.h"
+#include "core/ops.h"
 #include "core/tensor.h"
 
 namespace shardlab::call_log {
@@ -22,11 +25,12 @@ struct Call {
   std::string op;
   Device device;
   std::vector<OperandLayout> operands;  // the tensor arguments, in the kernel entry's order
+  bool causal = false;                  // attention: each query sees only the keys up to it
 };
 
 namespace detail {
 inline std::atomic<bool> enabled{false};
-void record(const char* op, Device device, std::vector<OperandLayout> operands);
+void record(Call call);
 bool enter();  // whether this is the thread's outermost logged call
 void leave();
 
@@ -56,11 +60,19 @@ void add(std::vector<OperandLayout>& out, const std::vector<Segment>& segments) 
 // Anything else (scalars, op codes, dims, parameters) is not an operand.
 template <typename T>
 void add(std::vector<OperandLayout>&, const T&) {}
+
+// What of the other arguments changes the work: attention's mask.
+template <typename T>
+void note(Call& call, const T& argument) {
+  if constexpr (std::is_same_v<T, AttentionParams>) call.causal = argument.causal;
+}
 }  // namespace detail
 
 inline bool on() { return detail::enabled.load(std::memory_order_relaxed); }
 void start();  // clears the log
 std::vector<Call> stop();
+// The calls `work` makes, the log on around it (and off again when it throws).
+std::vector<Call> calls_of(const std::function<void()>& work);
 
 // Logs the kernel call in its scope (op: a literal) unless it runs inside another logged call.
 class Scope {
@@ -70,9 +82,10 @@ class Scope {
     if (!on()) return;
     entered_ = true;
     if (!detail::enter()) return;
-    std::vector<OperandLayout> operands;
-    (detail::add(operands, args), ...);
-    detail::record(op, device, std::move(operands));
+    Call call{.op = op, .device = device};
+    (detail::add(call.operands, args), ...);
+    (detail::note(call, args), ...);
+    detail::record(std::move(call));
   }
   ~Scope() {
     if (entered_) detail::leave();

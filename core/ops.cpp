@@ -575,7 +575,8 @@ AttentionResult attention_forward(const Tensor& q, const Tensor& k, const Tensor
   const char* op = "attention_forward";
   const AttentionParams resolved = checked_attention(op, q, k, v, params);
   if (in_f32(q, v)) {
-    const call_log::Scope logged(op, q.device(), q, k, v);  // the call as made, not its widened parts
+    const call_log::Scope logged(op, q.device(), q, k, v,
+                                 resolved);  // the call as made, not its widened parts
     const AttentionResult wide =
         attention_forward(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32), resolved);
     return {wide.out.to(q.dtype()), wide.logsumexp};
@@ -600,7 +601,7 @@ AttentionGrads attention_backward(const Tensor& grad_out, const Tensor& q, const
   check_attention_tensor(op, "logsumexp", forward.logsumexp, q, {q.size(0), q.size(1), q.size(2)},
                          logsumexp_dtype(q.dtype()));
   if (in_f32(q, v)) {
-    const call_log::Scope logged(op, q.device(), grad_out, q, k, v);
+    const call_log::Scope logged(op, q.device(), grad_out, q, k, v, resolved);
     const auto wide = [](const Tensor& t) { return t.to(DType::f32); };
     const AttentionGrads grads = attention_backward(wide(grad_out), wide(q), wide(k), wide(v),
                                                     {wide(forward.out), forward.logsumexp}, resolved);

@@ -164,15 +164,8 @@ struct Taken {
 };
 template <typename Fn>
 std::vector<Taken> kernels_taken(Fn&& fn) {
-  call_log::start();
-  try {
-    fn();
-  } catch (...) {
-    call_log::stop();
-    throw;
-  }
   std::vector<Taken> taken;
-  for (const call_log::Call& call : call_log::stop()) {
+  for (const call_log::Call& call : call_log::calls_of(fn)) {
     const KernelChoice choice = cuda_kernel_choice(call.op, call.operands);
     taken.push_back({call.op, choice.kernel, choice.naive});
   }

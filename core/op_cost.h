@@ -1,0 +1,47 @@
+// core/op_cost.h: what the kernel calls of some work cost: the floating-point operations each makes
+// and the bytes it reads and writes, from its operands' dtypes and shapes as the kernel call log
+// records them: the inputs of a roofline, which times a dense kernel (GEMM, convolution, attention)
+// by its operations at the device's dense rate and every other one by its bytes at its memory rate.
+//
+//   const std::vector<KernelCost> costs = kernel_costs([&] { loss.backward(); });
+//   for (const KernelCost& cost : costs) ... cost.flops, cost.bytes
+//
+// The counts are the work's minimum, not a kernel's traffic: each operand's elements once (an
+// expanded operand's distinct ones; an index op's rows it picks, not the whole table), a multiply-add
+// two operations, attention's score pairs those its mask lets through (causal: the lower triangle).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "core/dtype.h"
+
+namespace shardlab {
+
+namespace call_log {
+struct Call;
+}
+
+struct KernelCost {
+  std::string op;  // the profiler's name: "linear", "conv2d_backward_weight", "adam_step", ...
+  Device device;
+  DType dtype = DType::f32;  // of the first operand: the dense rate depends on it
+  bool dense = false;        // GEMM and attention: timed by flops; the rest by bytes
+  double flops = 0;
+  double bytes = 0;
+};
+
+// One logged call's cost; an op without a rule here is an Error naming it.
+KernelCost kernel_cost(const call_log::Call& call);
+
+// Runs `work` with the kernel call log on and returns the cost of every outermost kernel call it made,
+// in order (the log is left off, also when `work` throws).
+std::vector<KernelCost> kernel_costs(const std::function<void()>& work);
+
+// Of the query-key pairs of attention over T queries and S keys, those scored: T S, or with a causal
+// mask (query t sees keys 0..t, top-left aligned) the sum over t of min(t + 1, S).
+double attention_pairs(std::int64_t queries, std::int64_t keys, bool causal);
+
+}  // namespace shardlab
