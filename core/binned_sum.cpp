@@ -160,12 +160,13 @@ SHARDLAB_CPU_CLONES(bool, round_small_windows,
                     (windows, count, scale, out)) {
   constexpr std::int64_t kLimit = std::int64_t{1} << 51;
   constexpr double kOffset = 6755399441055744.0;  // 2^52 + 2^51: a window w is the double kOffset + w
-  const auto offset_bits = std::bit_cast<std::int64_t>(kOffset);
+  const auto offset_bits = std::bit_cast<std::uint64_t>(kOffset);
   bool large = false;
   for (std::int64_t i = 0; i < count; ++i) {
     const std::int64_t window = windows[i];
     large |= window >= kLimit || window <= -kLimit;
-    const double exact = std::bit_cast<double>(window + offset_bits) - kOffset;
+    // Added as unsigned integers: a large window (redone below) wraps instead of overflowing.
+    const double exact = std::bit_cast<double>(static_cast<std::uint64_t>(window) + offset_bits) - kOffset;
     out[i] = static_cast<float>(exact * scale);
   }
   return large;
