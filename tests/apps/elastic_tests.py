@@ -112,12 +112,15 @@ def run_elastic(elastic, mpirun, case, scratch):
     began, detect, restart = time.monotonic(), [], []
     for k, kill_step in enumerate(case.kills):
         world = case.ranks - k
-        killed = None
+        killed = pid = None
         while job.poll() is None and time.monotonic() - began < 300:
             runs, restarts = segments(read_metrics_so_far(metrics))
-            if killed is None and len(restarts) == k and max(runs[-1], default=0) >= kill_step:
-                pid = rank_pid(marker, world - 1, world)
-                if pid:
+            if killed is None and len(restarts) == k and runs[-1]:
+                # The rank is found once the run logs its first step, not at the kill step: searching /proc
+                # then took long enough for a fast run to pass its next checkpoint, leaving the resumed run
+                # no step in common with the lost one.
+                pid = pid or rank_pid(marker, world - 1, world)
+                if pid and max(runs[-1]) >= kill_step:
                     list_slots(world - 1)
                     os.kill(pid, signal.SIGKILL)
                     killed = time.monotonic()
