@@ -4,6 +4,7 @@
 #include <mutex>
 #include <utility>
 
+#include "core/op_cost.h"
 
 namespace shardlab::call_log {
 namespace {
@@ -17,6 +18,7 @@ thread_local int depth = 0;
 namespace detail {
 
 void record(Call call) {
+  call.label = innermost_cost_label();
   const std::lock_guard lock(mutex);
   calls.push_back(std::move(call));
 }

@@ -26,6 +26,7 @@ struct Call {
   Device device;
   std::vector<OperandLayout> operands;  // the tensor arguments, in the kernel entry's order
   bool causal = false;                  // attention: each query sees only the keys up to it
+  std::string label;                    // the thread's innermost open cost label (core/op_cost.h)
 };
 
 namespace detail {

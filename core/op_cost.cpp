@@ -1,7 +1,11 @@
 // core/op_cost.cpp: the operations and bytes of each logged kernel call (core/op_cost.h).
 #include "core/op_cost.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
+#include <iterator>
 #include <string_view>
 
 #include "core/call_log.h"
@@ -125,6 +129,23 @@ KernelCost optimizer_cost(const call_log::Call& call, KernelCost cost) {
 
 }  // namespace
 
+namespace {
+thread_local std::vector<std::string> open_labels;
+}  // namespace
+
+void open_cost_label(std::string label) { open_labels.push_back(std::move(label)); }
+
+void close_cost_label(std::string_view label) {
+  const auto innermost = std::find(open_labels.rbegin(), open_labels.rend(), label);
+  SHARDLAB_CHECK(innermost != open_labels.rend(), "close_cost_label: no label '{}' is open on this thread{}",
+                 label, open_labels.empty() ? "" : fmt::format(" (open: {})", fmt::join(open_labels, ", ")));
+  open_labels.erase(std::next(innermost).base());
+}
+
+void close_cost_labels() { open_labels.clear(); }
+
+std::string innermost_cost_label() { return open_labels.empty() ? std::string() : open_labels.back(); }
+
 double attention_pairs(std::int64_t queries, std::int64_t keys, bool causal) {
   const auto t = static_cast<double>(queries), s = static_cast<double>(keys);
   if (!causal) return t * s;
@@ -135,6 +156,7 @@ double attention_pairs(std::int64_t queries, std::int64_t keys, bool causal) {
 
 KernelCost kernel_cost(const call_log::Call& call) {
   KernelCost cost{.op = call.op,
+                  .label = call.label,
                   .device = call.device,
                   .dtype = call.operands.empty() ? DType::f32 : call.operands.front().dtype};
   const std::string_view category = profile::category_of(call.op);

@@ -13,6 +13,7 @@
 
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/device.h"
@@ -25,7 +26,8 @@ struct Call;
 }
 
 struct KernelCost {
-  std::string op;  // the profiler's name: "linear", "conv2d_backward_weight", "adam_step", ...
+  std::string op;     // the profiler's name: "linear", "conv2d_backward_weight", "adam_step", ...
+  std::string label;  // the innermost cost label open on the calling thread, "" where none
   Device device;
   DType dtype = DType::f32;  // of the first operand: the dense rate depends on it
   bool dense = false;        // GEMM and attention: timed by flops; the rest by bytes
@@ -39,6 +41,17 @@ KernelCost kernel_cost(const call_log::Call& call);
 // Runs `work` with the kernel call log on and returns the cost of every outermost kernel call it made,
 // in order (the log is left off, also when `work` throws).
 std::vector<KernelCost> kernel_costs(const std::function<void()>& work);
+
+// Names what the kernel calls that follow belong to, until closed (FSDP: a unit's forward, its backward):
+// each call's cost carries the innermost label its thread has open. Per thread.
+void open_cost_label(std::string label);
+// Closes the innermost open label called `label` (labels may close out of order: a unit's backward can
+// end after one opened inside it ended, or before); an Error naming it where none of that name is open.
+void close_cost_label(std::string_view label);
+// Closes every label this thread has open (what a forward or backward that threw left open).
+void close_cost_labels();
+// The thread's innermost open label, "" where none.
+std::string innermost_cost_label();
 
 // Of the query-key pairs of attention over T queries and S keys, those scored: T S, or with a causal
 // mask (query t sees keys 0..t, top-left aligned) the sum over t of min(t + 1, S).

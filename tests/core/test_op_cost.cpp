@@ -1,9 +1,13 @@
 // tests/core/test_op_cost.cpp: kernel_cost's operations and bytes of real calls, each counted by hand:
 // a batched matmul and a linear with its bias, a convolution and its two gradients, attention with and
 // without its causal mask (forward and backward), a broadcast add, a reduction, an embedding and its
-// gradient, an AdamW step; attention's scored pairs; calls it has no rule for are refused by name.
+// gradient, an AdamW step; attention's scored pairs; the cost labels each call carries; calls it has no
+// rule for are refused by name.
 #include <algorithm>
 #include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "core/call_log.h"
 #include "core/op_cost.h"
@@ -117,6 +121,40 @@ TEST_CASE("kernel_cost: memory kernels count each distinct element once", "[op_c
   const KernelCost stepped =
       cost_of("adam_step", [&] { adam_step(param, grad, m, v, AdamHyper{.decoupled = true}); });
   CHECK(stepped.bytes == 7 * 10 * 4.0);
+}
+
+TEST_CASE("kernel_cost: each call carries the innermost cost label its thread has open", "[op_cost]") {
+  const Tensor a = random({4}, 21);
+  std::string other_thread;
+  const std::vector<KernelCost> costs = kernel_costs([&] {
+    add(a, a);
+    open_cost_label("outer");
+    mul(a, a);
+    open_cost_label("inner");
+    sub(a, a);
+    std::thread([&] { neg(a); }).join();  // another thread's calls carry its own labels: none
+    close_cost_label("outer");            // out of order: "inner" stays open
+    div(a, a);
+    close_cost_label("inner");
+    exp(a);
+  });
+  std::vector<std::pair<std::string, std::string>> labelled;
+  for (const KernelCost& cost : costs) labelled.emplace_back(cost.op, cost.label);
+  CHECK(labelled ==
+        std::vector<std::pair<std::string, std::string>>{
+            {"add", ""}, {"mul", "outer"}, {"sub", "inner"}, {"neg", ""}, {"div", "inner"}, {"exp", ""}});
+  CHECK(innermost_cost_label().empty());
+  // Closing a label that is not open names it and what is; close_cost_labels closes all.
+  open_cost_label("forward a");
+  open_cost_label("backward b");
+  CHECK_THROWS_ERROR(
+      close_cost_label("forward b"),
+      "close_cost_label: no label 'forward b' is open on this thread (open: forward a, backward b)");
+  CHECK(innermost_cost_label() == "backward b");
+  close_cost_labels();
+  CHECK(innermost_cost_label().empty());
+  CHECK_THROWS_ERROR(close_cost_label("forward a"),
+                     "close_cost_label: no label 'forward a' is open on this thread");
 }
 
 TEST_CASE("kernel_cost: a call it has no rule for, or one without its operands, is refused by name",
