@@ -17,16 +17,16 @@ constexpr std::int64_t kSizes[] = {std::int64_t{4} << 10, std::int64_t{64} << 10
                                    std::int64_t{4} << 20};
 constexpr int kCalls = 5;
 
-// One call of `op` over a buffer of `bytes` (f32), waited for.
-void run(Communicator& comm, Collective op, std::int64_t bytes) {
-  const std::int64_t whole = bytes / 4, part = whole / comm.size();
-  const Tensor buffer = zeros({part * comm.size()});
+// One call of `op` over `buffer` (the gathered output, the reduce-scatter's input, the all-reduced
+// tensor; `part` is this rank's share of it), waited for.
+void run(Communicator& comm, Collective op, const Tensor& buffer, const Tensor& part) {
   switch (op) {
     case Collective::all_gather:
-      comm.all_gather_into(buffer, buffer.narrow(0, comm.rank() * part, part), "measure").wait();
+      comm.all_gather_into(buffer, buffer.narrow(0, comm.rank() * part.numel(), part.numel()), "measure")
+          .wait();
       return;
     case Collective::reduce_scatter:
-      comm.reduce_scatter(zeros({part}), buffer, ReduceOp::sum, "measure").wait();
+      comm.reduce_scatter(part, buffer, ReduceOp::sum, "measure").wait();
       return;
     default:
       comm.all_reduce(buffer, ReduceOp::sum, "measure").wait();
@@ -34,12 +34,15 @@ void run(Communicator& comm, Collective op, std::int64_t bytes) {
   }
 }
 
+// The median time of kCalls calls of `op` over `bytes` of f32, the buffers made before the clock starts.
 double median_seconds(Communicator& comm, Collective op, std::int64_t bytes) {
+  const std::int64_t share = bytes / 4 / comm.size();
+  const Tensor buffer = zeros({share * comm.size()}), part = zeros({share});
   std::vector<double> seconds;
   comm.barrier("measure").wait();
   for (int call = 0; call < kCalls; ++call) {
     const auto start = std::chrono::steady_clock::now();
-    run(comm, op, bytes);
+    run(comm, op, buffer, part);
     seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   std::nth_element(seconds.begin(), seconds.begin() + kCalls / 2, seconds.end());
