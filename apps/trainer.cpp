@@ -7,6 +7,7 @@
 #include <numeric>
 #include <optional>
 
+#include "apps/support/calibration.h"
 #include "apps/support/memory_limit.h"
 #include "apps/support/ranks.h"
 #include "apps/support/resident_memory.h"
@@ -37,7 +38,13 @@ void add_trainer_options(CLI::App& app, TrainerOptions& options) {
       ->check(integer_at_least(0));
   app.add_option("--mixed-precision", options.mixed_precision,
                  "none, or bf16 (bf16 gathers and compute, f32 reductions and master shards)");
-  app.add_flag("--explain", options.explain, "print the FSDP plan (units, bytes, traffic) before step 1");
+  auto* explain = app.add_flag(
+      "--explain", options.explain,
+      "print the FSDP plan (units, bytes, traffic), the training peak and the step time before step 1");
+  app.add_flag("--recalibrate", options.recalibrate,
+               "measure the device's rates for --explain's step time again (they are kept per machine and "
+               "build)")
+      ->needs(explain);
   app.add_flag("--profile", options.profile,
                "time every kernel per op over the steps after the first and print where a step goes");
   app.add_flag(
@@ -182,16 +189,18 @@ void Trainer::start(const Setup& setup) {
                            .checkpointing_available = setup.checkpointing_available,
                            .checkpointing = setup.checkpointing,
                            .device = device_};
-    predicted_ = will_it_fit(
-        session_.cpu_world(), plan_, model_bytes_baseline_,
-        data::rank_batch_size(common_.global_batch, data_parallel.size(), data_parallel.rank()), limit,
-        levers, *setup.optimizer, [&](std::int64_t samples) {
-          const std::vector<std::int64_t> first = setup.loader->batch_indices(setup.first_epoch).front();
-          std::optional<autograd::BatchChunking> chunking;  // bitwise units take gradients in parts only
-          if (chunk_ > 0)
-            chunking.emplace(autograd::BatchChunks{.samples = samples, .chunk = std::gcd(samples, chunk_)});
-          dry_run(batch_on_device({first.begin(), first.begin() + samples}));
-        });
+    const std::int64_t micro_batch =
+        data::rank_batch_size(common_.global_batch, data_parallel.size(), data_parallel.rank());
+    const auto run_dry = [&](std::int64_t samples) {
+      const std::vector<std::int64_t> first = setup.loader->batch_indices(setup.first_epoch).front();
+      std::optional<autograd::BatchChunking> chunking;  // bitwise units take gradients in parts only
+      if (chunk_ > 0)
+        chunking.emplace(autograd::BatchChunks{.samples = samples, .chunk = std::gcd(samples, chunk_)});
+      dry_run(batch_on_device({first.begin(), first.begin() + samples}));
+    };
+    predicted_ = will_it_fit(session_.cpu_world(), plan_, model_bytes_baseline_, micro_batch, limit, levers,
+                             *setup.optimizer, run_dry);
+    if (common_.explain) predict_step_time(micro_batch, run_dry);
   }
   SHARDLAB_CHECK(!common_.resume || !common_.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
   SHARDLAB_CHECK(common_.checkpoint_every == 0 || !common_.checkpoint_dir.empty(),
@@ -208,7 +217,8 @@ void Trainer::start(const Setup& setup) {
 
 Trainer::End Trainer::run() {
   if (common_.explain)
-    dist::log("{}{}{}{}", plan_.str(), predicted_->str(), checkpoint_preview_, bitwise_preview());
+    dist::log("{}{}{}{}{}", plan_.str(), predicted_->str(), step_time_text_, checkpoint_preview_,
+              bitwise_preview());
   begin_training();
   while (epoch_ <= setup_.last_epoch && step_ < setup_.total_steps) {
     const bool complete = train_epoch();
@@ -497,11 +507,45 @@ void Trainer::report_host_waits() const {
             device_.str(), most_host_waits_, reasons.empty() ? "none" : reasons);
 }
 
+void Trainer::predict_step_time(std::int64_t micro_batch, const std::function<void(std::int64_t)>& run_dry) {
+  const char* unmodelled = common_.bitwise ? "--bitwise: its exact sums are not modelled"
+                           : data_parallel_ranks().size() != world_size_
+                               ? "tensor parallelism: its collectives inside the layers are not modelled"
+                               : nullptr;
+  if (unmodelled != nullptr) {
+    step_time_text_ = fmt::format("step time per rank: not predicted under {}\n", unmodelled);
+    return;
+  }
+  const Calibration rates = calibrate(session_.world(), device_, common_.recalibrate);
+  const std::vector<KernelCost> dry_step = kernel_costs([&] {
+    const dist::StepCostLabel step;
+    run_dry(micro_batch);
+  });
+  setup_.optimizer->zero_grad();
+  reset_peak_memory(device_);
+  dist::reset_unsharded_peak();
+  // Besides the plan's: the samples, the stop request, the loss and the gradient norm.
+  step_time_ = dist::predict_step_time(plan_, dry_step, rates.device, rates.link, {.small_all_reduces = 4});
+  step_time_->device += fmt::format(" ({})", rates.source);
+  step_time_text_ = step_time_->str();
+}
+
+void Trainer::report_step_time(double median_seconds) const {
+  if (!step_time_ || step_seconds_.empty()) return;
+  std::vector<double> shares;
+  for (const dist::StepFigures& figure : trace_->figures())
+    if (figure.seconds > 0) shares.push_back(figure.overlap.exposed / figure.seconds);
+  dist::log("{}: rank 0 {}", program_,
+            dist::step_time_report(*step_time_, median_seconds,
+                                   shares.empty() ? std::nullopt : std::optional<double>(median(shares))));
+}
+
 // Step time and memory against the plan, for comparing sharding strategies and world sizes.
 void Trainer::report() const {
   const double median_seconds = median(step_seconds_);  // the first step, which builds caches, excluded
   dist::log("{}: median step {:.1f} ms{} ({} steps, the first excluded)", program_, 1e3 * median_seconds,
             throughput(median_seconds), step_seconds_.size());
+  report_step_time(median_seconds);
   non_finite_.report();
   report_checkpoints();
   report_memory();
@@ -552,7 +596,8 @@ void Trainer::report() const {
       {"median_step_seconds_otherwise",
        steps_otherwise_.empty() ? nlohmann::json() : nlohmann::json(median(steps_otherwise_))},
       {"plan", dist::plan_json(plan_)},
-      {"predicted_peak", predicted_ ? dist::prediction_json(*predicted_) : nlohmann::json()}};
+      {"predicted_peak", predicted_ ? dist::prediction_json(*predicted_) : nlohmann::json()},
+      {"predicted_step", step_time_ ? step_time_->json() : nlohmann::json()}};
   add_summary(summary, median_seconds);
   metrics_->write(summary);
 }

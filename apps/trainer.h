@@ -32,6 +32,7 @@
 #include "dist/comm/init.h"
 #include "dist/fsdp/fsdp.h"
 #include "dist/fsdp/memory.h"
+#include "dist/fsdp/step_time.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
 #include "optim/scheduler.h"
@@ -50,6 +51,7 @@ struct TrainerOptions {
   int reshard_after_forward_group = 0;  // FsdpOptions::reshard_after_forward_group
   std::string mixed_precision = "none";
   bool explain = false;
+  bool recalibrate = false;  // --explain: measure the device's rates again instead of the cached ones
   bool profile = false;
   bool detect_anomaly = false;
   std::int64_t max_skipped_steps = 5;  // non-finite steps in a row before the run stops
@@ -219,6 +221,9 @@ class Trainer {
   dist::Plan plan_;
   std::optional<dist::PeakPrediction> predicted_;  // with --explain or --memory-limit
   std::string checkpoint_preview_;                 // with --explain: what a checkpoint will write
+  // With --explain: the predicted step time, and its lines (or why there is none).
+  std::optional<dist::StepTimePrediction> step_time_;
+  std::string step_time_text_;
   std::optional<MetricsFile> metrics_;
 
  private:
@@ -260,6 +265,11 @@ class Trainer {
   nlohmann::json state() const;
   // --explain's lines on bitwise training (none without it).
   std::string bitwise_preview() const;
+  // --explain: the step time predicted from a dry forward and backward of `micro_batch` samples
+  // (`run_dry`), the device's and the link's rates, into step_time_ and step_time_text_.
+  void predict_step_time(std::int64_t micro_batch, const std::function<void(std::int64_t)>& run_dry);
+  // The measured step beside the predicted one (rank 0's traced steps give the exposed communication).
+  void report_step_time(double median_seconds) const;
   // A checkpoint of the state now: with --async-checkpoint and `in_background`, written by the
   // saver's thread while training goes on.
   void save_checkpoint(bool in_background = false);

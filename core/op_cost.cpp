@@ -89,6 +89,7 @@ KernelCost attention_cost(const call_log::Call& call, KernelCost cost) {
   const double pairs = heads * attention_pairs(dim(q, 2), dim(k, 2), call.causal);
   const auto d = static_cast<double>(dim(q, 1)), dv = static_cast<double>(dim(v, 1));
   cost.flops = 2 * pairs * (backward ? 3 * d + 2 * dv : d + dv);
+  cost.pairs = pairs;
   const double out = bytes_of(q, heads * static_cast<double>(dim(q, 2)) * dv);
   const double logsumexp = heads * static_cast<double>(dim(q, 2)) * 4;
   const double inputs = bytes_of(q) + bytes_of(k) + bytes_of(v);
@@ -143,6 +144,10 @@ void close_cost_label(std::string_view label) {
 }
 
 void close_cost_labels() { open_labels.clear(); }
+
+bool cost_label_open(std::string_view label) {
+  return std::find(open_labels.begin(), open_labels.end(), label) != open_labels.end();
+}
 
 std::string innermost_cost_label() { return open_labels.empty() ? std::string() : open_labels.back(); }
 

@@ -33,6 +33,7 @@ struct KernelCost {
   bool dense = false;        // GEMM and attention: timed by flops; the rest by bytes
   double flops = 0;
   double bytes = 0;
+  double pairs = 0;  // attention: the query-key pairs scored (each a softmax term besides its flops)
 };
 
 // One logged call's cost; an op without a rule here is an Error naming it.
@@ -50,6 +51,8 @@ void open_cost_label(std::string label);
 void close_cost_label(std::string_view label);
 // Closes every label this thread has open (what a forward or backward that threw left open).
 void close_cost_labels();
+// Whether a label called `label` is open on this thread.
+bool cost_label_open(std::string_view label);
 // The thread's innermost open label, "" where none.
 std::string innermost_cost_label();
 

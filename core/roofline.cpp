@@ -7,7 +7,10 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <map>
+#include <utility>
 
+#include "core/call_log.h"
 #include "core/cpu/isa.h"
 #include "core/error.h"
 #include "core/ops.h"
@@ -41,18 +44,99 @@ Tensor random_on(Device device, const Shape& shape, DType dtype, std::uint64_t s
   return uniform(shape, RandomKey{seed, 7}, -1.0, 1.0, TensorOptions{dtype, device});
 }
 
-std::string describe(Device device) {
+// The cost of `work`'s call of `op`, by kernel_cost's rule (the one the roofline divides by the rates).
+KernelCost cost_of(const char* op, const std::function<void()>& work) {
+  for (const call_log::Call& call : call_log::calls_of(work))
+    if (call.op == op) return kernel_cost(call);
+  throw Error(fmt::format("measure_rates: {} logged no call of its kernel", op));
+}
+
+// Causal attention forward and backward over the same pairs with heads of 32 and of 128 per dtype:
+// t = pairs s + flops / r at both gives s and r (a noisy difference kept physical: s and 1 / r not
+// negative). Each call's pairs and flops are counted by kernel_cost's rule, the one the roofline uses.
+void measure_attention(Device device, const std::vector<DType>& dtypes, double budget, DeviceRates& rates) {
+  const std::vector<std::int64_t> head_dims = {32, 128};
+  const double per_call = budget / static_cast<double>(2 * head_dims.size() * dtypes.size());
+  const AttentionParams causal{.causal = true};
+  for (const DType dtype : dtypes) {
+    std::map<std::string, std::vector<std::pair<KernelCost, double>>> timed;  // per op, per head dim
+    for (const std::int64_t d : head_dims) {
+      const Tensor q = random_on(device, {1, 8, 256, d}, dtype, 6),
+                   k = random_on(device, {1, 2, 256, d}, dtype, 7),
+                   v = random_on(device, {1, 2, 256, d}, dtype, 8),
+                   grad = random_on(device, {1, 8, 256, d}, dtype, 9);
+      const AttentionResult forward = attention_forward(q, k, v, causal);
+      const auto run_forward = [&] { return attention_forward(q, k, v, causal).out; };
+      const auto run_backward = [&] { return attention_backward(grad, q, k, v, forward, causal).q; };
+      timed["attention_forward"].emplace_back(cost_of("attention_forward", [&] { (void)run_forward(); }),
+                                              seconds_per_call_of(device, run_forward, per_call));
+      timed["attention_backward"].emplace_back(cost_of("attention_backward", [&] { (void)run_backward(); }),
+                                               seconds_per_call_of(device, run_backward, per_call));
+    }
+    for (const auto& [op, calls] : timed) {
+      const auto& [narrow, narrow_seconds] = calls.front();
+      const auto& [wide, wide_seconds] = calls.back();
+      const double per_flop = std::max(0.0, (wide_seconds - narrow_seconds) / (wide.flops - narrow.flops));
+      const double per_pair = std::max(0.0, (narrow_seconds - narrow.flops * per_flop) / narrow.pairs);
+      rates.attention[op][dtype] = {per_pair, per_flop > 0 ? 1 / per_flop : wide.flops / wide_seconds};
+    }
+  }
+}
+
+// The convolutions of a small image net at three sizes, each op's calls counted by kernel_cost's rule.
+void measure_convolutions(Device device, const std::vector<DType>& dtypes, double budget,
+                          DeviceRates& rates) {
+  struct Layer {
+    std::int64_t in, out, size;
+  };
+  const std::vector<Layer> layers = {{1, 32, 28}, {32, 64, 28}, {64, 128, 14}};
+  const double per_call = budget / static_cast<double>(3 * layers.size() * dtypes.size());
+  for (const DType dtype : dtypes) {
+    for (const Layer& layer : layers) {
+      const Shape input_shape = {8, layer.in, layer.size, layer.size},
+                  weight_shape = {layer.out, layer.in, 3, 3};
+      const Tensor input = random_on(device, input_shape, dtype, 10),
+                   weight = random_on(device, weight_shape, dtype, 11);
+      const Tensor grad = random_on(device, {8, layer.out, layer.size - 2, layer.size - 2}, dtype, 12);
+      const std::vector<std::pair<const char*, std::function<Tensor()>>> ops = {
+          {"conv2d", [&] { return conv2d(input, weight); }},
+          {"conv2d_backward_input", [&] { return conv2d_backward_input(grad, weight, input_shape); }},
+          {"conv2d_backward_weight", [&] { return conv2d_backward_weight(grad, input, weight_shape); }}};
+      for (const auto& [op, run] : ops) {
+        const double flops = cost_of(op, [&] { (void)run(); }).flops;
+        rates.kernels[op][dtype].push_back({flops, flops / seconds_per_call_of(device, run, per_call)});
+      }
+    }
+    for (auto& [op, table] : rates.kernels) {
+      std::sort(table[dtype].begin(), table[dtype].end(),
+                [](const DenseRate& a, const DenseRate& b) { return a.flops < b.flops; });
+    }
+  }
+}
+
+}  // namespace
+
+double attention_seconds(const KernelCost& cost, const DeviceRates& rates) {
+  if (const auto op = rates.attention.find(cost.op); op != rates.attention.end()) {
+    if (const auto rate = op->second.find(cost.dtype); rate != op->second.end())
+      return cost.pairs * rate->second.seconds_per_pair + cost.flops / rate->second.flops_per_second;
+  }
+  return cost.flops / dense_rate(rates, cost.dtype, cost.flops);  // not measured apart: a GEMM's rate
+}
+
+std::string describe_device(Device device) {
   if (device.is_cuda()) return device.str();
   const int threads = num_threads();
   return fmt::format("cpu ({}), {} thread{}", cpu::isa_name(cpu::kernel_isa()), threads,
                      threads == 1 ? "" : "s");
 }
 
-}  // namespace
-
-double dense_rate(const DeviceRates& rates, DType dtype, double flops) {
-  const auto found = rates.dense.find(dtype);
-  SHARDLAB_CHECK(found != rates.dense.end() && !found->second.empty(),
+double dense_rate(const DeviceRates& rates, DType dtype, double flops, const std::string& op) {
+  const auto own = rates.kernels.find(op);
+  const bool apart = own != rates.kernels.end() && own->second.count(dtype) == 1;
+  const DenseRates& table = apart ? own->second : rates.dense;
+  const auto found = table.find(dtype);
+  SHARDLAB_CHECK(found != table.end() && !found->second.empty(),
                  "dense_rate: the rates of {} hold no dense rate for {}", rates.device, dtype_name(dtype));
   const std::vector<DenseRate>& sizes = found->second;
   if (flops <= sizes.front().flops) return sizes.front().per_second;
@@ -68,17 +152,20 @@ double roofline_seconds(const KernelCost& cost, const DeviceRates& rates) {
   SHARDLAB_CHECK(rates.bytes_per_second > 0, "roofline_seconds: the rates of {} hold no memory rate",
                  rates.device);
   const double memory = cost.bytes / rates.bytes_per_second;
-  const double compute = cost.dense ? cost.flops / dense_rate(rates, cost.dtype, cost.flops) : 0;
+  const double compute = !cost.dense      ? 0
+                         : cost.pairs > 0 ? attention_seconds(cost, rates)
+                                          : cost.flops / dense_rate(rates, cost.dtype, cost.flops, cost.op);
   return std::max(compute, memory) + rates.seconds_per_call;
 }
 
 DeviceRates measure_rates(Device device, double budget_seconds) {
   SHARDLAB_CHECK(budget_seconds > 0, "measure_rates: the budget must be positive, got {} s", budget_seconds);
-  DeviceRates rates{.device = describe(device)};
+  DeviceRates rates{.device = describe_device(device)};
   const std::vector<std::int64_t> rows = {64, 128, 256, 512};
   const std::vector<DType> dtypes = {DType::f32, DType::bf16};
-  // Most of the budget to the dense sizes, a tenth each to the memory rate and the call time.
-  const double per_size = 0.8 * budget_seconds / static_cast<double>(rows.size() * dtypes.size());
+  // A third of the budget to the GEMMs, a sixth to attention, a third to convolutions, the rest to the
+  // memory rate and the call time.
+  const double per_size = 0.3 * budget_seconds / static_cast<double>(rows.size() * dtypes.size());
   for (const DType dtype : dtypes) {
     for (const std::int64_t n : rows) {
       const Tensor a = random_on(device, {n, n}, dtype, 1), b = random_on(device, {n, n}, dtype, 2);
@@ -88,6 +175,8 @@ DeviceRates measure_rates(Device device, double budget_seconds) {
       rates.dense[dtype].push_back({flops, flops / seconds});
     }
   }
+  measure_attention(device, dtypes, 0.17 * budget_seconds, rates);
+  measure_convolutions(device, dtypes, 0.33 * budget_seconds, rates);
   constexpr std::int64_t kLarge = std::int64_t{4} << 20;
   const Tensor x = random_on(device, {kLarge}, DType::f32, 3), y = random_on(device, {kLarge}, DType::f32, 4);
   const double large = seconds_per_call_of(

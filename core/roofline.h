@@ -25,23 +25,48 @@ struct DenseRate {
   double per_second = 0;
 };
 
+using DenseRates = std::map<DType, std::vector<DenseRate>>;
+
+// An attention kernel's time: seconds per scored query-key pair plus its flops at a rate.
+struct AttentionRate {
+  double seconds_per_pair = 0;
+  double flops_per_second = 0;
+};  // per dtype, by work size, ascending
+
 struct DeviceRates {
-  std::string device;                             // what was measured, e.g. "cpu (avx512), 1 thread"
-  std::map<DType, std::vector<DenseRate>> dense;  // per dtype, by work size, ascending
+  std::string device;  // what was measured, e.g. "cpu (avx512), 1 thread"
+  DenseRates dense;    // GEMMs
+  // Other dense kernels measured apart, by op: the convolutions ("conv2d", "conv2d_backward_input",
+  // "conv2d_backward_weight") reach a fraction of a GEMM's rate, least where the channels are few.
+  std::map<std::string, DenseRates> kernels;
+  // Attention's kernels ("attention_forward", "attention_backward") per dtype: a softmax term per
+  // scored pair besides the multiply-adds, so their time is not flops over one rate.
+  std::map<std::string, std::map<DType, AttentionRate>> attention;
   double bytes_per_second = 0;                    // a large elementwise add's bytes over its time
   double seconds_per_call = 0;                    // a tiny add's time
 };
 
 // The rate of a dense call of `flops` operations in `dtype`: linear in log(flops) between the measured
-// sizes around it, the nearest size's beyond them. An Error where `dtype` was not measured.
-double dense_rate(const DeviceRates& rates, DType dtype, double flops);
+// sizes around it, the nearest size's beyond them; `op`'s own where its kernel was measured apart, else
+// the GEMMs'. An Error where `dtype` was not measured.
+double dense_rate(const DeviceRates& rates, DType dtype, double flops, const std::string& op = "matmul");
+
+// An attention call's compute time: its pairs and flops at its kernel's measured rates, or its flops at
+// the GEMMs' rate where those were not measured.
+double attention_seconds(const KernelCost& cost, const DeviceRates& rates);
 
 // The roofline time of one call (above); throws where the rates lack what it needs.
 double roofline_seconds(const KernelCost& cost, const DeviceRates& rates);
 
+// How measure_rates names `device`: "cpu (avx2), 2 threads" (the threads the CPU pool has now), "cuda:0".
+std::string describe_device(Device device);
+
 // Measures `device`'s rates in about `budget_seconds`: square matmuls of 64 to 512 rows in f32 and bf16
-// (each size repeated until it has run a slice of the budget), an add of 4 Mi f32 elements and adds of
-// 16; with the threads the CPU pool has now.
+// (each size repeated until it has run a slice of the budget), causal attention forward and backward
+// over 256 tokens (8 query heads, 2 key-value heads) with heads of 32 and of 128, whose difference
+// separates the per-pair time from the flops' rate, in both; an add of 4 Mi f32 elements and adds of
+// 16; convolutions of 3x3 kernels over 8 images of 28x28 (1 to 32 channels, 32 to 64) and 14x14 (64 to
+// 128), forward and both gradients, in both; with the threads the CPU pool has now.
 DeviceRates measure_rates(Device device, double budget_seconds = 2.0);
 
 }  // namespace shardlab

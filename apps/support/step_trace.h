@@ -31,6 +31,7 @@ class StepTrace {
   void end_step();
   // Prints rank 0's figures and writes every rank's to `metrics` (when given), one line per step.
   void report(const char* program, const MetricsFile* metrics) const;
+  const std::vector<dist::StepFigures>& figures() const { return figures_; }  // this rank's, per traced step
 
  private:
   std::string dir_;

@@ -72,12 +72,13 @@ LinkFit fit_line(const std::vector<std::pair<double, double>>& points) {
   return {intercept, slope};
 }
 
-double collective_seconds(const CollectiveRates& rates, Collective op, double bytes) {
-  if (rates.ranks == 1) return 0;
+double collective_seconds(const CollectiveRates& rates, Collective op, double bytes, int ranks) {
+  if (ranks == 0) ranks = rates.ranks;
+  if (ranks <= 1) return 0;
   const auto fit = rates.fits.find(op);
   SHARDLAB_CHECK(fit != rates.fits.end(), "collective_seconds: no fit for {} over {} ranks",
                  collective_name(op), rates.ranks);
-  return fit->second.latency_seconds + fit->second.seconds_per_byte * ring_bytes(op, bytes, rates.ranks);
+  return fit->second.latency_seconds + fit->second.seconds_per_byte * ring_bytes(op, bytes, ranks);
 }
 
 CollectiveRates measure_collectives(Communicator& comm) {

@@ -37,8 +37,10 @@ double ring_bytes(Collective op, double bytes, int ranks);
 // latency 0 with the line through the origin.
 LinkFit fit_line(const std::vector<std::pair<double, double>>& points);
 
-// The predicted time of `op` over a buffer of `bytes`: 0 for one rank; an Error for an op not fitted.
-double collective_seconds(const CollectiveRates& rates, Collective op, double bytes);
+// The predicted time of `op` over a buffer of `bytes` among `ranks` (0: the rates' own; a subgroup,
+// such as hybrid sharding's, at the latency and byte rate measured): 0 for one rank; an Error for an op
+// not fitted.
+double collective_seconds(const CollectiveRates& rates, Collective op, double bytes, int ranks = 0);
 
 // Times all-gather, reduce-scatter and all-reduce of f32 buffers of 4 KiB to 4 MiB on `comm` (after a
 // barrier, the median of 5 calls per size, each rank's median agreed with max, so every rank fits the

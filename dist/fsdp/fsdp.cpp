@@ -21,6 +21,7 @@
 #include "autograd/record.h"
 #include "core/error.h"
 #include "core/host_wait.h"
+#include "core/op_cost.h"
 #include "core/ops.h"
 #include "core/storage.h"
 #include "dist/comm/init.h"
@@ -525,6 +526,9 @@ void Unit::prefetch(const std::optional<std::vector<std::weak_ptr<Unit>>>& liste
 void Unit::pre_forward(nn::ForwardInputs& inputs) {
   if (trace::on()) forward_began_ = trace::Clock::now();
   if (!root_) ensure_root(*module_);  // a forward without sharded_parameters()/explain() first
+  if (is_root()) root_->close_stale_cost_labels();
+  open_cost_label(cost_label("forward"));
+  ++forward_labels_open_;
   // Kept after a synced backward, the parameters would outlive the optimizer step that changes them.
   SHARDLAB_CHECK(
       reshard_after_backward_ || !root_->sync,
@@ -596,6 +600,27 @@ void Unit::post_forward(Variable& output) {
   }
   cast_output(output);
   trace_unit_span(forward_began_, "forward", name_);
+  if (forward_labels_open_ > 0) {
+    --forward_labels_open_;
+    close_cost_label(cost_label("forward"));
+  }
+}
+
+std::string Unit::cost_label(const char* phase) const {
+  return fmt::format("{} {}", phase, display_name(name_));
+}
+
+void Unit::close_backward_cost_label() {
+  if (!backward_label_open_) return;
+  backward_label_open_ = false;
+  if (const std::string label = cost_label("backward"); cost_label_open(label)) close_cost_label(label);
+}
+
+void Unit::close_stale_cost_labels() {
+  for (const std::string label = cost_label("forward"); forward_labels_open_ > 0; --forward_labels_open_) {
+    if (cost_label_open(label)) close_cost_label(label);
+  }
+  close_backward_cost_label();
 }
 
 void Unit::pre_backward() {
@@ -622,6 +647,8 @@ void Unit::pre_backward() {
   if (backward_started_) return;  // the unit's forward ran more than once this step
   backward_started_ = true;
   if (trace::on()) backward_began_ = trace::Clock::now();
+  open_cost_label(cost_label("backward"));
+  backward_label_open_ = true;
   if (!root.backward_recorded) root.backward_order.push_back(this);
   unshard(GatherFor::backward);
   wait_unshard();
@@ -735,7 +762,10 @@ void Unit::post_backward() {
   reduced_ = true;
   if (root_->sync && expected_ > 0) start_reduction();
   if (reshards_after_forward() && !keeps_after_backward()) reshard();
-  if (!is_root()) trace_backward_end();
+  if (!is_root()) {
+    trace_backward_end();
+    close_backward_cost_label();  // the root's closes once the whole backward finished
+  }
 }
 
 void Unit::trace_backward_end() { trace_unit_span(backward_began_, "backward", name_); }
@@ -853,6 +883,7 @@ void Unit::abandon_backward() {
   std::fill(got_gradient_.begin(), got_gradient_.end(), 0);
   owes_reduction_ = backward_started_ = reduced_ = reducing_ = reduce_input_released_ = false;
   inputs_marked_ = inputs_done_ = 0;
+  close_backward_cost_label();
 }
 
 void Unit::wait_for_host_update() const {
@@ -906,6 +937,7 @@ void RootState::finish_backward() {
   callback_queued = false;
   if (!backward_order.empty()) backward_recorded = true;
   units.front()->trace_backward_end();
+  for (Unit* unit : units) unit->close_backward_cost_label();
 }
 
 // Every rank joins the all-reduce, but only a rank whose own backward left a trainable parameter
@@ -944,6 +976,10 @@ void RootState::abandon_backward() {
   for (Unit* unit : units) unit->abandon_backward();
   reductions_in_flight.clear();
   callback_queued = false;
+}
+
+void RootState::close_stale_cost_labels() {
+  for (Unit* unit : units) unit->close_stale_cost_labels();
 }
 
 void RootState::end_step() {

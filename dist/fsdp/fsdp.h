@@ -299,6 +299,10 @@ struct UnitPlan {
   std::int64_t reduce_bytes = 0;           // reduce-scatter (and hybrid's replica all-reduce)
   int forward_gathers = 0, backward_gathers = 0, reduce_scatters = 0,
       all_reduces = 0;                        // collectives per step
+  // The reductions' buffers, as dist/fsdp/step_time.h times them: the reduce-scatter's input over the
+  // shard group, the replica all-reduce's tensor over replica_group_size ranks (hybrid, none).
+  std::int64_t reduce_scatter_input_bytes = 0, replica_all_reduce_bytes = 0;
+  int replica_group_size = 1;
   int post_forward_group = 0;                 // reshard_after_forward_group (0: off)
   std::int64_t held_after_forward_bytes = 0;  // this rank's slice kept from forward to backward
 };
@@ -307,6 +311,7 @@ struct Plan {
   std::string sharding;  // the units' strategy ("full", "hybrid:2", ...), or "mixed"
   int world_size = 1, shard_group_size = 1, prefetch = 1;  // the root's group; the units' largest prefetch
   std::int64_t optimizer_state_bytes_per_element = 8;      // Adam/AdamW: m and v in f32
+  bool bitwise = false;                                    // FsdpOptions::bitwise
   std::vector<UnitPlan> units;
   // The all-reduce (max) per step that agrees on which parameters had a gradient on some rank.
   std::int64_t gradient_flags = 0, flag_bytes = 0;

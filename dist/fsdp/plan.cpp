@@ -88,6 +88,7 @@ UnitPlan plan_unit(const Unit& unit, std::int64_t optimizer_state_bytes_per_elem
     }
     if (trains) {
       row.reduce_scatters = 1;
+      row.reduce_scatter_input_bytes = unit.padded() * static_cast<std::int64_t>(dtype_size(reduced));
       row.reduce_bytes =
           traffic_of({.op = Collective::reduce_scatter, .dtype = reduced, .count = unit.padded()}, shard_rank,
                      shard_size)
@@ -100,6 +101,8 @@ UnitPlan plan_unit(const Unit& unit, std::int64_t optimizer_state_bytes_per_elem
   }
   if (groups.replica != nullptr && trains) {
     row.all_reduces += 1;
+    row.replica_group_size = groups.replica->size();
+    row.replica_all_reduce_bytes = row.shard_elements * static_cast<std::int64_t>(dtype_size(reduced));
     row.reduce_bytes +=
         traffic_of({.op = Collective::all_reduce, .dtype = reduced, .count = row.shard_elements},
                    groups.replica->rank(), groups.replica->size())
@@ -123,6 +126,7 @@ Plan explain(nn::Module& root, std::int64_t optimizer_state_bytes_per_element) {
   plan.shard_group_size = root_unit.groups().shard_size();
   plan.optimizer_state_bytes_per_element = optimizer_state_bytes_per_element;
   plan.sharding = sharding_label(root_unit.options());
+  plan.bitwise = root_unit.options().bitwise;
   plan.prefetch = 0;
   for (const Unit* unit : state->units) {
     plan.units.push_back(plan_unit(*unit, optimizer_state_bytes_per_element));

@@ -148,7 +148,7 @@ std::vector<StepFigures> step_figures(const std::vector<trace::Event>& events) {
   for (const trace::Event& step : events) {
     if (step.phase != trace::Phase::complete || step.category != "step") continue;
     const trace::Interval window = interval(step);
-    StepFigures figure;
+    StepFigures figure{.seconds = window.end - window.begin};
     for (const trace::Arg& arg : step.args) {
       if (arg.key == "step") figure.step = std::get<std::int64_t>(arg.value);
     }

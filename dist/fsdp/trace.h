@@ -43,6 +43,7 @@ void write_trace(Communicator& comm, const std::string& dir, const std::vector<t
 // all-gathers. The span's argument "step" numbers it.
 struct StepFigures {
   std::int64_t step = 0;
+  double seconds = 0;  // the step span's length
   trace::Overlap overlap;
   std::map<std::string, double> all_gather_wait;  // unit -> seconds
 };

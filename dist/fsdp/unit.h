@@ -81,6 +81,8 @@ struct RootState {
   // A backward that threw before its end (its callbacks never ran): the units drop its partial
   // gradients, as zero_grad would, and are ready for the next step.
   void abandon_backward();
+  // Closes the cost labels a forward or backward that threw left open on this thread (every unit's).
+  void close_stale_cost_labels();
   // One all-reduce (max) over all ranks of the flags "this parameter got a gradient since the
   // last reduction" of every unit reducing now; returns them, agreed, in unit and slot order.
   std::vector<std::uint8_t> agree_on_gradients(const std::vector<Unit*>& reducing) const;
@@ -172,6 +174,8 @@ class Unit : public std::enable_shared_from_this<Unit> {
   void collect_gradient();
   void finish_backward(const std::uint8_t* agreed_flags);
   void abandon_backward();
+  void close_stale_cost_labels();
+  void close_backward_cost_label();
   // Why an all-gather runs: it names the collective (ledger tag, trace span) "pre-forward fc1",
   // "pre-backward fc1" or "unshard fc1" (dist::unshard), so the two gathers of a step differ.
   enum class GatherFor { forward, backward, caller };
@@ -243,6 +247,11 @@ class Unit : public std::enable_shared_from_this<Unit> {
   std::string gather_tag_;         // the in-flight all-gather's tag
   // When the trace records: the start of this unit's forward and backward spans.
   std::optional<trace::Clock::time_point> forward_began_, backward_began_;
+  // The cost labels (core/op_cost.h) "forward <unit>" and "backward <unit>" this unit has open on the
+  // step's thread, so that a step's kernel costs split by unit.
+  int forward_labels_open_ = 0;
+  bool backward_label_open_ = false;
+  std::string cost_label(const char* phase) const;
   Tensor gather_source_;  // the shard cast to param_dtype, alive until its all-gather completed
   Communicator* post_forward_group_ = nullptr;
   // From forward to backward, with a post-forward group: this rank's slice of the gathered parameters.

@@ -73,6 +73,7 @@ def training_cases(scratch):
         (["--device", "gpu"], "--device: got 'gpu', expected one of auto, cpu, cuda"),
         (["--bitwise", "--chunk", "0"], "--chunk: got '0', expected an integer >= 1"),
         (["--chunk", "2"], "--chunk requires --bitwise"),
+        (["--recalibrate"], "--recalibrate requires --explain"),
         (["--bitwise", "--global-batch", "8", "--chunk", "3"], "global batch: 8 does not cut into chunks of 3"),
         (["--bogus"], "The following argument was not expected: --bogus"),
         (["--explain", "x"], "The following argument was not expected: x"),

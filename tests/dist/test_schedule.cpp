@@ -105,10 +105,87 @@ TEST_CASE("simulate_step: one reduction in flight makes each backward wait for t
 TEST_CASE("simulate_step: negative times and counts are refused by name", "[dist][schedule]") {
   std::vector<dist::UnitTimes> units = toy();
   units[1].gather = -1;
-  CHECK_THROWS_ERROR(
-      dist::simulate_step(units),
-      "simulate_step: unit a has a negative time (forward 3, backward 6, gather -1, reduce 2 s)");
+  CHECK_THROWS_ERROR(dist::simulate_step(units),
+                     "simulate_step: unit a has a negative time (forward 3, backward 6, gather -1, reduce 2, "
+                     "replica reduce 0 s)");
   CHECK_THROWS_ERROR(dist::simulate_step(toy(), {.prefetch = -1}),
                      "simulate_step: prefetch must be at least 0 and reductions in flight at least 1, the "
-                     "optimizer's time not negative; got -1, 2 and 0 s");
+                     "optimizer's and the synchronisation's times not negative; got -1, 2, 0 and 0 s");
+}
+
+TEST_CASE(
+    "simulate_step: compute as segments, the root's around its children and the loss outside units, "
+    "as drawn by hand",
+    "[dist][schedule]") {
+  // Forward: the root's gather 0-1 (waited), its embedding 1-2 with a's gather prefetched 1-3 (waited
+  // 1), a 3-6 with b's gather 3-5, b 6-9, the root's head 9-10, the loss 10-10.5. Backward: the loss's
+  // gradient 10.5-11; the root (kept whole) 11-13 prefetching b 11-13; b 13-19 prefetching a 13-15,
+  // reduces 19-21; a 19-25, reduces 25-27; the root's embedding 25-27, reduces 27-28 (waited 1); the
+  // optimizer 28-29.
+  using dist::ComputeSegment;
+  const std::vector<ComputeSegment> forward = {{0, 1}, {1, 3}, {2, 3}, {0, 1}, {-1, 0.5}};
+  const std::vector<ComputeSegment> backward = {{-1, 0.5}, {0, 2}, {2, 6}, {1, 6}, {0, 2}};
+  const dist::Schedule schedule =
+      dist::simulate_step(toy(), forward, backward, {.prefetch = 1, .optimizer = 1});
+  const std::vector<Drawn> expected = {{'n', "all-gather root", 0, 1},
+                                       {'n', "all-gather a", 1, 3},
+                                       {'c', "forward root", 1, 2},
+                                       {'n', "all-gather b", 3, 5},
+                                       {'c', "forward a", 3, 6},
+                                       {'c', "forward b", 6, 9},
+                                       {'c', "forward root", 9, 10},
+                                       {'c', "forward, outside units", 10, 10.5},
+                                       {'c', "backward, outside units", 10.5, 11},
+                                       {'n', "all-gather (backward) b", 11, 13},
+                                       {'c', "backward root", 11, 13},
+                                       {'n', "all-gather (backward) a", 13, 15},
+                                       {'c', "backward b", 13, 19},
+                                       {'n', "reduce b", 19, 21},
+                                       {'c', "backward a", 19, 25},
+                                       {'n', "reduce a", 25, 27},
+                                       {'c', "backward root", 25, 27},
+                                       {'n', "reduce root", 27, 28},
+                                       {'c', "optimizer", 28, 29}};
+  CHECK(drawn(schedule) == expected);
+  CHECK(schedule.step == 29);
+  CHECK(schedule.exposed_communication == 3);
+  std::vector<double> waited;
+  for (const ScheduleSpan& span : schedule.spans)
+    if (span.lane == ScheduleSpan::Lane::compute && span.waited > 0) waited.push_back(span.waited);
+  CHECK(waited == std::vector<double>{1, 1, 1});  // the root's first forward, a's, the optimizer
+}
+
+TEST_CASE("simulate_step: the step's small all-reduces, then each unit's replica all-reduce in turn",
+          "[dist][schedule]") {
+  // The first drawing to the root's backward's end at 27 (its reduction 27-28); then the small
+  // all-reduces 28-28.5, the replicas' all-reduces in unit order root 28.5-29.5, a 29.5-30.5, b
+  // 30.5-31.5, each waited for; the optimizer 31.5-32.5. Waits: 1 + 2 before, 4.5 at the end.
+  std::vector<dist::UnitTimes> units = toy();
+  for (dist::UnitTimes& unit : units) unit.replica_reduce = 1;
+  const dist::Schedule schedule =
+      dist::simulate_step(units, {.prefetch = 1, .optimizer = 1, .synchronisation = 0.5});
+  const std::vector<Drawn> all = drawn(schedule);
+  const std::vector<Drawn> tail(all.end() - 5, all.end());
+  const std::vector<Drawn> expected = {{'n', "synchronisation", 28, 28.5},
+                                       {'n', "all-reduce (replicas) root", 28.5, 29.5},
+                                       {'n', "all-reduce (replicas) a", 29.5, 30.5},
+                                       {'n', "all-reduce (replicas) b", 30.5, 31.5},
+                                       {'c', "optimizer", 31.5, 32.5}};
+  CHECK(tail == expected);
+  CHECK(schedule.step == 32.5);
+  CHECK(schedule.exposed_communication == 7.5);
+}
+
+TEST_CASE("simulate_step: segments that miss a unit, reach units out of order or name no unit are refused",
+          "[dist][schedule]") {
+  using dist::ComputeSegment;
+  const std::vector<ComputeSegment> forward = {{0, 1}, {1, 1}, {2, 1}}, backward = {{2, 1}, {1, 1}, {0, 1}};
+  CHECK_THROWS_ERROR(dist::simulate_step(toy(), forward, {{2, 1}, {0, 1}}),
+                     "simulate_step: unit a has no backward segment");
+  CHECK_THROWS_ERROR(dist::simulate_step(toy(), {{0, 1}, {2, 1}, {1, 1}}, backward),
+                     "simulate_step: the forward segments reach unit b before unit a, the units' order");
+  CHECK_THROWS_ERROR(dist::simulate_step(toy(), forward, {{3, 1}, {2, 1}, {1, 1}, {0, 1}}),
+                     "simulate_step: a backward segment names unit 3 of 3 with 1 s");
+  CHECK_THROWS_ERROR(dist::simulate_step(toy(), {{0, -1}, {1, 1}, {2, 1}}, backward),
+                     "simulate_step: a forward segment names unit 0 of 3 with -1 s");
 }
