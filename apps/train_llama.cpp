@@ -501,8 +501,7 @@ std::string Training::throughput(double median_seconds) const {
 }
 
 void Training::add_summary(nlohmann::json& summary, double median_seconds) const {
-  summary.update({{"median_step_seconds", median_seconds},
-                  {"tokens_per_second", tokens_per_second(median_seconds)},
+  summary.update({{"tokens_per_second", tokens_per_second(median_seconds)},
                   {"peak_memory_bytes", memory_stats(device_).peak_bytes},
                   {"step_counters", (*model_)->named_parameters().size()},
                   {"unsharded_peak_bytes", dist::unsharded_memory().peak_bytes},

@@ -525,7 +525,10 @@ void Trainer::predict_step_time(std::int64_t micro_batch, const std::function<vo
   reset_peak_memory(device_);
   dist::reset_unsharded_peak();
   // Besides the plan's: the samples, the stop request, the loss and the gradient norm.
-  step_time_ = dist::predict_step_time(plan_, dry_step, rates.device, rates.link, {.small_all_reduces = 4});
+  step_time_ = dist::predict_step_time(
+      plan_, dry_step, rates.device, rates.link,
+      {.small_all_reduces = 4,
+       .update_seconds_per_element = setup_.optimizer->update_seconds_per_element(device_)});
   step_time_->device += fmt::format(" ({})", rates.source);
   step_time_text_ = step_time_->str();
 }
@@ -589,6 +592,7 @@ void Trainer::report() const {
       {"held_after_forward_bytes", *held_after_forward_},
       {"planned_held_after_forward_bytes", plan_.held_after_forward_bytes()},
       {"most_host_waits_per_step", most_host_waits_},
+      {"median_step_seconds", median_seconds},
       {"checkpoint_blocked_seconds", save_blocked_seconds_},
       {"checkpoint_committed_seconds", save_committed_seconds_},
       {"median_step_seconds_during_saves",

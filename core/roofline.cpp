@@ -102,9 +102,10 @@ void measure_convolutions(Device device, const std::vector<DType>& dtypes, doubl
           {"conv2d", [&] { return conv2d(input, weight); }},
           {"conv2d_backward_input", [&] { return conv2d_backward_input(grad, weight, input_shape); }},
           {"conv2d_backward_weight", [&] { return conv2d_backward_weight(grad, input, weight_shape); }}};
-      for (const auto& [op, run] : ops) {
-        const double flops = cost_of(op, [&] { (void)run(); }).flops;
-        rates.kernels[op][dtype].push_back({flops, flops / seconds_per_call_of(device, run, per_call)});
+      for (const auto& op : ops) {  // clang before 16 captures no structured binding
+        const std::function<Tensor()>& run = op.second;
+        const double flops = cost_of(op.first, [&] { (void)run(); }).flops;
+        rates.kernels[op.first][dtype].push_back({flops, flops / seconds_per_call_of(device, run, per_call)});
       }
     }
     for (auto& [op, table] : rates.kernels) {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <set>
 #include <string_view>
@@ -16,6 +17,7 @@
 
 #include "core/exact_sum.h"
 #include "core/ops.h"
+#include "core/random.h"
 
 namespace shardlab::optim {
 
@@ -328,6 +330,29 @@ void Optimizer::step_gated(const Tensor& apply) {
   if (runner_) return runner_->run(std::move(updates), std::move(rule));
   place_gates(updates);
   rule(updates);
+}
+
+double Optimizer::update_seconds_per_element(Device device, std::int64_t elements) const {
+  SHARDLAB_CHECK(elements > 0, "{}.update_seconds_per_element: elements must be positive, got {}", type_name_,
+                 elements);
+  const NoGradGuard no_grad;
+  const TensorOptions f32{DType::f32, device};
+  const Tensor param = uniform({elements}, RandomKey{1, 11}, -1.0, 1.0, f32);
+  const Tensor grad = uniform({elements}, RandomKey{2, 11}, -1e-3, 1e-3, f32);
+  std::map<std::string, Tensor> state;
+  const UpdateRule rule = update_rule();
+  std::int64_t step = 0;
+  const auto update = [&] {
+    const ParamUpdate one{Variable(param), param, grad, state, ++step, groups_.front().hyper, Tensor()};
+    rule(std::span<const ParamUpdate>(&one, 1));
+    if (device.is_cuda()) (void)param.narrow(0, 0, 1).to(Device::cpu());  // waits for the device
+  };
+  update();  // makes the state
+  constexpr int kCalls = 4;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kCalls; ++i) update();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return seconds / (kCalls * static_cast<double>(elements));
 }
 
 void Optimizer::zero_grad(bool set_to_none) {

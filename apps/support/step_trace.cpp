@@ -80,6 +80,7 @@ void StepTrace::report(const char* program, const MetricsFile* metrics) const {
     if (metrics) {
       metrics->write({{"rank", comm_->rank()},
                       {"traced_step", figure.step},
+                      {"step_seconds", figure.seconds},
                       {"communication_seconds", o.communication},
                       {"compute_seconds", o.compute},
                       {"exposed_communication_seconds", o.exposed},

@@ -168,7 +168,7 @@ StepTimePrediction predict_step_time(const Plan& plan, const std::vector<KernelC
   const std::vector<std::size_t> order = forward_order(passes.forward, passes.backward, plan.units.size());
 
   std::vector<UnitTimes> timed;
-  double optimizer_bytes = 0, optimizer_calls = 0;
+  double optimizer_bytes = 0, optimizer_calls = 0, updated = 0;
   for (const std::size_t i : order) {
     const UnitPlan& unit = plan.units[i];
     UnitStepTime times = by_plan[i];
@@ -190,13 +190,21 @@ StepTimePrediction predict_step_time(const Plan& plan, const std::vector<KernelC
                      .reshards_after_forward = unit.backward_gathers > 0});
     out.units.push_back(std::move(times));
     if (unit.frozen == unit.parameters) continue;
-    // The update reads the shard, its gradient and the state, writes the shard and the state; the
-    // gradient norm reads the gradient once more.
-    optimizer_bytes += static_cast<double>(unit.shard_elements) *
-                       static_cast<double>(4 + 4 + 4 + 2 * plan.optimizer_state_bytes_per_element + 4);
+    // The gradient norm reads the gradient; the update reads the shard, its gradient and the state and
+    // writes the shard and the state, unless its measured time is given.
+    const auto elements = static_cast<double>(unit.shard_elements);
+    optimizer_bytes += elements * 4;
+    if (options.update_seconds_per_element > 0) {
+      updated += elements;
+    } else {
+      optimizer_bytes +=
+          elements * static_cast<double>(4 + 4 + 4 + 2 * plan.optimizer_state_bytes_per_element);
+    }
     optimizer_calls += 2;
   }
-  out.optimizer = optimizer_bytes / device.bytes_per_second + optimizer_calls * device.seconds_per_call;
+  const double update = updated * options.update_seconds_per_element;
+  out.optimizer =
+      optimizer_bytes / device.bytes_per_second + update + optimizer_calls * device.seconds_per_call;
   // Which parameters got a gradient: one all-reduce of a byte a parameter, where the plan has it.
   const double flags = plan.flag_bytes > 0 ? collective_seconds(link, Collective::all_reduce,
                                                                 static_cast<double>(plan.gradient_flags))

@@ -53,6 +53,9 @@ struct StepTimeOptions {
   // The step's small all-reduces besides the plan's (the samples, the loss, the gradient norm, the
   // stop request): latency each.
   int small_all_reduces = 0;
+  // The optimizer's update per element of a shard (optim::Optimizer::update_seconds_per_element);
+  // 0: its bytes (shard, gradient, state) at the memory rate.
+  double update_seconds_per_element = 0;
 };
 
 struct StepTimePrediction {

@@ -1325,5 +1325,24 @@ TEST_CASE("optimizers and clipping refuse a Variable marked not trainable, with 
   check_equal(later.data(), {1.0, 1.0});
 }
 
+TEST_CASE("update_seconds_per_element times each optimizer's rule on scratch data and changes nothing",
+          "[optim]") {
+  Variable w(from_vector<double>({1.0, -2.0, 3.0}).to(DType::f32), true, "w");
+  w.set_grad(from_vector<double>({0.5, 0.5, 0.5}).to(DType::f32));
+  optim::SGD sgd(nn::Named<Variable>{{"w", w}}, {.lr = 0.1, .momentum = 0.9});
+  optim::AdamW adamw(nn::Named<Variable>{{"w", w}}, {});
+  optim::Adadelta adadelta(nn::Named<Variable>{{"w", w}}, {});
+  for (const optim::Optimizer* opt : std::vector<const optim::Optimizer*>{&sgd, &adamw, &adadelta}) {
+    const double seconds = opt->update_seconds_per_element(Device::cpu(), 4096);
+    CHECK(seconds > 0);
+    CHECK(seconds < 1e-3);  // a thousandth of a second per element would be no fused update
+  }
+  check_equal(w.data(), {1.0, -2.0, 3.0});  // the parameter untouched
+  CHECK(adamw.steps() == 0);
+  for (const auto& [name, value] : adamw.state_dict()) CHECK(!name.starts_with("w."));  // no state made for w
+  CHECK_THROWS_ERROR(adamw.update_seconds_per_element(Device::cpu(), 0),
+                     "AdamW.update_seconds_per_element: elements must be positive, got 0");
+}
+
 }  // namespace
 }  // namespace shardlab
