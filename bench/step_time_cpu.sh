@@ -15,8 +15,7 @@ source bench/prologue.sh
 rounds="${ROUNDS:-5}"
 export SHARDLAB_CACHE_DIR="$out/cache"
 cnn=("$build_dir/apps/train_cnn" --limit-train 4000 --limit-test 64 --steps 30 --threads 1)
-llama() { echo "$build_dir/apps/train_llama --config bench/llama_h256_l4.json --seq 128 --global-batch $((8 * $1))
-  --steps 20 --threads 1"; }
+llama=("$build_dir/apps/train_llama" --config bench/llama_h256_l4.json --seq 128 --steps 20 --threads 1)
 shardings=(full grad_op optimizer none hybrid:1)
 # The rates, measured by runs of their own (one per world size: ranks sharing the host measure together).
 for ranks in 1 2; do
@@ -34,7 +33,8 @@ done
 for round in $(seq 1 "$rounds"); do
   for case in "${cases[@]}"; do
     read -r program ranks sharding prefetch <<<"$case"
-    if [ "$program" = cnn ]; then args=("${cnn[@]}"); else read -r -a args <<<"$(llama "$ranks")"; fi
+    args=("${cnn[@]}")
+    if [ "$program" = llama ]; then args=("${llama[@]}" --global-batch $((8 * ranks))); fi
     name="$program-np$ranks-${sharding/:/}-prefetch$prefetch-$round"
     "${mpirun[@]}" -np "$ranks" -x SHARDLAB_CACHE_DIR "${args[@]}" --sharding "$sharding" --prefetch "$prefetch" \
       --explain --trace "$out/trace-$name" --trace-steps 12:14 --metrics "$out/$name.jsonl" >"$out/$name.log" 2>&1 ||

@@ -169,11 +169,17 @@ DeviceRates measure_rates(Device device, double budget_seconds) {
   const double per_size = 0.3 * budget_seconds / static_cast<double>(rows.size() * dtypes.size());
   for (const DType dtype : dtypes) {
     for (const std::int64_t n : rows) {
+      // A training step's GEMMs in equal parts, as a Linear makes them: x W^T forward, g W and g^T x
+      // backward (the transposed operands read through their strides).
       const Tensor a = random_on(device, {n, n}, dtype, 1), b = random_on(device, {n, n}, dtype, 2);
       const double seconds = seconds_per_call_of(
-          device, [&] { return matmul(a, b); }, per_size);
+                                 device, [&] { return matmul(a, b.transpose(0, 1)); }, per_size / 3) +
+                             seconds_per_call_of(
+                                 device, [&] { return matmul(a, b); }, per_size / 3) +
+                             seconds_per_call_of(
+                                 device, [&] { return matmul(a.transpose(0, 1), b); }, per_size / 3);
       const double flops = 2.0 * static_cast<double>(n * n * n);
-      rates.dense[dtype].push_back({flops, flops / seconds});
+      rates.dense[dtype].push_back({flops, 3 * flops / seconds});
     }
   }
   measure_attention(device, dtypes, 0.17 * budget_seconds, rates);

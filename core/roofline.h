@@ -61,8 +61,9 @@ double roofline_seconds(const KernelCost& cost, const DeviceRates& rates);
 // How measure_rates names `device`: "cpu (avx2), 2 threads" (the threads the CPU pool has now), "cuda:0".
 std::string describe_device(Device device);
 
-// Measures `device`'s rates in about `budget_seconds`: square matmuls of 64 to 512 rows in f32 and bf16
-// (each size repeated until it has run a slice of the budget), causal attention forward and backward
+// Measures `device`'s rates in about `budget_seconds`: square matmuls of 64 to 512 rows in f32 and bf16,
+// each size as a Linear's three in training (a b^T, a b, a^T b; each repeated until it has run a slice
+// of the budget), causal attention forward and backward
 // over 256 tokens (8 query heads, 2 key-value heads) with heads of 32 and of 128, whose difference
 // separates the per-pair time from the flops' rate, in both; an add of 4 Mi f32 elements and adds of
 // 16; convolutions of 3x3 kernels over 8 images of 28x28 (1 to 32 channels, 32 to 64) and 14x14 (64 to

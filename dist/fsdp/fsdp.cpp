@@ -602,7 +602,7 @@ void Unit::post_forward(Variable& output) {
   trace_unit_span(forward_began_, "forward", name_);
   if (forward_labels_open_ > 0) {
     --forward_labels_open_;
-    close_cost_label(cost_label("forward"));
+    if (const std::string label = cost_label("forward"); cost_label_open(label)) close_cost_label(label);
   }
 }
 

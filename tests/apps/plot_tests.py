@@ -10,9 +10,10 @@ Fashion-MNIST (np 1 to 3, full, grad_op and none, a few steps) and checks what i
   and the points equal the measured_persistent_bytes;
 - traffic: each bar and plan mark equals the run's step_bytes_received and planned_step_bytes;
 - timeline: the rows of each rank are exactly the trace's spans of that step on that rank, clipped to
-  it, in ms from its start, and the overlap printed is the one the app recorded in the metrics;
-- a missing file, metrics without loss records or without a plan, a step not traced and gnuplot
-  missing each exit 1 with one message.
+  it, in ms from its start, and the overlap printed is the one the app recorded in the metrics; with
+  --predicted, the predicted rows are the spans of the step --explain predicted (rank 0's summary);
+- a missing file, metrics without loss records or without a plan, a step not traced, --predicted
+  metrics without a prediction and gnuplot missing each exit 1 with one message.
 
 Usage: plot_tests.py <mpirun> <train_cnn> <scripts/plot>. Needs the data set and gnuplot from
 scripts/setup (/usr/share/datasets/fashion-mnist, gnuplot-nox); without either every case is
@@ -34,7 +35,7 @@ ARGS = ["--steps", "3", "--limit-train", "480", "--limit-test", "96", "--global-
 # (2, "full") is traced; at np 3 every unit is padded, and the memory formula must pad as the plan does.
 RUNS = [(1, "full"), (2, "full"), (3, "full"), (2, "grad_op"), (1, "none"), (2, "none")]
 TRACED_STEP = 2
-CHECKS = 5 + 3 + 4 + 2 + 3 + 5  # PNGs, loss, memory, traffic, timeline, errors
+CHECKS = 6 + 3 + 4 + 2 + 4 + 6  # PNGs, loss, memory, traffic, timeline, errors
 TIME_TOLERANCE_MS = 1e-9
 
 
@@ -103,7 +104,7 @@ def check_plots(mpirun, program, plot, scratch, check):
     metrics = {}
     for ranks, sharding in RUNS:
         path = os.path.join(scratch, f"{sharding}-np{ranks}.jsonl")
-        extra = ["--trace", trace_dir, "--trace-steps", f"{TRACED_STEP}:{TRACED_STEP + 1}"] \
+        extra = ["--trace", trace_dir, "--trace-steps", f"{TRACED_STEP}:{TRACED_STEP + 1}", "--explain"] \
             if (ranks, sharding) == (2, "full") else []
         code, output = run_job(mpirun, program, ranks, ARGS + ["--sharding", sharding, "--metrics", path] + extra)
         if code != 0:
@@ -178,6 +179,19 @@ def check_plots(mpirun, program, plot, scratch, check):
     with open(os.path.join(keep, "timeline.gp"), encoding="utf-8") as gp:
         check("timeline: the title gives both ranks' overlap", re.search(r"rank 0 [\d.]+%, rank 1 [\d.]+%", gp.read()))
 
+    keep, output = draw("timeline", trace_dir, "--step", str(TRACED_STEP), "--predicted", paths[(2, "full")])
+    predicted = summary(metrics[(2, "full")])["predicted_step"]
+    drawn = sorted((r[1], r[6], float(r[2]), float(r[3]))
+                   for path in glob.glob(os.path.join(keep, "timeline-*.dat")) if not path.endswith("labels.dat")
+                   for r in rows(path) if r[0] == "predicted")
+    expected = sorted((span["lane"], span["what"], 1e3 * span["start"], 1e3 * span["end"])
+                      for span in predicted["spans"])
+    check("timeline --predicted: the predicted rows are the spans of the step --explain predicted, in ms",
+          len(drawn) == len(expected) > 0 and
+          all(d[:2] == e[:2] and abs(d[2] - e[2]) < 1e-9 and abs(d[3] - e[3]) < 1e-9
+              for d, e in zip(drawn, expected)) and
+          f"predicted {1e3 * predicted['step_seconds']:.1f} ms" in output, f"{drawn[:3]} vs {expected[:3]}\n{output}")
+
     def refused(name, args, message, env=None):
         code, output = run_command([sys.executable, plot] + args, env)
         check(f"{name} exits 1, explained once", code == 1 and output.count(message) == 1 and
@@ -198,6 +212,9 @@ def check_plots(mpirun, program, plot, scratch, check):
             f"plot: {losses_only}: no summary record of rank 0 with a \"plan\" (the run must end, with --metrics)")
     refused("a step not traced", ["timeline", out, trace_dir, "--step", "7"],
             f"plot: {trace_dir}/trace.json: no step 7 traced (traced steps: {TRACED_STEP}, {TRACED_STEP + 1})")
+    refused("--predicted metrics without a prediction",
+            ["timeline", out, trace_dir, "--predicted", paths[(1, "full")]],
+            f"plot: {paths[(1, 'full')]}: no predicted step in rank 0's summary (run with --explain and --metrics)")
     empty = os.path.join(scratch, "empty-path")
     os.makedirs(empty)
     refused("gnuplot missing", ["loss", out, paths[(1, "full")]],
