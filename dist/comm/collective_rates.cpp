@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
+#include <vector>
 
 #include "core/error.h"
 #include "core/ops.h"
@@ -47,6 +49,73 @@ double median_seconds(Communicator& comm, Collective op, std::int64_t bytes) {
   }
   std::nth_element(seconds.begin(), seconds.begin() + kCalls / 2, seconds.end());
   return seconds[kCalls / 2];
+}
+
+// Seconds per call of `work`, called until `window` seconds have passed (at least once).
+double seconds_per_call(const std::function<void()>& work, double window) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  int calls = 0;
+  do {
+    work();
+    ++calls;
+  } while (elapsed() < window);
+  return elapsed() / calls;
+}
+
+// The slowdowns of compute and collectives beside each other (CollectiveRates), agreed over `comm`.
+void measure_slowdowns(Communicator& comm, CollectiveRates& rates) {
+  constexpr double kWindow = 0.1;
+  const Tensor a = ones({256, 256}), b = ones({256, 256});
+  const std::int64_t share = (std::int64_t{1} << 20) / 4 / comm.size();
+  const Tensor buffer = zeros({share * comm.size()}), part = zeros({share});
+  const auto matmul_call = [&] { (void)matmul(a, b); };
+  const auto gather = [&] {
+    return comm.all_gather_into(buffer, buffer.narrow(0, comm.rank() * share, share), "measure");
+  };
+  comm.barrier("measure").wait();
+  const double matmul_alone = seconds_per_call(matmul_call, kWindow / 2);
+  comm.barrier("measure").wait();
+  // Every rank calls as many gathers (a collective): a fixed count alone, and beside the matmuls as many
+  // as the slowest rank's time alone fits in the window.
+  constexpr int kAlone = 8;
+  const auto began = std::chrono::steady_clock::now();
+  for (int i = 0; i < kAlone; ++i) gather().wait();
+  const Tensor alone = from_vector(
+      std::vector<double>{std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count() /
+                          kAlone},
+      {1});
+  comm.all_reduce(alone, ReduceOp::max, "measure").wait();
+  const double gather_alone = alone.to_vector<double>().front();
+  // Beside each other: as many gathers queued as would take the window alone, matmuls for the window;
+  // the gathers done by then against those; the rest then waited for alone.
+  const auto gathers = static_cast<int>(std::clamp(kWindow / gather_alone, 4.0, 4000.0));
+  comm.barrier("measure").wait();
+  std::vector<Work> queued;
+  for (int i = 0; i < gathers; ++i) queued.push_back(gather());
+  const auto start = std::chrono::steady_clock::now();
+  const auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  int calls = 0;
+  do {
+    matmul_call();
+    ++calls;
+  } while (elapsed() < kWindow);
+  const double window = elapsed();
+  const auto done = static_cast<double>(
+      std::find_if(queued.begin(), queued.end(), [](const Work& work) { return !work.completed(); }) -
+      queued.begin());
+  for (const Work& work : queued) work.wait();
+  // None done: at most half of one in the window.
+  const Tensor slowdowns = from_vector(
+      std::vector<double>{window / calls / matmul_alone, window / (std::max(done, 0.5) * gather_alone)}, {2});
+  comm.all_reduce(slowdowns, ReduceOp::max, "measure").wait();
+  const std::vector<double> agreed = slowdowns.to_vector<double>();
+  rates.compute_slowdown = std::max(1.0, agreed[0]);
+  rates.communication_slowdown = std::max(1.0, agreed[1]);
 }
 
 }  // namespace
@@ -98,6 +167,7 @@ CollectiveRates measure_collectives(Communicator& comm) {
       points.emplace_back(ring_bytes(op, static_cast<double>(bytes), comm.size()), slowest[next++]);
     rates.fits[op] = fit_line(points);
   }
+  measure_slowdowns(comm, rates);
   return rates;
 }
 

@@ -26,6 +26,9 @@ struct LinkFit {
 struct CollectiveRates {
   int ranks = 1;
   std::map<Collective, LinkFit> fits;  // all_gather, reduce_scatter and all_reduce
+  // How much slower compute and collectives run beside each other than alone: on a CPU the
+  // communication thread takes the cores the ranks compute on (1: they do not interfere).
+  double compute_slowdown = 1, communication_slowdown = 1;
 };
 
 // The bytes one rank sends in a ring collective over `ranks` of a buffer of `bytes` (the gathered
@@ -44,7 +47,10 @@ double collective_seconds(const CollectiveRates& rates, Collective op, double by
 
 // Times all-gather, reduce-scatter and all-reduce of f32 buffers of 4 KiB to 4 MiB on `comm` (after a
 // barrier, the median of 5 calls per size, each rank's median agreed with max, so every rank fits the
-// same lines): about a second on one host. A collective: every rank of `comm` calls it.
+// same lines), then 256-row f32 matmuls on the calling thread for 0.1 s while 1 MiB all-gathers run back
+// to back, against each alone (the gathers done in the window against those that take it alone), for the
+// slowdowns (the ranks' largest): about a second and a quarter on one host. A collective: every rank of
+// `comm` calls it.
 CollectiveRates measure_collectives(Communicator& comm);
 
 }  // namespace shardlab::dist

@@ -13,34 +13,79 @@
 namespace shardlab::dist {
 namespace {
 
+// The two lanes as one clock that the compute lane drives: compute advances it by its work, a wait
+// until a collective's end; meanwhile the communication lane runs the collectives issued, one at a time
+// in issue order. While both run they share the cores: compute at 1 / options.compute_slowdown of its
+// speed alone, collectives at 1 / options.communication_slowdown (both 1: they do not interfere).
 class Lanes {
  public:
-  explicit Lanes(Schedule& out) : out_(out) {}
+  Lanes(Schedule& out, const ScheduleOptions& options)
+      : out_(out),
+        compute_slowdown_(options.compute_slowdown),
+        communication_slowdown_(options.communication_slowdown) {}
 
-  // A collective issued at `issued`: it runs once the lane is free; returns its end.
-  double communicate(std::string what, double issued, double seconds) {
-    const double start = std::max(issued, communication_free_);
-    communication_free_ = start + seconds;
-    out_.spans.push_back({ScheduleSpan::Lane::communication, std::move(what), start, communication_free_});
-    return communication_free_;
+  // Issues a collective of `seconds` alone now; returns its handle for wait().
+  std::size_t communicate(std::string what, double seconds) {
+    const std::size_t handle = ended_.size();
+    ended_.push_back(false);
+    span_of_.push_back(out_.spans.size());
+    out_.spans.push_back({ScheduleSpan::Lane::communication, std::move(what), now_, now_});
+    queue_.push_back({handle, seconds});
+    return handle;
   }
-  // The compute lane waits until `ready` (a collective's end); the next compute span counts the wait.
-  void wait(double ready) {
-    if (ready <= compute_free_) return;
-    out_.exposed_communication += ready - compute_free_;
-    waited_ += ready - compute_free_;
-    compute_free_ = ready;
+  // The compute lane waits until the collective `handle` ended (the communication lane alone meanwhile);
+  // the next compute span counts the wait.
+  void wait(std::size_t handle) {
+    while (!ended_[handle]) {
+      const double dt = queue_.front().left;
+      now_ += dt;
+      out_.exposed_communication += dt;
+      waited_ += dt;
+      end_head();
+    }
   }
   void compute(std::string what, double seconds) {
-    out_.spans.push_back({ScheduleSpan::Lane::compute, std::move(what), compute_free_,
-                          compute_free_ + seconds, std::exchange(waited_, 0.0)});
-    compute_free_ += seconds;
+    const double start = now_;
+    double work = seconds;  // compute left, in seconds alone
+    while (work > 0 && !queue_.empty()) {
+      const double to_end_head = queue_.front().left * communication_slowdown_;
+      if (to_end_head <= work * compute_slowdown_) {
+        now_ += to_end_head;
+        work = std::max(0.0, work - to_end_head / compute_slowdown_);
+        end_head();
+      } else {
+        now_ += work * compute_slowdown_;
+        queue_.front().left -= work * compute_slowdown_ / communication_slowdown_;
+        work = 0;
+      }
+    }
+    now_ += work;
+    out_.spans.push_back(
+        {ScheduleSpan::Lane::compute, std::move(what), start, now_, std::exchange(waited_, 0.0)});
   }
-  double now() const { return compute_free_; }
+  double now() const { return now_; }
 
  private:
+  struct InFlight {
+    std::size_t handle;
+    double left;  // seconds alone
+  };
+  void end_head() {
+    const std::size_t handle = queue_.front().handle;
+    queue_.pop_front();
+    ended_[handle] = true;
+    out_.spans[span_of_[handle]].end = now_;
+    if (!queue_.empty()) {
+      out_.spans[span_of_[queue_.front().handle]].start = now_;
+    }
+  }
+
   Schedule& out_;
-  double compute_free_ = 0, communication_free_ = 0, waited_ = 0;
+  const double compute_slowdown_, communication_slowdown_;
+  double now_ = 0, waited_ = 0;
+  std::deque<InFlight> queue_;        // issued and not ended, the running one first
+  std::vector<bool> ended_;           // per handle
+  std::vector<std::size_t> span_of_;  // per handle: its span in out_.spans
 };
 
 void check(const std::vector<UnitTimes>& units, const ScheduleOptions& options) {
@@ -49,6 +94,10 @@ void check(const std::vector<UnitTimes>& units, const ScheduleOptions& options) 
                  "simulate_step: prefetch must be at least 0 and reductions in flight at least 1, the "
                  "optimizer's and the synchronisation's times not negative; got {}, {}, {} and {} s",
                  options.prefetch, options.reductions_in_flight, options.optimizer, options.synchronisation);
+  SHARDLAB_CHECK(options.compute_slowdown >= 1 && options.communication_slowdown >= 1,
+                 "simulate_step: the slowdowns of compute and communication beside each other must be at "
+                 "least 1, got {} and {}",
+                 options.compute_slowdown, options.communication_slowdown);
   for (const UnitTimes& unit : units) {
     SHARDLAB_CHECK(
         unit.forward >= 0 && unit.backward >= 0 && unit.gather >= 0 && unit.reduce >= 0 &&
@@ -105,25 +154,24 @@ Schedule simulate_step(const std::vector<UnitTimes>& units, const std::vector<Co
                    units[forward_order[i]].name, units[i].name);
   }
   Schedule schedule;
-  Lanes lanes(schedule);
+  Lanes lanes(schedule, options);
   const std::size_t count = units.size();
   const auto prefetch = static_cast<std::size_t>(options.prefetch);
 
-  // Forward: gathered[i] is when unit i's parameters are whole (issued at most once).
-  std::vector<double> gathered(count, -1);
-  const auto gather = [&](std::size_t i, double issued) {
-    if (gathered[i] < 0)
-      gathered[i] = lanes.communicate("all-gather " + units[i].name, issued, units[i].gather);
+  // Forward: gathered[i] is unit i's all-gather (issued at most once).
+  constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+  std::vector<std::size_t> gathered(count, kNone);
+  const auto gather = [&](std::size_t i) {
+    if (gathered[i] == kNone) gathered[i] = lanes.communicate("all-gather " + units[i].name, units[i].gather);
   };
   std::vector<bool> started(count, false);
   for (const ComputeSegment& segment : forward) {
     if (segment.unit >= 0 && !started[static_cast<std::size_t>(segment.unit)]) {  // its pre-forward
       const auto i = static_cast<std::size_t>(segment.unit);
       started[i] = true;
-      gather(i, lanes.now());
+      gather(i);
       lanes.wait(gathered[i]);
-      for (std::size_t next = i + 1; next <= std::min(count - 1, i + prefetch); ++next)
-        gather(next, lanes.now());
+      for (std::size_t next = i + 1; next <= std::min(count - 1, i + prefetch); ++next) gather(next);
     }
     lanes.compute(span_name("forward", units, segment.unit), segment.seconds);
   }
@@ -134,43 +182,41 @@ Schedule simulate_step(const std::vector<UnitTimes>& units, const std::vector<Co
   for (std::size_t s = 0; s < backward.size(); ++s) {
     if (backward[s].unit >= 0) last_segment[static_cast<std::size_t>(backward[s].unit)] = s;
   }
-  std::vector<double> regathered(count, -1);
-  const auto regather = [&](std::size_t i, double issued) {
-    if (units[i].reshards_after_forward && regathered[i] < 0)
-      regathered[i] = lanes.communicate("all-gather (backward) " + units[i].name, issued, units[i].gather);
+  std::vector<std::size_t> regathered(count, kNone);
+  const auto regather = [&](std::size_t i) {
+    if (units[i].reshards_after_forward && regathered[i] == kNone)
+      regathered[i] = lanes.communicate("all-gather (backward) " + units[i].name, units[i].gather);
   };
   std::fill(started.begin(), started.end(), false);
-  std::deque<double> in_flight;  // the reductions' ends, oldest first
-  std::vector<double> reduced(count, 0);
+  std::deque<std::size_t> in_flight;  // the reductions, oldest first
+  std::vector<std::size_t> reduced(count, kNone);
   for (std::size_t s = 0; s < backward.size(); ++s) {
     const int unit = backward[s].unit;
     if (unit >= 0 && !started[static_cast<std::size_t>(unit)]) {  // its pre-backward
       const auto i = static_cast<std::size_t>(unit);
       started[i] = true;
-      regather(i, lanes.now());
+      regather(i);
       if (units[i].reshards_after_forward) lanes.wait(regathered[i]);
       for (std::size_t k = position[i] + 1; k <= std::min(count - 1, position[i] + prefetch); ++k)
-        regather(backward_order[k], lanes.now());
+        regather(backward_order[k]);
     }
     lanes.compute(span_name("backward", units, unit), backward[s].seconds);
     if (unit < 0 || last_segment[static_cast<std::size_t>(unit)] != s) continue;
     const auto i = static_cast<std::size_t>(unit);  // its post-backward
-    in_flight.push_back(lanes.communicate("reduce " + units[i].name, lanes.now(), units[i].reduce));
+    in_flight.push_back(lanes.communicate("reduce " + units[i].name, units[i].reduce));
     reduced[i] = in_flight.back();
     while (in_flight.size() > static_cast<std::size_t>(options.reductions_in_flight)) {
       lanes.wait(in_flight.front());
       in_flight.pop_front();
     }
   }
-  if (options.synchronisation > 0)
-    lanes.wait(lanes.communicate("synchronisation", lanes.now(), options.synchronisation));
+  if (options.synchronisation > 0) lanes.wait(lanes.communicate("synchronisation", options.synchronisation));
   for (std::size_t i = 0; i < count; ++i) {
     if (units[i].replica_reduce <= 0) continue;
     lanes.wait(reduced[i]);
-    lanes.wait(
-        lanes.communicate("all-reduce (replicas) " + units[i].name, lanes.now(), units[i].replica_reduce));
+    lanes.wait(lanes.communicate("all-reduce (replicas) " + units[i].name, units[i].replica_reduce));
   }
-  for (const double end : reduced) lanes.wait(end);
+  for (const std::size_t reduction : reduced) lanes.wait(reduction);
   lanes.compute("optimizer", options.optimizer);
   schedule.step = lanes.now();
   return schedule;

@@ -16,6 +16,9 @@
 // reduction issued after its last: a parent's compute around its children's (the root's embedding
 // before the layers, its head after them) and the step's own (the loss) fall where they ran.
 //
+// Where both run at once and share the cores (the compute_slowdown and communication_slowdown
+// options), each progresses at its share of its speed alone.
+//
 // Out come the step time, the communication the compute lane waited for (exposed), and the spans.
 #pragma once
 
@@ -42,6 +45,9 @@ struct ScheduleOptions {
   // The step's small collectives after the backward (which parameters got a gradient, the gradient
   // norm, the loss): on the communication lane once the reductions are done, waited for in full.
   double synchronisation = 0;
+  // Where compute and collectives share the same cores (ranks on a CPU), how much slower each runs
+  // while the other does (1: not at all; CollectiveRates measures both).
+  double compute_slowdown = 1, communication_slowdown = 1;
 };
 
 // A stretch of one pass's compute: of the unit at `unit` in the units given (its forward or backward

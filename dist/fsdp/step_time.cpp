@@ -128,7 +128,8 @@ std::string link_text(const CollectiveRates& link) {
                         fit.seconds_per_byte > 0 ? 1e-9 / fit.seconds_per_byte : 0.0);
   }
   text.pop_back();
-  return text;
+  return text + fmt::format("; beside each other collectives {:.1f}x slower, compute {:.2f}x",
+                            link.communication_slowdown, link.compute_slowdown);
 }
 
 double milliseconds(double seconds) { return 1e3 * seconds; }
@@ -215,7 +216,9 @@ StepTimePrediction predict_step_time(const Plan& plan, const std::vector<KernelC
                                {.prefetch = plan.prefetch,
                                 .reductions_in_flight = static_cast<int>(detail::kReductionsInFlight),
                                 .optimizer = out.optimizer,
-                                .synchronisation = out.synchronisation});
+                                .synchronisation = out.synchronisation,
+                                .compute_slowdown = link.compute_slowdown,
+                                .communication_slowdown = link.communication_slowdown});
 
   // Each compute span's wait is its unit's; the step's bounds add the rest.
   std::map<std::string, std::size_t, std::less<>> by_name;

@@ -48,8 +48,15 @@ TEST_CASE("collective rates: measured on the world, every rank fits the same lin
   CHECK(rates.ranks == test::world().size());
   if (test::world().size() == 1) {
     CHECK(rates.fits.empty());  // nothing to send
+    CHECK(rates.compute_slowdown == 1);
+    CHECK(rates.communication_slowdown == 1);
     return;
   }
+  // Measured, at least 1 (each run alone is the fastest it can), and the same on every rank.
+  CHECK(std::isfinite(rates.compute_slowdown));
+  CHECK(std::isfinite(rates.communication_slowdown));
+  CHECK(rates.compute_slowdown >= 1);
+  CHECK(rates.communication_slowdown >= 1);
   std::vector<double> mine;
   for (const Collective op : {Collective::all_gather, Collective::reduce_scatter, Collective::all_reduce}) {
     INFO(dist::collective_name(op));
@@ -63,6 +70,8 @@ TEST_CASE("collective rates: measured on the world, every rank fits the same lin
     mine.push_back(fit.latency_seconds);
     mine.push_back(fit.seconds_per_byte);
   }
+  mine.push_back(rates.compute_slowdown);
+  mine.push_back(rates.communication_slowdown);
   std::vector<double> first = mine;
   MPI_Bcast(first.data(), static_cast<int>(first.size()), MPI_DOUBLE, 0, MPI_COMM_WORLD);
   CHECK(test::sum_over_ranks(first != mine) == 0);

@@ -189,3 +189,40 @@ TEST_CASE("simulate_step: segments that miss a unit, reach units out of order or
   CHECK_THROWS_ERROR(dist::simulate_step(toy(), {{0, -1}, {1, 1}, {2, 1}}, backward),
                      "simulate_step: a forward segment names unit 0 of 3 with -1 s");
 }
+
+TEST_CASE(
+    "simulate_step: compute and collectives that share the cores each run at half speed beside the other",
+    "[dist][schedule]") {
+  // The root and a, both slowdowns 2. Forward: the root's gather alone 0-1 (waited); its forward (2 s
+  // alone) beside a's gather (2 s alone) from 1: both take 4, to 5; a 5-8. Backward: a gathers again alone
+  // 8-10 (waited), runs 10-16 alone, reduces from 16 beside the root's backward (4 s alone): the reduction
+  // takes 4 (to 20), by which the root did 2 s of work, the other 2 alone to 22; the root's reduction alone
+  // 22-23 (waited); the optimizer 23-24. Without sharing the same step ends at 20.
+  const std::vector<dist::UnitTimes> units = {
+      {.name = "root",
+       .forward = 2,
+       .backward = 4,
+       .gather = 1,
+       .reduce = 1,
+       .reshards_after_forward = false},
+      {.name = "a", .forward = 3, .backward = 6, .gather = 2, .reduce = 2}};
+  const dist::Schedule shared = dist::simulate_step(
+      units, {.prefetch = 1, .optimizer = 1, .compute_slowdown = 2, .communication_slowdown = 2});
+  const std::vector<Drawn> expected = {{'n', "all-gather root", 0, 1},
+                                       {'n', "all-gather a", 1, 5},
+                                       {'c', "forward root", 1, 5},
+                                       {'c', "forward a", 5, 8},
+                                       {'n', "all-gather (backward) a", 8, 10},
+                                       {'c', "backward a", 10, 16},
+                                       {'n', "reduce a", 16, 20},
+                                       {'c', "backward root", 16, 22},
+                                       {'n', "reduce root", 22, 23},
+                                       {'c', "optimizer", 23, 24}};
+  CHECK(drawn(shared) == expected);
+  CHECK(shared.step == 24);
+  CHECK(shared.exposed_communication == 4);
+  CHECK(dist::simulate_step(units, {.prefetch = 1, .optimizer = 1}).step == 20);
+  CHECK_THROWS_ERROR(dist::simulate_step(units, {.compute_slowdown = 0.5}),
+                     "simulate_step: the slowdowns of compute and communication beside each other must be at "
+                     "least 1, got 0.5 and 1");
+}
