@@ -44,7 +44,7 @@ class Lanes {
       end_head();
     }
   }
-  void compute(std::string what, double seconds) {
+  void compute(std::string what, double seconds, int unit = -1) {
     const double start = now_;
     double work = seconds;  // compute left, in seconds alone
     while (work > 0 && !queue_.empty()) {
@@ -61,7 +61,7 @@ class Lanes {
     }
     now_ += work;
     out_.spans.push_back(
-        {ScheduleSpan::Lane::compute, std::move(what), start, now_, std::exchange(waited_, 0.0)});
+        {ScheduleSpan::Lane::compute, std::move(what), start, now_, std::exchange(waited_, 0.0), unit});
   }
   double now() const { return now_; }
 
@@ -173,7 +173,7 @@ Schedule simulate_step(const std::vector<UnitTimes>& units, const std::vector<Co
       lanes.wait(gathered[i]);
       for (std::size_t next = i + 1; next <= std::min(count - 1, i + prefetch); ++next) gather(next);
     }
-    lanes.compute(span_name("forward", units, segment.unit), segment.seconds);
+    lanes.compute(span_name("forward", units, segment.unit), segment.seconds, segment.unit);
   }
 
   // Backward: units resharded after forward gather again, the next in backward order prefetched.
@@ -200,7 +200,7 @@ Schedule simulate_step(const std::vector<UnitTimes>& units, const std::vector<Co
       for (std::size_t k = position[i] + 1; k <= std::min(count - 1, position[i] + prefetch); ++k)
         regather(backward_order[k]);
     }
-    lanes.compute(span_name("backward", units, unit), backward[s].seconds);
+    lanes.compute(span_name("backward", units, unit), backward[s].seconds, unit);
     if (unit < 0 || last_segment[static_cast<std::size_t>(unit)] != s) continue;
     const auto i = static_cast<std::size_t>(unit);  // its post-backward
     in_flight.push_back(lanes.communicate("reduce " + units[i].name, units[i].reduce));

@@ -62,6 +62,7 @@ struct ScheduleSpan {
   std::string what;  // "forward <unit>", "all-gather <unit>", "reduce <unit>", "optimizer", ...
   double start = 0, end = 0;
   double waited = 0;  // compute: how long the lane waited for a collective right before it
+  int unit = -1;      // compute: the index of the unit it belongs to (-1: outside units, the optimizer)
 };
 
 struct Schedule {

@@ -220,15 +220,11 @@ StepTimePrediction predict_step_time(const Plan& plan, const std::vector<KernelC
                                 .compute_slowdown = link.compute_slowdown,
                                 .communication_slowdown = link.communication_slowdown});
 
-  // Each compute span's wait is its unit's; the step's bounds add the rest.
-  std::map<std::string, std::size_t, std::less<>> by_name;
-  for (std::size_t k = 0; k < out.units.size(); ++k) by_name[out.units[k].name] = k;
+  // Each compute span's wait is its unit's (the units are in the schedule's order); the step's bounds add the
+  // rest.
   for (const ScheduleSpan& span : out.schedule.spans) {
-    if (span.lane != ScheduleSpan::Lane::compute || span.waited == 0) continue;
-    const std::string_view what = span.what;
-    const std::size_t space = what.find(' ');
-    const auto unit = space == std::string_view::npos ? by_name.end() : by_name.find(what.substr(space + 1));
-    (unit == by_name.end() ? outside_bounds.communication : out.units[unit->second].bounds.communication) +=
+    if (span.lane != ScheduleSpan::Lane::compute) continue;
+    (span.unit < 0 ? outside_bounds : out.units[static_cast<std::size_t>(span.unit)].bounds).communication +=
         span.waited;
   }
   out.bounds = outside_bounds;
