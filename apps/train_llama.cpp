@@ -151,6 +151,10 @@ bool is_norm(const std::string& name) { return name.ends_with("norm.weight"); }
 
 // What --tp does not combine with, refused before anything loads.
 void check_tensor_parallel(const Options& options, int world_size) {
+  SHARDLAB_CHECK(options.tp == 1 || options.world_size == 0,
+                 "--world-size: a run with --tp {} is not predicted at another world size (its collectives "
+                 "inside the layers are not modelled)",
+                 options.tp);
   SHARDLAB_CHECK(world_size % options.tp == 0, "--tp {} does not divide the {} ranks", options.tp,
                  world_size);
   if (options.tp == 1) return;

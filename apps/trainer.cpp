@@ -45,6 +45,31 @@ void add_trainer_options(CLI::App& app, TrainerOptions& options) {
                "measure the device's rates for --explain's step time again (they are kept per machine and "
                "build)")
       ->needs(explain);
+  auto* world_size =
+      app.add_option("--world-size", options.world_size,
+                     "predict this run on N ranks (rank 0's plan, peak and step time) and train nothing")
+          ->check(integer_at_least(1))
+          ->needs(explain);
+  const auto assumed = [&](const char* name, std::optional<double>& value, const char* what, bool positive) {
+    return app.add_option(name, value, what)->check(number_at_least(0, positive))->needs(explain);
+  };
+  assumed("--peak-tflops", options.peak_tflops,
+          "--explain's step time with dense kernels (GEMMs, convolutions, attention) at this rate, not the "
+          "measured one",
+          true);
+  assumed("--memory-bandwidth", options.memory_bandwidth,
+          "--explain's step time with memory at this many GB/s (the optimizer's update timed by its bytes)",
+          true);
+  assumed("--launch-overhead", options.launch_overhead,
+          "--explain's step time with this many microseconds a kernel call", false);
+  auto* link_bandwidth = assumed("--link-bandwidth", options.link_bandwidth,
+                                 "--explain's step time with collectives sending this many GB/s per rank "
+                                 "(a ring's bus bandwidth), not slowing compute",
+                                 true);
+  auto* link_latency = assumed("--link-latency", options.link_latency,
+                               "--link-bandwidth's latency a collective, microseconds", false);
+  link_bandwidth->needs(link_latency);
+  link_latency->needs(link_bandwidth);
   app.add_flag("--profile", options.profile,
                "time every kernel per op over the steps after the first and print where a step goes");
   app.add_flag(
@@ -84,7 +109,8 @@ void add_trainer_options(CLI::App& app, TrainerOptions& options) {
       "continue from the newest complete checkpoint in --checkpoint-dir (any world size or sharding)");
   app.add_option("--memory-limit", options.memory_limit,
                  "refuse before step 1 a run whose predicted peak per rank exceeds BYTES (512M, 2G)")
-      ->check(byte_count());
+      ->check(byte_count())
+      ->excludes(world_size);
   app.add_option("--threads", options.threads,
                  "CPU threads per rank (default: the cores this process may use)")
       ->check(integer_at_least(0));
@@ -97,7 +123,8 @@ void add_trainer_options(CLI::App& app, TrainerOptions& options) {
   auto* bitwise =
       app.add_flag("--bitwise", options.bitwise,
                    "the same bits at any world size and sharding: the global batch in fixed chunks, "
-                   "gradients, loss and norm summed exactly (CPU)");
+                   "gradients, loss and norm summed exactly (CPU)")
+          ->excludes(world_size);
   app.add_option("--chunk", options.chunk,
                  "--bitwise's samples per chunk, dividing the global batch (default: its largest divisor at "
                  "most a quarter of it)")
@@ -150,6 +177,15 @@ Trainer::Trainer(const char* program, const TrainerOptions& options, dist::Sessi
            .prefetch = options.prefetch,
            .mixed_precision = parse_mixed_precision(options.mixed_precision),
            .bitwise = options.bitwise};
+  if (options.world_size > 0) {
+    what_if_ = dist::PlanAt{.world_size = options.world_size,
+                            .sharding = sharding,
+                            .hybrid_group_size = group,
+                            .reshard_after_forward_group = options.reshard_after_forward_group};
+    fsdp_.sharding = dist::Sharding::full;
+    fsdp_.hybrid_group_size = 0;
+    fsdp_.reshard_after_forward_group = 0;
+  }
   if (options.bitwise) {
     SHARDLAB_CHECK(!device_.is_cuda(),
                    "--bitwise: its exact sums run on the CPU, and this run is on {} (--device cpu)",
@@ -189,10 +225,20 @@ void Trainer::start(const Setup& setup) {
                            .checkpointing_available = setup.checkpointing_available,
                            .checkpointing = setup.checkpointing,
                            .device = device_};
+    // A what-if measures its activations at its own rank 0's samples.
     const std::int64_t micro_batch =
-        data::rank_batch_size(common_.global_batch, data_parallel.size(), data_parallel.rank());
+        what_if_ ? data::rank_batch_size(common_.global_batch, what_if_->world_size, 0)
+                 : data::rank_batch_size(common_.global_batch, data_parallel.size(), data_parallel.rank());
     const auto run_dry = [&](std::int64_t samples) {
-      const std::vector<std::int64_t> first = setup.loader->batch_indices(setup.first_epoch).front();
+      // This rank's first batches: a what-if of fewer ranks takes more samples than one holds.
+      std::vector<std::int64_t> first;
+      for (const std::vector<std::int64_t>& batch : setup.loader->batch_indices(setup.first_epoch)) {
+        if (std::ssize(first) >= samples) break;
+        first.insert(first.end(), batch.begin(), batch.end());
+      }
+      SHARDLAB_CHECK(std::ssize(first) >= samples,
+                     "--explain: a dry step of {} samples, and this rank's epoch holds {}", samples,
+                     first.size());
       std::optional<autograd::BatchChunking> chunking;  // bitwise units take gradients in parts only
       if (chunk_ > 0)
         chunking.emplace(autograd::BatchChunks{.samples = samples, .chunk = std::gcd(samples, chunk_)});
@@ -200,7 +246,11 @@ void Trainer::start(const Setup& setup) {
     };
     predicted_ = will_it_fit(session_.cpu_world(), plan_, model_bytes_baseline_, micro_batch, limit, levers,
                              *setup.optimizer, run_dry);
-    if (common_.explain) predict_step_time(micro_batch, run_dry);
+    if (what_if_) {
+      predict_what_if(micro_batch, run_dry);
+    } else if (common_.explain) {
+      predict_step_time(plan_, micro_batch, run_dry);
+    }
   }
   SHARDLAB_CHECK(!common_.resume || !common_.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
   SHARDLAB_CHECK(common_.checkpoint_every == 0 || !common_.checkpoint_dir.empty(),
@@ -216,6 +266,11 @@ void Trainer::start(const Setup& setup) {
 }
 
 Trainer::End Trainer::run() {
+  if (what_if_) {
+    dist::log("{}", what_if_text_);
+    if (metrics_) metrics_->write({{"rank", rank_}, {"what_if", what_if_json_}});
+    return End::finished;
+  }
   if (common_.explain)
     dist::log("{}{}{}{}{}", plan_.str(), predicted_->str(), step_time_text_, checkpoint_preview_,
               bitwise_preview());
@@ -507,7 +562,17 @@ void Trainer::report_host_waits() const {
             device_.str(), most_host_waits_, reasons.empty() ? "none" : reasons);
 }
 
-void Trainer::predict_step_time(std::int64_t micro_batch, const std::function<void(std::int64_t)>& run_dry) {
+namespace {
+
+bool offloads(const dist::Plan& plan) {
+  return std::any_of(plan.units.begin(), plan.units.end(),
+                     [](const dist::UnitPlan& unit) { return unit.offloaded; });
+}
+
+}  // namespace
+
+void Trainer::predict_step_time(const dist::Plan& plan, std::int64_t micro_batch,
+                                const std::function<void(std::int64_t)>& run_dry) {
   const char* unmodelled = common_.bitwise ? "--bitwise: its exact sums are not modelled"
                            : data_parallel_ranks().size() != world_size_
                                ? "tensor parallelism: its collectives inside the layers are not modelled"
@@ -517,6 +582,20 @@ void Trainer::predict_step_time(std::int64_t micro_batch, const std::function<vo
     return;
   }
   const Calibration rates = calibrate(session_.world(), device_, common_.recalibrate);
+  const auto per = [](const std::optional<double>& value, double scale) {
+    return value ? std::optional<double>(*value * scale) : std::nullopt;
+  };
+  const DeviceRates device =
+      with_assumed_rates(rates.device, {.dense_flops_per_second = per(common_.peak_tflops, 1e12),
+                                        .bytes_per_second = per(common_.memory_bandwidth, 1e9),
+                                        .seconds_per_call = per(common_.launch_overhead, 1e-6)});
+  SHARDLAB_CHECK(common_.link_bandwidth || plan.world_size == 1 || rates.link.ranks > 1,
+                 "--world-size {}: one process measures no collectives; give the link (--link-bandwidth, "
+                 "--link-latency)",
+                 plan.world_size);
+  dist::CollectiveRates link = rates.link;
+  if (common_.link_bandwidth)
+    link = dist::assumed_link(plan.world_size, *common_.link_bandwidth * 1e9, *common_.link_latency * 1e-6);
   const std::vector<KernelCost> dry_step = kernel_costs([&] {
     const dist::StepCostLabel step;
     run_dry(micro_batch);
@@ -524,13 +603,37 @@ void Trainer::predict_step_time(std::int64_t micro_batch, const std::function<vo
   setup_.optimizer->zero_grad();
   reset_peak_memory(device_);
   dist::reset_unsharded_peak();
-  // Besides the plan's: the samples, the stop request, the loss and the gradient norm.
+  // Besides the plan's: the samples, the stop request, the loss and the gradient norm. An assumed memory
+  // rate times the update by its bytes: the rule measured here says nothing of that device.
   step_time_ = dist::predict_step_time(
-      plan_, dry_step, rates.device, rates.link,
+      plan, dry_step, device, link,
       {.small_all_reduces = 4,
-       .update_seconds_per_element = setup_.optimizer->update_seconds_per_element(device_)});
+       .update_seconds_per_element =
+           common_.memory_bandwidth ? 0 : setup_.optimizer->update_seconds_per_element(device_),
+       .host_update_seconds_per_element =
+           offloads(plan) ? setup_.optimizer->update_seconds_per_element(Device::cpu()) : 0});
   step_time_->device += fmt::format(" ({})", rates.source);
+  if (common_.link_bandwidth) step_time_->link += " (assumed)";
   step_time_text_ = step_time_->str();
+}
+
+void Trainer::predict_what_if(std::int64_t micro_batch, const std::function<void(std::int64_t)>& run_dry) {
+  const int ranks = what_if_->world_size;
+  const dist::Plan plan = dist::explain(*setup_.root, setup_.optimizer_state_bytes_per_element, *what_if_);
+  const dist::PeakPrediction peak = dist::peak_with_plan(*predicted_, plan);
+  predict_step_time(plan, micro_batch, run_dry);
+  what_if_json_ = {{"world_size", ranks},
+                   {"micro_batch", micro_batch},
+                   {"plan", dist::plan_json(plan)},
+                   {"persistent_bytes", plan.total_persistent_bytes()},
+                   {"planned_step_bytes", plan.bytes_per_step()},
+                   {"predicted_peak", dist::prediction_json(peak)},
+                   {"predicted_step", step_time_ ? step_time_->json() : nlohmann::json()}};
+  what_if_text_ = fmt::format(
+      "what-if, predicted and not run: this run on {} ranks, rank 0 with {} of the global batch's {} samples "
+      "(its dry step ran here on {} rank{}, sharded fully)\n{}{}{}",
+      ranks, micro_batch, common_.global_batch, world_size_, world_size_ == 1 ? "" : "s", plan.str(),
+      peak.str(), step_time_text_);
 }
 
 void Trainer::report_step_time(double median_seconds) const {

@@ -52,6 +52,10 @@ struct TrainerOptions {
   std::string mixed_precision = "none";
   bool explain = false;
   bool recalibrate = false;  // --explain: measure the device's rates again instead of the cached ones
+  // --explain's what-if: the plan, peak and step time of this run on world_size ranks (0: the run's own),
+  // printed instead of training; and rates given instead of measured (GB/s, TFLOP/s, us).
+  int world_size = 0;
+  std::optional<double> peak_tflops, memory_bandwidth, launch_overhead, link_bandwidth, link_latency;
   bool profile = false;
   bool detect_anomaly = false;
   std::int64_t max_skipped_steps = 5;  // non-finite steps in a row before the run stops
@@ -208,6 +212,8 @@ class Trainer {
   const int rank_, world_size_;
   const Device device_;  // the session's: the model, the batches and the measured memory
   dist::FsdpOptions fsdp_;
+  // --world-size: the world and strategy planned; fsdp_ then shards fully here, which any world can.
+  std::optional<dist::PlanAt> what_if_;
   const std::int64_t chunk_;               // bitwise training's samples per chunk; 0 without it
   std::int64_t step_ = 0;                  // optimizer steps taken, skipped ones included
   std::int64_t epoch_ = 0;                 // the epoch in progress, as the loader numbers it
@@ -224,6 +230,8 @@ class Trainer {
   // With --explain: the predicted step time, and its lines (or why there is none).
   std::optional<dist::StepTimePrediction> step_time_;
   std::string step_time_text_;
+  std::string what_if_text_;     // --world-size's prediction, printed instead of training
+  nlohmann::json what_if_json_;  // and its --metrics record
   std::optional<MetricsFile> metrics_;
 
  private:
@@ -265,9 +273,14 @@ class Trainer {
   nlohmann::json state() const;
   // --explain's lines on bitwise training (none without it).
   std::string bitwise_preview() const;
-  // --explain: the step time predicted from a dry forward and backward of `micro_batch` samples
-  // (`run_dry`), the device's and the link's rates, into step_time_ and step_time_text_.
-  void predict_step_time(std::int64_t micro_batch, const std::function<void(std::int64_t)>& run_dry);
+  // --explain: the step time of `plan` predicted from a dry forward and backward of `micro_batch` samples
+  // (`run_dry`), the device's and the link's rates (measured, or as the flags assume them), into
+  // step_time_ and step_time_text_.
+  void predict_step_time(const dist::Plan& plan, std::int64_t micro_batch,
+                         const std::function<void(std::int64_t)>& run_dry);
+  // --world-size: the plan, peak and step time of this run on that many ranks (rank 0's `micro_batch`
+  // samples), into what_if_text_; predicted_ holds the peak measured here at those samples.
+  void predict_what_if(std::int64_t micro_batch, const std::function<void(std::int64_t)>& run_dry);
   // The measured step beside the predicted one (rank 0's traced steps give the exposed communication).
   void report_step_time(double median_seconds) const;
   // A checkpoint of the state now: with --async-checkpoint and `in_background`, written by the

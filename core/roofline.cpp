@@ -12,6 +12,7 @@
 
 #include "core/call_log.h"
 #include "core/cpu/isa.h"
+#include "core/cuda/runtime.h"
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/parallel.h"
@@ -115,6 +116,25 @@ void measure_convolutions(Device device, const std::vector<DType>& dtypes, doubl
   }
 }
 
+// 16 MiB from pinned host memory to the GPU and back, each direction half the budget.
+void measure_host_link(Device device, double budget, DeviceRates& rates) {
+  constexpr std::int64_t kElements = std::int64_t{4} << 20;
+  constexpr double kBytes = 4.0 * kElements;
+  Tensor pinned = random_on(Device::cpu(), {kElements}, DType::f32, 13).pin_memory();
+  const Tensor on_device = pinned.to(device);
+  rates.host_to_device_bytes_per_second = kBytes / seconds_per_call_of(
+                                                       device, [&] { return pinned.to(device); }, budget / 2);
+  rates.device_to_host_bytes_per_second =
+      kBytes / seconds_per_call_of(
+                   device,
+                   [&] {
+                     cuda::copy_bytes(pinned.raw_data(), false, on_device.raw_data(), true,
+                                      static_cast<std::size_t>(kBytes), device.index);
+                     return on_device;
+                   },
+                   budget / 2);
+}
+
 }  // namespace
 
 double attention_seconds(const KernelCost& cost, const DeviceRates& rates) {
@@ -159,6 +179,35 @@ double roofline_seconds(const KernelCost& cost, const DeviceRates& rates) {
   return std::max(compute, memory) + rates.seconds_per_call;
 }
 
+DeviceRates with_assumed_rates(DeviceRates measured, const AssumedRates& assumed) {
+  std::string said;
+  const auto check = [](const std::optional<double>& rate, const char* what) {
+    SHARDLAB_CHECK(!rate || *rate > 0, "with_assumed_rates: {} must be positive, got {}", what, *rate);
+  };
+  check(assumed.dense_flops_per_second, "the dense rate");
+  check(assumed.bytes_per_second, "the memory rate");
+  SHARDLAB_CHECK(!assumed.seconds_per_call || *assumed.seconds_per_call >= 0,
+                 "with_assumed_rates: the time a call must not be negative, got {}",
+                 *assumed.seconds_per_call);
+  if (assumed.dense_flops_per_second) {
+    measured.kernels.clear();
+    measured.attention.clear();
+    for (const DType dtype : {DType::f32, DType::bf16, DType::f16})
+      measured.dense[dtype] = {{.flops = 1, .per_second = *assumed.dense_flops_per_second}};
+    said += fmt::format("dense {:g} TFLOP/s", 1e-12 * *assumed.dense_flops_per_second);
+  }
+  if (assumed.bytes_per_second) {
+    measured.bytes_per_second = *assumed.bytes_per_second;
+    said += fmt::format("{}memory {:g} GB/s", said.empty() ? "" : ", ", 1e-9 * *assumed.bytes_per_second);
+  }
+  if (assumed.seconds_per_call) {
+    measured.seconds_per_call = *assumed.seconds_per_call;
+    said += fmt::format("{}{:g} us a call", said.empty() ? "" : ", ", 1e6 * *assumed.seconds_per_call);
+  }
+  if (!said.empty()) measured.device += fmt::format(" with assumed {}", said);
+  return measured;
+}
+
 DeviceRates measure_rates(Device device, double budget_seconds) {
   SHARDLAB_CHECK(budget_seconds > 0, "measure_rates: the budget must be positive, got {} s", budget_seconds);
   DeviceRates rates{.device = describe_device(device)};
@@ -192,6 +241,7 @@ DeviceRates measure_rates(Device device, double budget_seconds) {
   const Tensor small = random_on(device, {16}, DType::f32, 5);
   rates.seconds_per_call = seconds_per_call_of(
       device, [&] { return add(small, small); }, 0.1 * budget_seconds);
+  if (device.is_cuda()) measure_host_link(device, 0.1 * budget_seconds, rates);
   return rates;
 }
 

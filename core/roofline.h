@@ -10,6 +10,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,9 @@ struct DeviceRates {
   std::map<std::string, std::map<DType, AttentionRate>> attention;
   double bytes_per_second = 0;                    // a large elementwise add's bytes over its time
   double seconds_per_call = 0;                    // a tiny add's time
+  // Copies between pinned host memory and a GPU (CPU offload's shards in, gradient shards out); 0 for
+  // the CPU, which copies nothing.
+  double host_to_device_bytes_per_second = 0, device_to_host_bytes_per_second = 0;
 };
 
 // The rate of a dense call of `flops` operations in `dtype`: linear in log(flops) between the measured
@@ -61,13 +65,29 @@ double roofline_seconds(const KernelCost& cost, const DeviceRates& rates);
 // How measure_rates names `device`: "cpu (avx2), 2 threads" (the threads the CPU pool has now), "cuda:0".
 std::string describe_device(Device device);
 
+// Rates a person gives for a device not at hand (--peak-tflops, --memory-bandwidth, --launch-overhead):
+// each replaces the measured one.
+struct AssumedRates {
+  std::optional<double>
+      dense_flops_per_second;  // every dense call (GEMM, convolution, attention), every dtype
+  std::optional<double> bytes_per_second;
+  std::optional<double> seconds_per_call;
+  bool any() const { return dense_flops_per_second || bytes_per_second || seconds_per_call; }
+};
+
+// `measured` with the assumed rates in place of its own, its description saying which: a dense rate
+// replaces the GEMMs' of f32, bf16 and f16 at every size, and the convolutions' and attention's own
+// (they run at it). An Error names a rate that is not positive, or a negative time a call.
+DeviceRates with_assumed_rates(DeviceRates measured, const AssumedRates& assumed);
+
 // Measures `device`'s rates in about `budget_seconds`: square matmuls of 64 to 512 rows in f32 and bf16,
 // each size as a Linear's three in training (a b^T, a b, a^T b; each repeated until it has run a slice
 // of the budget), causal attention forward and backward
 // over 256 tokens (8 query heads, 2 key-value heads) with heads of 32 and of 128, whose difference
 // separates the per-pair time from the flops' rate, in both; an add of 4 Mi f32 elements and adds of
 // 16; convolutions of 3x3 kernels over 8 images of 28x28 (1 to 32 channels, 32 to 64) and 14x14 (64 to
-// 128), forward and both gradients, in both; with the threads the CPU pool has now.
+// 128), forward and both gradients, in both; on a GPU, copies of 16 MiB from pinned host memory and back;
+// with the threads the CPU pool has now.
 DeviceRates measure_rates(Device device, double budget_seconds = 2.0);
 
 }  // namespace shardlab

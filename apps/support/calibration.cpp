@@ -51,14 +51,19 @@ nlohmann::json rates_json(const DeviceRates& rates) {
           {"kernels", kernels},
           {"attention", attention},
           {"bytes_per_second", rates.bytes_per_second},
-          {"seconds_per_call", rates.seconds_per_call}};
+          {"seconds_per_call", rates.seconds_per_call},
+          {"host_to_device_bytes_per_second", rates.host_to_device_bytes_per_second},
+          {"device_to_host_bytes_per_second", rates.device_to_host_bytes_per_second}};
 }
 
 DeviceRates rates_from(const nlohmann::json& json) {
-  DeviceRates rates{.device = json.at("device").get<std::string>(),
-                    .dense = table_from(json.at("dense")),
-                    .bytes_per_second = json.at("bytes_per_second").get<double>(),
-                    .seconds_per_call = json.at("seconds_per_call").get<double>()};
+  DeviceRates rates{
+      .device = json.at("device").get<std::string>(),
+      .dense = table_from(json.at("dense")),
+      .bytes_per_second = json.at("bytes_per_second").get<double>(),
+      .seconds_per_call = json.at("seconds_per_call").get<double>(),
+      .host_to_device_bytes_per_second = json.at("host_to_device_bytes_per_second").get<double>(),
+      .device_to_host_bytes_per_second = json.at("device_to_host_bytes_per_second").get<double>()};
   for (const auto& [op, table] : json.at("kernels").items()) rates.kernels[op] = table_from(table);
   for (const auto& [op, by_dtype] : json.at("attention").items()) {
     for (const DType dtype : kMeasuredDtypes) {

@@ -150,6 +150,18 @@ double collective_seconds(const CollectiveRates& rates, Collective op, double by
   return fit->second.latency_seconds + fit->second.seconds_per_byte * ring_bytes(op, bytes, ranks);
 }
 
+CollectiveRates assumed_link(int ranks, double bytes_per_second, double latency_seconds) {
+  SHARDLAB_CHECK(ranks >= 1, "assumed_link: {} ranks", ranks);
+  SHARDLAB_CHECK(bytes_per_second > 0, "assumed_link: the bandwidth must be positive, got {} B/s",
+                 bytes_per_second);
+  SHARDLAB_CHECK(latency_seconds >= 0, "assumed_link: the latency must not be negative, got {} s",
+                 latency_seconds);
+  CollectiveRates rates{.ranks = ranks};
+  for (const Collective op : kModelled)
+    rates.fits[op] = {.latency_seconds = latency_seconds, .seconds_per_byte = 1 / bytes_per_second};
+  return rates;
+}
+
 CollectiveRates measure_collectives(Communicator& comm) {
   CollectiveRates rates{.ranks = comm.size()};
   if (comm.size() == 1) return rates;

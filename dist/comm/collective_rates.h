@@ -45,6 +45,11 @@ LinkFit fit_line(const std::vector<std::pair<double, double>>& points);
 // not fitted.
 double collective_seconds(const CollectiveRates& rates, Collective op, double bytes, int ranks = 0);
 
+// A link a person gives (--link-bandwidth, --link-latency) for `ranks`: every collective at that latency
+// and that many bytes a second sent per rank (a ring's bus bandwidth), beside compute without slowing
+// it or being slowed (a GPU's collectives run on their own stream). An Error names a value out of range.
+CollectiveRates assumed_link(int ranks, double bytes_per_second, double latency_seconds);
+
 // Times all-gather, reduce-scatter and all-reduce of f32 buffers of 4 KiB to 4 MiB on `comm` (after a
 // barrier, the median of 5 calls per size, each rank's median agreed with max, so every rank fits the
 // same lines), then 256-row f32 matmuls on the calling thread for 0.1 s while 1 MiB all-gathers run back

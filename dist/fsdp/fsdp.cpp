@@ -266,9 +266,8 @@ Unit::Unit(nn::Module& module, std::vector<Slot> slots, const FsdpOptions& optio
     slot.offset = parameters_;
     parameters_ += slot.variable.numel();
   }
-  const std::int64_t group = groups_->shard_size();
-  padded_ = (parameters_ + group - 1) / group * group;
-  shard_elements_ = padded_ / group;
+  padded_ = padded_length(parameters_, groups_->shard_size());
+  shard_elements_ = padded_ / groups_->shard_size();
   for (const Slot& slot : slots_) {
     SHARDLAB_CHECK(
         nn::deferred(slot.variable.data()) == nn::deferred(slots_.front().variable.data()),
@@ -373,13 +372,19 @@ void Unit::sync_computed_with() {
   }
 }
 
-Piece Unit::piece(const Slot& slot) const {
-  const std::int64_t begin = groups_->shard_rank() * shard_elements_, end = begin + shard_elements_;
+std::int64_t padded_length(std::int64_t parameters, int shard_size) {
+  return (parameters + shard_size - 1) / shard_size * shard_size;
+}
+
+Piece piece_of(const Slot& slot, int shard_rank, std::int64_t shard_elements) {
+  const std::int64_t begin = shard_rank * shard_elements, end = begin + shard_elements;
   const std::int64_t from = std::max(begin, slot.offset),
                      to = std::min(end, slot.offset + slot.variable.numel());
   if (from >= to) return {};
   return {.from = from - slot.offset, .count = to - from, .at = from - begin};
 }
+
+Piece Unit::piece(const Slot& slot) const { return piece_of(slot, groups_->shard_rank(), shard_elements_); }
 
 void Unit::join_root(std::shared_ptr<RootState> root, std::string name) {
   root_ = std::move(root);

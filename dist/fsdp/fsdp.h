@@ -305,6 +305,11 @@ struct UnitPlan {
   int replica_group_size = 1;
   int post_forward_group = 0;                 // reshard_after_forward_group (0: off)
   std::int64_t held_after_forward_bytes = 0;  // this rank's slice kept from forward to backward
+  // CPU offload from a GPU: the f32 shard copied to the device before each gather, the f32 gradient shard
+  // to the host after the reduction, the update on the host.
+  bool offloaded = false;
+
+  bool operator==(const UnitPlan&) const = default;
 };
 
 struct Plan {
@@ -341,6 +346,19 @@ struct Plan {
 
 // The plan of the units under `root` (finalises them: call after the last fully_shard).
 Plan explain(nn::Module& root, std::int64_t optimizer_state_bytes_per_element = 8);
+
+// A world to plan the units for instead of their own: `world_size` ranks (the plan is rank 0's), and where
+// `sharding` is given the strategy every unit would have there (a world of one process cannot shard
+// hybrid:8, yet can predict it: shard it fully here).
+struct PlanAt {
+  int world_size = 1;
+  std::optional<Sharding> sharding;
+  int hybrid_group_size = 0;            // with Sharding::hybrid
+  int reshard_after_forward_group = 0;  // with `sharding`: FsdpOptions::reshard_after_forward_group
+};
+// The plan the units under `root` would have at `at`: the same parameters, dtypes and options; errors
+// name a strategy that does not fit that world.
+Plan explain(nn::Module& root, std::int64_t optimizer_state_bytes_per_element, const PlanAt& at);
 
 template <typename Block>
 int shard_by_type(nn::Module& root, const FsdpOptions& options) {

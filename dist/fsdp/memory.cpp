@@ -93,4 +93,12 @@ PeakPrediction predict_peak(const Plan& plan, std::int64_t data_bytes, std::int6
   return prediction;
 }
 
+PeakPrediction peak_with_plan(const PeakPrediction& measured, const Plan& plan) {
+  PeakPrediction prediction = planned_peak(plan, measured.data, measured.micro_batch);
+  prediction.activations = measured.activations;
+  prediction.per_sample = measured.per_sample;
+  prediction.measured = measured.measured;
+  return prediction;
+}
+
 }  // namespace shardlab::dist

@@ -58,6 +58,10 @@ PeakPrediction predict_peak(const Plan& plan, std::int64_t data_bytes, std::int6
                             Device device, optim::Optimizer& optimizer,
                             const std::function<void(std::int64_t samples)>& forward_backward);
 
+// `measured`'s peak (predict_peak's, at the samples per rank of `plan`'s world) with another plan of the
+// same model (explain at another world size): that plan's terms, the data and activations measured.
+PeakPrediction peak_with_plan(const PeakPrediction& measured, const Plan& plan);
+
 // "1048576 B (1.0 MiB)".
 std::string bytes_text(std::int64_t bytes);
 

@@ -19,20 +19,92 @@ std::string sharding_label(const FsdpOptions& options) {
   return label;
 }
 
-UnitPlan plan_unit(const Unit& unit, std::int64_t optimizer_state_bytes_per_element) {
-  const MixedPrecision& precision = unit.precision();
+// A unit's group sizes and this rank's place in them: its live groups', or those of a world of another size.
+struct GroupLayout {
+  int shard_size = 1, shard_rank = 0;
+  int replica_size = 1, replica_rank = 0;            // 1: no replica group
+  int post_forward_size = 0, post_forward_rank = 0;  // 0: no post-forward group
+};
+
+GroupLayout live_layout(const Unit& unit) {
   const Groups& groups = unit.groups();
-  const int shard_size = groups.shard_size(), shard_rank = groups.shard_rank();
+  GroupLayout layout{.shard_size = groups.shard_size(), .shard_rank = groups.shard_rank()};
+  if (groups.replica != nullptr)
+    layout.replica_size = groups.replica->size(), layout.replica_rank = groups.replica->rank();
+  if (const Communicator* group = unit.post_forward_group())
+    layout.post_forward_size = group->size(), layout.post_forward_rank = group->rank();
+  return layout;
+}
+
+// What a unit is planned as: its options (a what-if's strategy in place of its own) and whether it
+// gathers again for backward.
+struct Planned {
+  FsdpOptions options;
+  bool reshards_after_forward = false;
+};
+
+Planned planned_as(const Unit& unit, const PlanAt* at) {
+  Planned planned{.options = unit.options(), .reshards_after_forward = unit.reshards_after_forward()};
+  if (at == nullptr || !at->sharding) return planned;
+  planned.options.sharding = *at->sharding;
+  planned.options.hybrid_group_size = at->hybrid_group_size;
+  planned.options.reshard_after_forward_group = at->reshard_after_forward_group;
+  const bool resharding = *at->sharding == Sharding::full || *at->sharding == Sharding::hybrid;
+  planned.reshards_after_forward =
+      !unit.is_root() && unit.options().reshard_after_forward.value_or(resharding);
+  return planned;
+}
+
+// Rank 0's groups were the units' communicator `world_size` ranks: the sizes groups_for and Unit's
+// constructor would give them, with their refusals.
+GroupLayout layout_at(const Planned& unit, int world_size) {
+  const FsdpOptions& options = unit.options;
+  GroupLayout layout;
+  switch (options.sharding) {
+    case Sharding::full:
+    case Sharding::grad_op:
+    case Sharding::optimizer:
+      layout.shard_size = world_size;
+      break;
+    case Sharding::none:
+      layout.replica_size = world_size;
+      break;
+    case Sharding::hybrid:
+      SHARDLAB_CHECK(options.hybrid_group_size > 0 && world_size % options.hybrid_group_size == 0,
+                     "explain: hybrid shard groups of {} ranks do not divide a world of {} ranks",
+                     options.hybrid_group_size, world_size);
+      layout.shard_size = options.hybrid_group_size;
+      layout.replica_size = world_size / options.hybrid_group_size;
+      break;
+  }
+  if (const int group = options.reshard_after_forward_group; group != 0 && unit.reshards_after_forward) {
+    SHARDLAB_CHECK(
+        group > 1 && group < layout.shard_size && layout.shard_size % group == 0,
+        "explain: reshard_after_forward_group {} must divide the shard group of {} ranks at a world "
+        "of {} and be neither 1 nor all of it",
+        group, layout.shard_size, world_size);
+    layout.post_forward_size = group;
+  }
+  return layout;
+}
+
+UnitPlan plan_unit(const Unit& unit, const Planned& planned, const GroupLayout& layout,
+                   std::int64_t optimizer_state_bytes_per_element) {
+  const FsdpOptions& options = planned.options;
+  const MixedPrecision& precision = options.mixed_precision;
+  const int shard_size = layout.shard_size, shard_rank = layout.shard_rank;
+  const std::int64_t padded = padded_length(unit.parameters(), shard_size);
   UnitPlan row{.name = unit.name(),
-               .sharding = sharding_label(unit.options()),
+               .sharding = sharding_label(options),
                .shard_group_size = shard_size,
                .parameters = unit.parameters(),
-               .padding = unit.padded() - unit.parameters(),
-               .shard_elements = unit.shard_elements()};
+               .padding = padded - unit.parameters(),
+               .shard_elements = padded / shard_size,
+               .offloaded = unit.offloads()};
   std::int64_t trained_here = 0;  // this rank's elements of trainable parameters
   for (const Slot& slot : unit.slots()) {
     if (slot.variable.requires_grad()) {
-      trained_here += unit.piece(slot).count;
+      trained_here += piece_of(slot, shard_rank, row.shard_elements).count;
     } else {
       row.frozen += slot.variable.numel();
     }
@@ -40,17 +112,16 @@ UnitPlan plan_unit(const Unit& unit, std::int64_t optimizer_state_bytes_per_elem
   const bool trains = row.frozen < row.parameters;
   row.optimizer_bytes = trained_here * optimizer_state_bytes_per_element;
   row.persistent_bytes = row.shard_elements * (trains ? 4 + 4 : 4) + row.optimizer_bytes;
-  row.unsharded_bytes = unit.padded() * static_cast<std::int64_t>(dtype_size(precision.param_dtype));
-  const bool bitwise = unit.options().bitwise;
+  row.unsharded_bytes = padded * static_cast<std::int64_t>(dtype_size(precision.param_dtype));
+  const bool bitwise = options.bitwise;
   const bool cast = precision.reduce_dtype != precision.param_dtype && !bitwise;
   // The reduction reads a buffer of its own (not the gradient shard itself): more than one rank, or a cast.
   const bool separate_reduce_input = trains && (shard_size > 1 || cast) && !bitwise;
   const std::int64_t reduce_input =
-      separate_reduce_input ? unit.padded() * static_cast<std::int64_t>(dtype_size(precision.reduce_dtype))
-                            : 0;
-  row.gathered_through_backward = !unit.reshards_after_forward();
+      separate_reduce_input ? padded * static_cast<std::int64_t>(dtype_size(precision.reduce_dtype)) : 0;
+  row.gathered_through_backward = !planned.reshards_after_forward;
   row.kept_after_backward = !unit.reshards_after_backward();
-  if (unit.whole_between_steps()) {
+  if (options.sharding == Sharding::optimizer) {
     // ZeRO-1: the gathered parameters and the param_dtype gradient stay (a 1-rank group's
     // uncast gradient is the gradient shard itself); a cast's reduce input is the only buffer more.
     row.gathered_between_steps = true;
@@ -62,74 +133,75 @@ UnitPlan plan_unit(const Unit& unit, std::int64_t optimizer_state_bytes_per_elem
   }
   // Bitwise: the BinnedSum (three i32 bins an element, a top a block) and, while it reduces, its
   // windows (i64) instead of a gradient in param_dtype.
-  if (bitwise && trains)
-    row.reduce_buffer_bytes = unit.padded() * (kBinsKept * 4 + 8) + binned_blocks(unit.padded());
+  if (bitwise && trains) row.reduce_buffer_bytes = padded * (kBinsKept * 4 + 8) + binned_blocks(padded);
   const DType reduced = bitwise ? DType::i64 : precision.reduce_dtype;
   // Bitwise: each group all-reduces the blocks' tops (u8, max) before the windows.
-  const auto tops_bytes = [&](const Communicator& group) {
-    return traffic_of(
-               {.op = Collective::all_reduce, .dtype = DType::u8, .count = binned_blocks(unit.padded())},
-               group.rank(), group.size())
+  const auto tops_bytes = [&](int rank, int size) {
+    return traffic_of({.op = Collective::all_reduce, .dtype = DType::u8, .count = binned_blocks(padded)},
+                      rank, size)
         .bytes_received;
   };
-  const Fingerprint gather{
-      .op = Collective::all_gather, .dtype = precision.param_dtype, .count = unit.padded()};
+  const Fingerprint gather{.op = Collective::all_gather, .dtype = precision.param_dtype, .count = padded};
   if (shard_size > 1) {
     row.forward_gathers = 1;
     row.forward_gather_bytes = traffic_of(gather, shard_rank, shard_size).bytes_received;
-    if (unit.reshards_after_forward()) {  // gathered again for backward
+    if (planned.reshards_after_forward) {  // gathered again for backward
       row.backward_gathers = 1;
       row.backward_gather_bytes = row.forward_gather_bytes;
-      if (const Communicator* group = unit.post_forward_group()) {  // inside the group, from the slice kept
-        row.post_forward_group = group->size();
-        row.held_after_forward_bytes = row.unsharded_bytes / group->size();
-        row.backward_gather_bytes = traffic_of(gather, group->rank(), group->size()).bytes_received;
+      if (layout.post_forward_size > 0) {  // inside the group, from the slice kept
+        row.post_forward_group = layout.post_forward_size;
+        row.held_after_forward_bytes = row.unsharded_bytes / layout.post_forward_size;
+        row.backward_gather_bytes =
+            traffic_of(gather, layout.post_forward_rank, layout.post_forward_size).bytes_received;
       }
     }
     if (trains) {
       row.reduce_scatters = 1;
-      row.reduce_scatter_input_bytes = unit.padded() * static_cast<std::int64_t>(dtype_size(reduced));
-      row.reduce_bytes =
-          traffic_of({.op = Collective::reduce_scatter, .dtype = reduced, .count = unit.padded()}, shard_rank,
-                     shard_size)
-              .bytes_received;
+      row.reduce_scatter_input_bytes = padded * static_cast<std::int64_t>(dtype_size(reduced));
+      row.reduce_bytes = traffic_of({.op = Collective::reduce_scatter, .dtype = reduced, .count = padded},
+                                    shard_rank, shard_size)
+                             .bytes_received;
       if (bitwise) {
         row.all_reduces += 1;
-        row.reduce_bytes += tops_bytes(*groups.shard);
+        row.reduce_bytes += tops_bytes(shard_rank, shard_size);
       }
     }
   }
-  if (groups.replica != nullptr && trains) {
+  if (layout.replica_size > 1 && trains) {
     row.all_reduces += 1;
-    row.replica_group_size = groups.replica->size();
+    row.replica_group_size = layout.replica_size;
     row.replica_all_reduce_bytes = row.shard_elements * static_cast<std::int64_t>(dtype_size(reduced));
     row.reduce_bytes +=
         traffic_of({.op = Collective::all_reduce, .dtype = reduced, .count = row.shard_elements},
-                   groups.replica->rank(), groups.replica->size())
+                   layout.replica_rank, layout.replica_size)
             .bytes_received;
     if (bitwise) {
       row.all_reduces += 1;
-      row.reduce_bytes += tops_bytes(*groups.replica);
+      row.reduce_bytes += tops_bytes(layout.replica_rank, layout.replica_size);
     }
   }
   return row;
 }
 
-}  // namespace
-
-Plan explain(nn::Module& root, std::int64_t optimizer_state_bytes_per_element) {
+Plan plan_of(nn::Module& root, std::int64_t optimizer_state_bytes_per_element, const PlanAt* at) {
   const auto state = ensure_root(root);
   const Unit& root_unit = *state->units.front();
   const Communicator& all = *root_unit.groups().base;
+  const auto layout = [&](const Unit& unit, const Planned& planned) {
+    return at == nullptr ? live_layout(unit) : layout_at(planned, at->world_size);
+  };
+  const Planned root_planned = planned_as(root_unit, at);
   Plan plan;
-  plan.world_size = all.size();
-  plan.shard_group_size = root_unit.groups().shard_size();
+  plan.world_size = at == nullptr ? all.size() : at->world_size;
+  plan.shard_group_size = layout(root_unit, root_planned).shard_size;
   plan.optimizer_state_bytes_per_element = optimizer_state_bytes_per_element;
-  plan.sharding = sharding_label(root_unit.options());
+  plan.sharding = sharding_label(root_planned.options);
   plan.bitwise = root_unit.options().bitwise;
   plan.prefetch = 0;
   for (const Unit* unit : state->units) {
-    plan.units.push_back(plan_unit(*unit, optimizer_state_bytes_per_element));
+    const Planned planned = planned_as(*unit, at);
+    plan.units.push_back(
+        plan_unit(*unit, planned, layout(*unit, planned), optimizer_state_bytes_per_element));
     if (plan.units.back().sharding != plan.sharding) plan.sharding = "mixed";
     plan.prefetch = std::max(plan.prefetch, unit->options().prefetch);
     if (plan.units.back().frozen < plan.units.back().parameters)
@@ -138,7 +210,7 @@ Plan explain(nn::Module& root, std::int64_t optimizer_state_bytes_per_element) {
   if (plan.world_size > 1 && plan.gradient_flags > 0) {
     plan.flag_bytes =
         traffic_of({.op = Collective::all_reduce, .dtype = DType::u8, .count = plan.gradient_flags},
-                   all.rank(), all.size())
+                   at == nullptr ? all.rank() : 0, plan.world_size)
             .bytes_received;
   }
   if (root_unit.options().cpu_offload) {
@@ -155,6 +227,17 @@ Plan explain(nn::Module& root, std::int64_t optimizer_state_bytes_per_element) {
         "unsharded parameters assumes the depth, the lists may hold more units at once";
   }
   return plan;
+}
+
+}  // namespace
+
+Plan explain(nn::Module& root, std::int64_t optimizer_state_bytes_per_element) {
+  return plan_of(root, optimizer_state_bytes_per_element, nullptr);
+}
+
+Plan explain(nn::Module& root, std::int64_t optimizer_state_bytes_per_element, const PlanAt& at) {
+  SHARDLAB_CHECK(at.world_size >= 1, "explain: a world of {} ranks", at.world_size);
+  return plan_of(root, optimizer_state_bytes_per_element, &at);
 }
 
 std::int64_t Plan::total_persistent_bytes() const {

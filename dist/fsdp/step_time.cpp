@@ -120,6 +120,19 @@ std::vector<std::size_t> forward_order(std::vector<ComputeSegment>& forward,
   return order;
 }
 
+// CPU offload from a GPU: the f32 shard comes to the device before each gather and, where the unit
+// trains, its f32 gradient shard goes to the host after the reduction, on the way of its collectives.
+void add_offload_copies(const UnitPlan& unit, const DeviceRates& device, bool trains, UnitStepTime& times) {
+  SHARDLAB_CHECK(
+      device.host_to_device_bytes_per_second > 0 && device.device_to_host_bytes_per_second > 0,
+      "predict_step_time: unit '{}' is offloaded to the host, and the rates of {} hold no copy rate "
+      "between host and device",
+      detail::display_name(unit.name), device.device);
+  const double shard_bytes = 4.0 * static_cast<double>(unit.shard_elements);
+  times.gather += shard_bytes / device.host_to_device_bytes_per_second;
+  if (trains) times.reduce += shard_bytes / device.device_to_host_bytes_per_second;
+}
+
 std::string link_text(const CollectiveRates& link) {
   if (link.ranks <= 1) return "one rank: no collectives";
   std::string text = fmt::format("{} ranks:", link.ranks);
@@ -169,7 +182,7 @@ StepTimePrediction predict_step_time(const Plan& plan, const std::vector<KernelC
   const std::vector<std::size_t> order = forward_order(passes.forward, passes.backward, plan.units.size());
 
   std::vector<UnitTimes> timed;
-  double optimizer_bytes = 0, optimizer_calls = 0, updated = 0;
+  double optimizer_bytes = 0, optimizer_calls = 0, update = 0;
   for (const std::size_t i : order) {
     const UnitPlan& unit = plan.units[i];
     UnitStepTime times = by_plan[i];
@@ -182,6 +195,8 @@ StepTimePrediction predict_step_time(const Plan& plan, const std::vector<KernelC
     times.replica_reduce =
         collective_seconds(link, Collective::all_reduce, static_cast<double>(unit.replica_all_reduce_bytes),
                            unit.replica_group_size);
+    const bool trains = unit.frozen < unit.parameters;
+    if (unit.offloaded) add_offload_copies(unit, device, trains, times);
     timed.push_back({.name = times.name,
                      .forward = times.forward,
                      .backward = times.backward,
@@ -190,28 +205,31 @@ StepTimePrediction predict_step_time(const Plan& plan, const std::vector<KernelC
                      .replica_reduce = times.replica_reduce,
                      .reshards_after_forward = unit.backward_gathers > 0});
     out.units.push_back(std::move(times));
-    if (unit.frozen == unit.parameters) continue;
+    if (!trains) continue;
     // The gradient norm reads the gradient; the update reads the shard, its gradient and the state and
-    // writes the shard and the state, unless its measured time is given.
+    // writes the shard and the state, unless its measured time is given (the host's for an offloaded unit).
     const auto elements = static_cast<double>(unit.shard_elements);
     optimizer_bytes += elements * 4;
-    if (options.update_seconds_per_element > 0) {
-      updated += elements;
+    const double per_element = unit.offloaded && options.host_update_seconds_per_element > 0
+                                   ? options.host_update_seconds_per_element
+                                   : options.update_seconds_per_element;
+    if (per_element > 0) {
+      update += elements * per_element;
     } else {
       optimizer_bytes +=
           elements * static_cast<double>(4 + 4 + 4 + 2 * plan.optimizer_state_bytes_per_element);
     }
     optimizer_calls += 2;
   }
-  const double update = updated * options.update_seconds_per_element;
   out.optimizer =
       optimizer_bytes / device.bytes_per_second + update + optimizer_calls * device.seconds_per_call;
   // Which parameters got a gradient: one all-reduce of a byte a parameter, where the plan has it.
-  const double flags = plan.flag_bytes > 0 ? collective_seconds(link, Collective::all_reduce,
-                                                                static_cast<double>(plan.gradient_flags))
-                                           : 0;
-  out.synchronisation =
-      flags + options.small_all_reduces * collective_seconds(link, Collective::all_reduce, 8);
+  const double flags = plan.flag_bytes > 0
+                           ? collective_seconds(link, Collective::all_reduce,
+                                                static_cast<double>(plan.gradient_flags), plan.world_size)
+                           : 0;
+  out.synchronisation = flags + options.small_all_reduces *
+                                    collective_seconds(link, Collective::all_reduce, 8, plan.world_size);
   out.schedule = simulate_step(timed, passes.forward, passes.backward,
                                {.prefetch = plan.prefetch,
                                 .reductions_in_flight = static_cast<int>(detail::kReductionsInFlight),

@@ -46,6 +46,7 @@ struct UnitStepTime {
   double forward = 0, backward = 0;  // compute (backward: with activation checkpointing's recompute)
   double gather = 0;                 // one all-gather of its parameters (twice where resharded)
   double reduce = 0, replica_reduce = 0;
+  // CPU offload's copies are in gather (the shard to the device) and reduce (the gradient shard back).
   TimeBounds bounds;  // its compute by bound, and the waits for its collectives (communication)
 };
 
@@ -56,6 +57,8 @@ struct StepTimeOptions {
   // The optimizer's update per element of a shard (optim::Optimizer::update_seconds_per_element);
   // 0: its bytes (shard, gradient, state) at the memory rate.
   double update_seconds_per_element = 0;
+  // The same on the host, for CPU offload's units, whose update runs there; 0: update_seconds_per_element.
+  double host_update_seconds_per_element = 0;
 };
 
 struct StepTimePrediction {

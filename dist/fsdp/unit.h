@@ -99,6 +99,11 @@ struct Piece {
   std::int64_t from = 0, count = 0, at = 0;
 };
 
+// The flat length of `parameters` elements padded with zeros to divide among `shard_size` ranks.
+std::int64_t padded_length(std::int64_t parameters, int shard_size);
+// The part of `slot` in the shard of `shard_rank`, each shard `shard_elements` long.
+Piece piece_of(const Slot& slot, int shard_rank, std::int64_t shard_elements);
+
 // stale: the bytes are there, but the shard changed since they were gathered (Sharding::optimizer
 // between steps): the next gather refreshes them in place.
 enum class Gathered : std::uint8_t { no, in_flight, yes, stale };

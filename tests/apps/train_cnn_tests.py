@@ -20,7 +20,10 @@ what its users rely on:
 - will it fit: the training peak --explain predicts (above the loaded data) is within 10% of the
   measured one on every rank at np 1-4 for every strategy; its dry forward/backwards change
   nothing (losses and saved model bit for bit as without --explain); --memory-limit at the peak
-  trains, one byte under is refused before step 1 with one message.
+  trains, one byte under is refused before step 1 with one message;
+- what-if: --explain --world-size N from fewer ranks (one, over an assumed link; two, over the measured
+  one) prints the plan table and the plan's peak terms that a run at N ranks prints, with a step time,
+  and trains nothing.
 
 Usage: train_cnn_tests.py <mpirun> <train_cnn>. Needs the dataset from scripts/setup
 (/usr/share/datasets/fashion-mnist); without it every case is skipped. Prints one line per
@@ -84,7 +87,8 @@ def main(mpirun, program):
 
     skipped = 0
     if not os.path.isdir(DATA_DIR):
-        skipped = len(PARITY_RUNS) - 1 + len(GOLDEN_RUNS) + 2 + 7 + len(KILL_STEPS) + len(FIT_RUNS) + 1 + 4 + TRACE_CHECKS + 2
+        skipped = (len(PARITY_RUNS) - 1 + len(GOLDEN_RUNS) + 2 + 7 + len(KILL_STEPS) + len(FIT_RUNS) + 1 + 4 +
+                   TRACE_CHECKS + 2 + len(WHAT_IF_RUNS))
         print(f"skipped: {skipped} cases that train, {DATA_DIR} is missing "
               "(scripts/setup installs dataset-fashion-mnist)")
     else:
@@ -93,6 +97,7 @@ def main(mpirun, program):
             check_resume(mpirun, program, scratch, check)
             check_kill_during_save(mpirun, program, scratch, check)
             check_will_it_fit(mpirun, program, scratch, check)
+            check_what_if(mpirun, program, check)
             check_traces(mpirun, program, scratch, check)
             check_detect_anomaly(mpirun, program, check)
 
@@ -306,6 +311,39 @@ def check_will_it_fit(mpirun, program, scratch, check):
     check_dry_runs_change_nothing(check, mpirun, program, 2, FIT_ARGS + ["--steps", "3"], scratch,
                                   lambda path: path)
     check_memory_limit(check, mpirun, program, 2, FIT_ARGS, scratch)
+
+
+# (ranks predicted, sharding, ranks predicting them, assumed link flags).
+WHAT_IF_RUNS = [(2, "hybrid:2", 1, ["--link-bandwidth", "50", "--link-latency", "20"]),
+                (3, "full", 1, ["--link-bandwidth", "50", "--link-latency", "20"]),
+                (4, "hybrid:2", 2, [])]
+
+
+def planned_lines(output):
+    """The plan table (from its title to the gradient accumulation line) and the peak's plan terms."""
+    lines = output.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("FSDP plan:")), None)
+    if start is None:
+        return None
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("gradient accumulation"))
+    terms = [line for line in lines if line.lstrip().startswith(("persistent:", "gathered parameters",
+                                                                   "unsharded gradients"))]
+    return lines[start:end + 1] + terms
+
+
+def check_what_if(mpirun, program, check):
+    for ranks, sharding, predicting, link in WHAT_IF_RUNS:
+        args = FIT_ARGS + ["--sharding", sharding, "--explain"]
+        code, real = run_job(mpirun, program, ranks, args)
+        code2, what_if = run_job(mpirun, program, predicting, args + ["--world-size", str(ranks)] + link)
+        expected, predicted = planned_lines(real), planned_lines(what_if)
+        header = f"what-if, predicted and not run: this run on {ranks} ranks, rank 0 with {24 // ranks} of"
+        check(f"--explain --world-size {ranks} --sharding {sharding} at np {predicting}: the plan and the peak's "
+              f"plan terms that np {ranks} prints, a step time, nothing trained",
+              code == 0 and code2 == 0 and expected is not None and predicted == expected and header in what_if
+              and "step time per rank, predicted:" in what_if and "epoch 1" not in what_if
+              and "median step" not in what_if,
+              f"exit {code}/{code2}\n{real}\n{what_if}")
 
 
 # The checks check_traces makes (skipped without the data set): the run, trace_checks.check_trace's

@@ -414,6 +414,72 @@ TEST_CASE("the plan table names every unit with its counts", "[dist][fsdp][expla
                  "memory\n"));
 }
 
+TEST_CASE("the plan at another world size is what rank 0's plan is when sharded over that many ranks",
+          "[dist][fsdp][explain]") {
+  const int w = world().size();
+  const std::unique_ptr<dist::Communicator> alone = world().split(world().rank(), 0, "alone");
+  auto cases = strategies(w);
+  cases.emplace_back(
+      "full, bf16 gathers, f32 reductions",
+      dist::FsdpOptions{.mixed_precision = {.param_dtype = DType::bf16, .reduce_dtype = DType::f32}});
+  if (w == 4)
+    cases.emplace_back("full, resharded to pairs after forward",
+                       dist::FsdpOptions{.reshard_after_forward_group = 2});
+  const auto sharded = [&](dist::FsdpOptions options, dist::Communicator& over) {
+    options.communicator = &over;
+    auto model = std::make_unique<Nested>(4 * w + 1, kSeed);
+    for (auto [name, parameter] : (*model)->named_parameters())
+      if (name == "blocks.1.up.weight") parameter.set_requires_grad(false);  // frozen: no gradient, no state
+    for (const auto& block : *(*model)->blocks) dist::fully_shard(*block, options);
+    dist::fully_shard(**model, options);
+    return model;
+  };
+  for (const auto& [name, options] : cases) {
+    INFO(name << " at " << w << " ranks");
+    const auto live = sharded(options, world());
+    // Alone, each rank cannot shard hybrid groups or post-forward groups of more ranks: fully, and the
+    // strategy given to explain. The other options (precision, prefetch, offload, resharding) stay.
+    dist::FsdpOptions here = options;
+    here.sharding = dist::Sharding::full, here.hybrid_group_size = 0, here.reshard_after_forward_group = 0;
+    const auto one = sharded(here, *alone);
+    const dist::Plan measured = dist::explain(**live, 8);
+    const dist::Plan planned =
+        dist::explain(**one, 8,
+                      {.world_size = w,
+                       .sharding = options.sharding,
+                       .hybrid_group_size = options.hybrid_group_size,
+                       .reshard_after_forward_group = options.reshard_after_forward_group});
+    CHECK(planned.world_size == w);
+    if (world().rank() != 0) continue;
+    CHECK(planned.str() == measured.str());
+    CHECK(planned.units == measured.units);
+    CHECK(planned.flag_bytes == measured.flag_bytes);
+    CHECK(planned.peak_unsharded_bytes() == measured.peak_unsharded_bytes());
+    CHECK(planned.gradient_buffer_bytes() == measured.gradient_buffer_bytes());
+    // Without a strategy the units keep their own: the fully sharded plan at w ranks.
+    if (options.sharding == dist::Sharding::full && !options.reshard_after_forward &&
+        options.reshard_after_forward_group == 0)
+      CHECK(dist::explain(**one, 8, {.world_size = w}).units == measured.units);
+  }
+}
+
+TEST_CASE("the plan at another world size names a strategy that does not fit it",
+          "[dist][fsdp][explain][errors]") {
+  const std::unique_ptr<dist::Communicator> alone = world().split(world().rank(), 0, "alone");
+  Nested model(9, kSeed);
+  for (const auto& block : *model->blocks) dist::fully_shard(*block, {.communicator = alone.get()});
+  dist::fully_shard(*model, {.communicator = alone.get()});
+  CHECK_THROWS_WITH(
+      dist::explain(*model, 8, {.world_size = 3, .sharding = dist::Sharding::hybrid, .hybrid_group_size = 2}),
+      "explain: hybrid shard groups of 2 ranks do not divide a world of 3 ranks");
+  CHECK_THROWS_WITH(
+      dist::explain(*model, 8,
+                    {.world_size = 2, .sharding = dist::Sharding::full, .reshard_after_forward_group = 2}),
+      "explain: reshard_after_forward_group 2 must divide the shard group of 2 ranks at a world of 2 and be "
+      "neither 1 nor all of it");
+  CHECK_THROWS_WITH(dist::explain(*model, 8, {.world_size = 0}), "explain: a world of 0 ranks");
+}
+
 namespace {
 
 // Trains the nested model with FSDP over `comm` (all ranks, or each rank alone) under a bf16

@@ -119,6 +119,116 @@ TEST_CASE("predict_step_time: a two-unit step, its units' times and its timeline
         "predicted 21.4% of the step (-3.6 points)");
 }
 
+namespace {
+
+// A root holding `outer` (16 x 4 + 4 parameters) around the unit `inner` (16 x 16 + 16).
+class TwoLinearsImpl : public nn::Module {
+ public:
+  TwoLinearsImpl()
+      : nn::Module("TwoLinears"), inner(nn::LinearOptions(16, 16)), outer(nn::LinearOptions(16, 4)) {
+    register_module("inner", inner.ptr());
+    register_module("outer", outer.ptr());
+    nn::initialize(*this, 1);
+  }
+  nn::Linear inner, outer;
+};
+using TwoLinears = nn::Holder<TwoLinearsImpl>;
+
+}  // namespace
+
+TEST_CASE("predict_step_time: a what-if, the plan at 8 ranks over an assumed link and device, by hand",
+          "[dist][step_time]") {
+  // Sharded by each rank alone, planned for 8: `inner` 272 elements (34 a rank, 1088 B gathered), the root
+  // 68 padded to 72 (9 a rank, 288 B); four parameters' gradient flags.
+  const std::unique_ptr<dist::Communicator> alone = test::world().split(test::world().rank(), 0, "alone");
+  TwoLinears model;
+  dist::fully_shard(*model->inner, {.communicator = alone.get()});
+  dist::fully_shard(*model, {.communicator = alone.get()});
+  const dist::Plan plan = dist::explain(*model, 8, {.world_size = 8});
+  REQUIRE(plan.units.size() == 2);
+  CHECK(plan.units[1].shard_elements == 34);
+  CHECK(plan.units[0].shard_elements == 9);
+  // 2 GFLOP/s, 4 GB/s, 1 us a call; 1 GB/s sent per rank, 10 us a collective.
+  const DeviceRates device = with_assumed_rates(
+      unit_rates(), {.dense_flops_per_second = 2e9, .bytes_per_second = 4e9, .seconds_per_call = 1e-6});
+  CHECK(device.device == "test device with assumed dense 0.002 TFLOP/s, memory 4 GB/s, 1 us a call");
+  const dist::CollectiveRates link = dist::assumed_link(8, 1e9, 10e-6);
+  // The root's first layer 101 us, inner 1001, the root's head 201, the loss 101; backward: the head 401,
+  // inner 2001, the first layer 101 (each its flops or bytes and 1 us a call).
+  const std::vector<KernelCost> dry = {dense("forward (root)", 2e5),  dense("forward inner", 2e6),
+                                       dense("forward (root)", 4e5),  moving("step", 4e5),
+                                       dense("backward (root)", 8e5), dense("backward inner", 4e6),
+                                       dense("backward (root)", 2e5)};
+  const dist::StepTimePrediction predicted = dist::predict_step_time(plan, dry, device, link);
+  // A ring of 8 sends 7/8 of the buffer: inner's gather and reduce-scatter 10 + 0.952 us, the root's 10 +
+  // 0.252 us; the flags' all-reduce (4 bytes, twice 7/8 of them) 10.007 us. The optimizer: 32 B an element
+  // of 43 at 4 GB/s and two calls a unit, 4.344 us.
+  const dist::UnitStepTime &root = predicted.units[0], &inner = predicted.units[1];
+  CHECK(inner.gather == Approx(10.952e-6));
+  CHECK(inner.reduce == Approx(10.952e-6));
+  CHECK(root.gather == Approx(10.252e-6));
+  CHECK(root.reduce == Approx(10.252e-6));
+  CHECK(inner.forward == Approx(1001e-6));
+  CHECK(inner.backward == Approx(2001e-6));
+  CHECK(root.forward == Approx(302e-6));
+  CHECK(root.backward == Approx(502e-6));
+  CHECK(predicted.synchronisation == Approx(10.007e-6));
+  CHECK(predicted.optimizer == Approx(4.344e-6));
+  // The timeline (us): the root's gather 0-10.252 (waited; inner's hides behind the root's first layer),
+  // forward to 1414.252, backward to 3917.252 (inner's reduce-scatter hidden behind the first layer's
+  // backward), the root's reduce-scatter to 3927.504 and the flags to 3937.511 (waited), the optimizer
+  // to 3941.855.
+  CHECK(predicted.step() == Approx(3941.855e-6));
+  CHECK(predicted.exposed() == Approx(30.511e-6));
+  CHECK(predicted.link ==
+        "8 ranks: all_gather 10 us + 1.00 GB/s; reduce_scatter 10 us + 1.00 GB/s; all_reduce 10 "
+        "us + 1.00 GB/s; beside each other collectives 1.0x slower, compute 1.00x");
+}
+
+TEST_CASE("predict_step_time: CPU offload's copies and host update, by hand", "[dist][step_time]") {
+  // The layer offloaded: its 1000-element f32 shard (4000 B) comes in at 100 MB/s before each gather
+  // (40 us) and its gradient shard goes out at 50 MB/s after the reduction (80 us); its update runs on the
+  // host at 10 ns an element, the root's on the device at 1 ns.
+  dist::Plan plan = two_units();
+  plan.units[1].offloaded = true;
+  DeviceRates device = unit_rates();
+  device.host_to_device_bytes_per_second = 1e8;
+  device.device_to_host_bytes_per_second = 5e7;
+  const std::vector<KernelCost> dry = {dense("forward (root)", 2e6), dense("forward layer", 4e6),
+                                       dense("backward layer", 8e6), dense("backward (root)", 4e6)};
+  const dist::StepTimePrediction predicted =
+      dist::predict_step_time(plan, dry, device, unit_link(),
+                              {.update_seconds_per_element = 1e-9, .host_update_seconds_per_element = 1e-8});
+  const dist::UnitStepTime &root = predicted.units[0], &layer = predicted.units[1];
+  CHECK(root.gather == Approx(1.5e-3));
+  CHECK(root.reduce == Approx(1.5e-3));
+  CHECK(layer.gather == Approx(3.04e-3));
+  CHECK(layer.reduce == Approx(3.08e-3));
+  // The norm reads 1250 gradient elements (5 us at 1 GB/s); the updates 250 x 1 ns + 1000 x 10 ns.
+  CHECK(predicted.optimizer == Approx(15.25e-6));
+
+  DeviceRates without = unit_rates();
+  CHECK_THROWS_ERROR(
+      dist::predict_step_time(plan, dry, without, unit_link()),
+      "predict_step_time: unit 'layer' is offloaded to the host, and the rates of test device hold no "
+      "copy rate between host and device");
+}
+
+TEST_CASE("assumed rates and links refuse values out of range by name", "[dist][step_time]") {
+  CHECK_THROWS_ERROR(with_assumed_rates(unit_rates(), {.dense_flops_per_second = 0}),
+                     "with_assumed_rates: the dense rate must be positive, got 0");
+  CHECK_THROWS_ERROR(with_assumed_rates(unit_rates(), {.bytes_per_second = -1}),
+                     "with_assumed_rates: the memory rate must be positive, got -1");
+  CHECK_THROWS_ERROR(with_assumed_rates(unit_rates(), {.seconds_per_call = -1e-6}),
+                     "with_assumed_rates: the time a call must not be negative, got -1e-06");
+  CHECK_THROWS_ERROR(dist::assumed_link(8, 0, 1e-6),
+                     "assumed_link: the bandwidth must be positive, got 0 B/s");
+  CHECK_THROWS_ERROR(dist::assumed_link(8, 1e9, -1),
+                     "assumed_link: the latency must not be negative, got -1 s");
+  CHECK_THROWS_ERROR(dist::assumed_link(0, 1e9, 0), "assumed_link: 0 ranks");
+  CHECK(with_assumed_rates(unit_rates(), {}).device == "test device");  // nothing assumed: the measured rates
+}
+
 TEST_CASE("predict_step_time: refusals name the label, the mode and the rates", "[dist][step_time]") {
   CHECK_THROWS_ERROR(
       dist::predict_step_time(two_units(), {dense("forward nowhere", 1e6)}, unit_rates(), unit_link()),
