@@ -630,10 +630,10 @@ void Trainer::predict_what_if(std::int64_t micro_batch, const std::function<void
                    {"predicted_peak", dist::prediction_json(peak)},
                    {"predicted_step", step_time_ ? step_time_->json() : nlohmann::json()}};
   what_if_text_ = fmt::format(
-      "what-if, predicted and not run: this run on {} ranks, rank 0 with {} of the global batch's {} samples "
+      "what-if, predicted and not run: this run on {} rank{}, rank 0 with {} of the global batch's {} samples "
       "(its dry step ran here on {} rank{}, sharded fully)\n{}{}{}",
-      ranks, micro_batch, common_.global_batch, world_size_, world_size_ == 1 ? "" : "s", plan.str(),
-      peak.str(), step_time_text_);
+      ranks, ranks == 1 ? "" : "s", micro_batch, common_.global_batch, world_size_, world_size_ == 1 ? "" : "s",
+      plan.str(), peak.str(), step_time_text_);
 }
 
 void Trainer::report_step_time(double median_seconds) const {
