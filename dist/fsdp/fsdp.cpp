@@ -42,34 +42,47 @@ std::shared_ptr<Groups> groups_for(Communicator& base, Sharding sharding, int gr
   auto groups = std::make_shared<Groups>();
   groups->base = &base;
   const int rank = base.rank(), world = base.size();
-  switch (sharding) {
-    case Sharding::full:
-    case Sharding::grad_op:
-    case Sharding::optimizer:
-      groups->shard = world > 1 ? &base : nullptr;
-      break;
-    case Sharding::none:
-      groups->replica = world > 1 ? &base : nullptr;
-      break;
-    case Sharding::hybrid:
-      SHARDLAB_CHECK(
-          group_size > 0 && world % group_size == 0,
-          "fully_shard: hybrid shard groups of {} ranks do not divide the {} ranks of communicator '{}'",
-          group_size, world, base.name());
-      if (group_size > 1) {
-        groups->owned_shard =
-            base.split(rank / group_size, rank, fmt::format("{}/shard{}", base.name(), rank / group_size));
-        groups->shard = groups->owned_shard.get();
-      }
-      if (world / group_size > 1) {
-        groups->owned_replica =
-            base.split(rank % group_size, rank, fmt::format("{}/replica{}", base.name(), rank % group_size));
-        groups->replica = groups->owned_replica.get();
-      }
-      break;
+  SHARDLAB_CHECK(
+      sharding != Sharding::hybrid || (group_size > 0 && world % group_size == 0),
+      "fully_shard: hybrid shard groups of {} ranks do not divide the {} ranks of communicator '{}'",
+      group_size, world, base.name());
+  const GroupSizes sizes = group_sizes(sharding, group_size, world);
+  if (sharding != Sharding::hybrid) {  // a group of all ranks is the base itself
+    groups->shard = sizes.shard > 1 ? &base : nullptr;
+    groups->replica = sizes.replica > 1 ? &base : nullptr;
+  } else {
+    if (sizes.shard > 1) {
+      groups->owned_shard =
+          base.split(rank / group_size, rank, fmt::format("{}/shard{}", base.name(), rank / group_size));
+      groups->shard = groups->owned_shard.get();
+    }
+    if (sizes.replica > 1) {
+      groups->owned_replica =
+          base.split(rank % group_size, rank, fmt::format("{}/replica{}", base.name(), rank % group_size));
+      groups->replica = groups->owned_replica.get();
+    }
   }
   slot = groups;
   return groups;
+}
+
+GroupSizes group_sizes(Sharding sharding, int group_size, int world) {
+  switch (sharding) {
+    case Sharding::none:
+      return {.shard = 1, .replica = world};
+    case Sharding::hybrid:
+      return {.shard = group_size, .replica = world / group_size};
+    case Sharding::full:
+    case Sharding::grad_op:
+    case Sharding::optimizer:
+      break;
+  }
+  return {.shard = world, .replica = 1};
+}
+
+bool reshards_after_forward(const FsdpOptions& options) {
+  return options.reshard_after_forward.value_or(options.sharding == Sharding::full ||
+                                                options.sharding == Sharding::hybrid);
 }
 
 Communicator& Groups::post_forward_group(int size) {
@@ -239,8 +252,7 @@ Unit::Unit(nn::Module& module, std::vector<Slot> slots, const FsdpOptions& optio
       options_(options),
       slots_(std::move(slots)),
       groups_(std::move(groups)),
-      reshard_after_forward_(options.reshard_after_forward.value_or(options.sharding == Sharding::full ||
-                                                                    options.sharding == Sharding::hybrid)) {
+      reshard_after_forward_(detail::reshards_after_forward(options)) {
   if (const int group = options.reshard_after_forward_group; group != 0) {
     const int shard_size = groups_->shard_size();
     SHARDLAB_CHECK(

@@ -49,9 +49,7 @@ Planned planned_as(const Unit& unit, const PlanAt* at) {
   planned.options.sharding = *at->sharding;
   planned.options.hybrid_group_size = at->hybrid_group_size;
   planned.options.reshard_after_forward_group = at->reshard_after_forward_group;
-  const bool resharding = *at->sharding == Sharding::full || *at->sharding == Sharding::hybrid;
-  planned.reshards_after_forward =
-      !unit.is_root() && unit.options().reshard_after_forward.value_or(resharding);
+  planned.reshards_after_forward = !unit.is_root() && reshards_after_forward(planned.options);
   return planned;
 }
 
@@ -59,24 +57,12 @@ Planned planned_as(const Unit& unit, const PlanAt* at) {
 // constructor would give them, with their refusals.
 GroupLayout layout_at(const Planned& unit, int world_size) {
   const FsdpOptions& options = unit.options;
-  GroupLayout layout;
-  switch (options.sharding) {
-    case Sharding::full:
-    case Sharding::grad_op:
-    case Sharding::optimizer:
-      layout.shard_size = world_size;
-      break;
-    case Sharding::none:
-      layout.replica_size = world_size;
-      break;
-    case Sharding::hybrid:
-      SHARDLAB_CHECK(options.hybrid_group_size > 0 && world_size % options.hybrid_group_size == 0,
-                     "explain: hybrid shard groups of {} ranks do not divide a world of {} ranks",
-                     options.hybrid_group_size, world_size);
-      layout.shard_size = options.hybrid_group_size;
-      layout.replica_size = world_size / options.hybrid_group_size;
-      break;
-  }
+  SHARDLAB_CHECK(options.sharding != Sharding::hybrid ||
+                     (options.hybrid_group_size > 0 && world_size % options.hybrid_group_size == 0),
+                 "explain: hybrid shard groups of {} ranks do not divide a world of {} ranks",
+                 options.hybrid_group_size, world_size);
+  const GroupSizes sizes = group_sizes(options.sharding, options.hybrid_group_size, world_size);
+  GroupLayout layout{.shard_size = sizes.shard, .replica_size = sizes.replica};
   if (const int group = options.reshard_after_forward_group; group != 0 && unit.reshards_after_forward) {
     SHARDLAB_CHECK(
         group > 1 && group < layout.shard_size && layout.shard_size % group == 0,

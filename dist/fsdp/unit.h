@@ -39,6 +39,15 @@ struct Groups {
   bool first_replica() const { return replica == nullptr || replica->rank() == 0; }
 };
 
+// The sizes of the shard group and the replica group `sharding` makes among `world` ranks (hybrid: groups
+// of `group_size`, which the caller checked divides `world`); 1 where a group has one rank.
+struct GroupSizes {
+  int shard = 1, replica = 1;
+};
+GroupSizes group_sizes(Sharding sharding, int group_size, int world);
+// Whether a unit of `options` gathers its parameters again for backward, unless it is the root.
+bool reshards_after_forward(const FsdpOptions& options);
+
 // The groups of `sharding` over `base`, shared by the units made with the same arguments.
 std::shared_ptr<Groups> groups_for(Communicator& base, Sharding sharding, int group_size);
 // Sums over every rank of `base` (an all-reduce of one f64 on `device`): the ranks of the shards
