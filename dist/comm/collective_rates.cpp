@@ -51,18 +51,23 @@ double median_seconds(Communicator& comm, Collective op, std::int64_t bytes) {
   return seconds[kCalls / 2];
 }
 
-// Seconds per call of `work`, called until `window` seconds have passed (at least once).
-double seconds_per_call(const std::function<void()>& work, double window) {
+// Calls of `work` until `window` seconds have passed (at least one): how long they took, how many.
+struct Calls {
+  double seconds = 0;
+  int count = 0;
+  double per_call() const { return seconds / count; }
+};
+Calls call_for(const std::function<void()>& work, double window) {
   const auto start = std::chrono::steady_clock::now();
   const auto elapsed = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
-  int calls = 0;
+  int count = 0;
   do {
     work();
-    ++calls;
+    ++count;
   } while (elapsed() < window);
-  return elapsed() / calls;
+  return {.seconds = elapsed(), .count = count};
 }
 
 // The slowdowns of compute and collectives beside each other (CollectiveRates), agreed over `comm`.
@@ -76,7 +81,7 @@ void measure_slowdowns(Communicator& comm, CollectiveRates& rates) {
     return comm.all_gather_into(buffer, buffer.narrow(0, comm.rank() * share, share), "measure");
   };
   comm.barrier("measure").wait();
-  const double matmul_alone = seconds_per_call(matmul_call, kWindow / 2);
+  const double matmul_alone = call_for(matmul_call, kWindow / 2).per_call();
   comm.barrier("measure").wait();
   // Every rank calls as many gathers (a collective): a fixed count alone, and beside the matmuls as many
   // as the slowest rank's time alone fits in the window.
@@ -95,23 +100,15 @@ void measure_slowdowns(Communicator& comm, CollectiveRates& rates) {
   comm.barrier("measure").wait();
   std::vector<Work> queued;
   for (int i = 0; i < gathers; ++i) queued.push_back(gather());
-  const auto start = std::chrono::steady_clock::now();
-  const auto elapsed = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  };
-  int calls = 0;
-  do {
-    matmul_call();
-    ++calls;
-  } while (elapsed() < kWindow);
-  const double window = elapsed();
+  const Calls beside = call_for(matmul_call, kWindow);
   const auto done = static_cast<double>(
       std::find_if(queued.begin(), queued.end(), [](const Work& work) { return !work.completed(); }) -
       queued.begin());
   for (const Work& work : queued) work.wait();
   // None done: at most half of one in the window.
   const Tensor slowdowns = from_vector(
-      std::vector<double>{window / calls / matmul_alone, window / (std::max(done, 0.5) * gather_alone)}, {2});
+      std::vector<double>{beside.per_call() / matmul_alone, beside.seconds / (std::max(done, 0.5) * gather_alone)},
+      {2});
   comm.all_reduce(slowdowns, ReduceOp::max, "measure").wait();
   const std::vector<double> agreed = slowdowns.to_vector<double>();
   rates.compute_slowdown = std::max(1.0, agreed[0]);
