@@ -4,8 +4,9 @@
   python3 bench/gpu_speed.py --build-dir DIR --out OUT [--configs seed,1b,cnn] [--modes eager,compile]
                              [--steps N] [--limit-s S] [--python PYTHON] [--cnn-data DIR]
 
-Per config, shardlab's side runs once (DIR/apps/train_llama or train_cnn with --device cuda and
---profile) and PyTorch's once per mode (bench/pytorch_gpu_llama.py or bench/pytorch_gpu_cnn.py,
+Per config, shardlab's side runs once (DIR/apps/train_llama or train_cnn with --device cuda,
+--profile and --explain: its "ok" line gives the step time predicted before step 1 beside the
+measured median) and PyTorch's once per mode (bench/pytorch_gpu_llama.py or bench/pytorch_gpu_cnn.py,
 eager or torch.compile, with PYTHON: default the Python running this script). The Llamas: seed
 (bench/llama_seed.json, 179.4M parameters, T 512, B 64) and 1b (train_llama's preset, T 2048,
 B 4), both in bf16 on uniform random token ids; cnn: the tutorial CNN at batch 64 in f32 (shardlab
@@ -124,12 +125,12 @@ def shardlab_command(config, args):
     metrics = os.path.join(args.out, f"shardlab-{config}.jsonl")
     if config == "cnn":
         return [program, "--device", "cuda", "--global-batch", str(speed_math.CNN_BATCH), "--steps", str(args.steps),
-                "--data", args.cnn_data, "--metrics", metrics, "--profile"]
+                "--data", args.cnn_data, "--metrics", metrics, "--profile", "--explain"]
     shape = speed_math.LLAMA_RUNS[config]
     model = speed_math.SEED_CONFIG if config == "seed" else config
     return [program, "--device", "cuda", "--config", model, "--mixed-precision", "bf16", "--seq", str(shape["seq"]),
             "--global-batch", str(shape["batch"]), "--steps", str(args.steps), "--random-tokens", "--metrics", metrics,
-            "--profile"]
+            "--profile", "--explain"]
 
 
 def pytorch_command(config, mode, args):
@@ -242,7 +243,10 @@ def judge_shardlab(run, code, output, path, metrics):
         run.per_s = float(speed[-1])
     run.profile = profile_lines(output)
     loss = f", last loss {losses[-1]:.4f}" if losses else ""
-    run.outcome, run.detail = "ok", f"median step {step_ms:.1f} ms, peak {gib(run.peak_bytes)}{loss}"
+    # --explain's prediction, made before step 1, beside the measured median.
+    predicted = re.findall(r"step time: measured [\d.]+ ms, (predicted [\d.]+ ms \([-+][\d.]+%\))", output)
+    prediction = f", {predicted[-1]}" if predicted else ""
+    run.outcome, run.detail = "ok", f"median step {step_ms:.1f} ms{prediction}, peak {gib(run.peak_bytes)}{loss}"
 
 
 def judge_pytorch(run, code, output, path):

@@ -2,9 +2,12 @@
 #include "core/host_wait.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 
+#include "core/call_stack.h"
 #include "core/error.h"
+#include "core/notice.h"
 #include "core/trace.h"
 
 namespace shardlab {
@@ -31,6 +34,13 @@ void add_to_counts(std::string_view reason, std::string_view where) {
     trace::instant("host wait: " + std::string(reason), "wait", {{"device", std::string(where)}});
 }
 
+// SHARDLAB_HOST_WAIT_STACKS=1: where the waits come from. A refused wait's error ends with its call
+// stack, and each call stack that waited is said once on stderr with the wait's reason.
+bool stacks_wanted() {
+  const char* text = std::getenv("SHARDLAB_HOST_WAIT_STACKS");
+  return text != nullptr && std::string_view(text) == "1";
+}
+
 }  // namespace
 
 HostWaitsForbidden::HostWaitsForbidden(std::string scope)
@@ -54,10 +64,14 @@ void host_wait(std::string_view reason, std::string_view where) {
     add_to_counts(*unavoidable_reason, where);
     return;
   }
+  const std::string stack = stacks_wanted() ? call_stack(1) : std::string();
   SHARDLAB_CHECK(innermost_scope == nullptr,
                  "host wait inside '{}': {} on {} would block the host until the device's queued work "
-                 "has run; do it outside the scope (after the step), or keep the value on the device",
-                 *innermost_scope, reason, where);
+                 "has run; do it outside the scope (after the step), or keep the value on the device{}{}",
+                 *innermost_scope, reason, where, stack.empty() ? "" : "; called from:\n", stack);
+  if (!stack.empty())
+    notice_once(std::string(reason) + stack,
+                fmt::format("host wait: {} on {}, called from:\n{}", reason, where, stack));
   add_to_counts(reason, where);
 }
 

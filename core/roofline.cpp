@@ -52,20 +52,24 @@ KernelCost cost_of(const char* op, const std::function<void()>& work) {
   throw Error(fmt::format("measure_rates: {} logged no call of its kernel", op));
 }
 
-// Causal attention forward and backward over the same pairs with heads of 32 and of 128 per dtype:
+// Causal attention forward and backward over the same pairs with heads of 64 and of 128 per dtype (the
+// sizes Llamas use: fitted there, the line between them is exact where most models run):
 // t = pairs s + flops / r at both gives s and r (a noisy difference kept physical: s and 1 / r not
 // negative). Each call's pairs and flops are counted by kernel_cost's rule, the one the roofline uses.
 void measure_attention(Device device, const std::vector<DType>& dtypes, double budget, DeviceRates& rates) {
-  const std::vector<std::int64_t> head_dims = {32, 128};
+  const std::vector<std::int64_t> head_dims = {64, 128};
+  // On a GPU, enough (sequence, head, query block) tiles to fill every multiprocessor, as a training
+  // batch does: one sequence of 8 heads leaves most of them idle and reads as a slower kernel.
+  const std::int64_t batch = device.is_cuda() ? 4 : 1, tokens = device.is_cuda() ? 1024 : 256;
   const double per_call = budget / static_cast<double>(2 * head_dims.size() * dtypes.size());
   const AttentionParams causal{.causal = true};
   for (const DType dtype : dtypes) {
     std::map<std::string, std::vector<std::pair<KernelCost, double>>> timed;  // per op, per head dim
     for (const std::int64_t d : head_dims) {
-      const Tensor q = random_on(device, {1, 8, 256, d}, dtype, 6),
-                   k = random_on(device, {1, 2, 256, d}, dtype, 7),
-                   v = random_on(device, {1, 2, 256, d}, dtype, 8),
-                   grad = random_on(device, {1, 8, 256, d}, dtype, 9);
+      const Tensor q = random_on(device, {batch, 8, tokens, d}, dtype, 6),
+                   k = random_on(device, {batch, 2, tokens, d}, dtype, 7),
+                   v = random_on(device, {batch, 2, tokens, d}, dtype, 8),
+                   grad = random_on(device, {batch, 8, tokens, d}, dtype, 9);
       const AttentionResult forward = attention_forward(q, k, v, causal);
       const auto run_forward = [&] { return attention_forward(q, k, v, causal).out; };
       const auto run_backward = [&] { return attention_backward(grad, q, k, v, forward, causal).q; };
@@ -169,14 +173,23 @@ double dense_rate(const DeviceRates& rates, DType dtype, double flops, const std
   return low.per_second + t * (high.per_second - low.per_second);
 }
 
-double roofline_seconds(const KernelCost& cost, const DeviceRates& rates) {
+double work_seconds(const KernelCost& cost, const DeviceRates& rates) {
   SHARDLAB_CHECK(rates.bytes_per_second > 0, "roofline_seconds: the rates of {} hold no memory rate",
                  rates.device);
   const double memory = cost.bytes / rates.bytes_per_second;
   const double compute = !cost.dense      ? 0
                          : cost.pairs > 0 ? attention_seconds(cost, rates)
                                           : cost.flops / dense_rate(rates, cost.dtype, cost.flops, cost.op);
-  return std::max(compute, memory) + rates.seconds_per_call;
+  return std::max(compute, memory);
+}
+
+double with_calls(double work, double calls, const DeviceRates& rates) {
+  const double issue = calls * rates.seconds_per_call;
+  return rates.calls_overlap ? std::max(work, issue) : work + issue;
+}
+
+double roofline_seconds(const KernelCost& cost, const DeviceRates& rates) {
+  return with_calls(work_seconds(cost, rates), 1, rates);
 }
 
 DeviceRates with_assumed_rates(DeviceRates measured, const AssumedRates& assumed) {
@@ -210,8 +223,10 @@ DeviceRates with_assumed_rates(DeviceRates measured, const AssumedRates& assumed
 
 DeviceRates measure_rates(Device device, double budget_seconds) {
   SHARDLAB_CHECK(budget_seconds > 0, "measure_rates: the budget must be positive, got {} s", budget_seconds);
-  DeviceRates rates{.device = describe_device(device)};
-  const std::vector<std::int64_t> rows = {64, 128, 256, 512};
+  DeviceRates rates{.device = describe_device(device), .calls_overlap = device.is_cuda()};
+  const std::vector<std::int64_t> rows = device.is_cuda()
+                                             ? std::vector<std::int64_t>{256, 512, 1024, 2048, 4096}
+                                             : std::vector<std::int64_t>{64, 128, 256, 512};
   const std::vector<DType> dtypes = {DType::f32, DType::bf16};
   // A third of the budget to the GEMMs, a sixth to attention, a third to convolutions, the rest to the
   // memory rate and the call time.
@@ -233,11 +248,11 @@ DeviceRates measure_rates(Device device, double budget_seconds) {
   }
   measure_attention(device, dtypes, 0.17 * budget_seconds, rates);
   measure_convolutions(device, dtypes, 0.33 * budget_seconds, rates);
-  constexpr std::int64_t kLarge = std::int64_t{4} << 20;
-  const Tensor x = random_on(device, {kLarge}, DType::f32, 3), y = random_on(device, {kLarge}, DType::f32, 4);
-  const double large = seconds_per_call_of(
-      device, [&] { return add(x, y); }, 0.1 * budget_seconds);
-  rates.bytes_per_second = 3.0 * kLarge * 4 / large;
+  const std::int64_t large = std::int64_t{device.is_cuda() ? 64 : 4} << 20;
+  const Tensor x = random_on(device, {large}, DType::f32, 3), y = random_on(device, {large}, DType::f32, 4);
+  rates.bytes_per_second = 3.0 * static_cast<double>(large) * 4 /
+                           seconds_per_call_of(
+                               device, [&] { return add(x, y); }, 0.1 * budget_seconds);
   const Tensor small = random_on(device, {16}, DType::f32, 5);
   rates.seconds_per_call = seconds_per_call_of(
       device, [&] { return add(small, small); }, 0.1 * budget_seconds);

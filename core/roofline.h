@@ -2,7 +2,9 @@
 // a dense call (GEMM, convolution, attention) at the rate dense calls of its size and dtype ran, or its
 // bytes at the memory rate if that takes longer; any other call its bytes at the memory rate; each call
 // also the time a tiny kernel takes (dispatch, launch). The rates come from a short measurement on the
-// device with the process's threads (measure_rates), never from the work being predicted.
+// device with the process's threads (measure_rates), never from the work being predicted. On the CPU the
+// thread that issues a call runs it, so a call's issue and its work add; a GPU's host queues each kernel
+// while earlier ones run, so a call there takes the longer of the two (calls_overlap).
 //
 //   const DeviceRates rates = measure_rates(Device::cpu());
 //   double seconds = 0;
@@ -48,6 +50,8 @@ struct DeviceRates {
   // Copies between pinned host memory and a GPU (CPU offload's shards in, gradient shards out); 0 for
   // the CPU, which copies nothing.
   double host_to_device_bytes_per_second = 0, device_to_host_bytes_per_second = 0;
+  // The host queues kernels ahead of the device (a GPU): a call's issue hides behind the work before it.
+  bool calls_overlap = false;
 };
 
 // The rate of a dense call of `flops` operations in `dtype`: linear in log(flops) between the measured
@@ -59,8 +63,16 @@ double dense_rate(const DeviceRates& rates, DType dtype, double flops, const std
 // the GEMMs' rate where those were not measured.
 double attention_seconds(const KernelCost& cost, const DeviceRates& rates);
 
-// The roofline time of one call (above); throws where the rates lack what it needs.
+// One call's work: its dense math or its bytes, whichever takes longer; throws where the rates lack what
+// it needs.
+double work_seconds(const KernelCost& cost, const DeviceRates& rates);
+
+// The roofline time of one call: its work plus the call's own time, or the longer of the two where calls
+// overlap.
 double roofline_seconds(const KernelCost& cost, const DeviceRates& rates);
+
+// `calls` calls doing `work` seconds of work in all, by the same rule.
+double with_calls(double work, double calls, const DeviceRates& rates);
 
 // How measure_rates names `device`: "cpu (avx2), 2 threads" (the threads the CPU pool has now), "cuda:0".
 std::string describe_device(Device device);
@@ -80,14 +92,15 @@ struct AssumedRates {
 // (they run at it). An Error names a rate that is not positive, or a negative time a call.
 DeviceRates with_assumed_rates(DeviceRates measured, const AssumedRates& assumed);
 
-// Measures `device`'s rates in about `budget_seconds`: square matmuls of 64 to 512 rows in f32 and bf16,
-// each size as a Linear's three in training (a b^T, a b, a^T b; each repeated until it has run a slice
-// of the budget), causal attention forward and backward
-// over 256 tokens (8 query heads, 2 key-value heads) with heads of 32 and of 128, whose difference
-// separates the per-pair time from the flops' rate, in both; an add of 4 Mi f32 elements and adds of
-// 16; convolutions of 3x3 kernels over 8 images of 28x28 (1 to 32 channels, 32 to 64) and 14x14 (64 to
-// 128), forward and both gradients, in both; on a GPU, copies of 16 MiB from pinned host memory and back;
-// with the threads the CPU pool has now.
+// Measures `device`'s rates in about `budget_seconds`: square matmuls of 64 to 512 rows in f32 and bf16
+// (256 to 4096 on a GPU, whose smaller ones only show the launch), each size as a Linear's three in
+// training (a b^T, a b, a^T b; each repeated until it has run a slice of the budget), causal attention
+// forward and backward over 256 tokens (4 sequences of 1024 on a GPU; 8 query heads, 2 key-value
+// heads) with heads of 64 and of 128, whose difference separates the per-pair time from the flops'
+// rate, in both; an add of 4 Mi f32 elements (64 Mi on a GPU) and adds of 16; convolutions of 3x3
+// kernels over 8 images of 28x28 (1 to 32 channels, 32 to 64) and 14x14 (64 to 128), forward and both
+// gradients, in both; on a GPU, copies of 16 MiB from pinned host memory and back; with the threads the
+// CPU pool has now.
 DeviceRates measure_rates(Device device, double budget_seconds = 2.0);
 
 }  // namespace shardlab

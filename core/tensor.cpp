@@ -430,6 +430,17 @@ Tensor empty_in_layout_of(const Tensor& like, const Shape& shape, TensorOptions 
 
 Tensor scalar_tensor(Scalar value, TensorOptions options) { return full({}, value, options); }
 
+namespace {
+
+// Values made on the host, onto `device`: on a GPU through pinned memory and a queued copy, so that
+// making them (an arange inside a training step) never waits for the device's queued work; the pinned
+// block is not reused before the copy ran.
+Tensor onto(const Tensor& host, Device device) {
+  return device.is_cuda() ? host.pin_memory().to(device, /*non_blocking=*/true) : host.to(device);
+}
+
+}  // namespace
+
 Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions options) {
   const double first = start.to_double(), last = end.to_double(), increment = step.to_double();
   SHARDLAB_CHECK(increment != 0, "arange: step must be non-zero");
@@ -448,7 +459,7 @@ Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions options) {
     for (std::int64_t i = 0; i < count; ++i) values[i] = first + static_cast<double>(i) * increment;
     host = from_vector(values);
   }
-  return host.to(options.dtype).to(options.device);
+  return onto(host.to(options.dtype), options.device);
 }
 
 Tensor arange(std::int64_t end, TensorOptions options) { return arange(0, end, 1, options); }
@@ -459,7 +470,7 @@ Tensor from_vector(const std::vector<T>& values, Shape shape, Device device) {
                  "from_vector: {} values do not fill shape {}", values.size(), shape_str(shape));
   Tensor host = empty(shape, TensorOptions{dtype_of<T>, Device::cpu()});
   std::copy(values.begin(), values.end(), static_cast<T*>(host.raw_data()));
-  return host.to(device);
+  return onto(host, device);
 }
 
 template <typename T>

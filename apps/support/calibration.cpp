@@ -53,7 +53,8 @@ nlohmann::json rates_json(const DeviceRates& rates) {
           {"bytes_per_second", rates.bytes_per_second},
           {"seconds_per_call", rates.seconds_per_call},
           {"host_to_device_bytes_per_second", rates.host_to_device_bytes_per_second},
-          {"device_to_host_bytes_per_second", rates.device_to_host_bytes_per_second}};
+          {"device_to_host_bytes_per_second", rates.device_to_host_bytes_per_second},
+          {"calls_overlap", rates.calls_overlap}};
 }
 
 DeviceRates rates_from(const nlohmann::json& json) {
@@ -63,7 +64,8 @@ DeviceRates rates_from(const nlohmann::json& json) {
       .bytes_per_second = json.at("bytes_per_second").get<double>(),
       .seconds_per_call = json.at("seconds_per_call").get<double>(),
       .host_to_device_bytes_per_second = json.at("host_to_device_bytes_per_second").get<double>(),
-      .device_to_host_bytes_per_second = json.at("device_to_host_bytes_per_second").get<double>()};
+      .device_to_host_bytes_per_second = json.at("device_to_host_bytes_per_second").get<double>(),
+      .calls_overlap = json.at("calls_overlap").get<bool>()};
   for (const auto& [op, table] : json.at("kernels").items()) rates.kernels[op] = table_from(table);
   for (const auto& [op, by_dtype] : json.at("attention").items()) {
     for (const DType dtype : kMeasuredDtypes) {

@@ -13,12 +13,15 @@
 namespace shardlab::dist {
 namespace {
 
-// One call's roofline time by its bound: the larger of its math and its bytes, plus the call's own cost.
+// One call's roofline time by its bound: the larger of its math and its bytes, and the call's own cost
+// (added, or where calls overlap the work, what the call takes beyond it).
 TimeBounds call_bounds(const KernelCost& cost, const DeviceRates& device) {
-  const double seconds = roofline_seconds(cost, device) - device.seconds_per_call;
+  const double seconds = work_seconds(cost, device);
   const double memory = cost.bytes / device.bytes_per_second;
   const bool dense = cost.dense && seconds > memory;
-  return {.dense = dense ? seconds : 0, .memory = dense ? 0 : seconds, .calls = device.seconds_per_call};
+  return {.dense = dense ? seconds : 0,
+          .memory = dense ? 0 : seconds,
+          .calls = roofline_seconds(cost, device) - seconds};
 }
 
 void add(TimeBounds& to, const TimeBounds& more) {
@@ -152,8 +155,9 @@ std::string device_text(const DeviceRates& rates) {
   for (const auto& [dtype, sizes] : rates.dense) {
     for (const DenseRate& size : sizes) fastest = std::max(fastest, size.per_second);
   }
-  return fmt::format("{}: GEMMs up to {:.0f} GFLOP/s, memory {:.1f} GB/s, {:.2f} us a call", rates.device,
-                     1e-9 * fastest, 1e-9 * rates.bytes_per_second, 1e6 * rates.seconds_per_call);
+  return fmt::format("{}: GEMMs up to {:.0f} GFLOP/s, memory {:.1f} GB/s, {:.2f} us a call{}", rates.device,
+                     1e-9 * fastest, 1e-9 * rates.bytes_per_second, 1e6 * rates.seconds_per_call,
+                     rates.calls_overlap ? " (queued ahead: hidden behind longer work)" : "");
 }
 
 }  // namespace
@@ -221,8 +225,8 @@ StepTimePrediction predict_step_time(const Plan& plan, const std::vector<KernelC
     }
     optimizer_calls += 2;
   }
-  out.optimizer =
-      optimizer_bytes / device.bytes_per_second + update + optimizer_calls * device.seconds_per_call;
+  const double optimizer_work = optimizer_bytes / device.bytes_per_second + update;
+  out.optimizer = with_calls(optimizer_work, optimizer_calls, device);
   // Which parameters got a gradient: one all-reduce of a byte a parameter, where the plan has it.
   const double flags = plan.flag_bytes > 0
                            ? collective_seconds(link, Collective::all_reduce,
@@ -246,8 +250,8 @@ StepTimePrediction predict_step_time(const Plan& plan, const std::vector<KernelC
         span.waited;
   }
   out.bounds = outside_bounds;
-  out.bounds.memory += out.optimizer - optimizer_calls * device.seconds_per_call;
-  out.bounds.calls += optimizer_calls * device.seconds_per_call;
+  out.bounds.memory += optimizer_work;
+  out.bounds.calls += out.optimizer - optimizer_work;
   for (const UnitStepTime& unit : out.units) add(out.bounds, unit.bounds);
   return out;
 }

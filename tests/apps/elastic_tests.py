@@ -2,15 +2,18 @@
 """tests/apps/elastic_tests.py: scripts/train-elastic carries a job on with fewer ranks.
 
 - train_cnn at 4 ranks, 60 steps, a checkpoint every 10: its highest rank killed (SIGKILL) once step
-  25 is done, then again once step 45 is done after the first restart. The launcher restarts at 3,
+  23 is done, then again once step 43 is done after the first restart (each kill 3 steps after a
+  checkpoint and 7 before the next, so that the lost run has steps beyond the checkpoint the job
+  resumes from however late on a busy machine the kill lands). The launcher restarts at 3,
   then at 2 ranks, each time from the newest checkpoint, and the run finishes its 60 steps. The step
   losses after each restart equal, bit for bit, a plain --resume at that world size from that
   checkpoint; the first 3 (fewer where the kill landed late, at least 1) are within 1e-5 of those the
   lost run took from the same checkpoint (the
   curve goes on; rounding differences between world sizes grow with training, so later steps drift
   from the uninterrupted run: the largest difference is reported); the metrics record each restart.
-- train_llama (tiny) at 2 ranks from a hostfile of 2 slots, cut to 1 slot before one kill (once step 6
-  is done, a checkpoint every 5): one restart at 1 rank (the hostfile read again), the same checks.
+- train_llama (tiny) at 2 ranks from a hostfile of 2 slots, cut to 1 slot before one kill (once step 13
+  is done, a checkpoint every 10, 24 steps): one restart at 1 rank (the hostfile read again), the same
+  checks.
 - Refusals: no --checkpoint-dir; a failure that is no lost rank is not restarted; SIGTERM to the
   launcher stops the ranks cleanly (SIGUSR1 to mpirun), exit 75, no restart.
 
@@ -51,13 +54,13 @@ class Case:
 
 def cnn_case(program):
     return Case("train_cnn", program, ["--limit-train", "640", "--limit-test", "200", "--global-batch", "64",
-                                       "--epochs", "6", "--threads", "1", "--steps", "60"], 10, 60, 4, (25, 45))
+                                       "--epochs", "6", "--threads", "1", "--steps", "60"], 10, 60, 4, (23, 43))
 
 
 def llama_case(program):
     return Case("train_llama", program, ["--config", "tiny", "--seq", "48", "--global-batch", "12",
                                          "--limit-documents", "240", "--lr", "3e-3", "--threads", "1", "--steps",
-                                         "12"], 5, 12, 2, (6,), hostfile=True)
+                                         "24"], 10, 24, 2, (13,), hostfile=True)
 
 
 def segments(records):

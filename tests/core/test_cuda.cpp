@@ -589,6 +589,22 @@ TEST_CASE("a pinned block freed while its copy is queued is not reused until the
 
 // --- host waits (core/host_wait.h) ---------------------------------------------------------------
 
+TEST_CASE("values made on the host for a GPU (arange, from_vector) go up without a host wait", "[cuda]") {
+  // The composed attention's mask and nll_loss's gradient make aranges inside a training step.
+  Tensor counted, stepped, listed;
+  reset_host_wait_counts();
+  {
+    HostWaitsForbidden step("training step");
+    counted = arange(5, TensorOptions{DType::i64, kCuda});
+    stepped = arange(1.0, 2.0, 0.25, TensorOptions{DType::f32, kCuda});
+    listed = from_vector(std::vector<float>{2.5f, -1.0f}, kCuda);
+  }
+  CHECK(host_wait_total() == 0);
+  CHECK(counted.to(kCpu).to_vector<std::int64_t>() == std::vector<std::int64_t>{0, 1, 2, 3, 4});
+  CHECK(stepped.to(kCpu).to_vector<float>() == std::vector<float>{1.0f, 1.25f, 1.5f, 1.75f});
+  CHECK(listed.to(kCpu).to_vector<float>() == std::vector<float>{2.5f, -1.0f});
+}
+
 TEST_CASE("cuda work that needs no answer on the host queues without a host wait", "[cuda]") {
   const Tensor host = random_tensor({64, 8}, 85);
   const Tensor rows = from_vector(std::vector<std::int64_t>{3, 0, 63, 3}, {4});

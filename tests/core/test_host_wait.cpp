@@ -1,8 +1,11 @@
 // tests/core/test_host_wait.cpp: host waits are counted by reason and refused, naming the reason,
-// inside a HostWaitsForbidden scope of the waiting thread; CPU work never waits.
+// inside a HostWaitsForbidden scope of the waiting thread, with their call stacks where asked; CPU
+// work never waits.
+#include <cstdlib>
 #include <thread>
 
 #include "core/host_wait.h"
+#include "core/notice.h"
 #include "core/ops.h"
 #include "tests/check.h"
 
@@ -96,4 +99,36 @@ TEST_CASE("an unavoidable wait is counted under its scope's reason, inside a for
   CHECK(counts[1].reason == "gradient flags");
   CHECK(counts[1].count == 1);
   reset_host_wait_counts();
+}
+
+// Out of line and of external linkage, so that the call stack names it (test_core links with -rdynamic).
+[[gnu::noinline]] void copy_for_the_stack_test();
+void copy_for_the_stack_test() { host_wait("copy to host memory", "cuda:0"); }
+
+TEST_CASE(
+    "SHARDLAB_HOST_WAIT_STACKS=1: a refused wait's error ends with its call stack, a counted one is "
+    "said once per call stack",
+    "[host_wait]") {
+  ::setenv("SHARDLAB_HOST_WAIT_STACKS", "1", 1);
+  {
+    const HostWaitsForbidden step("training step");
+    try {
+      copy_for_the_stack_test();
+      FAIL("the wait was not refused");
+    } catch (const Error& error) {
+      const std::string message = error.what();
+      CHECK_THAT(message, Catch::Matchers::Contains("keep the value on the device; called from:\n  #0 "));
+      CHECK_THAT(message, Catch::Matchers::Contains("copy_for_the_stack_test"));
+    }
+  }
+  const std::size_t before = notices().size();
+  volatile int calls = 2;                                              // one call site, not unrolled into two
+  for (int call = 0; call < calls; ++call) copy_for_the_stack_test();  // the same stack: said once
+  ::unsetenv("SHARDLAB_HOST_WAIT_STACKS");
+  copy_for_the_stack_test();  // not asked: not said
+  const std::vector<std::string> said = notices();
+  REQUIRE(said.size() == before + 1);
+  CHECK_THAT(said.back(),
+             Catch::Matchers::StartsWith("host wait: copy to host memory on cuda:0, called from:\n  #0 "));
+  CHECK_THAT(said.back(), Catch::Matchers::Contains("copy_for_the_stack_test"));
 }

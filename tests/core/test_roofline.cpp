@@ -1,5 +1,6 @@
 // tests/core/test_roofline.cpp: the roofline's arithmetic on fixed rates, by hand (dense rates between
-// and beyond the measured sizes, compute- and memory-bound dense calls, memory calls, the per-call time),
+// and beyond the measured sizes, compute- and memory-bound dense calls, memory calls, the per-call time
+// added or overlapped),
 // its refusals, and a short measurement on the CPU whose rates are all there (positive, sizes ascending;
 // their values are the machine's, not checked).
 #include <cmath>
@@ -35,6 +36,24 @@ TEST_CASE("roofline: dense rates by size, and each call's time, by hand", "[roof
   // A memory kernel: its bytes only, whatever its dtype.
   const KernelCost added{.op = "add", .dtype = DType::f64, .flops = 1e9, .bytes = 3e6};
   CHECK(std::abs(roofline_seconds(added, rates) - (3e-3 + 1e-6)) < 1e-15);
+}
+
+TEST_CASE("roofline: where calls are queued ahead (a GPU), a call takes the longer of its issue and its work",
+          "[roofline]") {
+  DeviceRates rates = fixed_rates();
+  rates.seconds_per_call = 5e-6;
+  rates.calls_overlap = true;
+  // 250 us of compute hide the 5 us issue; 8 bytes of an add (8 ns) do not: the issue's 5 us.
+  const KernelCost gemm{.op = "matmul", .dtype = DType::f32, .dense = true, .flops = 1e6, .bytes = 8e3};
+  CHECK(std::abs(roofline_seconds(gemm, rates) - 2.5e-4) < 1e-15);
+  CHECK(work_seconds(gemm, rates) == roofline_seconds(gemm, rates));
+  const KernelCost tiny{.op = "add", .dtype = DType::f32, .bytes = 8};
+  CHECK(roofline_seconds(tiny, rates) == 5e-6);
+  // 100 calls of 300 us of work in all: 500 us of issue, the longer; 10 calls: the work's 300 us.
+  CHECK(std::abs(with_calls(3e-4, 100, rates) - 5e-4) < 1e-15);
+  CHECK(std::abs(with_calls(3e-4, 10, rates) - 3e-4) < 1e-15);
+  rates.calls_overlap = false;  // the CPU: they add
+  CHECK(std::abs(with_calls(3e-4, 10, rates) - 3.5e-4) < 1e-15);
 }
 
 TEST_CASE("roofline: rates that lack what a call needs are refused by name", "[roofline]") {

@@ -139,6 +139,8 @@ speed = {"cnn": "", "1b": ", 52172 tokens/s"}.get(config, ", 293730 tokens/s")
 if config != "cnn":
     print(f"{program}: model {config} with {parameters} parameters")
 print(f"{program}: median step 2.0 ms{speed} (19 steps, the first excluded)")
+if "--explain" in args:
+    print(f"{program}: rank 0 step time: measured 2.0 ms, predicted 2.2 ms (+10.0%)")
 print(f"{program}: rank 0's kernel time per step (19 steps after the first, 2.00 ms each):")
 print("  op                                calls         ms   % step")
 print("  matmul                             10.0      1.500    75.0%")
@@ -258,11 +260,11 @@ def check_no_gpu(check, script, fakes):
     expected = {
         "shardlab-seed": f"$ {fakes.build}/apps/train_llama --device cuda --config {bench}/llama_seed.json "
                          f"--mixed-precision bf16 --seq 512 --global-batch 64 --steps 20 --random-tokens "
-                         f"--metrics {out_dir}/shardlab-seed.jsonl --profile",
+                         f"--metrics {out_dir}/shardlab-seed.jsonl --profile --explain",
         "shardlab-1b": f"$ {fakes.build}/apps/train_llama --device cuda --config 1b --mixed-precision bf16 --seq 2048 "
-                       f"--global-batch 4 --steps 20 --random-tokens --metrics {out_dir}/shardlab-1b.jsonl --profile",
+                       f"--global-batch 4 --steps 20 --random-tokens --metrics {out_dir}/shardlab-1b.jsonl --profile --explain",
         "shardlab-cnn": f"$ {fakes.build}/apps/train_cnn --device cuda --global-batch 64 --steps 20 "
-                        f"--data {fakes.data} --metrics {out_dir}/shardlab-cnn.jsonl --profile",
+                        f"--data {fakes.data} --metrics {out_dir}/shardlab-cnn.jsonl --profile --explain",
         "pytorch-seed-eager": f"$ {fakes.python} {bench}/pytorch_gpu_llama.py --config seed --mode eager --steps 20",
         "pytorch-1b-compile": f"$ {fakes.python} {bench}/pytorch_gpu_llama.py --config 1b --mode compile --steps 20",
         "pytorch-cnn-compile": f"$ {fakes.python} {bench}/pytorch_gpu_cnn.py --mode compile --steps 20",
@@ -289,7 +291,8 @@ def check_figures(check, script, fakes):
     check("both sides' figures: every run passes, exit 0", code == 0 and closing(out) == "speed: 9 passed, 0 failed, "
           "0 skipped", out)
     check("an ok line carries the run's figures",
-          "ok: shardlab seed: 293730 tok/s, median step 2.0 ms, peak 20.0 GiB, last loss 10.8125" in out
+          "ok: shardlab seed: 293730 tok/s, median step 2.0 ms, predicted 2.2 ms (+10.0%), peak 20.0 GiB, "
+          "last loss 10.8125" in out
           and "ok: pytorch cnn eager: 25600 img/s, median step 2.5 ms, peak 30.0 GiB" in out, out)
     # MFU by hand: tokens/s x (6 N + 12 L H T) / 989e12; the ratio shardlab / PyTorch.
     seed_row = (f"| seed | eager | 293730 tok/s | 250000 tok/s | {293730 / 250000:.3f} | 33.7% | "
