@@ -1,92 +1,23 @@
-// core/kernels.cpp: names of the kernel op enums, for error messages.
+// core/kernels.cpp: the table of a device, and how many of a table's entries are set.
 #include "core/kernels.h"
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 namespace shardlab {
 
-const char* op_name(UnaryOp op) {
-  switch (op) {
-    case UnaryOp::neg:
-      return "neg";
-    case UnaryOp::abs:
-      return "abs";
-    case UnaryOp::exp:
-      return "exp";
-    case UnaryOp::log:
-      return "log";
-    case UnaryOp::sqrt:
-      return "sqrt";
-    case UnaryOp::rsqrt:
-      return "rsqrt";
-    case UnaryOp::tanh:
-      return "tanh";
-    case UnaryOp::sigmoid:
-      return "sigmoid";
-    case UnaryOp::relu:
-      return "relu";
-    case UnaryOp::silu:
-      return "silu";
-    case UnaryOp::gelu:
-      return "gelu";
-    case UnaryOp::erf:
-      return "erf";
-    case UnaryOp::gelu_tanh:
-      return "gelu(tanh)";
-    case UnaryOp::isfinite:
-      return "isfinite";
-  }
-  __builtin_unreachable();
-}
+const Kernels& kernels_for(Device device) { return device.is_cuda() ? cuda_kernels() : cpu_kernels(); }
 
-const char* op_name(BinaryOp op) {
-  switch (op) {
-    case BinaryOp::add:
-      return "add";
-    case BinaryOp::sub:
-      return "sub";
-    case BinaryOp::mul:
-      return "mul";
-    case BinaryOp::div:
-      return "div";
-    case BinaryOp::pow:
-      return "pow";
-    case BinaryOp::maximum:
-      return "maximum";
-    case BinaryOp::minimum:
-      return "minimum";
-    case BinaryOp::relu_backward:
-      return "relu_backward";
-    case BinaryOp::eq:
-      return "eq";
-    case BinaryOp::ne:
-      return "ne";
-    case BinaryOp::lt:
-      return "lt";
-    case BinaryOp::le:
-      return "le";
-    case BinaryOp::gt:
-      return "gt";
-    case BinaryOp::ge:
-      return "ge";
-  }
-  __builtin_unreachable();
-}
-
-const char* op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum:
-      return "sum";
-    case ReduceOp::mean:
-      return "mean";
-    case ReduceOp::sum_squares:
-      return "sum_squares";
-    case ReduceOp::max:
-      return "max";
-    case ReduceOp::min:
-      return "min";
-    case ReduceOp::argmax:
-      return "argmax";
-  }
-  __builtin_unreachable();
+EntryCount count_entries(const Kernels& table) {
+  // The table is function pointers and nothing else, read slot by slot: no entry can be left out.
+  static_assert(std::is_trivially_copyable_v<Kernels> && sizeof(Kernels) % sizeof(std::uintptr_t) == 0);
+  std::array<std::uintptr_t, sizeof(Kernels) / sizeof(std::uintptr_t)> slots{};
+  std::memcpy(slots.data(), &table, sizeof(Kernels));
+  EntryCount count{.entries = slots.size()};
+  for (const std::uintptr_t slot : slots) count.set += slot != 0 ? 1 : 0;
+  return count;
 }
 
 }  // namespace shardlab

@@ -43,4 +43,9 @@ enum class Distribution : unsigned char { uniform, normal, bernoulli };
 // eq, ne, lt, le, gt, ge: these write bool.
 constexpr bool is_comparison(BinaryOp op) { return op >= BinaryOp::eq; }
 
+// The ops' names, for error messages and traces.
+const char* op_name(UnaryOp op);
+const char* op_name(BinaryOp op);
+const char* op_name(ReduceOp op);
+
 }  // namespace shardlab

@@ -36,4 +36,9 @@ Tensor bernoulli(const Shape& shape, RandomKey key, double p, TensorOptions opti
 // Fills a contiguous tensor in place with the draws of `spec`.
 void fill_random(const Tensor& out, const RandomSpec& spec);
 
+// The random draws' kernel entry: out is contiguous; element i receives draw number first_index + i.
+struct RandomKernels {
+  void (*random)(const RandomSpec& spec, const Tensor& out);
+};
+
 }  // namespace shardlab

@@ -398,4 +398,10 @@ void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k
   backward<float>(grad_out, q, k, v, forward, params, grads);
 }
 
+AttentionKernels attention_kernels() {
+  return {.attention_forward = attention_forward,
+          .attention_backward = attention_backward,
+          .strided_heads = [](const Tensor& t) { return t.stride(-1) == 1; }};
+}
+
 }  // namespace shardlab::cpu

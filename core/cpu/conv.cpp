@@ -264,4 +264,10 @@ void conv2d_backward_weight(const Tensor& grad_out, const Tensor& input, Conv2dP
       grad_out, input);
 }
 
+ConvKernels conv_kernels() {
+  return {.conv2d = conv2d,
+          .conv2d_backward_input = conv2d_backward_input,
+          .conv2d_backward_weight = conv2d_backward_weight};
+}
+
 }  // namespace shardlab::cpu

@@ -257,4 +257,8 @@ void where(const Tensor& condition, const Tensor& a, const Tensor& b, const Tens
   });
 }
 
+ElementwiseKernels elementwise_kernels() {
+  return {.fill = fill, .copy = copy, .unary = unary, .binary = binary, .where = where};
+}
+
 }  // namespace shardlab::cpu

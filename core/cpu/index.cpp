@@ -147,4 +147,26 @@ void index_add(const Tensor& out, std::int64_t dim, const Tensor& index, const T
   });
 }
 
+namespace {
+
+// Accumulating kernels sum 16-bit floats in f32 and round once at the end.
+void scatter_add_f32(const Tensor& out, std::int64_t dim, const Tensor& index, const Tensor& src) {
+  in_f32_precision(
+      out, [&](const Tensor& o, const Tensor& s) { cpu::scatter_add(o, dim, index, s); }, src);
+}
+void index_add_f32(const Tensor& out, std::int64_t dim, const Tensor& index, const Tensor& src) {
+  in_f32_precision(
+      out, [&](const Tensor& o, const Tensor& s) { cpu::index_add(o, dim, index, s); }, src);
+}
+
+}  // namespace
+
+IndexKernels index_kernels() {
+  return {.check_index = check_index,
+          .index_select = index_select,
+          .gather = gather,
+          .scatter_add = scatter_add_f32,
+          .index_add = index_add_f32};
+}
+
 }  // namespace shardlab::cpu

@@ -80,4 +80,8 @@ void cross_entropy_backward(const Tensor& grad_losses, const Tensor& logits, con
   });
 }
 
+LossKernels loss_kernels() {
+  return {.cross_entropy_forward = cross_entropy_forward, .cross_entropy_backward = cross_entropy_backward};
+}
+
 }  // namespace shardlab::cpu

@@ -50,4 +50,6 @@ void matmul(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& 
       a, b, bias);
 }
 
+MatmulKernels matmul_kernels() { return {.matmul = matmul}; }
+
 }  // namespace shardlab::cpu

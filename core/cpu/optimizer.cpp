@@ -111,4 +111,6 @@ void adam_step(std::span<const AdamSegment> segments, const Tensor& apply) {
   for (const AdamSegment& segment : segments) adam_segment(segment);
 }
 
+OptimizerKernels optimizer_kernels() { return {.adadelta_step = adadelta_step, .adam_step = adam_step}; }
+
 }  // namespace shardlab::cpu

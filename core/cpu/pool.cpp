@@ -126,4 +126,19 @@ void max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Te
   });
 }
 
+namespace {
+
+// Accumulates in f32 for 16-bit floats, rounding once at the end.
+void max_pool2d_backward_f32(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_in) {
+  in_f32_precision(
+      grad_in, [&](const Tensor& gi, const Tensor& go) { cpu::max_pool2d_backward(go, indices, gi); },
+      grad_out);
+}
+
+}  // namespace
+
+PoolKernels pool_kernels() {
+  return {.max_pool2d = max_pool2d, .max_pool2d_backward = max_pool2d_backward_f32};
+}
+
 }  // namespace shardlab::cpu

@@ -85,4 +85,6 @@ void random(const RandomSpec& spec, const Tensor& out) {
   });
 }
 
+RandomKernels random_kernels() { return {.random = random}; }
+
 }  // namespace shardlab::cpu

@@ -264,4 +264,8 @@ void foreach_sum_squares(std::span<const Tensor> tensors, const Tensor& out) {
   *out.data<double>() = fold_lanes(lanes.data());
 }
 
+ReductionKernels reduction_kernels() {
+  return {.reduce = reduce, .foreach_sum_squares = foreach_sum_squares};
+}
+
 }  // namespace shardlab::cpu

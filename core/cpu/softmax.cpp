@@ -40,4 +40,6 @@ void softmax(const Tensor& in, std::int64_t dim, bool log, const Tensor& out) {
   });
 }
 
+SoftmaxKernels softmax_kernels() { return {.softmax = softmax}; }
+
 }  // namespace shardlab::cpu

@@ -324,4 +324,12 @@ void rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool transpos
   });
 }
 
+TransformerKernels transformer_kernels() {
+  return {.rms_norm_forward = rms_norm_forward,
+          .rms_norm_backward = rms_norm_backward,
+          .swiglu_forward = swiglu_forward,
+          .swiglu_backward = swiglu_backward,
+          .rotary = rotary};
+}
+
 }  // namespace shardlab::cpu

@@ -424,7 +424,7 @@ Tensor aligned(const Tensor& t) {
 }
 
 // The attention and rotary kernels' view of t [..., T, D]: a 4-D operand through its strides, any other
-// (contiguous, as cuda_takes_strided_heads has ops.cpp make it) as [rows / T, 1, T, D].
+// (contiguous, as cuda_takes_strided_heads has core/attention.cpp make it) as [rows / T, 1, T, D].
 template <typename Pointer>
 cuda::HeadsOf<Pointer> heads_of(const Tensor& t, Pointer data) {
   if (t.dim() == 4) return {data, t.stride(0), t.stride(1), t.stride(2)};
@@ -446,7 +446,8 @@ void cuda_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, c
                             const AttentionResult& result) {
   const LaunchContext context(q);
   const cuda::AttentionGeometry geometry = attention_geometry("attention", q, k, v, params);
-  if (is_half(q.dtype())) {  // ops.cpp's attention_kernel sends only the head dims flash attention takes
+  if (is_half(q.dtype())) {  // core/attention.cpp's attention_kernel sends only the head dims flash attention
+                             // takes
     const Tensor q16 = aligned(q), k16 = aligned(k), v16 = aligned(v);
     const cuda::AttentionOperands operands{.q = heads_in(q16),
                                            .k = heads_in(k16),
@@ -680,41 +681,39 @@ void cuda_adam_step(std::span<const AdamSegment> segments, const Tensor& apply) 
 }  // namespace
 
 const Kernels& cuda_kernels() {
-  // Designated in core/kernels.h's order; an entry left out would stay null: its op would have no
-  // CUDA kernel.
+  // Each family's entries designated in its header's order; an entry left out would stay null: its op
+  // would have no CUDA kernel.
   static const Kernels table{
-      .fill = cuda_fill,
-      .copy = cuda_copy,
-      .unary = cuda_unary,
-      .binary = cuda_binary,
-      .where = cuda_where,
-      .reduce = cuda_reduce,
-      .foreach_sum_squares = cuda_foreach_sum_squares,
-      .matmul = cuda_matmul,
-      .softmax = cuda_softmax,
-      .cross_entropy_forward = cuda_cross_entropy_forward,
-      .cross_entropy_backward = cuda_cross_entropy_backward,
-      .rms_norm_forward = cuda_rms_norm_forward,
-      .rms_norm_backward = cuda_rms_norm_backward,
-      .swiglu_forward = cuda_swiglu_forward,
-      .swiglu_backward = cuda_swiglu_backward,
-      .rotary = cuda_rotary,
-      .conv2d = cuda_conv2d,
-      .conv2d_backward_input = cuda_conv2d_backward_input,
-      .conv2d_backward_weight = cuda_conv2d_backward_weight,
-      .max_pool2d = cuda_max_pool2d,
-      .max_pool2d_backward = cuda_max_pool2d_backward,
-      .attention_forward = cuda_attention_forward,
-      .attention_backward = cuda_attention_backward,
-      .check_index = cuda_check_index,
-      .index_select = cuda_index_select,
-      .gather = cuda_gather,
-      .scatter_add = cuda_scatter_add,
-      .index_add = cuda_index_add,
-      .random = cuda_random,
-      .adadelta_step = cuda_adadelta_step,
-      .adam_step = cuda_adam_step,
-      .strided_heads = [](const Tensor& t) { return cuda_takes_heads_in_place(layout_of(t)); },
+      ElementwiseKernels{.fill = cuda_fill,
+                         .copy = cuda_copy,
+                         .unary = cuda_unary,
+                         .binary = cuda_binary,
+                         .where = cuda_where},
+      ReductionKernels{.reduce = cuda_reduce, .foreach_sum_squares = cuda_foreach_sum_squares},
+      MatmulKernels{.matmul = cuda_matmul},
+      SoftmaxKernels{.softmax = cuda_softmax},
+      LossKernels{.cross_entropy_forward = cuda_cross_entropy_forward,
+                  .cross_entropy_backward = cuda_cross_entropy_backward},
+      TransformerKernels{.rms_norm_forward = cuda_rms_norm_forward,
+                         .rms_norm_backward = cuda_rms_norm_backward,
+                         .swiglu_forward = cuda_swiglu_forward,
+                         .swiglu_backward = cuda_swiglu_backward,
+                         .rotary = cuda_rotary},
+      ConvKernels{.conv2d = cuda_conv2d,
+                  .conv2d_backward_input = cuda_conv2d_backward_input,
+                  .conv2d_backward_weight = cuda_conv2d_backward_weight},
+      PoolKernels{.max_pool2d = cuda_max_pool2d, .max_pool2d_backward = cuda_max_pool2d_backward},
+      AttentionKernels{
+          .attention_forward = cuda_attention_forward,
+          .attention_backward = cuda_attention_backward,
+          .strided_heads = [](const Tensor& t) { return cuda_takes_heads_in_place(layout_of(t)); }},
+      IndexKernels{.check_index = cuda_check_index,
+                   .index_select = cuda_index_select,
+                   .gather = cuda_gather,
+                   .scatter_add = cuda_scatter_add,
+                   .index_add = cuda_index_add},
+      RandomKernels{.random = cuda_random},
+      OptimizerKernels{.adadelta_step = cuda_adadelta_step, .adam_step = cuda_adam_step},
   };
   return table;
 }

@@ -14,6 +14,9 @@ copied out of the tree and built against the installed files, and checks that:
   (find_package(shardlab), shardlab::shardlab) and prints the losses of the Meson-built one;
 - the example configures with shardlab as its Meson subproject (dependency('shardlab') answered by
   meson.override_dependency); configured only, as building shardlab again would take minutes;
+- a program of its own (tests/apps/installed_table) linked against the installed static archives has
+  every entry of the CPU kernel table set (each family's entries come from a function the table calls,
+  so the linker cannot drop them);
 - examples/ladder builds against the installed shardlab.pc, and every rung prints rung 1's losses,
   which fall: rung 2 (FSDP) at np 2, rung 3 (bf16, activation checkpointing) at np 2 within 2e-2,
   rung 4 saved after step 10 at np 2 and resumed at np 3, rung 5 at np 4 as dp 2 x tp 2 (within 1e-5);
@@ -184,6 +187,22 @@ def check_ladder(check, mpirun, meson, scratch, source_dir, env):
               f"exit {code}\n{output}")
 
 
+def check_kernel_table(check, meson, scratch, source_dir, env):
+    """tests/apps/installed_table built against the staged install: every CPU kernel entry is linked in."""
+    project = os.path.join(scratch, "installed_table")
+    shutil.copytree(os.path.join(source_dir, "tests", "apps", "installed_table"), project)
+    build = os.path.join(scratch, "installed_table-build")
+    code, output = run_command([meson, "setup", build, project], env)
+    if code == 0:
+        code, output = run_command(["ninja", "-C", build, "-j1"], env)
+    if code == 0:
+        code, output = run_command([os.path.join(build, "installed_table")], env)
+    counted = re.search(r"the CPU kernel table: (\d+) of (\d+) entries set", output)
+    check(f"a program linked against the installed static archives has every CPU kernel entry "
+          f"({counted.group(1) if counted else '?'} of {counted.group(2) if counted else '?'})",
+          code == 0 and counted is not None and counted.group(1) == counted.group(2), f"exit {code}\n{output}")
+
+
 def main(mpirun, meson, build_dir, source_dir):
     check = Checks()
     skipped = 0
@@ -254,6 +273,7 @@ def main(mpirun, meson, build_dir, source_dir):
               and "(overridden)" in output,
               f"exit {code}\n{output}")
         check_ladder(check, mpirun, meson, scratch, source_dir, env)
+        check_kernel_table(check, meson, scratch, source_dir, env)
     return check.summary("install", skipped)
 
 

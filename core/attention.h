@@ -1,0 +1,65 @@
+// core/attention.h: fused scaled dot-product attention (forward, backward, which kernel runs) and its
+// kernel entries.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "core/tensor.h"
+
+namespace shardlab {
+
+// Fused scaled dot-product attention (FlashAttention-2: blocked over keys with an online softmax,
+// no [T, S] score matrix), the core of autograd's scaled_dot_product_attention:
+//   out[b, h, t] = sum_s softmax_s(scale * q[b, h, t] . k[b, h / G, s]) v[b, h / G, s]
+// over the keys s query t may see, for q [B, H, T, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv],
+// H = G * Hkv (grouped-query attention). f32 or f64.
+struct AttentionParams {
+  bool causal = false;          // query t sees keys 0..t (top-left aligned, as PyTorch)
+  Tensor padding;               // optional bool [B, S]: true marks a padding token (see below)
+  std::optional<double> scale;  // default 1 / sqrt(D)
+};
+// No query sees a padding key; when T == S the queries are the same tokens, and a padding
+// query sees nothing. A query that sees no key outputs zeros (logsumexp -inf) and passes no
+// gradient.
+struct AttentionResult {
+  Tensor out;        // [B, H, T, Dv]
+  Tensor logsumexp;  // [B, H, T]: of each query's scaled scores over the keys it sees (f32 for halves)
+};
+AttentionResult attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const AttentionParams& params = {});
+// The kernel attention_forward and attention_backward run, a pure function of the operands (the same
+// answer on any machine): f32 and f64 take the device's fused kernel; bf16 and f16 take flash
+// attention on tensor cores on a GPU where q's and v's head dims are both 64 or both 128, and
+// elsewhere the f32 kernel on operands cast to f32, the results cast back. logsumexp is f32 for
+// bf16 and f16.
+enum class AttentionKernel : unsigned char { fused, flash, in_f32 };
+AttentionKernel attention_kernel(DType dtype, Device device, std::int64_t head_dim, std::int64_t value_dim);
+struct AttentionGrads {
+  Tensor q, k, v;  // in the shapes of q, k and v: k and v summed over each group's query heads
+};
+AttentionGrads attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const AttentionResult& forward, const AttentionParams& params = {});
+// The shape checks attention_forward makes (4-D operands that agree, H a multiple of Hkv, a
+// bool [B, S] padding), with errors that start with `op` and name the shapes.
+void check_attention_operands(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& padding);
+
+// Attention's kernels, and whether they and rotary's read operands where they lie.
+struct AttentionKernels {
+  // Fused attention (core/ops.h): q, k, v, grad_out, the forward's out and the gradients contiguous
+  // (or as strided_heads says) and of one dtype (f32 or f64); logsumexp and params.padding (undefined
+  // or) contiguous; params.scale set. The gradients arrive zero-filled.
+  void (*attention_forward)(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
+                            const AttentionResult& result);
+  void (*attention_backward)(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const AttentionResult& forward, const AttentionParams& params,
+                             const AttentionGrads& grads);
+  // Whether rotary and attention read operand t where it lies (rows in unit stride along the last
+  // dim, the other dims through their strides) and take outputs and gradients laid out as t (dense,
+  // core/tensor.h's empty_in_layout_of): then q, k and v split from a [B, T, H * D] projection, and
+  // the output merged back into one, need no copies. Where it says no, t is made contiguous.
+  bool (*strided_heads)(const Tensor& t) = nullptr;
+};
+
+}  // namespace shardlab

@@ -1,0 +1,97 @@
+// core/elementwise.h: elementwise ops: unary, binary (broadcasting like NumPy, promoting dtypes), where, in
+// place; their kernel entries (fill, copy, unary, binary, where).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "core/op_codes.h"
+#include "core/tensor.h"
+
+namespace shardlab {
+
+// --- elementwise: unary --------------------------------------------------------------------
+// Integer and bool inputs of exp/log/sqrt/rsqrt/tanh/sigmoid/silu/gelu compute in f32.
+Tensor neg(const Tensor& x);
+Tensor abs(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor rsqrt(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor relu(const Tensor& x);
+Tensor silu(const Tensor& x);
+enum class GeluApproximation : unsigned char { none, tanh };
+Tensor gelu(const Tensor& x, GeluApproximation approximate = GeluApproximation::none);
+Tensor erf(const Tensor& x);
+Tensor isfinite(const Tensor& x);  // bool
+Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> max);
+Tensor cast(const Tensor& x, DType dtype);
+
+// --- elementwise: binary (broadcasting) ----------------------------------------------------
+// div of integers is true division (result f32), as in PyTorch.
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& a, const Tensor& b);
+Tensor maximum(const Tensor& a, const Tensor& b);  // NaN propagates
+Tensor minimum(const Tensor& a, const Tensor& b);
+// ReLU's input gradient from its output: output > 0 ? grad : 0 (NaN outputs pass nothing), one pass.
+Tensor relu_backward(const Tensor& grad, const Tensor& output);
+Tensor add(const Tensor& a, Scalar b);
+Tensor sub(const Tensor& a, Scalar b);
+Tensor mul(const Tensor& a, Scalar b);
+Tensor div(const Tensor& a, Scalar b);
+Tensor pow(const Tensor& a, Scalar exponent);
+// Comparisons give bool.
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, Scalar b);
+Tensor ne(const Tensor& a, Scalar b);
+Tensor lt(const Tensor& a, Scalar b);
+Tensor le(const Tensor& a, Scalar b);
+Tensor gt(const Tensor& a, Scalar b);
+Tensor ge(const Tensor& a, Scalar b);
+// condition ? a : b, elementwise; condition is bool; all three broadcast together.
+Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b);
+Tensor where(const Tensor& condition, const Tensor& a, Scalar b);
+
+// In place: self = self op other, other broadcast to self's shape and cast to self's dtype
+// (self keeps its shape and dtype). other must not partially overlap self. Returns self.
+const Tensor& add_(const Tensor& self, const Tensor& other);
+const Tensor& sub_(const Tensor& self, const Tensor& other);
+const Tensor& mul_(const Tensor& self, const Tensor& other);
+const Tensor& div_(const Tensor& self, const Tensor& other);
+const Tensor& add_(const Tensor& self, Scalar other);
+const Tensor& sub_(const Tensor& self, Scalar other);
+const Tensor& mul_(const Tensor& self, Scalar other);
+const Tensor& div_(const Tensor& self, Scalar other);
+
+Tensor operator-(const Tensor& x);
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator+(const Tensor& a, Scalar b);
+Tensor operator-(const Tensor& a, Scalar b);
+Tensor operator*(const Tensor& a, Scalar b);
+Tensor operator/(const Tensor& a, Scalar b);
+
+// Elementwise inputs arrive broadcast (expanded views) to the output shape in one dtype (comparisons
+// write bool); outputs are freshly allocated and contiguous unless noted.
+struct ElementwiseKernels {
+  void (*fill)(const Tensor& out, Scalar value);  // out may be strided
+  // dst may be strided; src has dst's shape (possibly expanded), any dtype.
+  void (*copy)(const Tensor& dst, const Tensor& src);
+  void (*unary)(UnaryOp op, const Tensor& in, const Tensor& out);
+  void (*binary)(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);
+  void (*where)(const Tensor& condition, const Tensor& a, const Tensor& b, const Tensor& out);
+};
+
+}  // namespace shardlab

@@ -1,0 +1,18 @@
+// core/softmax.h: softmax and log_softmax over one dim, and their kernel entry.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace shardlab {
+
+Tensor softmax(const Tensor& x, std::int64_t dim);
+Tensor log_softmax(const Tensor& x, std::int64_t dim);
+
+// in: any strides; out contiguous.
+struct SoftmaxKernels {
+  void (*softmax)(const Tensor& in, std::int64_t dim, bool log, const Tensor& out);
+};
+
+}  // namespace shardlab
