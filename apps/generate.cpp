@@ -9,7 +9,9 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
+#include <thread>
 
 #include "apps/cli.h"
 #include "apps/generate_model.h"
@@ -133,7 +135,14 @@ int main(int argc, char** argv) {
   try {
     run(argc, argv, options);
   } catch (const std::exception& e) {
-    if (apps::prints_errors()) std::fprintf(stderr, "generate: %s\n", e.what());
+    // Under mpirun every rank fails alike (the same files and flags) and rank 0 says why. mpirun ends
+    // the job when the first rank exits: the others give rank 0 the time to print first, or its line
+    // could be lost with it.
+    if (apps::prints_errors()) {
+      std::fprintf(stderr, "generate: %s\n", e.what());
+    } else {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
     return 1;
   }
   return 0;
