@@ -62,4 +62,12 @@ struct AttentionKernels {
   bool (*strided_heads)(const Tensor& t) = nullptr;
 };
 
+// This family's entries on each device: core/cpu/attention.cpp, core/cuda/attention.cpp.
+namespace cpu {
+AttentionKernels attention_kernels();
+}
+namespace cuda {
+AttentionKernels attention_kernels();
+}
+
 }  // namespace shardlab

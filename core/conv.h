@@ -49,4 +49,14 @@ struct PoolKernels {
   void (*max_pool2d_backward)(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_in);
 };
 
+// This family's entries on each device: core/cpu/conv.cpp and pool.cpp, core/cuda/conv.cpp and pool.cpp.
+namespace cpu {
+ConvKernels conv_kernels();
+PoolKernels pool_kernels();
+}  // namespace cpu
+namespace cuda {
+ConvKernels conv_kernels();
+PoolKernels pool_kernels();
+}  // namespace cuda
+
 }  // namespace shardlab

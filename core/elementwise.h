@@ -94,4 +94,12 @@ struct ElementwiseKernels {
   void (*where)(const Tensor& condition, const Tensor& a, const Tensor& b, const Tensor& out);
 };
 
+// This family's entries on each device: core/cpu/elementwise.cpp, core/cuda/elementwise.cpp.
+namespace cpu {
+ElementwiseKernels elementwise_kernels();
+}
+namespace cuda {
+ElementwiseKernels elementwise_kernels();
+}
+
 }  // namespace shardlab

@@ -37,4 +37,12 @@ struct IndexKernels {
   void (*index_add)(const Tensor& out, std::int64_t dim, const Tensor& index, const Tensor& src);
 };
 
+// This family's entries on each device: core/cpu/index.cpp, core/cuda/index.cpp.
+namespace cpu {
+IndexKernels index_kernels();
+}
+namespace cuda {
+IndexKernels index_kernels();
+}
+
 }  // namespace shardlab

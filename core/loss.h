@@ -38,4 +38,12 @@ struct LossKernels {
                                  const Tensor& grad_logits);
 };
 
+// This family's entries on each device: core/cpu/loss.cpp, core/cuda/loss.cpp.
+namespace cpu {
+LossKernels loss_kernels();
+}
+namespace cuda {
+LossKernels loss_kernels();
+}
+
 }  // namespace shardlab

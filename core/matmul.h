@@ -22,4 +22,12 @@ struct MatmulKernels {
   void (*matmul)(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out);
 };
 
+// This family's entries on each device: core/cpu/matmul.cpp, core/cuda/matmul.cpp.
+namespace cpu {
+MatmulKernels matmul_kernels();
+}
+namespace cuda {
+MatmulKernels matmul_kernels();
+}
+
 }  // namespace shardlab

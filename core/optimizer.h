@@ -75,4 +75,12 @@ struct OptimizerKernels {
   void (*adam_step)(std::span<const AdamSegment> segments, const Tensor& apply);
 };
 
+// This family's entries on each device: core/cpu/optimizer.cpp, core/cuda/optimizer.cpp.
+namespace cpu {
+OptimizerKernels optimizer_kernels();
+}
+namespace cuda {
+OptimizerKernels optimizer_kernels();
+}
+
 }  // namespace shardlab

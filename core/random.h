@@ -40,5 +40,12 @@ void fill_random(const Tensor& out, const RandomSpec& spec);
 struct RandomKernels {
   void (*random)(const RandomSpec& spec, const Tensor& out);
 };
+// The entry on each device: core/cpu/random.cpp, core/cuda/random.cpp.
+namespace cpu {
+RandomKernels random_kernels();
+}
+namespace cuda {
+RandomKernels random_kernels();
+}
 
 }  // namespace shardlab

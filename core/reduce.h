@@ -39,4 +39,12 @@ struct ReductionKernels {
   void (*foreach_sum_squares)(std::span<const Tensor> tensors, const Tensor& out);
 };
 
+// This family's entries on each device: core/cpu/reduce.cpp, core/cuda/reduce.cpp.
+namespace cpu {
+ReductionKernels reduction_kernels();
+}
+namespace cuda {
+ReductionKernels reduction_kernels();
+}
+
 }  // namespace shardlab

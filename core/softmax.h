@@ -15,4 +15,12 @@ struct SoftmaxKernels {
   void (*softmax)(const Tensor& in, std::int64_t dim, bool log, const Tensor& out);
 };
 
+// This family's entries on each device: core/cpu/softmax.cpp, core/cuda/softmax.cpp.
+namespace cpu {
+SoftmaxKernels softmax_kernels();
+}
+namespace cuda {
+SoftmaxKernels softmax_kernels();
+}
+
 }  // namespace shardlab

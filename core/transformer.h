@@ -52,4 +52,12 @@ struct TransformerKernels {
   void (*rotary)(const Tensor& x, const Tensor& cos, const Tensor& sin, bool transpose, const Tensor& out);
 };
 
+// This family's entries on each device: core/cpu/transformer.cpp, core/cuda/transformer.cpp.
+namespace cpu {
+TransformerKernels transformer_kernels();
+}
+namespace cuda {
+TransformerKernels transformer_kernels();
+}
+
 }  // namespace shardlab

@@ -48,21 +48,6 @@ void random(const RandomSpec& spec, const Tensor& out);
 void adam_step(std::span<const AdamSegment> segments, const Tensor& apply);
 void adadelta_step(std::span<const AdadeltaSegment> segments, const Tensor& apply);
 
-// Each family's CPU entries, from the family's file (core/cpu/<family>.cpp); core/cpu/table.cpp
-// makes the table of them.
-ElementwiseKernels elementwise_kernels();
-ReductionKernels reduction_kernels();
-MatmulKernels matmul_kernels();
-SoftmaxKernels softmax_kernels();
-LossKernels loss_kernels();
-TransformerKernels transformer_kernels();
-ConvKernels conv_kernels();
-PoolKernels pool_kernels();
-AttentionKernels attention_kernels();
-IndexKernels index_kernels();
-RandomKernels random_kernels();
-OptimizerKernels optimizer_kernels();
-
 inline Tensor as_f32(const Tensor& t) { return t.defined() ? t.to(DType::f32) : t; }
 
 // Runs fn(out32, inputs32...) on f32 copies when `out` is bf16/f16 and writes the result
