@@ -21,7 +21,7 @@ TimeBounds call_bounds(const KernelCost& cost, const DeviceRates& device) {
   const bool dense = cost.dense && seconds > memory;
   return {.dense = dense ? seconds : 0,
           .memory = dense ? 0 : seconds,
-          .calls = roofline_seconds(cost, device) - seconds};
+          .calls = with_calls(seconds, 1, device) - seconds};
 }
 
 void add(TimeBounds& to, const TimeBounds& more) {
