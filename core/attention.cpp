@@ -130,4 +130,10 @@ AttentionGrads attention_backward(const Tensor& grad_out, const Tensor& q, const
   return grads;
 }
 
+std::span<const OpInfo> attention_ops() {
+  static constexpr OpInfo ops[] = {{"attention_forward", OpCategory::attention, {}, true},
+                                   {"attention_backward", OpCategory::attention, {}, true}};
+  return ops;
+}
+
 }  // namespace shardlab

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "core/op_info.h"
 #include "core/tensor.h"
 
 namespace shardlab {
@@ -62,7 +63,10 @@ struct AttentionKernels {
   bool (*strided_heads)(const Tensor& t) = nullptr;
 };
 
-// This family's entries on each device: core/cpu/attention.cpp, core/cuda/attention.cpp.
+// This family's ops by the names their kernel calls are logged under (core/op_info.h).
+std::span<const OpInfo> attention_ops();
+
+// This family's entries on each device: core/cpu/attention.cpp, core/cuda/attention.cu.
 namespace cpu {
 AttentionKernels attention_kernels();
 }

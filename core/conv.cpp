@@ -149,4 +149,13 @@ Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices, con
   return grad_input;
 }
 
+std::span<const OpInfo> conv_ops() {
+  static constexpr OpInfo ops[] = {{"conv2d", OpCategory::gemm},
+                                   {"conv2d_backward_input", OpCategory::gemm},
+                                   {"conv2d_backward_weight", OpCategory::gemm},
+                                   {"max_pool2d", OpCategory::reductions},
+                                   {"max_pool2d_backward", OpCategory::reductions}};
+  return ops;
+}
+
 }  // namespace shardlab

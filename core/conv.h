@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "core/op_info.h"
 #include "core/tensor.h"
 
 namespace shardlab {
@@ -49,7 +50,10 @@ struct PoolKernels {
   void (*max_pool2d_backward)(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_in);
 };
 
-// This family's entries on each device: core/cpu/conv.cpp and pool.cpp, core/cuda/conv.cpp and pool.cpp.
+// This family's ops by the names their kernel calls are logged under (core/op_info.h).
+std::span<const OpInfo> conv_ops();
+
+// This family's entries on each device: core/cpu/conv.cpp and pool.cpp, core/cuda/conv.cu and pool.cu.
 namespace cpu {
 ConvKernels conv_kernels();
 PoolKernels pool_kernels();

@@ -1,9 +1,82 @@
 // core/elementwise.cpp: the elementwise ops: checks, dtype promotion, broadcasting, then the kernel.
 #include "core/elementwise.h"
 
+#include <initializer_list>
+#include <vector>
+
 #include "core/op_checks.h"
 
 namespace shardlab {
+
+const char* op_name(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::neg:
+      return "neg";
+    case UnaryOp::abs:
+      return "abs";
+    case UnaryOp::exp:
+      return "exp";
+    case UnaryOp::log:
+      return "log";
+    case UnaryOp::log1p:
+      return "log1p";
+    case UnaryOp::sqrt:
+      return "sqrt";
+    case UnaryOp::rsqrt:
+      return "rsqrt";
+    case UnaryOp::tanh:
+      return "tanh";
+    case UnaryOp::sigmoid:
+      return "sigmoid";
+    case UnaryOp::relu:
+      return "relu";
+    case UnaryOp::silu:
+      return "silu";
+    case UnaryOp::gelu:
+      return "gelu";
+    case UnaryOp::erf:
+      return "erf";
+    case UnaryOp::gelu_tanh:
+      return "gelu(tanh)";
+    case UnaryOp::isfinite:
+      return "isfinite";
+  }
+  __builtin_unreachable();
+}
+
+const char* op_name(BinaryOp op) {
+  switch (op) {
+    case BinaryOp::add:
+      return "add";
+    case BinaryOp::sub:
+      return "sub";
+    case BinaryOp::mul:
+      return "mul";
+    case BinaryOp::div:
+      return "div";
+    case BinaryOp::pow:
+      return "pow";
+    case BinaryOp::maximum:
+      return "maximum";
+    case BinaryOp::minimum:
+      return "minimum";
+    case BinaryOp::relu_backward:
+      return "relu_backward";
+    case BinaryOp::eq:
+      return "eq";
+    case BinaryOp::ne:
+      return "ne";
+    case BinaryOp::lt:
+      return "lt";
+    case BinaryOp::le:
+      return "le";
+    case BinaryOp::gt:
+      return "gt";
+    case BinaryOp::ge:
+      return "ge";
+  }
+  __builtin_unreachable();
+}
 
 using namespace detail;
 
@@ -55,6 +128,7 @@ Tensor abs(const Tensor& x) { return unary_numeric(UnaryOp::abs, x); }
 Tensor relu(const Tensor& x) { return unary_numeric(UnaryOp::relu, x); }
 Tensor exp(const Tensor& x) { return unary_floating(UnaryOp::exp, x); }
 Tensor log(const Tensor& x) { return unary_floating(UnaryOp::log, x); }
+Tensor log1p(const Tensor& x) { return unary_floating(UnaryOp::log1p, x); }
 Tensor sqrt(const Tensor& x) { return unary_floating(UnaryOp::sqrt, x); }
 Tensor rsqrt(const Tensor& x) { return unary_floating(UnaryOp::rsqrt, x); }
 Tensor tanh(const Tensor& x) { return unary_floating(UnaryOp::tanh, x); }
@@ -70,6 +144,30 @@ Tensor isfinite(const Tensor& x) {
   check_defined("isfinite", x);
   if (!is_floating(x.dtype())) return full(x.shape(), true, TensorOptions{DType::boolean, x.device()});
   return unary(UnaryOp::isfinite, x, DType::boolean);
+}
+
+Tensor apply_unary(UnaryOp op, const Tensor& x) {
+  switch (op) {
+    case UnaryOp::neg:
+    case UnaryOp::abs:
+    case UnaryOp::relu:
+      return unary_numeric(op, x);
+    case UnaryOp::isfinite:
+      return isfinite(x);
+    case UnaryOp::exp:
+    case UnaryOp::log:
+    case UnaryOp::log1p:
+    case UnaryOp::sqrt:
+    case UnaryOp::rsqrt:
+    case UnaryOp::tanh:
+    case UnaryOp::sigmoid:
+    case UnaryOp::silu:
+    case UnaryOp::gelu:
+    case UnaryOp::gelu_tanh:
+    case UnaryOp::erf:
+      return unary_floating(op, x);
+  }
+  __builtin_unreachable();
 }
 
 Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> max) {
@@ -196,5 +294,35 @@ Tensor operator+(const Tensor& a, Scalar b) { return add(a, b); }
 Tensor operator-(const Tensor& a, Scalar b) { return sub(a, b); }
 Tensor operator*(const Tensor& a, Scalar b) { return mul(a, b); }
 Tensor operator/(const Tensor& a, Scalar b) { return div(a, b); }
+
+namespace {
+template <typename Code>
+std::vector<Code> codes_up_to(Code last) {
+  std::vector<Code> codes;
+  for (int code = 0; code <= static_cast<int>(last); ++code) codes.push_back(static_cast<Code>(code));
+  return codes;
+}
+}  // namespace
+
+std::span<const UnaryOp> unary_ops() {
+  static const std::vector<UnaryOp> codes = codes_up_to(kLastUnaryOp);
+  return codes;
+}
+
+std::span<const BinaryOp> binary_ops() {
+  static const std::vector<BinaryOp> codes = codes_up_to(kLastBinaryOp);
+  return codes;
+}
+
+std::span<const OpInfo> elementwise_ops() {
+  static const std::vector<OpInfo> ops = [] {
+    std::vector<OpInfo> all;
+    for (const UnaryOp op : unary_ops()) all.push_back({op_name(op), OpCategory::elementwise});
+    for (const BinaryOp op : binary_ops()) all.push_back({op_name(op), OpCategory::elementwise});
+    for (const char* name : {"where", "fill", "copy", "cast"}) all.push_back({name, OpCategory::elementwise});
+    return all;
+  }();
+  return ops;
+}
 
 }  // namespace shardlab

@@ -5,10 +5,57 @@
 #include <cstdint>
 #include <optional>
 
-#include "core/op_codes.h"
+#include "core/op_info.h"
 #include "core/tensor.h"
 
 namespace shardlab {
+
+// The op codes of the unary and binary entries.
+enum class UnaryOp : unsigned char {
+  neg,
+  abs,
+  exp,
+  log,
+  log1p,
+  sqrt,
+  rsqrt,
+  tanh,
+  sigmoid,
+  relu,
+  silu,
+  gelu,
+  gelu_tanh,
+  erf,
+  isfinite
+};
+inline constexpr UnaryOp kLastUnaryOp = UnaryOp::isfinite;  // the enum's last: unary_ops() counts up to it
+// relu_backward(g, y) = y > 0 ? g : 0, ReLU's gradient from its output in one pass.
+enum class BinaryOp : unsigned char {
+  add,
+  sub,
+  mul,
+  div,
+  pow,
+  maximum,
+  minimum,
+  relu_backward,
+  eq,
+  ne,
+  lt,
+  le,
+  gt,
+  ge
+};
+inline constexpr BinaryOp kLastBinaryOp = BinaryOp::ge;  // the enum's last: binary_ops() counts up to it
+// eq, ne, lt, le, gt, ge: these write bool.
+constexpr bool is_comparison(BinaryOp op) { return op >= BinaryOp::eq; }
+
+// The ops' names, for error messages and traces.
+const char* op_name(UnaryOp op);
+const char* op_name(BinaryOp op);
+// Every code, in the enum's order.
+std::span<const UnaryOp> unary_ops();
+std::span<const BinaryOp> binary_ops();
 
 // --- elementwise: unary --------------------------------------------------------------------
 // Integer and bool inputs of exp/log/sqrt/rsqrt/tanh/sigmoid/silu/gelu compute in f32.
@@ -16,6 +63,7 @@ Tensor neg(const Tensor& x);
 Tensor abs(const Tensor& x);
 Tensor exp(const Tensor& x);
 Tensor log(const Tensor& x);
+Tensor log1p(const Tensor& x);  // log(1 + x), exact where 1 + x would round away most of x
 Tensor sqrt(const Tensor& x);
 Tensor rsqrt(const Tensor& x);
 Tensor tanh(const Tensor& x);
@@ -26,6 +74,8 @@ enum class GeluApproximation : unsigned char { none, tanh };
 Tensor gelu(const Tensor& x, GeluApproximation approximate = GeluApproximation::none);
 Tensor erf(const Tensor& x);
 Tensor isfinite(const Tensor& x);  // bool
+// The unary op of `op`: exp(x) for UnaryOp::exp, gelu(x, GeluApproximation::tanh) for gelu_tanh, ...
+Tensor apply_unary(UnaryOp op, const Tensor& x);
 Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> max);
 Tensor cast(const Tensor& x, DType dtype);
 
@@ -94,7 +144,10 @@ struct ElementwiseKernels {
   void (*where)(const Tensor& condition, const Tensor& a, const Tensor& b, const Tensor& out);
 };
 
-// This family's entries on each device: core/cpu/elementwise.cpp, core/cuda/elementwise.cpp.
+// This family's ops by the names their kernel calls are logged under (core/op_info.h).
+std::span<const OpInfo> elementwise_ops();
+
+// This family's entries on each device: core/cpu/elementwise.cpp, core/cuda/elementwise.cu.
 namespace cpu {
 ElementwiseKernels elementwise_kernels();
 }

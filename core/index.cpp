@@ -127,4 +127,16 @@ Tensor embedding_backward(const Tensor& grad, const Tensor& indices, std::int64_
   return table;
 }
 
+std::span<const OpInfo> index_ops() {
+  static constexpr OpInfo ops[] = {
+      {"check_index", OpCategory::indexing, "index range check, read at the next host wait"},
+      {"index_select", OpCategory::indexing, "row gather"},
+      {"embedding", OpCategory::indexing, "row gather"},
+      {"index_add", OpCategory::indexing, "sorted segments (CUB radix sort), each row's picks in order"},
+      {"embedding_backward", OpCategory::indexing, "sorted segments (CUB radix sort), each row's picks in order"},
+      {"gather", OpCategory::indexing},
+      {"scatter_add", OpCategory::indexing}};
+  return ops;
+}
+
 }  // namespace shardlab

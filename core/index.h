@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "core/op_info.h"
 #include "core/tensor.h"
 
 namespace shardlab {
@@ -37,7 +38,10 @@ struct IndexKernels {
   void (*index_add)(const Tensor& out, std::int64_t dim, const Tensor& index, const Tensor& src);
 };
 
-// This family's entries on each device: core/cpu/index.cpp, core/cuda/index.cpp.
+// This family's ops by the names their kernel calls are logged under (core/op_info.h).
+std::span<const OpInfo> index_ops();
+
+// This family's entries on each device: core/cpu/index.cpp, core/cuda/index.cu.
 namespace cpu {
 IndexKernels index_kernels();
 }

@@ -7,9 +7,8 @@
 #include <string>
 #include <utility>
 
-#include "core/kernels.h"  // op_name
+#include "core/op_info.h"
 #include "core/ops.h"
-#include "core/profile.h"
 #include "core/tensor.h"
 
 namespace shardlab {
@@ -177,69 +176,57 @@ KernelChoice after_copies_of_strided(KernelChoice choice, const std::vector<Oper
   return choice;
 }
 
-// Ops whose one kernel does not depend on the operands' layout.
-const std::vector<std::pair<std::string_view, std::string_view>>& fixed_kernels() {
-  static const std::vector<std::pair<std::string_view, std::string_view>> table = {
-      {"rms_norm", "a block per row"},
-      {"add_rms_norm", "a block per row, the residual add's sum written on the way"},
-      {"rms_norm_backward", "a block per row; the weight gradient in two-pass column sums"},
-      {"swiglu", "fused elementwise, 16-byte packs"},
-      {"swiglu_backward", "fused elementwise, 16-byte packs"},
-      {"cross_entropy", "a block per row, online logsumexp over the vocabulary"},
-      {"cross_entropy_backward", "elementwise from the saved logsumexp, 16-byte packs"},
-      {"softmax", "a block per row"},
-      {"log_softmax", "a block per row"},
-      {"check_index", "index range check, read at the next host wait"},
-      {"index_select", "row gather"},
-      {"embedding", "row gather"},
-      {"index_add", "sorted segments (CUB radix sort), each row's picks in order"},
-      {"embedding_backward", "sorted segments (CUB radix sort), each row's picks in order"},
-      {"foreach_sum_squares", "one launch for all tensors: a block per chunk, then a fixed-order fold"},
-      {"random", "Philox counter per element"},
+// An op's fixed kernel is its family's word for it (core/op_info.h); the rest are chosen by their
+// category's rule from the operands.
+KernelChoice choice_by_rule(const OpInfo& info, const std::vector<OperandLayout>& operands) {
+  const std::string_view op = info.name;
+  const auto needs = [&](std::size_t count) {
+    SHARDLAB_CHECK(operands.size() >= count, "cuda_kernel_choice: {} needs {} operands, got {}", op, count,
+                   operands.size());
   };
-  return table;
+  if (!info.cuda_kernel.empty()) return {std::string(info.cuda_kernel), false};
+  switch (info.category) {
+    case OpCategory::gemm: {
+      if (op.starts_with("conv2d")) break;
+      needs(2);
+      KernelChoice choice = matmul_choice(operands[0], operands[1]);
+      if (operands.size() > 3)  // a bias: f64 has no epilogue that takes it
+        choice.kernel +=
+            operands[2].dtype == DType::f64 ? ", then the bias added" : ", the bias in cuBLASLt's epilogue";
+      return choice;
+    }
+    case OpCategory::attention:
+      needs(3);
+      return attention_choice(operands[0], operands[2]);
+    case OpCategory::optimizer: {
+      needs(1);
+      const bool contiguous = std::all_of(operands.begin(), operands.end(), is_dense);
+      return {contiguous ? "multi-tensor: one launch per dtype" : "strided, a launch per parameter", false};
+    }
+    case OpCategory::reductions:
+      for (const ReduceOp code : {ReduceOp::sum, ReduceOp::mean, ReduceOp::sum_squares, ReduceOp::max,
+                                  ReduceOp::min, ReduceOp::argmax}) {
+        if (op != op_name(code)) continue;
+        needs(2);
+        return reduce_choice(code, operands[0], operands[1]);
+      }
+      break;
+    case OpCategory::elementwise:
+      needs(1);
+      return elementwise_choice(op, operands);
+    case OpCategory::indexing:
+      break;
+  }
+  fail("cuda_kernel_choice: no rule for op '{}'", op);
 }
 
 }  // namespace
 
 KernelChoice cuda_kernel_choice(std::string_view op, const std::vector<OperandLayout>& operands) {
-  const auto needs = [&](std::size_t count) {
-    SHARDLAB_CHECK(operands.size() >= count, "cuda_kernel_choice: {} needs {} operands, got {}", op, count,
-                   operands.size());
-  };
-  for (const auto& [name, kernel] : fixed_kernels()) {
-    if (op == name) return {std::string(kernel), false};
-  }
-  if (op == "matmul" || op == "linear") {
-    needs(2);
-    KernelChoice choice = matmul_choice(operands[0], operands[1]);
-    if (operands.size() > 3)  // a bias: f64 has no epilogue that takes it
-      choice.kernel +=
-          operands[2].dtype == DType::f64 ? ", then the bias added" : ", the bias in cuBLASLt's epilogue";
-    return choice;
-  }
-  if (op == "attention_forward" || op == "attention_backward") {
-    needs(3);
-    return after_copies_of_strided(attention_choice(operands[0], operands[2]), operands);
-  }
-  if (op == "rotary_embedding")
-    return after_copies_of_strided({"fused elementwise over (T, D) tables", false}, operands);
-  if (op == "adam_step" || op == "adadelta_step") {
-    needs(1);
-    const bool contiguous = std::all_of(operands.begin(), operands.end(), is_dense);
-    return {contiguous ? "multi-tensor: one launch per dtype" : "strided, a launch per parameter", false};
-  }
-  for (const ReduceOp code : {ReduceOp::sum, ReduceOp::mean, ReduceOp::sum_squares, ReduceOp::max,
-                              ReduceOp::min, ReduceOp::argmax}) {
-    if (op != op_name(code)) continue;
-    needs(2);
-    return reduce_choice(code, operands[0], operands[1]);
-  }
-  if (profile::category_of(op) == "elementwise") {
-    needs(1);
-    return elementwise_choice(op, operands);
-  }
-  fail("cuda_kernel_choice: no rule for op '{}'", op);
+  const OpInfo* info = find_op_info(op);
+  SHARDLAB_CHECK(info != nullptr, "cuda_kernel_choice: no rule for op '{}'", op);
+  const KernelChoice choice = choice_by_rule(*info, operands);
+  return info->heads_in_place ? after_copies_of_strided(choice, operands) : choice;
 }
 
 }  // namespace shardlab

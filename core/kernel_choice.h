@@ -1,6 +1,6 @@
 // core/kernel_choice.h: internal to core: which CUDA kernel an op takes, as pure functions of its
 // operands (dtype, shape, strides, where the data starts), compiled in every build so that a test
-// reads each choice of a training step without a GPU; core/cuda/table.cpp launches what they say.
+// reads each choice of a training step without a GPU; the entries of core/cuda/ launch what they say.
 #pragma once
 
 #include <cstdint>
@@ -8,8 +8,8 @@
 #include <string_view>
 #include <vector>
 
-#include "core/dtype.h"  // free of fmt: core/cuda/launch.h includes this header for nvcc
-#include "core/op_codes.h"
+#include "core/dtype.h"
+#include "core/reduce.h"
 
 namespace shardlab {
 

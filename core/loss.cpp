@@ -83,4 +83,12 @@ Tensor cross_entropy_backward(const Tensor& grad_losses, const Tensor& logits, c
   return grad;
 }
 
+std::span<const OpInfo> loss_ops() {
+  static constexpr OpInfo ops[] = {
+      {"cross_entropy", OpCategory::reductions, "a block per row, online logsumexp over the vocabulary"},
+      {"cross_entropy_backward", OpCategory::reductions, "elementwise from the saved logsumexp, 16-byte packs"},
+      {"gather_targets", OpCategory::reductions}};
+  return ops;
+}
+
 }  // namespace shardlab

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "core/op_info.h"
 #include "core/tensor.h"
 
 namespace shardlab {
@@ -38,7 +39,10 @@ struct LossKernels {
                                  const Tensor& grad_logits);
 };
 
-// This family's entries on each device: core/cpu/loss.cpp, core/cuda/loss.cpp.
+// This family's ops by the names their kernel calls are logged under (core/op_info.h).
+std::span<const OpInfo> loss_ops();
+
+// This family's entries on each device: core/cpu/loss.cpp, core/cuda/loss.cu.
 namespace cpu {
 LossKernels loss_kernels();
 }

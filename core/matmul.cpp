@@ -68,4 +68,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return product(op, x, weight.transpose(0, 1), bias);
 }
 
+std::span<const OpInfo> matmul_ops() {
+  static constexpr OpInfo ops[] = {{"matmul", OpCategory::gemm}, {"linear", OpCategory::gemm}};
+  return ops;
+}
+
 }  // namespace shardlab

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "core/op_info.h"
 #include "core/tensor.h"
 
 namespace shardlab {
@@ -21,6 +22,9 @@ struct MatmulKernels {
   // [N] (contiguous) added to every row of each product in the compute type before it is rounded.
   void (*matmul)(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out);
 };
+
+// This family's ops by the names their kernel calls are logged under (core/op_info.h).
+std::span<const OpInfo> matmul_ops();
 
 // This family's entries on each device: core/cpu/matmul.cpp, core/cuda/matmul.cpp.
 namespace cpu {

@@ -104,4 +104,10 @@ void adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, c
   adam_step(std::span(&segment, 1));
 }
 
+std::span<const OpInfo> optimizer_ops() {
+  static constexpr OpInfo ops[] = {{"adam_step", OpCategory::optimizer},
+                                   {"adadelta_step", OpCategory::optimizer}};
+  return ops;
+}
+
 }  // namespace shardlab

@@ -6,6 +6,7 @@
 #include <span>
 
 #include "core/adam_math.h"
+#include "core/op_info.h"
 #include "core/tensor.h"
 
 namespace shardlab {
@@ -75,7 +76,10 @@ struct OptimizerKernels {
   void (*adam_step)(std::span<const AdamSegment> segments, const Tensor& apply);
 };
 
-// This family's entries on each device: core/cpu/optimizer.cpp, core/cuda/optimizer.cpp.
+// This family's ops by the names their kernel calls are logged under (core/op_info.h).
+std::span<const OpInfo> optimizer_ops();
+
+// This family's entries on each device: core/cpu/optimizer.cpp, core/cuda/optimizer.cu.
 namespace cpu {
 OptimizerKernels optimizer_kernels();
 }

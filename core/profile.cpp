@@ -1,5 +1,6 @@
 // core/profile.cpp: the kernel profiler's per-op totals (one mutex: kernels run on few threads),
-// the GPU's timing spans until they resolve, and the split by category.
+// the GPU's timing spans until they resolve, and the split by category (each op's from its family,
+// core/op_info.h).
 #include "core/profile.h"
 
 #include <algorithm>
@@ -9,6 +10,8 @@
 #include <mutex>
 #include <unordered_map>
 #include <utility>
+
+#include "core/op_info.h"
 
 namespace shardlab::profile {
 
@@ -118,59 +121,9 @@ void KernelTimer::end() {
 }
 
 std::string_view category_of(std::string_view op) {
-  static const std::unordered_map<std::string_view, std::string_view> categories = [] {
-    std::unordered_map<std::string_view, std::string_view> table;
-    const auto add = [&](std::string_view category, std::initializer_list<std::string_view> ops) {
-      for (const std::string_view name : ops) table.emplace(name, category);
-    };
-    add("GEMM", {"matmul", "linear", "conv2d", "conv2d_backward_input", "conv2d_backward_weight"});
-    add("attention", {"attention_forward", "attention_backward"});
-    add("reductions", {"sum", "mean", "sum_squares", "foreach_sum_squares", "max", "min", "argmax", "softmax",
-                       "log_softmax", "rms_norm", "add_rms_norm", "rms_norm_backward", "cross_entropy",
-                       "cross_entropy_backward", "gather_targets", "max_pool2d", "max_pool2d_backward"});
-    add("indexing", {"embedding", "embedding_backward", "index_select", "index_add", "gather", "scatter_add",
-                     "check_index"});
-    add("optimizer", {"adam_step", "adadelta_step"});
-    add("elementwise", {"neg",
-                        "abs",
-                        "exp",
-                        "log",
-                        "sqrt",
-                        "rsqrt",
-                        "tanh",
-                        "sigmoid",
-                        "relu",
-                        "silu",
-                        "gelu",
-                        "erf",
-                        "isfinite",
-                        "add",
-                        "sub",
-                        "mul",
-                        "div",
-                        "pow",
-                        "maximum",
-                        "minimum",
-                        "relu_backward",
-                        "eq",
-                        "ne",
-                        "lt",
-                        "le",
-                        "gt",
-                        "ge",
-                        "where",
-                        "swiglu",
-                        "swiglu_backward",
-                        "rotary_embedding",
-                        "fill",
-                        "copy",
-                        "cast",
-                        "random"});
-    return table;
-  }();
   if (op.starts_with("nccl ")) return "communication";
-  const auto found = categories.find(op);
-  return found == categories.end() ? "other" : found->second;
+  const OpInfo* info = find_op_info(op);
+  return info == nullptr ? "other" : category_name(info->category);
 }
 
 std::vector<CategoryTotal> by_category(const std::vector<OpTotal>& totals, double step_seconds) {

@@ -52,4 +52,9 @@ Tensor bernoulli(const Shape& shape, RandomKey key, double p, TensorOptions opti
               false);
 }
 
+std::span<const OpInfo> random_ops() {
+  static constexpr OpInfo ops[] = {{"random", OpCategory::elementwise, "Philox counter per element"}};
+  return ops;
+}
+
 }  // namespace shardlab

@@ -7,10 +7,12 @@
 
 #include <cstdint>
 
-#include "core/op_codes.h"
+#include "core/op_info.h"
 #include "core/tensor.h"
 
 namespace shardlab {
+
+enum class Distribution : unsigned char { uniform, normal, bernoulli };
 
 struct RandomKey {
   std::uint64_t seed = 0;
@@ -40,7 +42,10 @@ void fill_random(const Tensor& out, const RandomSpec& spec);
 struct RandomKernels {
   void (*random)(const RandomSpec& spec, const Tensor& out);
 };
-// The entry on each device: core/cpu/random.cpp, core/cuda/random.cpp.
+// This family's ops by the names their kernel calls are logged under (core/op_info.h).
+std::span<const OpInfo> random_ops();
+
+// The entry on each device: core/cpu/random.cpp, core/cuda/random.cu.
 namespace cpu {
 RandomKernels random_kernels();
 }

@@ -10,6 +10,24 @@
 
 namespace shardlab {
 
+const char* op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::mean:
+      return "mean";
+    case ReduceOp::sum_squares:
+      return "sum_squares";
+    case ReduceOp::max:
+      return "max";
+    case ReduceOp::min:
+      return "min";
+    case ReduceOp::argmax:
+      return "argmax";
+  }
+  __builtin_unreachable();
+}
+
 using namespace detail;
 
 namespace {
@@ -107,6 +125,19 @@ Tensor logsumexp(const Tensor& x, const Dims& dims, bool keepdim) {
     if (!std::binary_search(reduced.begin(), reduced.end(), d)) squeezed.push_back(x.size(d));
   }
   return out.view(squeezed);
+}
+
+std::span<const OpInfo> reduction_ops() {
+  static constexpr OpInfo ops[] = {
+      {"sum", OpCategory::reductions},
+      {"mean", OpCategory::reductions},
+      {"sum_squares", OpCategory::reductions},
+      {"max", OpCategory::reductions},
+      {"min", OpCategory::reductions},
+      {"argmax", OpCategory::reductions},
+      {"foreach_sum_squares", OpCategory::reductions,
+       "one launch for all tensors: a block per chunk, then a fixed-order fold"}};
+  return ops;
 }
 
 }  // namespace shardlab

@@ -5,12 +5,16 @@
 #include <span>
 #include <vector>
 
-#include "core/op_codes.h"
+#include "core/op_info.h"
 #include "core/tensor.h"
 
 namespace shardlab {
 
 using Dims = std::vector<std::int64_t>;
+
+// The reduce entry's op codes, and their names for error messages and traces.
+enum class ReduceOp : unsigned char { sum, mean, sum_squares, max, min, argmax };
+const char* op_name(ReduceOp op);
 
 // sum of integers and bools gives i64; mean needs a floating input. Floating sums
 // accumulate in double on CPU.
@@ -39,7 +43,10 @@ struct ReductionKernels {
   void (*foreach_sum_squares)(std::span<const Tensor> tensors, const Tensor& out);
 };
 
-// This family's entries on each device: core/cpu/reduce.cpp, core/cuda/reduce.cpp.
+// This family's ops by the names their kernel calls are logged under (core/op_info.h).
+std::span<const OpInfo> reduction_ops();
+
+// This family's entries on each device: core/cpu/reduce.cpp, core/cuda/reduce.cu.
 namespace cpu {
 ReductionKernels reduction_kernels();
 }

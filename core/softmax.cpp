@@ -22,4 +22,10 @@ Tensor softmax_impl(const char* op, const Tensor& x, std::int64_t dim, bool log)
 Tensor softmax(const Tensor& x, std::int64_t dim) { return softmax_impl("softmax", x, dim, false); }
 Tensor log_softmax(const Tensor& x, std::int64_t dim) { return softmax_impl("log_softmax", x, dim, true); }
 
+std::span<const OpInfo> softmax_ops() {
+  static constexpr OpInfo ops[] = {{"softmax", OpCategory::reductions, "a block per row"},
+                                   {"log_softmax", OpCategory::reductions, "a block per row"}};
+  return ops;
+}
+
 }  // namespace shardlab

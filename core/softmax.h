@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "core/op_info.h"
 #include "core/tensor.h"
 
 namespace shardlab {
@@ -15,7 +16,10 @@ struct SoftmaxKernels {
   void (*softmax)(const Tensor& in, std::int64_t dim, bool log, const Tensor& out);
 };
 
-// This family's entries on each device: core/cpu/softmax.cpp, core/cuda/softmax.cpp.
+// This family's ops by the names their kernel calls are logged under (core/op_info.h).
+std::span<const OpInfo> softmax_ops();
+
+// This family's entries on each device: core/cpu/softmax.cpp, core/cuda/softmax.cu.
 namespace cpu {
 SoftmaxKernels softmax_kernels();
 }

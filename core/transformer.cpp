@@ -124,4 +124,15 @@ Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool transp
   return out;
 }
 
+std::span<const OpInfo> transformer_ops() {
+  static constexpr OpInfo ops[] = {
+      {"rms_norm", OpCategory::reductions, "a block per row"},
+      {"add_rms_norm", OpCategory::reductions, "a block per row, the residual add's sum written on the way"},
+      {"rms_norm_backward", OpCategory::reductions, "a block per row; the weight gradient in two-pass column sums"},
+      {"swiglu", OpCategory::elementwise, "fused elementwise, 16-byte packs"},
+      {"swiglu_backward", OpCategory::elementwise, "fused elementwise, 16-byte packs"},
+      {"rotary_embedding", OpCategory::elementwise, "fused elementwise over (T, D) tables", true}};
+  return ops;
+}
+
 }  // namespace shardlab

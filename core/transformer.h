@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "core/op_info.h"
 #include "core/tensor.h"
 
 namespace shardlab {
@@ -52,7 +53,10 @@ struct TransformerKernels {
   void (*rotary)(const Tensor& x, const Tensor& cos, const Tensor& sin, bool transpose, const Tensor& out);
 };
 
-// This family's entries on each device: core/cpu/transformer.cpp, core/cuda/transformer.cpp.
+// This family's ops by the names their kernel calls are logged under (core/op_info.h).
+std::span<const OpInfo> transformer_ops();
+
+// This family's entries on each device: core/cpu/transformer.cpp, core/cuda/transformer.cu.
 namespace cpu {
 TransformerKernels transformer_kernels();
 }

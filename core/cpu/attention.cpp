@@ -383,8 +383,6 @@ void backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Te
   if (chunks > 1) add_partials(partial_q, chunks, grads.q.data<T>());
 }
 
-}  // namespace
-
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
                        const AttentionResult& result) {
   if (q.dtype() == DType::f64) return forward<double>(q, k, v, params, result);
@@ -397,6 +395,8 @@ void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k
   if (q.dtype() == DType::f64) return backward<double>(grad_out, q, k, v, forward, params, grads);
   backward<float>(grad_out, q, k, v, forward, params, grads);
 }
+
+}  // namespace
 
 AttentionKernels attention_kernels() {
   return {.attention_forward = attention_forward,

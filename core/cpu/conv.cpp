@@ -223,8 +223,6 @@ void in_float_type(const Tensor& out, Fn fn) {
   fn.template operator()<float>();
 }
 
-}  // namespace
-
 void conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Conv2dParams p,
             const Tensor& out) {
   const ConvGeometry g = geometry(input.shape(), weight.shape(), out.shape(), p);
@@ -263,6 +261,8 @@ void conv2d_backward_weight(const Tensor& grad_out, const Tensor& input, Conv2dP
       },
       grad_out, input);
 }
+
+}  // namespace
 
 ConvKernels conv_kernels() {
   return {.conv2d = conv2d,

@@ -99,6 +99,8 @@ void unary_floating(UnaryOp op, const Tensor& in, const Tensor& out) {
       return map1<T, T>(out, in, [](C x) { return std::exp(x); });
     case UnaryOp::log:
       return map1<T, T>(out, in, [](C x) { return std::log(x); });
+    case UnaryOp::log1p:
+      return map1<T, T>(out, in, [](C x) { return std::log1p(x); });
     case UnaryOp::sqrt:
       return map1<T, T>(out, in, [](C x) { return std::sqrt(x); });
     case UnaryOp::rsqrt:
@@ -200,8 +202,6 @@ void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& o
   }
 }
 
-}  // namespace
-
 void fill(const Tensor& out, Scalar value) {
   visit_dtype(out.dtype(), [&]<typename T>() {
     const T v = value.as<T>();
@@ -211,6 +211,30 @@ void fill(const Tensor& out, Scalar value) {
   });
 }
 
+void unary(UnaryOp op, const Tensor& in, const Tensor& out) {
+  visit_dtype(in.dtype(), [&]<typename T>() {
+    if constexpr (std::is_same_v<T, bool>) {
+      fail("{}: not defined for bool", op_name(op));
+    } else {
+      unary_numeric<T>(op, in, out);
+    }
+  });
+}
+
+void where(const Tensor& condition, const Tensor& a, const Tensor& b, const Tensor& out) {
+  visit_dtype(out.dtype(), [&]<typename T>() {
+    for_each_row<4>(
+        out.shape(), {&out, &condition, &a, &b}, [&](Pointers<4> p, ByteStrides<4> s, std::int64_t n) {
+          for (std::int64_t i = 0; i < n; ++i) {
+            at<T>(p[0], s[0], i) = at<bool>(p[1], s[1], i) ? at<T>(p[2], s[2], i) : at<T>(p[3], s[3], i);
+          }
+        });
+  });
+}
+
+}  // namespace
+
+// Shared with the other families' CPU kernels (core/cpu/kernels.h).
 void copy(const Tensor& dst, const Tensor& src) {
   if (dst.dtype() == src.dtype()) {  // bit-exact, whatever the values (NaN payloads too)
     const std::size_t size = dst.element_size();
@@ -232,29 +256,8 @@ void copy(const Tensor& dst, const Tensor& src) {
   });
 }
 
-void unary(UnaryOp op, const Tensor& in, const Tensor& out) {
-  visit_dtype(in.dtype(), [&]<typename T>() {
-    if constexpr (std::is_same_v<T, bool>) {
-      fail("{}: not defined for bool", op_name(op));
-    } else {
-      unary_numeric<T>(op, in, out);
-    }
-  });
-}
-
 void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   visit_dtype(a.dtype(), [&]<typename T>() { binary_typed<T>(op, a, b, out); });
-}
-
-void where(const Tensor& condition, const Tensor& a, const Tensor& b, const Tensor& out) {
-  visit_dtype(out.dtype(), [&]<typename T>() {
-    for_each_row<4>(
-        out.shape(), {&out, &condition, &a, &b}, [&](Pointers<4> p, ByteStrides<4> s, std::int64_t n) {
-          for (std::int64_t i = 0; i < n; ++i) {
-            at<T>(p[0], s[0], i) = at<bool>(p[1], s[1], i) ? at<T>(p[2], s[2], i) : at<T>(p[3], s[3], i);
-          }
-        });
-  });
 }
 
 ElementwiseKernels elementwise_kernels() {

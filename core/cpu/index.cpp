@@ -46,8 +46,6 @@ std::int64_t remapped_offset(const Shape& index_shape, const Strides& strides, s
   return offset;
 }
 
-}  // namespace
-
 void check_index(const char* op, const Tensor& index, std::int64_t size, const char* what) {
   const std::int64_t* values = index.data<std::int64_t>();
   const auto [lowest, highest] = std::minmax_element(values, values + index.numel());
@@ -146,8 +144,6 @@ void index_add(const Tensor& out, std::int64_t dim, const Tensor& index, const T
     });
   });
 }
-
-namespace {
 
 // Accumulating kernels sum 16-bit floats in f32 and round once at the end.
 void scatter_add_f32(const Tensor& out, std::int64_t dim, const Tensor& index, const Tensor& src) {

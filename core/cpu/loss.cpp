@@ -11,7 +11,6 @@
 #include "core/parallel.h"
 
 namespace shardlab::cpu {
-
 namespace {
 
 template <typename T>
@@ -61,8 +60,6 @@ void backward(const Tensor& grad_losses, const Tensor& logits, const Tensor& tar
   });
 }
 
-}  // namespace
-
 void cross_entropy_forward(const Tensor& logits, const Tensor& targets, std::int64_t ignore_index,
                            const Tensor& losses, const Tensor& logsumexp) {
   visit_dtype(logits.dtype(), [&]<typename T>() {
@@ -79,6 +76,8 @@ void cross_entropy_backward(const Tensor& grad_losses, const Tensor& logits, con
     }
   });
 }
+
+}  // namespace
 
 LossKernels loss_kernels() {
   return {.cross_entropy_forward = cross_entropy_forward, .cross_entropy_backward = cross_entropy_backward};

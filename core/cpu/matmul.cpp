@@ -33,8 +33,6 @@ void matmul_typed(const Tensor& a, const Tensor& b, const Tensor& out) {
   products(0, batch);
 }
 
-}  // namespace
-
 void matmul(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out) {
   in_f32_precision(
       out,
@@ -49,6 +47,8 @@ void matmul(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& 
       },
       a, b, bias);
 }
+
+}  // namespace
 
 MatmulKernels matmul_kernels() { return {.matmul = matmul}; }
 

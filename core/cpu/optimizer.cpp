@@ -99,8 +99,6 @@ void adam_segment(const AdamSegment& segment) {
 // The gate is in host memory here: reading it costs nothing.
 bool gate_open(const Tensor& apply) { return !apply.defined() || apply.data<bool>()[0]; }
 
-}  // namespace
-
 void adadelta_step(std::span<const AdadeltaSegment> segments, const Tensor& apply) {
   if (!gate_open(apply)) return;
   for (const AdadeltaSegment& segment : segments) adadelta_segment(segment);
@@ -110,6 +108,8 @@ void adam_step(std::span<const AdamSegment> segments, const Tensor& apply) {
   if (!gate_open(apply)) return;
   for (const AdamSegment& segment : segments) adam_segment(segment);
 }
+
+}  // namespace
 
 OptimizerKernels optimizer_kernels() { return {.adadelta_step = adadelta_step, .adam_step = adam_step}; }
 

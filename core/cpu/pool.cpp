@@ -8,7 +8,6 @@
 #include "core/parallel.h"
 
 namespace shardlab::cpu {
-
 namespace {
 
 // The common 2x2, stride 2 window (the tutorial CNN's) without clipping or loops: the first
@@ -46,8 +45,6 @@ SHARDLAB_CPU_CLONES(void, pool_2x2_f32,
                     (src, width, out_h, out_w, values, where)) {
   pool_2x2(src, width, out_h, out_w, values, where);
 }
-
-}  // namespace
 
 void max_pool2d(const Tensor& input, MaxPool2dParams p, const Tensor& out, const Tensor& indices) {
   const std::int64_t planes = input.size(0) * input.size(1);
@@ -125,8 +122,6 @@ void max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Te
     });
   });
 }
-
-namespace {
 
 // Accumulates in f32 for 16-bit floats, rounding once at the end.
 void max_pool2d_backward_f32(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_in) {

@@ -10,7 +10,6 @@
 #include "core/philox.h"
 
 namespace shardlab::cpu {
-
 namespace {
 
 // f32 Bernoulli draws of `blocks` whole Philox blocks from `first_block` on (4 values each), in a
@@ -31,8 +30,6 @@ SHARDLAB_CPU_CLONES(void, bernoulli_blocks,
 std::uint32_t bernoulli_threshold(double p) {
   return static_cast<std::uint32_t>(std::clamp(std::ceil(p * 16777216.0), 0.0, 16777216.0));
 }
-
-}  // namespace
 
 void random(const RandomSpec& spec, const Tensor& out) {
   const std::uint64_t seed = spec.key.seed, stream = spec.key.stream;
@@ -84,6 +81,8 @@ void random(const RandomSpec& spec, const Tensor& out) {
     });
   });
 }
+
+}  // namespace
 
 RandomKernels random_kernels() { return {.random = random}; }
 

@@ -210,8 +210,6 @@ void reduce_typed(ReduceOp op, const Tensor& in, const Dims& dims, const Tensor&
   });
 }
 
-}  // namespace
-
 void reduce(ReduceOp op, const Tensor& in, const Dims& dims, const Tensor& out) {
   visit_dtype(in.dtype(), [&]<typename T>() {
     visit_dtype(out.dtype(), [&]<typename Out>() {
@@ -225,8 +223,6 @@ void reduce(ReduceOp op, const Tensor& in, const Dims& dims, const Tensor& out) 
   });
 }
 
-namespace {
-
 // Chunk `chunk` of a tensor's elements: its squares dealt to the lanes, folded.
 template <typename T>
 double chunk_squares(const T* data, std::int64_t numel, std::int64_t chunk) {
@@ -238,8 +234,6 @@ double chunk_squares(const T* data, std::int64_t numel, std::int64_t chunk) {
   }
   return fold_lanes(lanes.data());
 }
-
-}  // namespace
 
 void foreach_sum_squares(std::span<const Tensor> tensors, const Tensor& out) {
   // Every chunk's partial at once, in the tensors' order; then the partials dealt to lanes and folded.
@@ -263,6 +257,8 @@ void foreach_sum_squares(std::span<const Tensor> tensors, const Tensor& out) {
   for (std::size_t p = 0; p < partials.size(); ++p) lanes[p % kSquareLanes] += partials[p];
   *out.data<double>() = fold_lanes(lanes.data());
 }
+
+}  // namespace
 
 ReductionKernels reduction_kernels() {
   return {.reduce = reduce, .foreach_sum_squares = foreach_sum_squares};

@@ -7,6 +7,7 @@
 #include "core/cpu/loops.h"
 
 namespace shardlab::cpu {
+namespace {
 
 void softmax(const Tensor& in, std::int64_t dim, bool log, const Tensor& out) {
   // Move `dim` last in both operands; each row along it is then one inner row.
@@ -39,6 +40,8 @@ void softmax(const Tensor& in, std::int64_t dim, bool log, const Tensor& out) {
     }
   });
 }
+
+}  // namespace
 
 SoftmaxKernels softmax_kernels() { return {.softmax = softmax}; }
 

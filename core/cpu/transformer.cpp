@@ -14,7 +14,6 @@
 #include "core/parallel.h"
 
 namespace shardlab::cpu {
-
 namespace {
 
 // The sigmoids of `count` values in the compute type: f32 (f32, bf16 and f16 tensors) through
@@ -215,8 +214,6 @@ std::int64_t matrix_offset(const Tensor& t, std::int64_t index) {
   return offset;
 }
 
-}  // namespace
-
 void rms_norm_forward(const Tensor& x, const Tensor& added, const Tensor& weight, double eps,
                       const Tensor& sum, const Tensor& out, const Tensor& rstd) {
   floating(x.dtype(), [&]<typename T>() {
@@ -323,6 +320,8 @@ void rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool transpos
     });
   });
 }
+
+}  // namespace
 
 TransformerKernels transformer_kernels() {
   return {.rms_norm_forward = rms_norm_forward,

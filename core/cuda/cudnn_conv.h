@@ -1,6 +1,6 @@
 // core/cuda/cudnn_conv.h: internal to core/cuda: conv2d and its two gradients through cuDNN, in
-// builds that found it (SHARDLAB_CUDNN); table.cpp's im2col path serves the others. Contiguous NCHW
-// operands of one floating dtype; the bias is added by table.cpp. Each returns false, queuing
+// builds that found it (SHARDLAB_CUDNN); conv.cu's im2col path serves the others. Contiguous NCHW
+// operands of one floating dtype; the bias is added by conv.cu. Each returns false, queuing
 // nothing, when cuDNN cannot take the convolution (sizes over its int limits, or its fixed algorithm
 // not supported for this case: CUDNN_STATUS_NOT_SUPPORTED); the reason is then said once per
 // process (core/notice.h) and the caller takes the im2col path.
@@ -8,7 +8,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include "core/cuda/launch.h"
+#include "core/cuda/conv_shape.h"
+#include "core/dtype.h"
 
 namespace shardlab::cuda::cudnn {
 

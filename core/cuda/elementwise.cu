@@ -1,6 +1,7 @@
 // core/cuda/elementwise.cu: the elementwise CUDA kernels: fill, copy (with dtype conversion),
 // unary, isfinite, arithmetic, comparison and where, over strided operands, and over dense ones in
-// 16-byte packs (core/kernel_choice.h says which).
+// 16-byte packs (core/kernel_choice.h says which), and the family's entries (core/elementwise.h),
+// which unpack Tensors into their launchers.
 //
 // One kernel per element type, with the op as a runtime argument: the op is the same for every
 // thread, so its switch costs a uniform branch in memory-bound code, while a kernel per (op,
@@ -94,6 +95,7 @@ struct Math<float> {
   static __device__ float abs(float x) { return fabsf(x); }
   static __device__ float exp(float x) { return expf(x); }
   static __device__ float log(float x) { return logf(x); }
+  static __device__ float log1p(float x) { return log1pf(x); }
   static __device__ float sqrt(float x) { return sqrtf(x); }
   static __device__ float tanh(float x) { return tanhf(x); }
   static __device__ float erf(float x) { return erff(x); }
@@ -104,6 +106,7 @@ struct Math<double> {
   static __device__ double abs(double x) { return ::fabs(x); }
   static __device__ double exp(double x) { return ::exp(x); }
   static __device__ double log(double x) { return ::log(x); }
+  static __device__ double log1p(double x) { return ::log1p(x); }
   static __device__ double sqrt(double x) { return ::sqrt(x); }
   static __device__ double tanh(double x) { return ::tanh(x); }
   static __device__ double erf(double x) { return ::erf(x); }
@@ -114,18 +117,21 @@ struct Math<double> {
 
 template <typename Word>
 __global__ void fill_kernel(Word* out, Word value, Layout<1> layout) {
-  map_elements(layout, [=]() { return value; }, out);
+  map_elements(
+      layout, [=]() { return value; }, out);
 }
 
 template <typename Word>
 __global__ void copy_kernel(const Word* src, Word* dst, Layout<2> layout) {
-  map_elements(layout, [](Word x) { return x; }, dst, src);
+  map_elements(
+      layout, [](Word x) { return x; }, dst, src);
 }
 
 // Between floating dtypes (a mixed-precision step's casts): typed on both sides, so packed.
 template <typename Dst, typename Src>
 __global__ void convert_floating_kernel(const Src* src, Dst* dst, Layout<2> layout) {
-  map_elements(layout, [](Src x) { return narrow<Dst>(widen(x)); }, dst, src);
+  map_elements(
+      layout, [](Src x) { return narrow<Dst>(widen(x)); }, dst, src);
 }
 
 template <typename Dst, typename Src>
@@ -177,6 +183,8 @@ __device__ C floating_unary(UnaryOp op, C x) {
       return M::exp(x);
     case UnaryOp::log:
       return M::log(x);
+    case UnaryOp::log1p:
+      return M::log1p(x);
     case UnaryOp::sqrt:
       return M::sqrt(x);
     case UnaryOp::rsqrt:
@@ -237,7 +245,8 @@ template <typename T>
 __global__ void isfinite_kernel(const T* in, bool* out, Layout<2> layout) {
   using C = compute_t<T>;
   // False for NaN (the comparison fails) and for infinities.
-  map_elements(layout, [](T x) { return Math<C>::abs(widen(x)) <= std::numeric_limits<C>::max(); }, out, in);
+  map_elements(
+      layout, [](T x) { return Math<C>::abs(widen(x)) <= std::numeric_limits<C>::max(); }, out, in);
 }
 
 // --- binary ------------------------------------------------------------------------------------
@@ -337,13 +346,15 @@ __global__ void arithmetic_kernel(BinaryOp op, const T* a, const T* b, T* out, L
 
 template <typename T>
 __global__ void compare_kernel(BinaryOp op, const T* a, const T* b, bool* out, Layout<3> layout) {
-  map_elements(layout, [=](T x, T y) { return compare(op, widen(x), widen(y)); }, out, a, b);
+  map_elements(
+      layout, [=](T x, T y) { return compare(op, widen(x), widen(y)); }, out, a, b);
 }
 
 template <typename Word>
 __global__ void where_kernel(const bool* condition, const Word* a, const Word* b, Word* out,
                              Layout<4> layout) {
-  map_elements(layout, [](bool c, Word x, Word y) { return c ? x : y; }, out, condition, a, b);
+  map_elements(
+      layout, [](bool c, Word x, Word y) { return c ? x : y; }, out, condition, a, b);
 }
 
 // The cast between two floating dtypes through convert_floating_kernel; false, launching nothing,
@@ -361,25 +372,27 @@ bool launch_convert_floating(const void* src, DType src_dtype, void* dst, DType 
   return launched;
 }
 
-}  // namespace
-
 // --- launchers ---------------------------------------------------------------------------------
 
+// Writes the dtype_size(dtype) bytes at host address `value` to every element of out.
 void launch_fill(void* out, DType dtype, const void* value, const Layout<1>& layout, cudaStream_t stream) {
   if (layout.numel == 0) return;
   visit_dtype(dtype, [&]<typename T>() {
     using Word = word_t<T>;
     Word bits;
     std::memcpy(&bits, value, sizeof(Word));
-    fill_kernel<Word><<<map_grid<Word>(layout), kBlockSize, 0, stream>>>(static_cast<Word*>(out), bits, layout);
+    fill_kernel<Word>
+        <<<map_grid<Word>(layout), kBlockSize, 0, stream>>>(static_cast<Word*>(out), bits, layout);
     SHARDLAB_CUDA_CHECK_LAUNCH();
   });
 }
 
+// Operands: src, dst. Converts like the CPU: narrow<Dst>(widen(src value)); equal dtypes copy bits.
 void launch_copy(const void* src, DType src_dtype, void* dst, DType dst_dtype, const Layout<2>& layout,
                  cudaStream_t stream) {
   if (layout.numel == 0) return;
-  if (src_dtype != dst_dtype && launch_convert_floating(src, src_dtype, dst, dst_dtype, layout, stream)) return;
+  if (src_dtype != dst_dtype && launch_convert_floating(src, src_dtype, dst, dst_dtype, layout, stream))
+    return;
   visit_dtype(dst_dtype, [&]<typename Dst>() {
     if (src_dtype == dst_dtype) {
       using Word = word_t<Dst>;
@@ -394,6 +407,8 @@ void launch_copy(const void* src, DType src_dtype, void* dst, DType dst_dtype, c
   });
 }
 
+// Operands: in, out (same dtype). Floating dtypes: every op but isfinite, computed in float (f32, bf16,
+// f16) or double (f64). i64/i32/u8: neg, abs and relu, wrapping like unsigned arithmetic.
 bool launch_unary(UnaryOp op, DType dtype, const void* in, void* out, const Layout<2>& layout,
                   cudaStream_t stream) {
   if (op == UnaryOp::isfinite) return false;  // writes bool: launch_isfinite
@@ -404,13 +419,14 @@ bool launch_unary(UnaryOp op, DType dtype, const void* in, void* out, const Layo
       if (!is_floating_type<T> && !is_integer_unary(op)) return false;
       if (layout.numel == 0) return true;
       unary_kernel<T><<<map_grid<T, T>(layout), kBlockSize, 0, stream>>>(op, static_cast<const T*>(in),
-                                                                          static_cast<T*>(out), layout);
+                                                                         static_cast<T*>(out), layout);
       SHARDLAB_CUDA_CHECK_LAUNCH();
       return true;
     }
   });
 }
 
+// Operands: in (floating), out (bool).
 bool launch_isfinite(DType dtype, const void* in, bool* out, const Layout<2>& layout, cudaStream_t stream) {
   return visit_dtype(dtype, [&]<typename T>() {
     if constexpr (!is_floating_type<T>) {
@@ -425,6 +441,10 @@ bool launch_isfinite(DType dtype, const void* in, bool* out, const Layout<2>& la
   });
 }
 
+// Operands: a, b, out, all of `dtype`. Arithmetic ops only (comparisons: launch_compare);
+// every dtype and op except div on i64/i32/u8/bool (the
+// op layer divides integers in f32). Integers wrap; bool computes in int and narrows (add is
+// or, mul is and); integer pow is exact repeated multiplication.
 bool launch_arithmetic(BinaryOp op, DType dtype, const void* a, const void* b, void* out,
                        const Layout<3>& layout, cudaStream_t stream) {
   return visit_dtype(dtype, [&]<typename T>() {
@@ -437,6 +457,7 @@ bool launch_arithmetic(BinaryOp op, DType dtype, const void* a, const void* b, v
   });
 }
 
+// Operands: a, b (both `dtype`, any of the 8), out (bool). Comparison ops only.
 void launch_compare(BinaryOp op, DType dtype, const void* a, const void* b, bool* out,
                     const Layout<3>& layout, cudaStream_t stream) {
   if (layout.numel == 0) return;
@@ -447,6 +468,7 @@ void launch_compare(BinaryOp op, DType dtype, const void* a, const void* b, bool
   });
 }
 
+// Operands: condition (bool), a, b, out (a, b and out all of `dtype`).
 void launch_where(const bool* condition, DType dtype, const void* a, const void* b, void* out,
                   const Layout<4>& layout, cudaStream_t stream) {
   if (layout.numel == 0) return;
@@ -456,6 +478,66 @@ void launch_where(const bool* condition, DType dtype, const void* a, const void*
         condition, static_cast<const Word*>(a), static_cast<const Word*>(b), static_cast<Word*>(out), layout);
     SHARDLAB_CUDA_CHECK_LAUNCH();
   });
+}
+
+// --- entries --------------------------------------------------------------------------------------
+
+void cuda_fill(const Tensor& out, Scalar value) {
+  const LaunchContext context(out);
+  visit_dtype(out.dtype(), [&]<typename T>() {
+    const T element = value.as<T>();
+    launch_fill(out.raw_data(), out.dtype(), &element, layout_of<1>("fill", {&out}), context.stream());
+  });
+}
+
+void cuda_copy(const Tensor& dst, const Tensor& src) {
+  const LaunchContext context(dst);
+  launch_copy(src.raw_data(), src.dtype(), dst.raw_data(), dst.dtype(), layout_of<2>("copy", {&src, &dst}),
+              context.stream());
+}
+
+// False when the op has no kernel for the dtype.
+bool launch_unary_op(UnaryOp op, DType dtype, const void* in, void* out, const Layout<2>& layout,
+                     cudaStream_t stream) {
+  if (op == UnaryOp::isfinite) {
+    return launch_isfinite(dtype, in, static_cast<bool*>(out), layout, stream);
+  }
+  return launch_unary(op, dtype, in, out, layout, stream);
+}
+
+void cuda_unary(UnaryOp op, const Tensor& in, const Tensor& out) {
+  const LaunchContext context(out);
+  const bool launched = launch_unary_op(op, in.dtype(), in.raw_data(), out.raw_data(),
+                                        layout_of<2>(op_name(op), {&in, &out}), context.stream());
+  SHARDLAB_CHECK(launched, "{}: no CUDA kernel for dtype {}", op_name(op), dtype_name(in.dtype()));
+}
+
+// False when the op has no kernel for the dtype.
+bool launch_binary_op(BinaryOp op, DType dtype, const void* a, const void* b, void* out,
+                      const Layout<3>& layout, cudaStream_t stream) {
+  if (!is_comparison(op)) return launch_arithmetic(op, dtype, a, b, out, layout, stream);
+  launch_compare(op, dtype, a, b, static_cast<bool*>(out), layout, stream);
+  return true;
+}
+
+void cuda_binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  const LaunchContext context(out);
+  const bool launched = launch_binary_op(op, a.dtype(), a.raw_data(), b.raw_data(), out.raw_data(),
+                                         layout_of<3>(op_name(op), {&a, &b, &out}), context.stream());
+  SHARDLAB_CHECK(launched, "{}: no CUDA kernel for dtype {}", op_name(op), dtype_name(a.dtype()));
+}
+
+void cuda_where(const Tensor& condition, const Tensor& a, const Tensor& b, const Tensor& out) {
+  const LaunchContext context(out);
+  launch_where(condition.data<bool>(), out.dtype(), a.raw_data(), b.raw_data(), out.raw_data(),
+               layout_of<4>("where", {&condition, &a, &b, &out}), context.stream());
+}
+
+}  // namespace
+
+ElementwiseKernels elementwise_kernels() {
+  return {
+      .fill = cuda_fill, .copy = cuda_copy, .unary = cuda_unary, .binary = cuda_binary, .where = cuda_where};
 }
 
 }  // namespace shardlab::cuda

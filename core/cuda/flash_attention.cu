@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "core/attention_mask.h"
+#include "core/cuda/attention_operands.cuh"
 #include "core/cuda/check.h"
 #include "core/cuda/indexing.cuh"
 #include "core/cuda/launch.h"

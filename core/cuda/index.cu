@@ -4,9 +4,11 @@
 // CPU's bit for bit (index_add: the picks sorted stably by row with CUB, every row's segment at once,
 // core/segments.h). The check does not make the host wait: it records the first bad value where
 // the host reads it at its next wait (index_fault.h), and the kernels skip out-of-range values, so a
-// bad index never makes them touch memory outside their operands.
+// bad index never makes them touch memory outside their operands. Then the family's entries.
 #include <cstdint>
 #include <cub/device/device_radix_sort.cuh>
+#include <limits>
+#include <utility>
 
 #include "core/cuda/check.h"
 #include "core/cuda/index_fault.h"
@@ -16,6 +18,27 @@
 
 namespace shardlab::cuda {
 namespace {
+
+// The shape of an index tensor (rank <= kMaxDims) and the element strides of the tensors its
+// positions address: `in_strides` for gather's input and scatter_add's source, `out_strides`
+// for scatter_add's output.
+struct IndexGeometry {
+  int rank = 0;
+  int dim = 0;
+  std::int64_t bound = 0;  // the indexed operand's size along dim (gather's input, scatter_add's output)
+  std::int64_t shape[kMaxDims] = {};
+  std::int64_t in_strides[kMaxDims] = {};
+  std::int64_t out_strides[kMaxDims] = {};
+};
+
+// index_add's scratch on the device: the picks' positions, sorted keys and order (i64 [picks] each),
+// and sort_bytes (index_add_sort_bytes) for the sort.
+struct IndexAddScratch {
+  std::int64_t *positions, *keys, *order;
+  void* sort;
+  std::size_t sort_bytes;
+};
+std::size_t index_add_sort_bytes(std::int64_t picks);
 
 // Offset, with `strides`, of the element at `position` of a contiguous tensor of geometry.shape,
 // its coordinate along `dim` replaced by `along`.
@@ -32,7 +55,7 @@ __device__ std::int64_t remapped(const IndexGeometry& g, const std::int64_t* str
 
 __device__ inline bool in_range(std::int64_t value, std::int64_t size) { return value >= 0 && value < size; }
 
-// CUB's item count, an int (table.cpp refuses more picks first).
+// CUB's item count, an int (the entry refuses more picks first).
 int as_items(std::int64_t picks) { return static_cast<int>(picks); }
 
 __global__ void check_index_kernel(const std::int64_t* index, std::int64_t n, std::int64_t size,
@@ -105,8 +128,8 @@ __global__ void index_add_segments_kernel(T* out, const std::int64_t* keys, cons
   }
 }
 
-}  // namespace
-
+// Records the first value of index[0, n) outside [0, size) in index_fault() (index_fault.h);
+// `op` and `what` are string literals of the host, for the message.
 void launch_check_index(const std::int64_t* index, std::int64_t n, std::int64_t size, const char* op,
                         const char* what, int device, cudaStream_t stream) {
   if (n == 0) return;
@@ -115,6 +138,9 @@ void launch_check_index(const std::int64_t* index, std::int64_t n, std::int64_t 
   SHARDLAB_CUDA_CHECK_LAUNCH();
 }
 
+// Contiguous operands and i64 indices checked by launch_check_index, the CPU kernels' contracts
+// (core/kernels.h); an out-of-range index is skipped (its fault is reported at the next host wait).
+// in [outer, size, inner] -> out [outer, picks, inner].
 void launch_index_select(DType dtype, const void* in, const std::int64_t* index, void* out,
                          std::int64_t outer, std::int64_t picks, std::int64_t size, std::int64_t inner,
                          cudaStream_t stream) {
@@ -137,6 +163,7 @@ void launch_gather(DType dtype, const void* in, const std::int64_t* index, void*
   });
 }
 
+// The index has shape [outer, length, inner] around geometry.dim.
 void launch_scatter_add(DType dtype, void* out, const std::int64_t* index, const void* src,
                         std::int64_t outer, std::int64_t length, std::int64_t inner,
                         const IndexGeometry& geometry, cudaStream_t stream) {
@@ -157,6 +184,8 @@ std::size_t index_add_sort_bytes(std::int64_t picks) {
   return bytes;
 }
 
+// out [outer, size, inner] += src [outer, picks, inner] at rows index[j] (picks up to INT_MAX, CUB's
+// count): the picks sorted stably by row, each row's added in their order (core/segments.h).
 void launch_index_add(DType dtype, void* out, const std::int64_t* index, const void* src, std::int64_t outer,
                       std::int64_t picks, std::int64_t size, std::int64_t inner,
                       const IndexAddScratch& scratch, cudaStream_t stream) {
@@ -177,6 +206,95 @@ void launch_index_add(DType dtype, void* out, const std::int64_t* index, const v
                                                                     outer, picks, size, inner);
     SHARDLAB_CUDA_CHECK_LAUNCH();
   });
+}
+
+// --- entries --------------------------------------------------------------------------------------
+
+// Sizes around `dim` of `shape`: the product of the dims before and of those after.
+std::pair<std::int64_t, std::int64_t> outer_inner(const Shape& shape, std::int64_t dim) {
+  std::int64_t outer = 1, inner = 1;
+  for (std::int64_t d = 0; d < static_cast<std::int64_t>(shape.size()); ++d) {
+    if (d < dim) outer *= shape[d];
+    if (d > dim) inner *= shape[d];
+  }
+  return {outer, inner};
+}
+
+IndexGeometry index_geometry(const char* op, const Tensor& index, std::int64_t dim, const Tensor& in,
+                             const Tensor& out) {
+  SHARDLAB_CHECK(index.dim() <= kMaxDims, "{} on cuda: at most {} dimensions, got {}", op, kMaxDims,
+                 index.dim());
+  IndexGeometry g;
+  g.rank = static_cast<int>(index.dim());
+  g.dim = static_cast<int>(dim);
+  g.bound = out.defined() ? out.size(dim) : in.size(dim);
+  for (std::int64_t d = 0; d < index.dim(); ++d) {
+    g.shape[d] = index.size(d);
+    g.in_strides[d] = in.stride(d);
+    if (out.defined()) g.out_strides[d] = out.stride(d);
+  }
+  return g;
+}
+
+void cuda_check_index(const char* op, const Tensor& index, std::int64_t size, const char* what) {
+  const LaunchContext context(index);
+  launch_check_index(index.data<std::int64_t>(), index.numel(), size, op, what, index.device().index,
+                     context.stream());
+}
+
+void cuda_index_select(const Tensor& in, std::int64_t dim, const Tensor& index, const Tensor& out) {
+  const LaunchContext context(out);
+  const auto [outer, inner] = outer_inner(in.shape(), dim);
+  launch_index_select(in.dtype(), in.raw_data(), index.data<std::int64_t>(), out.raw_data(), outer,
+                      index.numel(), in.size(dim), inner, context.stream());
+}
+
+void cuda_gather(const Tensor& in, std::int64_t dim, const Tensor& index, const Tensor& out) {
+  const LaunchContext context(out);
+  launch_gather(in.dtype(), in.raw_data(), index.data<std::int64_t>(), out.raw_data(), index.numel(),
+                index_geometry("gather", index, dim, in, Tensor()), context.stream());
+}
+
+void cuda_scatter_add(const Tensor& out, std::int64_t dim, const Tensor& index, const Tensor& src) {
+  accumulate_in_f32(out, src, [&](const Tensor& sums, const Tensor& terms) {
+    const LaunchContext context(sums);
+    const auto [outer, inner] = outer_inner(index.shape(), dim);
+    launch_scatter_add(sums.dtype(), sums.raw_data(), index.data<std::int64_t>(), terms.raw_data(), outer,
+                       index.size(dim), inner, index_geometry("scatter_add", index, dim, terms, sums),
+                       context.stream());
+  });
+}
+
+// The embedding backward's: the picks sorted by row, each row's segment added in order.
+void cuda_index_add(const Tensor& out, std::int64_t dim, const Tensor& index, const Tensor& src) {
+  accumulate_in_f32(out, src, [&](const Tensor& sums, const Tensor& terms) {
+    const LaunchContext context(sums);
+    const auto [outer, inner] = outer_inner(sums.shape(), dim);
+    const std::int64_t picks = index.numel();
+    SHARDLAB_CHECK(picks <= std::numeric_limits<int>::max(), "index_add on cuda: at most {} indices, got {}",
+                   std::numeric_limits<int>::max(), picks);
+    const TensorOptions longs{DType::i64, sums.device()};
+    const Tensor positions = empty({picks}, longs), keys = empty({picks}, longs),
+                 order = empty({picks}, longs);
+    const std::size_t sort_bytes = picks > 0 ? index_add_sort_bytes(picks) : 0;
+    const Tensor sort =
+        empty({static_cast<std::int64_t>(sort_bytes)}, TensorOptions{DType::u8, sums.device()});
+    launch_index_add(sums.dtype(), sums.raw_data(), index.data<std::int64_t>(), terms.raw_data(), outer,
+                     picks, sums.size(dim), inner,
+                     {positions.data<std::int64_t>(), keys.data<std::int64_t>(), order.data<std::int64_t>(),
+                      sort.raw_data(), sort_bytes},
+                     context.stream());
+  });
+}
+
+}  // namespace
+
+IndexKernels index_kernels() {
+  return {.check_index = cuda_check_index,
+          .index_select = cuda_index_select,
+          .gather = cuda_gather,
+          .scatter_add = cuda_scatter_add,
+          .index_add = cuda_index_add};
 }
 
 }  // namespace shardlab::cuda

@@ -32,24 +32,6 @@ HeadView<T> head_view(const HeadsOf<Pointer>& heads) {
   return {static_cast<T*>(heads.data), heads.batch, heads.head, heads.row};
 }
 
-// An attention call's operands (launch.h's AttentionOperands) typed: elements T, logsumexp and delta
-// in S (the element type for f32 and f64, f32 for flash attention's halves).
-template <typename T, typename S>
-struct TypedAttentionOperands {
-  HeadView<const T> q, k, v, out, grad_out;
-  const bool* padding;
-  S* logsumexp;
-  S* delta;
-  HeadView<T> grad_q, grad_k, grad_v;
-};
-template <typename T, typename S>
-TypedAttentionOperands<T, S> typed_attention_operands(const AttentionOperands& o) {
-  return {head_view<const T>(o.q),      head_view<const T>(o.k),        head_view<const T>(o.v),
-          head_view<const T>(o.out),    head_view<const T>(o.grad_out), o.padding,
-          static_cast<S*>(o.logsumexp), static_cast<S*>(o.delta),       head_view<T>(o.grad_q),
-          head_view<T>(o.grad_k),       head_view<T>(o.grad_v)};
-}
-
 // The grid-stride loop's start and step for this thread.
 __device__ inline std::int64_t first_thread() {
   return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;

@@ -3,7 +3,6 @@
 
 #include "core/cuda/gemm.h"
 #include "core/cuda/launch.h"
-#include "core/cuda/tensor_launch.h"
 #include "core/kernel_choice.h"
 #include "core/kernels.h"
 
@@ -45,7 +44,8 @@ void cuda_matmul(const Tensor& a, const Tensor& b, const Tensor& bias, const Ten
     cuda::gemm_batched(out.dtype(), out.size(0), n, m, a.size(2), left, right, out.raw_data(), leading, m * n,
                        out.device().index, context.stream(), epilogue_bias);
   }
-  if (bias.defined() && !in_epilogue) cuda_binary(BinaryOp::add, out, bias.expand(out.shape()), out);
+  if (bias.defined() && !in_epilogue)
+    elementwise_kernels().binary(BinaryOp::add, out, bias.expand(out.shape()), out);
 }
 
 }  // namespace

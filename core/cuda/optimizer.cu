@@ -2,10 +2,15 @@
 // computed in the parameter's compute type in the CPU kernel's operation order: a strided
 // kernel for one parameter, and a multi-segment kernel that updates many contiguous parameters
 // in one launch. nvcc may fuse a multiply and an add (the CPU build does not), so the last bit
-// can differ from the CPU's.
+// can differ from the CPU's. Then the entries (core/optimizer.h), one launch per dtype pair.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <span>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "core/adam_math.h"
@@ -15,6 +20,44 @@
 
 namespace shardlab::cuda {
 namespace {
+
+// core/ops.h's AdadeltaHyper, in plain types.
+struct AdadeltaScalars {
+  double lr = 1.0, rho = 0.9, eps = 1e-6, weight_decay = 0.0;
+};
+
+// Multi-segment launches: one kernel for many parameters, each a segment of `numel` (> 0)
+// contiguous elements per operand with its own hyper-parameters. The kernel reads a table of
+// the segments from the device memory `upload` returns (called once with the host table and its
+// bytes; it queues the copy on `stream` without the host waiting, and the memory must stay valid
+// for the work queued there, as a caching-allocator block of that stream does). False, launching
+// nothing, for dtypes without a kernel.
+using TableUpload = std::function<const void*(const void* host_table, std::size_t bytes)>;
+
+struct AdadeltaSegmentArgs {
+  void* param;
+  const void* grad;
+  void* square_avg;
+  void* acc_delta;
+  std::int64_t numel;
+  AdadeltaScalars hyper;
+};
+[[nodiscard]] bool launch_adadelta_segments(DType dtype, std::span<const AdadeltaSegmentArgs> segments,
+                                            const TableUpload& upload, const bool* apply,
+                                            cudaStream_t stream);
+
+struct AdamSegmentArgs {
+  void* param;
+  const void* grad;
+  void* exp_avg;
+  void* exp_avg_sq;
+  void* copy;  // as launch_adam_step's copy, in copy_dtype
+  std::int64_t numel;
+  AdamScalars hyper;
+};
+[[nodiscard]] bool launch_adam_segments(DType dtype, DType copy_dtype,
+                                        std::span<const AdamSegmentArgs> segments, const TableUpload& upload,
+                                        const bool* apply, cudaStream_t stream);
 
 // Adadelta's constants in the compute type, as the CPU kernel rounds them.
 template <typename C>
@@ -141,8 +184,8 @@ void launch_segments(void (*kernel)(const Descriptor*, std::int64_t, std::int64_
   SHARDLAB_CUDA_CHECK_LAUNCH();
 }
 
-}  // namespace
-
+// Operands: param, grad, exp_avg, exp_avg_sq (one floating dtype), copy (copy_dtype, floating:
+// the updated parameter in its dtype; the parameter itself when there is no copy-out).
 bool launch_adam_step(DType dtype, DType copy_dtype, void* param, const void* grad, void* exp_avg,
                       void* exp_avg_sq, void* copy, const Layout<5>& layout, const AdamScalars& hyper,
                       const bool* apply, cudaStream_t stream) {
@@ -163,6 +206,9 @@ bool launch_adam_step(DType dtype, DType copy_dtype, void* param, const void* gr
   });
 }
 
+// Operands: param, grad, square_avg, acc_delta (one floating dtype, any strides); false for
+// other dtypes. Every optimizer launch takes `apply`: null, or one bool in device memory that
+// the kernel reads first, writing nothing where it is false (core/ops.h's gate).
 bool launch_adadelta_step(DType dtype, void* param, const void* grad, void* square_avg, void* acc_delta,
                           const Layout<4>& layout, const AdadeltaScalars& hyper, const bool* apply,
                           cudaStream_t stream) {
@@ -216,6 +262,75 @@ bool launch_adam_segments(DType dtype, DType copy_dtype, std::span<const AdamSeg
       }
     });
   });
+}
+
+// --- entries --------------------------------------------------------------------------------------
+
+bool all_contiguous(std::initializer_list<const Tensor*> tensors) {
+  return std::all_of(tensors.begin(), tensors.end(), [](const Tensor* t) { return t->is_contiguous(); });
+}
+
+// Contiguous segments go to one multi-segment launch per dtype (pair); segments with a strided
+// operand each take the strided kernel.
+void cuda_adadelta_step(std::span<const AdadeltaSegment> segments, const Tensor& apply) {
+  const LaunchContext context(segments.front().param);
+  const bool* gate = apply.defined() ? apply.data<bool>() : nullptr;
+  const Device device = segments.front().param.device();
+  std::map<DType, std::vector<AdadeltaSegmentArgs>> contiguous;
+  for (const auto& [param, grad, square_avg, acc_delta, hyper] : segments) {
+    const AdadeltaScalars scalars{hyper.lr, hyper.rho, hyper.eps, hyper.weight_decay};
+    if (all_contiguous({&param, &grad, &square_avg, &acc_delta})) {
+      contiguous[param.dtype()].push_back({param.raw_data(), grad.raw_data(), square_avg.raw_data(),
+                                           acc_delta.raw_data(), param.numel(), scalars});
+      continue;
+    }
+    SHARDLAB_CHECK(
+        launch_adadelta_step(param.dtype(), param.raw_data(), grad.raw_data(), square_avg.raw_data(),
+                             acc_delta.raw_data(),
+                             layout_of<4>("adadelta_step", {&param, &grad, &square_avg, &acc_delta}), scalars,
+                             gate, context.stream()),
+        "adadelta_step: no CUDA kernel for {}", dtype_name(param.dtype()));
+  }
+  for (const auto& [dtype, args] : contiguous) {
+    Tensor table;
+    SHARDLAB_CHECK(launch_adadelta_segments(dtype, args, upload_into(table, device), gate, context.stream()),
+                   "adadelta_step: no CUDA kernel for {}", dtype_name(dtype));
+  }
+}
+
+void cuda_adam_step(std::span<const AdamSegment> segments, const Tensor& apply) {
+  const LaunchContext context(segments.front().param);
+  const bool* gate = apply.defined() ? apply.data<bool>() : nullptr;
+  const Device device = segments.front().param.device();
+  std::map<std::pair<DType, DType>, std::vector<AdamSegmentArgs>> contiguous;
+  for (const auto& [param, grad, exp_avg, exp_avg_sq, hyper, copy_out] : segments) {
+    const Tensor& copy = copy_out.defined() ? copy_out : param;
+    if (all_contiguous({&param, &grad, &exp_avg, &exp_avg_sq, &copy})) {
+      contiguous[{param.dtype(), copy.dtype()}].push_back(
+          {param.raw_data(), grad.raw_data(), exp_avg.raw_data(), exp_avg_sq.raw_data(), copy.raw_data(),
+           param.numel(), adam_scalars(hyper)});
+      continue;
+    }
+    SHARDLAB_CHECK(launch_adam_step(param.dtype(), copy.dtype(), param.raw_data(), grad.raw_data(),
+                                    exp_avg.raw_data(), exp_avg_sq.raw_data(), copy.raw_data(),
+                                    layout_of<5>("adam_step", {&param, &grad, &exp_avg, &exp_avg_sq, &copy}),
+                                    adam_scalars(hyper), gate, context.stream()),
+                   "adam_step: no CUDA kernel for {} to {}", dtype_name(param.dtype()),
+                   dtype_name(copy.dtype()));
+  }
+  for (const auto& [dtypes, args] : contiguous) {
+    Tensor table;
+    SHARDLAB_CHECK(launch_adam_segments(dtypes.first, dtypes.second, args, upload_into(table, device), gate,
+                                        context.stream()),
+                   "adam_step: no CUDA kernel for {} to {}", dtype_name(dtypes.first),
+                   dtype_name(dtypes.second));
+  }
+}
+
+}  // namespace
+
+OptimizerKernels optimizer_kernels() {
+  return {.adadelta_step = cuda_adadelta_step, .adam_step = cuda_adam_step};
 }
 
 }  // namespace shardlab::cuda

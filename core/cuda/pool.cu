@@ -1,6 +1,6 @@
 // core/cuda/pool.cu: max_pool2d and its backward (core/cpu/pool.cpp's CUDA side). The backward
 // never races: one thread owns a plane and adds in the CPU kernel's order, so its results equal the
-// CPU's bit for bit.
+// CPU's bit for bit. Then the entries (core/conv.h's PoolKernels).
 #include <cstdint>
 #include <type_traits>
 
@@ -10,6 +10,11 @@
 
 namespace shardlab::cuda {
 namespace {
+
+struct PoolGeometry {
+  std::int64_t height = 0, width = 0, out_h = 0, out_w = 0;
+  std::int64_t kernel = 2, stride = 2, padding = 0;
+};
 
 // One thread per output: the first maximum of the window clipped to the input; a NaN wins and stays.
 template <typename T>
@@ -55,8 +60,7 @@ __global__ void max_pool2d_backward_kernel(const T* grad_out, const std::int64_t
   }
 }
 
-}  // namespace
-
+// in [planes, height, width] -> out, indices [planes, out_h, out_w] (flat h * width + w).
 void launch_max_pool2d(DType dtype, const void* in, void* out, std::int64_t* indices, std::int64_t planes,
                        const PoolGeometry& geometry, cudaStream_t stream) {
   const std::int64_t total = planes * geometry.out_h * geometry.out_w;
@@ -68,6 +72,7 @@ void launch_max_pool2d(DType dtype, const void* in, void* out, std::int64_t* ind
   });
 }
 
+// grad_in (zeroed by the caller) += grad_out at indices, per plane.
 void launch_max_pool2d_backward(DType dtype, const void* grad_out, const std::int64_t* indices, void* grad_in,
                                 std::int64_t planes, std::int64_t plane_in, std::int64_t plane_out,
                                 cudaStream_t stream) {
@@ -79,6 +84,36 @@ void launch_max_pool2d_backward(DType dtype, const void* grad_out, const std::in
         static_cast<const T*>(grad_out), indices, static_cast<T*>(grad_in), planes, plane_in, plane_out);
     SHARDLAB_CUDA_CHECK_LAUNCH();
   });
+}
+
+// --- entries --------------------------------------------------------------------------------------
+
+void cuda_max_pool2d(const Tensor& input, MaxPool2dParams p, const Tensor& out, const Tensor& indices) {
+  const LaunchContext context(out);
+  const PoolGeometry geometry{.height = input.size(2),
+                              .width = input.size(3),
+                              .out_h = out.size(2),
+                              .out_w = out.size(3),
+                              .kernel = p.kernel_size,
+                              .stride = p.stride,
+                              .padding = p.padding};
+  launch_max_pool2d(input.dtype(), input.raw_data(), out.raw_data(), indices.data<std::int64_t>(),
+                    input.size(0) * input.size(1), geometry, context.stream());
+}
+
+void cuda_max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_in) {
+  accumulate_in_f32(grad_in, grad_out, [&](const Tensor& sums, const Tensor& terms) {
+    const LaunchContext context(sums);
+    launch_max_pool2d_backward(sums.dtype(), terms.raw_data(), indices.data<std::int64_t>(), sums.raw_data(),
+                               sums.size(0) * sums.size(1), sums.size(2) * sums.size(3),
+                               terms.size(2) * terms.size(3), context.stream());
+  });
+}
+
+}  // namespace
+
+PoolKernels pool_kernels() {
+  return {.max_pool2d = cuda_max_pool2d, .max_pool2d_backward = cuda_max_pool2d_backward};
 }
 
 }  // namespace shardlab::cuda

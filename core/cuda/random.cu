@@ -1,5 +1,5 @@
 // core/cuda/random.cu: the random-fill kernel: uniform, normal and Bernoulli draws from the
-// Philox maps of core/philox.h, so every element has the bits the CPU kernel gives it.
+// Philox maps of core/philox.h, so every element has the bits the CPU kernel gives it; and its entry.
 #include <cstdint>
 #include <type_traits>
 
@@ -9,6 +9,18 @@
 
 namespace shardlab::cuda {
 namespace {
+
+// What a random kernel draws: element i of the output is draw number first_index + i of Philox
+// stream (seed, stream) (core/philox.h). a, b: uniform low and high, normal mean and std,
+// bernoulli p (b unused).
+struct PhiloxDraw {
+  Distribution kind = Distribution::uniform;
+  std::uint64_t seed = 0;
+  std::uint64_t stream = 0;
+  std::uint64_t first_index = 0;
+  double a = 0.0;
+  double b = 1.0;
+};
 
 // The draw of element `index` as a double, exactly as core/cpu/random.cpp computes it.
 template <typename T>
@@ -36,8 +48,8 @@ __global__ void random_kernel(T* out, std::int64_t n, PhiloxDraw draw) {
   }
 }
 
-}  // namespace
-
+// Fills n contiguous elements of any dtype like the CPU kernel: the double that philox::uniform24
+// (uniform53 for f64), philox::normal or philox::bernoulli (1 or 0) gives, narrowed to the dtype.
 void launch_random(DType dtype, void* out, std::int64_t n, const PhiloxDraw& draw, cudaStream_t stream) {
   if (n == 0) return;
   visit_dtype(dtype, [&]<typename T>() {
@@ -45,5 +57,23 @@ void launch_random(DType dtype, void* out, std::int64_t n, const PhiloxDraw& dra
     SHARDLAB_CUDA_CHECK_LAUNCH();
   });
 }
+
+// --- entries --------------------------------------------------------------------------------------
+
+void cuda_random(const RandomSpec& spec, const Tensor& out) {
+  SHARDLAB_CHECK(out.is_contiguous(), "random draws on cuda: the output must be contiguous");
+  const LaunchContext context(out);
+  const PhiloxDraw draw{spec.distribution,
+                        spec.key.seed,
+                        spec.key.stream,
+                        static_cast<std::uint64_t>(spec.first_index),
+                        spec.a,
+                        spec.b};
+  launch_random(out.dtype(), out.raw_data(), out.numel(), draw, context.stream());
+}
+
+}  // namespace
+
+RandomKernels random_kernels() { return {.random = cuda_random}; }
 
 }  // namespace shardlab::cuda

@@ -1,11 +1,12 @@
 // core/cuda/reduce.cu: reductions (sum, mean, sum of squares, max, min, argmax), one block per
-// output element over a contiguous row of its inputs (table.cpp moves the reduced dims last); the
+// output element over a contiguous row of its inputs (the entry moves the reduced dims last); the
 // sums of few long rows (a gradient's norm) in two passes, a block per chunk of a row and then the
 // chunks' partials (reduce_chunks), so that every SM reads; and the sum of squares over many
 // tensors (a gradient norm) in one launch, in core/square_sums.h's order.
 // Like the CPU kernel, floating values accumulate in double and integers in int64; max, min and
 // argmax keep the first NaN and, on ties, the first index. Threads combine in a fixed tree, so
-// results are deterministic.
+// results are deterministic. Then the family's entries (core/reduce.h).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -18,6 +19,13 @@
 
 namespace shardlab::cuda {
 namespace {
+
+// A tensor of foreach_sum_squares: numel (> 0) contiguous elements of a floating dtype.
+struct SquareSumArgs {
+  const void* data;
+  std::int64_t numel;
+  DType dtype;
+};
 
 template <typename T>
 using accumulate_t = std::conditional_t<std::is_floating_point_v<compute_t<T>>, double, std::int64_t>;
@@ -159,8 +167,8 @@ __device__ double fold_block(double mine, double* lanes) {
 }
 
 // A block per chunk: its partial in partials[chunk]. kSquareLanes threads a block.
-__global__ void chunk_squares_kernel(const SquareSumDescriptor* table, std::int64_t tensors, std::int64_t chunks,
-                                     double* partials) {
+__global__ void chunk_squares_kernel(const SquareSumDescriptor* table, std::int64_t tensors,
+                                     std::int64_t chunks, double* partials) {
   __shared__ double lanes[kSquareLanes];
   for (std::int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
     const SquareSumDescriptor t = table[segment_of(table, tensors, chunk)];
@@ -199,8 +207,9 @@ __global__ void fold_partials_kernel(const double* partials, std::int64_t count,
 
 static_assert(kSquareLanes == kBlockSize, "a chunk's lanes are the threads of one block");
 
-}  // namespace
-
+// out (one double) = the sum of squares over all tensors in core/square_sums.h's order: a block per
+// chunk of every tensor in one launch, writing partials[chunks] (the sum of square_chunks over the
+// tensors), then one block folding the partials.
 void launch_foreach_sum_squares(std::span<const SquareSumArgs> tensors, const TableUpload& upload,
                                 double* partials, double* out, cudaStream_t stream) {
   std::vector<SquareSumDescriptor> table;
@@ -209,16 +218,21 @@ void launch_foreach_sum_squares(std::span<const SquareSumArgs> tensors, const Ta
     table.push_back({t.data, t.numel, chunks, t.dtype});
     chunks += square_chunks(t.numel);
   }
-  const auto* device_table =
-      static_cast<const SquareSumDescriptor*>(upload(table.data(), table.size() * sizeof(SquareSumDescriptor)));
+  const auto* device_table = static_cast<const SquareSumDescriptor*>(
+      upload(table.data(), table.size() * sizeof(SquareSumDescriptor)));
   const auto blocks = static_cast<unsigned>(chunks < kMaxBlocks ? chunks : kMaxBlocks);
-  chunk_squares_kernel<<<blocks, kSquareLanes, 0, stream>>>(device_table, static_cast<std::int64_t>(table.size()),
-                                                            chunks, partials);
+  chunk_squares_kernel<<<blocks, kSquareLanes, 0, stream>>>(
+      device_table, static_cast<std::int64_t>(table.size()), chunks, partials);
   SHARDLAB_CUDA_CHECK_LAUNCH();
   fold_partials_kernel<<<1, kSquareLanes, 0, stream>>>(partials, chunks, out);
   SHARDLAB_CUDA_CHECK_LAUNCH();
 }
 
+// in: contiguous [outputs, count], each row reduced into out[row]. Pairs: in_dtype == out_dtype,
+// or out i64 (integer sums, argmax); false for others.
+// Sums that reduce_chunks (core/kernel_choice.h) cuts into chunks go in two passes; partials: scratch
+// of 8-byte accumulators [outputs, reduce_chunks(...)] (f64 for floating inputs, i64 for integers),
+// unused (may be null) when reduce_chunks is 1.
 bool launch_reduce(ReduceOp op, DType in_dtype, DType out_dtype, const void* in, void* out,
                    std::int64_t outputs, std::int64_t count, void* partials, cudaStream_t stream) {
   return visit_dtype(in_dtype, [&]<typename T>() {
@@ -248,6 +262,59 @@ bool launch_reduce(ReduceOp op, DType in_dtype, DType out_dtype, const void* in,
       }
     });
   });
+}
+
+// --- entries --------------------------------------------------------------------------------------
+
+// launch_reduce over `outputs` contiguous rows of `count` elements of `rows`, with the partials' scratch
+// it needs for few long rows: a one-pass reduction (most of them) allocates nothing.
+bool reduce_rows(ReduceOp op, const Tensor& rows, const Tensor& out, std::int64_t outputs, std::int64_t count,
+                 cudaStream_t stream) {
+  const std::int64_t chunks = reduce_chunks(op, outputs, count);
+  const DType accumulator = is_floating(rows.dtype()) ? DType::f64 : DType::i64;
+  const Tensor partials =
+      chunks > 1 ? empty({outputs * chunks}, TensorOptions{accumulator, out.device()}) : Tensor();
+  return launch_reduce(op, rows.dtype(), out.dtype(), rows.raw_data(), out.raw_data(), outputs, count,
+                       partials.defined() ? partials.raw_data() : nullptr, stream);
+}
+
+// The kept dims first and the reduced ones last, both in order: each output's inputs are then one
+// contiguous row, in the row-major order argmax counts in, and the outputs follow out's order.
+void cuda_reduce(ReduceOp op, const Tensor& in, const Dims& dims, const Tensor& out) {
+  const LaunchContext context(out);
+  std::vector<std::int64_t> order;
+  std::int64_t count = 1;
+  for (std::int64_t d = 0; d < in.dim(); ++d) {
+    if (std::find(dims.begin(), dims.end(), d) == dims.end()) order.push_back(d);
+  }
+  for (const std::int64_t d : dims) {
+    order.push_back(d);
+    count *= in.size(d);
+  }
+  const Tensor rows = in.permute(order).contiguous();
+  SHARDLAB_CHECK(reduce_rows(op, rows, out, out.numel(), count, context.stream()),
+                 "{}: no CUDA kernel from {} to {}", op_name(op), dtype_name(in.dtype()),
+                 dtype_name(out.dtype()));
+}
+
+void cuda_foreach_sum_squares(std::span<const Tensor> tensors, const Tensor& out) {
+  const LaunchContext context(out);
+  std::vector<SquareSumArgs> args;
+  std::int64_t chunks = 0;
+  for (const Tensor& t : tensors) {
+    args.push_back({t.raw_data(), t.numel(), t.dtype()});
+    chunks += square_chunks(t.numel());
+  }
+  const Tensor partials = empty({chunks}, TensorOptions{DType::f64, out.device()});
+  Tensor table;
+  launch_foreach_sum_squares(args, upload_into(table, out.device()), partials.data<double>(),
+                             out.data<double>(), context.stream());
+}
+
+}  // namespace
+
+ReductionKernels reduction_kernels() {
+  return {.reduce = cuda_reduce, .foreach_sum_squares = cuda_foreach_sum_squares};
 }
 
 }  // namespace shardlab::cuda

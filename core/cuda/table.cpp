@@ -1,6 +1,6 @@
 // core/cuda/table.cpp: the CUDA kernel table (core/kernels.h), each family's entries from its own file
-// (core/cuda/<family>.cpp), which unpacks Tensors into the launchers of core/cuda/launch.h.
-#include "core/cuda/tensor_launch.h"
+// (core/cuda/<family>.cu, or matmul.cpp for cuBLAS), which unpacks Tensors into its kernels' launchers.
+#include "core/kernels.h"
 
 namespace shardlab {
 

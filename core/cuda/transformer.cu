@@ -3,7 +3,7 @@
 // in double and its weight gradient in two passes, partial sums per chunk of rows and column, then per
 // column over the chunks, in core/column_sums.h's order (no atomics, deterministic, the CPU's order);
 // SwiGLU (in 16-byte packs where its operands start on 16 bytes) and the rotary embedding,
-// elementwise. Computed in the compute type.
+// elementwise. Computed in the compute type. Then the family's entries (core/transformer.h).
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -127,7 +127,8 @@ __device__ void swiglu_grads(T grad_out, T gate, T up, T& grad_gate, T& grad_up)
 // Dense operands: 16-byte packs where they start on 16 bytes (map_elements), element by element else.
 template <typename T>
 __global__ void swiglu_kernel(const T* gate, const T* up, T* out, Layout<3> layout) {
-  map_elements(layout, [](T g, T u) { return swiglu_of(g, u); }, out, gate, up);
+  map_elements(
+      layout, [](T g, T u) { return swiglu_of(g, u); }, out, gate, up);
 }
 
 template <typename T>
@@ -142,10 +143,12 @@ __global__ void swiglu_backward_kernel(const T* grad_out, const T* gate, const T
   for_each_pack<V>(
       static_cast<std::uint32_t>(n),
       [&](std::uint32_t p) {
-        const Pack<T, V> d = load_pack<V>(grad_out, 1, p), g = load_pack<V>(gate, 1, p), u = load_pack<V>(up, 1, p);
+        const Pack<T, V> d = load_pack<V>(grad_out, 1, p), g = load_pack<V>(gate, 1, p),
+                         u = load_pack<V>(up, 1, p);
         Pack<T, V> grad_g, grad_u;
 #pragma unroll
-        for (int v = 0; v < V; ++v) swiglu_grads(d.lane[v], g.lane[v], u.lane[v], grad_g.lane[v], grad_u.lane[v]);
+        for (int v = 0; v < V; ++v)
+          swiglu_grads(d.lane[v], g.lane[v], u.lane[v], grad_g.lane[v], grad_u.lane[v]);
         store_pack(grad_gate, p, grad_g);
         store_pack(grad_up, p, grad_u);
       },
@@ -177,19 +180,22 @@ unsigned row_blocks(std::int64_t rows) {
   return static_cast<unsigned>(rows < kMaxBlocks ? rows : kMaxBlocks);
 }
 
-}  // namespace
-
+// Contiguous operands of one floating dtype (false, launching nothing, for the others); rstd in the
+// compute type. x [rows, width] with weight [width]; with `added` non-null (x's shape) the rows
+// normalised are x + added, written to `sum`.
 bool launch_rms_norm(DType dtype, const void* x, const void* added, const void* weight, double eps,
-                     std::int64_t rows, std::int64_t width, void* sum, void* out, void* rstd, cudaStream_t stream) {
+                     std::int64_t rows, std::int64_t width, void* sum, void* out, void* rstd,
+                     cudaStream_t stream) {
   return floating(dtype, [&]<typename T>() {
     if (rows == 0) return;
     rms_norm_kernel<T><<<row_blocks(rows), kBlockSize, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(added), static_cast<const T*>(weight), eps, rows, width,
-        static_cast<T*>(sum), static_cast<T*>(out), static_cast<compute_t<T>*>(rstd));
+        static_cast<const T*>(x), static_cast<const T*>(added), static_cast<const T*>(weight), eps, rows,
+        width, static_cast<T*>(sum), static_cast<T*>(out), static_cast<compute_t<T>*>(rstd));
     SHARDLAB_CUDA_CHECK_LAUNCH();
   });
 }
 
+// partials: f64 scratch of [column_chunks(rows), width] (core/column_sums.h) for grad_weight's sums.
 bool launch_rms_norm_backward(DType dtype, const void* grad_out, const void* x, const void* weight,
                               const void* rstd, std::int64_t rows, std::int64_t width, void* grad_x,
                               void* grad_weight, double* partials, cudaStream_t stream) {
@@ -240,15 +246,77 @@ bool launch_swiglu_backward(DType dtype, const void* grad_out, const void* gate,
   });
 }
 
-bool launch_rotary(DType dtype, Heads x, const void* cos, const void* sin, std::int64_t rows, std::int64_t heads,
-                   std::int64_t length, std::int64_t width, bool transpose, MutableHeads out, cudaStream_t stream) {
+// x and out [rows / (heads * length), heads, length, width] (through their strides) by cos, sin [length,
+// width]: row r is position r % length.
+bool launch_rotary(DType dtype, Heads x, const void* cos, const void* sin, std::int64_t rows,
+                   std::int64_t heads, std::int64_t length, std::int64_t width, bool transpose,
+                   MutableHeads out, cudaStream_t stream) {
   return floating(dtype, [&]<typename T>() {
     if (rows * width == 0) return;
     rotary_kernel<T><<<grid_size(rows * (width / 2)), kBlockSize, 0, stream>>>(
-        head_view<const T>(x), static_cast<const T*>(cos), static_cast<const T*>(sin), rows, heads, length, width,
-        transpose, head_view<T>(out));
+        head_view<const T>(x), static_cast<const T*>(cos), static_cast<const T*>(sin), rows, heads, length,
+        width, transpose, head_view<T>(out));
     SHARDLAB_CUDA_CHECK_LAUNCH();
   });
+}
+
+// --- entries --------------------------------------------------------------------------------------
+
+void cuda_rms_norm_forward(const Tensor& x, const Tensor& added, const Tensor& weight, double eps,
+                           const Tensor& sum, const Tensor& out, const Tensor& rstd) {
+  const LaunchContext context(x);
+  const std::int64_t width = x.size(-1);
+  const auto data_or_null = [](const Tensor& t) { return t.defined() ? t.raw_data() : nullptr; };
+  SHARDLAB_CHECK(
+      launch_rms_norm(x.dtype(), x.raw_data(), data_or_null(added), weight.raw_data(), eps, x.numel() / width,
+                      width, data_or_null(sum), out.raw_data(), rstd.raw_data(), context.stream()),
+      "rms_norm: no CUDA kernel for {}", dtype_name(x.dtype()));
+}
+
+void cuda_rms_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                            const Tensor& grad_x, const Tensor& grad_weight) {
+  const LaunchContext context(x);
+  const std::int64_t width = x.size(-1), rows = x.numel() / width;
+  const Tensor partials = empty({column_chunks(rows), width}, TensorOptions{DType::f64, x.device()});
+  SHARDLAB_CHECK(launch_rms_norm_backward(x.dtype(), grad_out.raw_data(), x.raw_data(), weight.raw_data(),
+                                          rstd.raw_data(), rows, width, grad_x.raw_data(),
+                                          grad_weight.raw_data(), partials.data<double>(), context.stream()),
+                 "rms_norm_backward: no CUDA kernel for {}", dtype_name(x.dtype()));
+}
+
+void cuda_swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  const LaunchContext context(gate);
+  SHARDLAB_CHECK(launch_swiglu(gate.dtype(), gate.raw_data(), up.raw_data(), gate.numel(), out.raw_data(),
+                               context.stream()),
+                 "swiglu: no CUDA kernel for {}", dtype_name(gate.dtype()));
+}
+
+void cuda_swiglu_backward(const Tensor& grad_out, const Tensor& gate, const Tensor& up,
+                          const Tensor& grad_gate, const Tensor& grad_up) {
+  const LaunchContext context(gate);
+  SHARDLAB_CHECK(
+      launch_swiglu_backward(gate.dtype(), grad_out.raw_data(), gate.raw_data(), up.raw_data(), gate.numel(),
+                             grad_gate.raw_data(), grad_up.raw_data(), context.stream()),
+      "swiglu_backward: no CUDA kernel for {}", dtype_name(gate.dtype()));
+}
+
+void cuda_rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool transpose, const Tensor& out) {
+  const LaunchContext context(x);
+  const std::int64_t width = x.size(-1);
+  SHARDLAB_CHECK(launch_rotary(x.dtype(), heads_in(x), cos.raw_data(), sin.raw_data(), x.numel() / width,
+                               x.dim() == 4 ? x.size(1) : 1, x.size(-2), width, transpose, heads_out(out),
+                               context.stream()),
+                 "rotary_embedding: no CUDA kernel for {}", dtype_name(x.dtype()));
+}
+
+}  // namespace
+
+TransformerKernels transformer_kernels() {
+  return {.rms_norm_forward = cuda_rms_norm_forward,
+          .rms_norm_backward = cuda_rms_norm_backward,
+          .swiglu_forward = cuda_swiglu_forward,
+          .swiglu_backward = cuda_swiglu_backward,
+          .rotary = cuda_rotary};
 }
 
 }  // namespace shardlab::cuda

@@ -150,45 +150,6 @@ Tensor maybe_transposed(const Tensor& t, bool transpose) { return transpose ? t.
 
 // --- unary -------------------------------------------------------------------------------------
 
-constexpr UnaryOp kUnaryOps[] = {UnaryOp::neg,  UnaryOp::abs,     UnaryOp::exp,  UnaryOp::log,
-                                 UnaryOp::sqrt, UnaryOp::rsqrt,   UnaryOp::tanh, UnaryOp::sigmoid,
-                                 UnaryOp::relu, UnaryOp::silu,    UnaryOp::gelu, UnaryOp::gelu_tanh,
-                                 UnaryOp::erf,  UnaryOp::isfinite};
-
-Tensor apply_unary(UnaryOp op, const Tensor& x) {
-  switch (op) {
-    case UnaryOp::neg:
-      return neg(x);
-    case UnaryOp::abs:
-      return abs(x);
-    case UnaryOp::exp:
-      return exp(x);
-    case UnaryOp::log:
-      return log(x);
-    case UnaryOp::sqrt:
-      return sqrt(x);
-    case UnaryOp::rsqrt:
-      return rsqrt(x);
-    case UnaryOp::tanh:
-      return tanh(x);
-    case UnaryOp::sigmoid:
-      return sigmoid(x);
-    case UnaryOp::relu:
-      return relu(x);
-    case UnaryOp::silu:
-      return silu(x);
-    case UnaryOp::gelu:
-      return gelu(x);
-    case UnaryOp::gelu_tanh:
-      return gelu(x, GeluApproximation::tanh);
-    case UnaryOp::erf:
-      return erf(x);
-    case UnaryOp::isfinite:
-      return isfinite(x);
-  }
-  __builtin_unreachable();  // every enumerator is handled above
-}
-
 bool needs_positive_input(UnaryOp op) {
   return op == UnaryOp::log || op == UnaryOp::sqrt || op == UnaryOp::rsqrt;
 }
@@ -205,7 +166,7 @@ TEST_CASE("cuda matches cpu: every unary op on every floating dtype", "[cuda-vs-
                                        -std::numeric_limits<double>::infinity(),
                                        std::numeric_limits<double>::quiet_NaN()};
   for (const DType dtype : kFloatingDTypes) {
-    for (const UnaryOp op : kUnaryOps) {
+    for (const UnaryOp op : unary_ops()) {
       INFO(op_name(op) << " on " << dtype_name(dtype));
       const auto fn = [op](bool transpose) {
         return

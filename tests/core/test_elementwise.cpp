@@ -76,6 +76,7 @@ std::vector<UnaryCase> unary_cases() {
       {"abs", [](const Tensor& x) { return abs(x); }, [](double x) { return std::abs(x); }, -3, 3},
       {"exp", [](const Tensor& x) { return exp(x); }, [](double x) { return std::exp(x); }, -3, 3},
       {"log", [](const Tensor& x) { return log(x); }, [](double x) { return std::log(x); }, 0.05, 5},
+      {"log1p", [](const Tensor& x) { return log1p(x); }, [](double x) { return std::log1p(x); }, -0.95, 5},
       {"sqrt", [](const Tensor& x) { return sqrt(x); }, [](double x) { return std::sqrt(x); }, 0, 5},
       {"rsqrt", [](const Tensor& x) { return rsqrt(x); }, [](double x) { return 1 / std::sqrt(x); }, 0.05, 5},
       {"tanh", [](const Tensor& x) { return tanh(x); }, [](double x) { return std::tanh(x); }, -3, 3},
@@ -220,6 +221,25 @@ TEST_CASE("unary ops at special values: infinities, NaN, zero, huge arguments", 
   const Tensor ints = isfinite(from_vector<std::int32_t>({1, -2, 0}));
   CHECK(ints.dtype() == DType::boolean);
   check_equal(ints, {1, 1, 1});
+}
+
+TEST_CASE("log1p keeps the x that 1 + x rounds away, and is -inf at -1 and NaN below", "[elementwise]") {
+  for (const DType dtype : kFloatDTypes) {
+    INFO(dtype_name(dtype));
+    // 1 + x is 1 in the dtype: log of it is 0, log1p keeps x (x - x^2/2 + ...).
+    const double small = dtype == DType::f16 ? 1e-4 : dtype == DType::f64 ? 1e-20 : 1e-10;
+    const Tensor x = from_vector<double>({small, -3 * small, 5 * small}).to(dtype);
+    check_close(log1p(x), map_values(values(x), [](double v) { return std::log1p(v); }));
+    CHECK(values(log(add(x, 1.0)))[0] == 0.0);
+    CHECK(values(log1p(x))[0] != 0.0);
+    check_close(log1p(from_vector<double>({-1.0, -2.0, kInf, kNaN, 0.0}).to(dtype)),
+                {-kInf, kNaN, kInf, kNaN, 0.0});
+  }
+  // Integers and bools compute in f32, as exp and log do.
+  const Tensor ints = log1p(from_vector<std::int32_t>({0, 1, 9}));
+  CHECK(ints.dtype() == DType::f32);
+  check_close(ints, {0.0, std::log(2.0), std::log(10.0)});
+  CHECK_THROWS_ERROR(log1p(Tensor()), "log1p: input tensor is undefined");
 }
 
 TEST_CASE("unary ops satisfy algebraic identities in f64", "[elementwise]") {
