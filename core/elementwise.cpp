@@ -123,29 +123,7 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
-Tensor neg(const Tensor& x) { return unary_numeric(UnaryOp::neg, x); }
-Tensor abs(const Tensor& x) { return unary_numeric(UnaryOp::abs, x); }
-Tensor relu(const Tensor& x) { return unary_numeric(UnaryOp::relu, x); }
-Tensor exp(const Tensor& x) { return unary_floating(UnaryOp::exp, x); }
-Tensor log(const Tensor& x) { return unary_floating(UnaryOp::log, x); }
-Tensor log1p(const Tensor& x) { return unary_floating(UnaryOp::log1p, x); }
-Tensor sqrt(const Tensor& x) { return unary_floating(UnaryOp::sqrt, x); }
-Tensor rsqrt(const Tensor& x) { return unary_floating(UnaryOp::rsqrt, x); }
-Tensor tanh(const Tensor& x) { return unary_floating(UnaryOp::tanh, x); }
-Tensor sigmoid(const Tensor& x) { return unary_floating(UnaryOp::sigmoid, x); }
-Tensor silu(const Tensor& x) { return unary_floating(UnaryOp::silu, x); }
-Tensor gelu(const Tensor& x, GeluApproximation approximate) {
-  return unary_floating(approximate == GeluApproximation::tanh ? UnaryOp::gelu_tanh : UnaryOp::gelu, x);
-}
-
-Tensor erf(const Tensor& x) { return unary_floating(UnaryOp::erf, x); }
-
-Tensor isfinite(const Tensor& x) {
-  check_defined("isfinite", x);
-  if (!is_floating(x.dtype())) return full(x.shape(), true, TensorOptions{DType::boolean, x.device()});
-  return unary(UnaryOp::isfinite, x, DType::boolean);
-}
-
+// Which dtypes each code takes, in one place: the ops below are its codes by name.
 Tensor apply_unary(UnaryOp op, const Tensor& x) {
   switch (op) {
     case UnaryOp::neg:
@@ -153,7 +131,9 @@ Tensor apply_unary(UnaryOp op, const Tensor& x) {
     case UnaryOp::relu:
       return unary_numeric(op, x);
     case UnaryOp::isfinite:
-      return isfinite(x);
+      check_defined("isfinite", x);
+      if (!is_floating(x.dtype())) return full(x.shape(), true, TensorOptions{DType::boolean, x.device()});
+      return unary(UnaryOp::isfinite, x, DType::boolean);
     case UnaryOp::exp:
     case UnaryOp::log:
     case UnaryOp::log1p:
@@ -169,6 +149,23 @@ Tensor apply_unary(UnaryOp op, const Tensor& x) {
   }
   __builtin_unreachable();
 }
+
+Tensor neg(const Tensor& x) { return apply_unary(UnaryOp::neg, x); }
+Tensor abs(const Tensor& x) { return apply_unary(UnaryOp::abs, x); }
+Tensor relu(const Tensor& x) { return apply_unary(UnaryOp::relu, x); }
+Tensor exp(const Tensor& x) { return apply_unary(UnaryOp::exp, x); }
+Tensor log(const Tensor& x) { return apply_unary(UnaryOp::log, x); }
+Tensor log1p(const Tensor& x) { return apply_unary(UnaryOp::log1p, x); }
+Tensor sqrt(const Tensor& x) { return apply_unary(UnaryOp::sqrt, x); }
+Tensor rsqrt(const Tensor& x) { return apply_unary(UnaryOp::rsqrt, x); }
+Tensor tanh(const Tensor& x) { return apply_unary(UnaryOp::tanh, x); }
+Tensor sigmoid(const Tensor& x) { return apply_unary(UnaryOp::sigmoid, x); }
+Tensor silu(const Tensor& x) { return apply_unary(UnaryOp::silu, x); }
+Tensor gelu(const Tensor& x, GeluApproximation approximate) {
+  return apply_unary(approximate == GeluApproximation::tanh ? UnaryOp::gelu_tanh : UnaryOp::gelu, x);
+}
+Tensor erf(const Tensor& x) { return apply_unary(UnaryOp::erf, x); }
+Tensor isfinite(const Tensor& x) { return apply_unary(UnaryOp::isfinite, x); }
 
 Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> max) {
   check_defined("clamp", x);
