@@ -34,6 +34,13 @@ struct AttentionMask {
     const std::int64_t last = t0 + rows < queries ? t0 + rows : queries;  // one past the last query
     return causal && last < keys ? last : keys;
   }
+  // Whether every query of [t0, t0 + rows) sees every key of [s0, s0 + cols): no padding, the whole
+  // block inside both ends, and under causal its last key at or before its first query. The tensor-core
+  // kernels then skip the per-pair mask of a warp's block, a uniform branch.
+  SHARDLAB_HD bool sees_all(std::int64_t t0, std::int64_t rows, std::int64_t s0, std::int64_t cols) const {
+    if (padding != nullptr || t0 < 0 || s0 < 0 || t0 + rows > queries || s0 + cols > keys) return false;
+    return !causal || s0 + cols - 1 <= t0;
+  }
   // The first query that can see key s: the backward's walk over query tiles for a key tile starts at
   // the tile holding it.
   SHARDLAB_HD std::int64_t first_query(std::int64_t s) const { return causal ? s : 0; }

@@ -5,6 +5,12 @@
 // A block is 4 warps; a warp owns 16 rows and multiplies with mma.sync m16n8k16 (bf16 or f16 in,
 // f32 accumulate). Forward: a warp's 16 queries against key tiles of 64 in shared memory, an online
 // softmax over them, the output accumulated in registers and rescaled when a row's max grows.
+// The tiles a block walks land in shared memory by cp.async, two stages of them: the next tile's
+// copy is under way while this one is multiplied (at 2 or 3 blocks a multiprocessor, the registers
+// allow no more, a block that waited for each tile would leave the tensor cores idle for the whole
+// of a load). Operands come out of shared memory by ldmatrix, four 8 x 8 matrices a lane-wide
+// instruction (.trans where a tile is the product's k dimension by rows); a warp whose 16 x 64 block
+// of pairs is seen whole (core/attention_mask.h's sees_all) skips the per-pair mask.
 // Backward recomputes the probabilities from logsumexp, in two kernels that each own their sums:
 // one per query tile (dQ), one per key tile (dK and dV, over the group's query heads too). No
 // atomics: every run gives the same bits.
@@ -23,6 +29,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/attention_mask.h"
 #include "core/cuda/attention_operands.cuh"
@@ -40,6 +47,11 @@ constexpr int kTile = kWarps * kRows;  // queries (or keys) a block owns: 64
 constexpr int kKeyTile = 64;           // keys (or queries) a block walks at a time
 constexpr int kShift = 8;              // 16 bytes of padding per shared row: fewer bank conflicts
 constexpr float kLog2e = 1.4426950408889634f;
+
+// The 64-row tiles that cover `rows` rows.
+__host__ __device__ constexpr int tile_count(std::int64_t rows) {
+  return static_cast<int>((rows + kKeyTile - 1) / kKeyTile);
+}
 
 // The 16-bit format: its conversions and its tensor-core product.
 struct Bf16Format {
@@ -78,23 +90,63 @@ __device__ std::uint32_t pack(float low, float high) {
 
 // Two neighbouring elements of one row (the first at an even column): one 32-bit load.
 __device__ std::uint32_t pair(const std::uint16_t* at) { return *reinterpret_cast<const std::uint32_t*>(at); }
-// Two elements of one column in neighbouring rows `stride` apart.
-__device__ std::uint32_t column_pair(const std::uint16_t* at, int stride) {
-  return static_cast<std::uint32_t>(at[0]) | (static_cast<std::uint32_t>(at[stride]) << 16);
+
+// --- shared memory: asynchronous copies in, ldmatrix out ----------------------------------------
+
+// A tile of 64 rows in shared memory, rows D + kShift elements apart.
+template <int D>
+using SharedTile = std::uint16_t[kKeyTile][D + kShift];
+
+__device__ std::uint32_t shared_address(const void* at) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(at));
 }
 
-// Rows [first, first + 64) of a [rows, D] matrix (rows `stride` elements apart) into shared memory
-// (row stride D + kShift), 16 bytes at a time; rows past the end are zeros.
+// `bytes` (4 or 16) from global to shared memory without passing through registers; when `inside` is
+// false none is read and the destination is zeros.
+template <int Bytes>
+__device__ void copy_async(void* to, const void* from, bool inside) {
+  static_assert(Bytes == 4 || Bytes == 16, "cp.async copies 4, 8 or 16 bytes; 16 only bypassing L1");
+  if constexpr (Bytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(to)), "l"(from),
+                 "r"(inside ? 16 : 0));
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address(to)), "l"(from),
+                 "r"(inside ? 4 : 0));
+  }
+}
+// The copies this thread issued since the last commit become one group.
+__device__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most `Pending` of this thread's newest groups are still in flight.
+template <int Pending>
+__device__ void wait_copies() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
+}
+
+// Rows [first, first + 64) of a [rows, D] matrix (rows `stride` elements apart) copied into a shared
+// tile, 16 bytes a copy; rows past the end are zeros. The copies are in flight until waited for.
 template <int D>
-__device__ void load_tile(std::uint16_t (*tile)[D + kShift], const std::uint16_t* matrix, std::int64_t stride,
-                          std::int64_t first, std::int64_t rows) {
+__device__ void copy_tile_async(SharedTile<D>& tile, const std::uint16_t* matrix, std::int64_t stride,
+                                std::int64_t first, std::int64_t rows) {
   constexpr int kChunks = D / 8;  // 16-byte pieces of a row
   for (int i = static_cast<int>(threadIdx.x); i < kKeyTile * kChunks; i += kThreads) {
     const int r = i / kChunks, c = i % kChunks;
-    uint4 value = make_uint4(0, 0, 0, 0);
-    if (first + r < rows) value = *reinterpret_cast<const uint4*>(matrix + (first + r) * stride + c * 8);
-    *reinterpret_cast<uint4*>(&tile[r][c * 8]) = value;
+    const bool inside = first + r < rows;
+    copy_async<16>(&tile[r][c * 8], inside ? matrix + (first + r) * stride + c * 8 : matrix, inside);
   }
+}
+
+// Four 8 x 8 matrices of 16-bit elements; lanes 8 i to 8 i + 7 give the addresses of matrix i's rows
+// (16 bytes each). Lane 4 g + c gets, in register i, elements [g][2c] and [g][2c + 1] of matrix i:
+// an mma fragment's layout. Transposed, it gets [2c][g] and [2c + 1][g].
+__device__ void load_matrices(std::uint32_t (&r)[4], const std::uint16_t* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(row)));
+}
+__device__ void load_matrices_transposed(std::uint32_t (&r)[4], const std::uint16_t* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(row)));
 }
 
 // The A fragments of 16 rows [row0, row0 + 16) of a [rows, D] matrix in global memory (rows `stride`
@@ -115,17 +167,21 @@ __device__ void load_rows(std::uint32_t (&fragments)[D / 16][4], const std::uint
 }
 
 // acc[n] (16 x 8 each, 8 of them: 64 columns) += A (16 x D, fragments) times the transpose of the
-// tile's rows [0, 64): row r of the tile is column r of the product.
+// tile's rows [0, 64): row r of the tile is column r of the product. B's fragments for columns
+// [8n, 8n + 8) and k steps kk, kk + 1 are one ldmatrix: b0 = tile[8n + g][16kk + 2c..], b1 eight
+// elements on, then the same for kk + 1, so lane l gives row 8n + l % 8 at column 16kk + 8 (l / 8).
 template <typename Format, int D>
 __device__ void times_tile_transposed(float (&acc)[8][4], const std::uint32_t (&a)[D / 16][4],
-                                      const std::uint16_t (*tile)[D + kShift]) {
-  const int g = static_cast<int>(threadIdx.x % 32) / 4, c = static_cast<int>(threadIdx.x % 4);
+                                      const SharedTile<D>& tile) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
 #pragma unroll
   for (int n = 0; n < 8; ++n) {
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const std::uint16_t* row = &tile[n * 8 + g][kk * 16 + 2 * c];
-      Format::mma(acc[n], a[kk], pair(row), pair(row + 8));
+    for (int kk = 0; kk < D / 16; kk += 2) {
+      std::uint32_t b[4];
+      load_matrices(b, &tile[n * 8 + lane % 8][kk * 16 + (lane / 8) * 8]);
+      Format::mma(acc[n], a[kk], b[0], b[1]);
+      Format::mma(acc[n], a[kk + 1], b[2], b[3]);
     }
   }
 }
@@ -142,9 +198,8 @@ __device__ void zero(float (&acc)[D][4]) {
 // kernel takes from each tile pair (the scores, and dO against V).
 template <typename Format, int D>
 __device__ void both_times_tiles_transposed(float (&x)[8][4], const std::uint32_t (&a)[D / 16][4],
-                                            const std::uint16_t (*tile_a)[D + kShift], float (&y)[8][4],
-                                            const std::uint32_t (&b)[D / 16][4],
-                                            const std::uint16_t (*tile_b)[D + kShift]) {
+                                            const SharedTile<D>& tile_a, float (&y)[8][4],
+                                            const std::uint32_t (&b)[D / 16][4], const SharedTile<D>& tile_b) {
   zero(x);
   zero(y);
   times_tile_transposed<Format, D>(x, a, tile_a);
@@ -152,21 +207,24 @@ __device__ void both_times_tiles_transposed(float (&x)[8][4], const std::uint32_
 }
 
 // out[d] (16 x 8 each: D columns) += P (16 x 64, as C fragments rounded to 16 bits) times the tile's
-// rows [0, 64) (64 x D).
+// rows [0, 64) (64 x D). B's fragments for k rows [16kp, 16kp + 16) and columns of d, d + 1 are one
+// transposed ldmatrix: b0 = tile[16kp + 2c..][8d + g], b1 eight rows on, then the same for d + 1, so
+// lane l gives row 16kp + 8 ((l / 8) % 2) + l % 8 at column 8 (d + l / 16).
 template <typename Format, int D>
 __device__ void probabilities_times_tile(float (&out)[D / 8][4], const float (&p)[8][4],
-                                         const std::uint16_t (*tile)[D + kShift]) {
-  const int g = static_cast<int>(threadIdx.x % 32) / 4, c = static_cast<int>(threadIdx.x % 4);
+                                         const SharedTile<D>& tile) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
 #pragma unroll
   for (int kp = 0; kp < 4; ++kp) {  // 16 rows of the tile at a time
     const std::uint32_t a[4] = {
         pack<Format>(p[2 * kp][0], p[2 * kp][1]), pack<Format>(p[2 * kp][2], p[2 * kp][3]),
         pack<Format>(p[2 * kp + 1][0], p[2 * kp + 1][1]), pack<Format>(p[2 * kp + 1][2], p[2 * kp + 1][3])};
 #pragma unroll
-    for (int d = 0; d < D / 8; ++d) {
-      const std::uint16_t* column = &tile[kp * 16 + 2 * c][d * 8 + g];
-      Format::mma(out[d], a, column_pair(column, D + kShift),
-                  column_pair(column + 8 * (D + kShift), D + kShift));
+    for (int d = 0; d < D / 8; d += 2) {
+      std::uint32_t b[4];
+      load_matrices_transposed(b, &tile[kp * 16 + ((lane / 8) % 2) * 8 + lane % 8][(d + lane / 16) * 8]);
+      Format::mma(out[d], a, b[0], b[1]);
+      Format::mma(out[d + 1], a, b[2], b[3]);
     }
   }
 }
@@ -203,19 +261,83 @@ struct QueryBlock {
 using MutableHeads16 = HeadView<std::uint16_t>;
 using Operands16 = TypedAttentionOperands<std::uint16_t, float>;
 
+// --- the walk over tiles, two stages deep ----------------------------------------------------------
+
+// Runs use(i, stage) for i in [0, count) in order, with tile i in shared stage i % 2; copy(i, stage)
+// issues tile i's copies. Tile i + 1's are issued before tile i is waited for, so that they land
+// while tile i is multiplied.
+template <typename Copy, typename Use>
+__device__ void walk_tiles(int count, const Copy& copy, const Use& use) {
+  if (count > 0) {
+    copy(0, 0);
+    commit_copies();
+  }
+  for (int i = 0; i < count; ++i) {
+    const int stage = i % 2;
+    if (i + 1 < count) {
+      copy(i + 1, 1 - stage);
+      commit_copies();
+      wait_copies<1>();  // all but tile i + 1's
+    } else {
+      wait_copies<0>();
+    }
+    __syncthreads();  // every thread's copies of tile i have landed
+    use(i, stage);
+    __syncthreads();  // tile i is read: tile i + 2 may be copied over it
+  }
+}
+
+// The key and value tiles a query block walks (forward and dQ), two stages of each.
+template <int D>
+struct KeyValueStages {
+  SharedTile<D> keys[2], values[2];
+
+  // Copies key tile [s0, s0 + 64) of the block's key/value head into `stage`.
+  __device__ void copy(int stage, const Operands16& in, const QueryBlock& block, std::int64_t s0,
+                       std::int64_t key_count) {
+    copy_tile_async<D>(keys[stage], in.k.at(block.b, block.j), in.k.row, s0, key_count);
+    copy_tile_async<D>(values[stage], in.v.at(block.b, block.j), in.v.row, s0, key_count);
+  }
+};
+
+// The query tiles a key block walks (dK and dV): q, dO, logsumexp and delta, two stages of each.
+template <int D>
+struct QueryStages {
+  SharedTile<D> queries[2], grads[2];
+  float lse[2][kKeyTile], delta[2][kKeyTile];  // zeros past the last query (its pairs are hidden)
+
+  // Copies query tile [t0, t0 + 64) of batch row b, head h into `stage`.
+  __device__ void copy(int stage, const Operands16& o, const AttentionGeometry& g, std::int64_t b,
+                       std::int64_t h, std::int64_t t0) {
+    copy_tile_async<D>(queries[stage], o.q.at(b, h), o.q.row, t0, g.queries);
+    copy_tile_async<D>(grads[stage], o.grad_out.at(b, h), o.grad_out.row, t0, g.queries);
+    const std::int64_t first = (b * g.heads + h) * g.queries + t0;
+    for (int i = static_cast<int>(threadIdx.x); i < kKeyTile; i += kThreads) {
+      const bool inside = t0 + i < g.queries;
+      copy_async<4>(&lse[stage][i], o.logsumexp + (inside ? first + i : 0), inside);
+      copy_async<4>(&delta[stage][i], o.delta + (inside ? first + i : 0), inside);
+    }
+  }
+};
+
+// The stages of a kernel live in dynamic shared memory: at head dim 128 they pass the 48 KiB a
+// kernel gets unasked.
+template <typename Stages>
+__device__ Stages& shared_stages() {
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  return *reinterpret_cast<Stages*>(shared_bytes);
+}
+
 // --- forward -------------------------------------------------------------------------------------
 
 template <typename Format, int D>
 __global__ void __launch_bounds__(kThreads)
     flash_forward_kernel(Operands16 in, AttentionGeometry g, MutableHeads16 out) {
-  __shared__ __align__(16) std::uint16_t keys[kKeyTile][D + kShift];
-  __shared__ __align__(16) std::uint16_t values[kKeyTile][D + kShift];
+  KeyValueStages<D>& stages = shared_stages<KeyValueStages<D>>();
   const QueryBlock block(g);
   const std::int64_t bh = block.bh, b = block.b, t0 = block.t0, row0 = block.row0;
   const std::int64_t* rows = block.rows;
   const int c = block.c;
-  const std::uint16_t* k_head = in.k.at(b, block.j);
-  const std::uint16_t* v_head = in.v.at(b, block.j);
 
   std::uint32_t qf[D / 16][4];
   load_rows<D>(qf, in.q.at(b, block.h), in.q.row, row0, g.queries);
@@ -226,24 +348,28 @@ __global__ void __launch_bounds__(kThreads)
 
   const AttentionMask mask = mask_of(g, in.padding);
   const std::int64_t end = mask.key_end(t0, kTile);
-  for (std::int64_t s0 = 0; s0 < end; s0 += kKeyTile) {
-    __syncthreads();  // the previous tile is read
-    load_tile<D>(keys, k_head, in.k.row, s0, g.keys);
-    load_tile<D>(values, v_head, in.v.row, s0, g.keys);
-    __syncthreads();
+  const auto copy = [&](int i, int stage) { stages.copy(stage, in, block, std::int64_t{i} * kKeyTile, g.keys); };
+  walk_tiles(tile_count(end), copy, [&](int i, int stage) {
+    const std::int64_t s0 = std::int64_t{i} * kKeyTile;
     float s[8][4];
     zero(s);
-    times_tile_transposed<Format, D>(s, qf, keys);
+    times_tile_transposed<Format, D>(s, qf, stages.keys[stage]);
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] *= scale;
+    if (!mask.sees_all(row0, kRows, s0, kKeyTile)) {  // the causal diagonal, padding, the ends
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (!mask.sees(b, rows[row_of(e)], s0 + n * 8 + 2 * c + (e & 1))) s[n][e] = -INFINITY;
+    }
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
+    for (int n = 0; n < 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const std::int64_t key = s0 + n * 8 + 2 * c + (e & 1);
-        s[n][e] = mask.sees(b, rows[row_of(e)], key) ? s[n][e] * scale : -INFINITY;
-        tile_max[row_of(e)] = fmaxf(tile_max[row_of(e)], s[n][e]);
-      }
-    }
+      for (int e = 0; e < 4; ++e) tile_max[row_of(e)] = fmaxf(tile_max[row_of(e)], s[n][e]);
     float rescale[2], shift[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -268,8 +394,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int d = 0; d < D / 8; ++d)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[d][e] *= rescale[row_of(e)];
-    probabilities_times_tile<Format, D>(o, s, values);
-  }
+    probabilities_times_tile<Format, D>(o, s, stages.values[stage]);
+  });
 
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -313,14 +439,11 @@ __global__ void row_delta_kernel(Operands16 o, AttentionGeometry g) {
 // dQ += dS K, then times the scale.
 template <typename Format, int D>
 __global__ void __launch_bounds__(kThreads) flash_grad_q_kernel(Operands16 o, AttentionGeometry g) {
-  __shared__ __align__(16) std::uint16_t keys[kKeyTile][D + kShift];
-  __shared__ __align__(16) std::uint16_t values[kKeyTile][D + kShift];
+  KeyValueStages<D>& stages = shared_stages<KeyValueStages<D>>();
   const QueryBlock block(g);
   const std::int64_t bh = block.bh, b = block.b, t0 = block.t0, row0 = block.row0;
   const std::int64_t* rows = block.rows;
   const int c = block.c;
-  const std::uint16_t* k_head = o.k.at(b, block.j);
-  const std::uint16_t* v_head = o.v.at(b, block.j);
 
   std::uint32_t qf[D / 16][4], dof[D / 16][4];
   load_rows<D>(qf, o.q.at(b, block.h), o.q.row, row0, g.queries);
@@ -338,26 +461,31 @@ __global__ void __launch_bounds__(kThreads) flash_grad_q_kernel(Operands16 o, At
 
   const AttentionMask mask = mask_of(g, o.padding);
   const std::int64_t end = mask.key_end(t0, kTile);
-  for (std::int64_t s0 = 0; s0 < end; s0 += kKeyTile) {
-    __syncthreads();
-    load_tile<D>(keys, k_head, o.k.row, s0, g.keys);
-    load_tile<D>(values, v_head, o.v.row, s0, g.keys);
-    __syncthreads();
-    float p[8][4], dp[8][4];  // the scores, then dS; dP
-    both_times_tiles_transposed<Format, D>(p, qf, keys, dp, dof, values);
+  const auto copy = [&](int i, int stage) { stages.copy(stage, o, block, std::int64_t{i} * kKeyTile, g.keys); };
+  walk_tiles(tile_count(end), copy, [&](int i, int stage) {
+    const std::int64_t s0 = std::int64_t{i} * kKeyTile;
+    float p[8][4], dp[8][4];  // the scores, then P, then dS; dP
+    both_times_tiles_transposed<Format, D>(p, qf, stages.keys[stage], dp, dof, stages.values[stage]);
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
+    for (int n = 0; n < 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = row_of(e);
-        const std::int64_t key = s0 + n * 8 + 2 * c + (e & 1);
-        const bool seen = lse[r] != -INFINITY && mask.sees(b, rows[r], key);
-        const float probability = seen ? exp2f(p[n][e] * scale - lse[r]) : 0.0f;
-        p[n][e] = probability * (dp[n][e] - row_delta[r]);  // dS
+      for (int e = 0; e < 4; ++e) p[n][e] = exp2f(p[n][e] * scale - lse[row_of(e)]);
+    if (!mask.sees_all(row0, kRows, s0, kKeyTile)) {
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = row_of(e);
+          if (lse[r] == -INFINITY || !mask.sees(b, rows[r], s0 + n * 8 + 2 * c + (e & 1))) p[n][e] = 0.0f;
+        }
       }
     }
-    probabilities_times_tile<Format, D>(dq, p, keys);
-  }
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) p[n][e] *= dp[n][e] - row_delta[row_of(e)];  // dS
+    probabilities_times_tile<Format, D>(dq, p, stages.keys[stage]);
+  });
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (rows[r] >= g.queries) continue;
@@ -375,9 +503,7 @@ __global__ void __launch_bounds__(kThreads) flash_grad_q_kernel(Operands16 o, At
 // see them, P^T from logsumexp, dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q.
 template <typename Format, int D>
 __global__ void __launch_bounds__(kThreads) flash_grad_kv_kernel(Operands16 o, AttentionGeometry g) {
-  __shared__ __align__(16) std::uint16_t queries[kKeyTile][D + kShift];
-  __shared__ __align__(16) std::uint16_t grads[kKeyTile][D + kShift];
-  __shared__ float tile_lse[kKeyTile], tile_delta[kKeyTile];
+  QueryStages<D>& stages = shared_stages<QueryStages<D>>();
   const std::int64_t bj = blockIdx.x, b = bj / g.kv_heads, j = bj % g.kv_heads;
   const std::int64_t group = g.heads / g.kv_heads;
   const std::int64_t s0 = static_cast<std::int64_t>(blockIdx.y) * kTile;
@@ -394,36 +520,38 @@ __global__ void __launch_bounds__(kThreads) flash_grad_kv_kernel(Operands16 o, A
   const float scale = static_cast<float>(g.scale) * kLog2e;
   const AttentionMask mask = mask_of(g, o.padding);
   const std::int64_t first_tile = mask.first_query(s0) / kKeyTile * kKeyTile;  // the tile holding it
-
-  for (std::int64_t h = j * group; h < (j + 1) * group; ++h) {
-    const std::int64_t bh = b * g.heads + h;
-    for (std::int64_t t0 = first_tile; t0 < g.queries; t0 += kKeyTile) {
-      __syncthreads();
-      load_tile<D>(queries, o.q.at(b, h), o.q.row, t0, g.queries);
-      load_tile<D>(grads, o.grad_out.at(b, h), o.grad_out.row, t0, g.queries);
-      for (int i = static_cast<int>(threadIdx.x); i < kKeyTile; i += kThreads) {
-        const bool inside = t0 + i < g.queries;
-        tile_lse[i] = inside ? o.logsumexp[bh * g.queries + t0 + i] * kLog2e : -INFINITY;
-        tile_delta[i] = inside ? o.delta[bh * g.queries + t0 + i] : 0.0f;
-      }
-      __syncthreads();
-      float pt[8][4], dpt[8][4];  // S^T, then P^T; dP^T, then dS^T: 16 keys x 64 queries
-      both_times_tiles_transposed<Format, D>(pt, kf, queries, dpt, vf, grads);
+  // The walk: the group's query heads one after the other, each over its tiles from first_tile on.
+  const int per_head = first_tile < g.queries ? tile_count(g.queries - first_tile) : 0;
+  const auto head_of = [&](int i) { return j * group + i / per_head; };
+  const auto tile_of = [&](int i) { return first_tile + std::int64_t{i % per_head} * kKeyTile; };
+  const auto copy = [&](int i, int stage) { stages.copy(stage, o, g, b, head_of(i), tile_of(i)); };
+  walk_tiles(static_cast<int>(group) * per_head, copy, [&](int i, int stage) {
+    const std::int64_t t0 = tile_of(i);
+    const float* tile_lse = stages.lse[stage];
+    const float* tile_delta = stages.delta[stage];
+    float pt[8][4], dpt[8][4];  // S^T, then P^T; dP^T, then dS^T: 16 keys x 64 queries
+    both_times_tiles_transposed<Format, D>(pt, kf, stages.queries[stage], dpt, vf, stages.grads[stage]);
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) pt[n][e] = exp2f(pt[n][e] * scale - tile_lse[n * 8 + 2 * c + (e & 1)] * kLog2e);
+    if (!mask.sees_all(t0, kKeyTile, row0, kRows)) {
 #pragma unroll
       for (int n = 0; n < 8; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int column = n * 8 + 2 * c + (e & 1);
-          const float lse = tile_lse[column];
-          const bool seen = lse != -INFINITY && mask.sees(b, t0 + column, rows[row_of(e)]);
-          pt[n][e] = seen ? exp2f(pt[n][e] * scale - lse) : 0.0f;
-          dpt[n][e] = pt[n][e] * (dpt[n][e] - tile_delta[column]);  // dS^T
+          if (tile_lse[column] == -INFINITY || !mask.sees(b, t0 + column, rows[row_of(e)])) pt[n][e] = 0.0f;
         }
       }
-      probabilities_times_tile<Format, D>(dv, pt, grads);
-      probabilities_times_tile<Format, D>(dk, dpt, queries);
     }
-  }
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dpt[n][e] = pt[n][e] * (dpt[n][e] - tile_delta[n * 8 + 2 * c + (e & 1)]);  // dS^T
+    probabilities_times_tile<Format, D>(dv, pt, stages.grads[stage]);
+    probabilities_times_tile<Format, D>(dk, dpt, stages.queries[stage]);
+  });
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (rows[r] >= g.keys) continue;
@@ -443,12 +571,21 @@ dim3 tiles(std::int64_t heads, std::int64_t rows) {
   return dim3(static_cast<unsigned>(heads), static_cast<unsigned>((rows + kTile - 1) / kTile));
 }
 
+// Launches a kernel of kThreads a block with its Stages in dynamic shared memory, allowed it first.
+template <typename Stages, typename... Args>
+void launch_staged(void (*kernel)(Args...), dim3 grid, cudaStream_t stream, std::type_identity_t<Args>... args) {
+  constexpr int kBytes = static_cast<int>(sizeof(Stages));
+  SHARDLAB_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
+  kernel<<<grid, kThreads, kBytes, stream>>>(args...);
+  SHARDLAB_CUDA_CHECK_LAUNCH();
+}
+
 template <typename Format, int D>
 void forward(const AttentionOperands& operands, const AttentionGeometry& g, MutableHeads out,
              cudaStream_t stream) {
-  flash_forward_kernel<Format, D><<<tiles(g.batch * g.heads, g.queries), kThreads, 0, stream>>>(
-      typed_attention_operands<std::uint16_t, float>(operands), g, head_view<std::uint16_t>(out));
-  SHARDLAB_CUDA_CHECK_LAUNCH();
+  launch_staged<KeyValueStages<D>>(flash_forward_kernel<Format, D>, tiles(g.batch * g.heads, g.queries), stream,
+                                   typed_attention_operands<std::uint16_t, float>(operands), g,
+                                   head_view<std::uint16_t>(out));
 }
 
 template <typename Format, int D>
@@ -458,10 +595,10 @@ void backward(const AttentionOperands& operands, const AttentionGeometry& g, cud
   row_delta_kernel<Format, D>
       <<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), kThreads, 0, stream>>>(o, g);
   SHARDLAB_CUDA_CHECK_LAUNCH();
-  flash_grad_q_kernel<Format, D><<<tiles(g.batch * g.heads, g.queries), kThreads, 0, stream>>>(o, g);
-  SHARDLAB_CUDA_CHECK_LAUNCH();
-  flash_grad_kv_kernel<Format, D><<<tiles(g.batch * g.kv_heads, g.keys), kThreads, 0, stream>>>(o, g);
-  SHARDLAB_CUDA_CHECK_LAUNCH();
+  launch_staged<KeyValueStages<D>>(flash_grad_q_kernel<Format, D>, tiles(g.batch * g.heads, g.queries), stream,
+                                   o, g);
+  launch_staged<QueryStages<D>>(flash_grad_kv_kernel<Format, D>, tiles(g.batch * g.kv_heads, g.keys), stream,
+                                o, g);
 }
 
 // Calls fn.template operator()<Format, D>() for the dtype and head dim flash attention takes.

@@ -1,0 +1,84 @@
+// tests/core/test_attention_mask.cpp: the tile rules of AttentionMask (core/attention_mask.h), which the
+// tensor-core kernels walk on a GPU, against the pair rule `sees` tried pair by pair: a block said to
+// be seen whole has every pair seen (and, without padding, every block whose pairs are all seen is
+// said so); no query sees a key past key_end or before first_query.
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <vector>
+
+#include "core/attention_mask.h"
+
+using namespace shardlab;
+
+namespace {
+
+// Whether every pair of the block is seen, asked pair by pair.
+bool every_pair_seen(const AttentionMask& mask, std::int64_t b, std::int64_t t0, std::int64_t rows,
+                     std::int64_t s0, std::int64_t cols) {
+  for (std::int64_t t = t0; t < t0 + rows; ++t)
+    for (std::int64_t s = s0; s < s0 + cols; ++s)
+      if (!mask.sees(b, t, s)) return false;
+  return true;
+}
+
+// Calls check(mask, b) for every geometry of up to 7 queries and keys, causal or not, without padding
+// and with padding on batch row 1's first and last keys.
+template <typename Check>
+void for_every_mask(const Check& check) {
+  for (std::int64_t queries = 1; queries <= 7; ++queries) {
+    for (std::int64_t keys = 1; keys <= 7; ++keys) {
+      std::vector<std::uint8_t> flags(static_cast<std::size_t>(2 * keys), 0);
+      flags[static_cast<std::size_t>(keys)] = 1;
+      flags[static_cast<std::size_t>(2 * keys - 1)] = 1;
+      const bool* padding = reinterpret_cast<const bool*>(flags.data());
+      for (const bool causal : {false, true}) {
+        for (const bool* pad : {static_cast<const bool*>(nullptr), padding}) {
+          const AttentionMask mask{causal, pad, queries, keys};
+          INFO("queries " << queries << ", keys " << keys << (causal ? ", causal" : "")
+                          << (pad != nullptr ? ", padding" : ""));
+          for (std::int64_t b = 0; b < 2; ++b) check(mask, b);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("AttentionMask::sees_all: a block said seen whole has every pair seen; without padding, exactly",
+          "[attention]") {
+  std::int64_t said = 0;
+  for_every_mask([&](const AttentionMask& mask, std::int64_t b) {
+    for (std::int64_t t0 = -1; t0 <= mask.queries; ++t0) {
+      for (std::int64_t rows = 1; rows <= 4; ++rows) {
+        for (std::int64_t s0 = -1; s0 <= mask.keys; ++s0) {
+          for (std::int64_t cols = 1; cols <= 4; ++cols) {
+            INFO("queries [" << t0 << ", " << t0 + rows << "), keys [" << s0 << ", " << s0 + cols << ")");
+            const bool whole = mask.sees_all(t0, rows, s0, cols);
+            const bool seen = every_pair_seen(mask, b, t0, rows, s0, cols);
+            if (whole) CHECK(seen);
+            if (mask.padding == nullptr) CHECK(whole == seen);
+            else CHECK_FALSE(whole);  // padding anywhere: each kernel asks pair by pair
+            said += whole ? 1 : 0;
+          }
+        }
+      }
+    }
+  });
+  CHECK(said > 0);
+}
+
+TEST_CASE("AttentionMask: no query sees a key past key_end of its block, nor a key before first_query",
+          "[attention]") {
+  for_every_mask([&](const AttentionMask& mask, std::int64_t b) {
+    for (std::int64_t t0 = 0; t0 < mask.queries; ++t0) {
+      for (std::int64_t rows = 1; rows <= 4; ++rows) {
+        const std::int64_t end = mask.key_end(t0, rows);
+        for (std::int64_t t = t0; t < t0 + rows; ++t)
+          for (std::int64_t s = end; s < mask.keys; ++s) CHECK_FALSE(mask.sees(b, t, s));
+      }
+    }
+    for (std::int64_t s = 0; s < mask.keys; ++s)
+      for (std::int64_t t = 0; t < mask.first_query(s) && t < mask.queries; ++t) CHECK_FALSE(mask.sees(b, t, s));
+  });
+}
