@@ -1,7 +1,8 @@
 // apps/bench_ops: GEMM and conv2d throughput of shardlab's kernels next to OpenBLAS's own
 // sgemm on the same shapes (and CUDA next to it when a GPU and a kernel exist), one table; then
 // fused attention against the composed one on the CPU, forward and backward; then the Llama block's
-// fused ops on the CPU, forward and backward apart (bench/torch_llama_ops.py adds PyTorch's own).
+// fused ops on the CPU, forward and backward apart (bench/torch_llama_ops.py adds PyTorch's own);
+// with a GPU, flash attention at the GPU Llamas' shapes (bench/torch_gpu_attention.py adds PyTorch's).
 #include <cblas.h>
 
 #include <CLI/CLI.hpp>
@@ -252,6 +253,41 @@ void print_block_ops(int reps) {
   }
 }
 
+// Flash attention in bf16 on the GPU at the shapes of bench/gpu_speed.py's Llamas (the seed: T 512,
+// B 64, 12 heads over 3; 1b: T 2048, B 4, 32 over 4; heads of 64), causal, q, k, v and the output's
+// gradient split from [B, T, H * D] projections as the Llama makes them. TFLOP/s by FlashAttention's
+// count: 4 B H T^2 D / 2 forward (causal: half the pairs), 2.5 times that backward.
+void print_gpu_attention(int reps) {
+  struct Config {
+    const char* name;
+    std::int64_t batch, length, heads, kv_heads;
+  };
+  constexpr std::int64_t kHeadDim = 64;
+  cuda::Stream& stream = cuda::current_stream(0);
+  const auto sync = [&] { stream.synchronize(); };
+  for (const Config& c : {Config{"seed", 64, 512, 12, 3}, Config{"1b", 4, 2048, 32, 4}}) {
+    const auto heads_of = [&](std::int64_t count, std::uint64_t stream_id) {
+      return uniform({c.batch, c.length, count * kHeadDim}, {23, stream_id}, -1, 1,
+                     TensorOptions{DType::bf16, Device::cuda(0)})
+          .reshape({c.batch, c.length, count, kHeadDim})
+          .transpose(1, 2);
+    };
+    const Tensor q = heads_of(c.heads, 1), k = heads_of(c.kv_heads, 2), v = heads_of(c.kv_heads, 3);
+    const Tensor grad_out = heads_of(c.heads, 4);
+    const AttentionParams params{.causal = true};
+    const AttentionResult attended = attention_forward(q, k, v, params);
+    const double forward = measure(reps, [&] { (void)attention_forward(q, k, v, params); }, sync);
+    const double backward =
+        measure(reps, [&] { (void)attention_backward(grad_out, q, k, v, attended, params); }, sync);
+    const double flops = 4.0 * static_cast<double>(c.batch * c.heads * c.length * c.length * kHeadDim) / 2;
+    fmt::print(
+        "gpu attention {} bf16 q [{}, {}, {}, {}] k/v [{}, {}, {}, {}] causal: forward {:.3f} ms ({:.1f} "
+        "TFLOP/s), backward {:.3f} ms ({:.1f} TFLOP/s)\n",
+        c.name, c.batch, c.heads, c.length, kHeadDim, c.batch, c.kv_heads, c.length, kHeadDim, 1e3 * forward,
+        flops / forward / 1e12, 1e3 * backward, 2.5 * flops / backward / 1e12);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -326,6 +362,7 @@ int main(int argc, char** argv) {
         "1.00 means parity\n");
     print_attention(reps);
     print_block_ops(reps);
+    if (with_cuda) print_gpu_attention(reps);
   } catch (const std::exception& e) {
     fmt::print(stderr, "bench_ops: {}\n", e.what());
     return 1;
