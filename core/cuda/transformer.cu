@@ -1,9 +1,10 @@
 // core/cuda/transformer.cu: the Llama block's fused row and elementwise kernels
-// (core/cpu/transformer.cpp's CUDA side): RMS normalisation, one block per row with the row's sums
-// in double and its weight gradient in two passes, partial sums per chunk of rows and column, then per
-// column over the chunks, in core/column_sums.h's order (no atomics, deterministic, the CPU's order);
-// SwiGLU (in 16-byte packs where its operands start on 16 bytes) and the rotary embedding,
-// elementwise. Computed in the compute type. Then the family's entries (core/transformer.h).
+// (core/cpu/transformer.cpp's CUDA side): RMS normalisation, one warp per row (16-byte packs where
+// the rows allow) with the row's sums in double over the warp's shuffles, and its weight gradient in
+// two passes, partial sums per chunk of rows and column, then per column over the chunks, in
+// core/column_sums.h's order (no atomics, deterministic, the CPU's order); SwiGLU (in 16-byte packs
+// where its operands start on 16 bytes) and the rotary embedding, a warp per row. Computed in the
+// compute type. Then the family's entries (core/transformer.h).
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -17,68 +18,121 @@ namespace shardlab::cuda {
 namespace {
 
 constexpr unsigned kAll = 0xffffffffu;
+constexpr int kWarpsPerBlock = kBlockSize / 32;
 
-// The sum of every thread's `value` over the block, on every thread.
-__device__ double block_sum(double value) {
-  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(kAll, value, offset);
-  __shared__ double per_warp[kBlockSize / 32];
-  __shared__ double total;
-  if (threadIdx.x % 32 == 0) per_warp[threadIdx.x / 32] = value;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double all = 0;
-    for (int w = 0; w < kBlockSize / 32; ++w) all += per_warp[w];
-    total = all;
-  }
-  __syncthreads();
-  const double result = total;
-  __syncthreads();  // `total` is rewritten by the next call
-  return result;
+// --- a warp per row: a Llama's rows (768 to 8192 elements, a few KB) are too short for a block,
+// whose barriers took longer than the row's loads --------------------------------------------------
+
+__device__ std::int64_t first_warp() {
+  return static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+}
+__device__ std::int64_t warp_step() { return static_cast<std::int64_t>(gridDim.x) * kWarpsPerBlock; }
+__device__ int lane_of() { return static_cast<int>(threadIdx.x % 32); }
+
+unsigned warp_row_blocks(std::int64_t rows) {
+  const std::int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  return static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
 }
 
-// Element e of a row normalised: x's, or (added non-null) x + added's as binary add rounds it.
-template <typename T>
-__device__ T norm_input(const T* x, const T* added, std::int64_t e) {
-  return added == nullptr ? x[e] : narrow<T>(widen(x[e]) + widen(added[e]));
+// The sum of every lane's `value` over the warp, on every lane.
+__device__ double warp_sum(double value) {
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(kAll, value, offset);
+  return value;
+}
+
+// A lane's share of a row of `width` elements in runs of V (V divides width; V > 1 only where the row
+// starts on 16 bytes): fn(e) for the first element of each run, e = V (lane + 32 k), in order.
+template <int V, typename Fn>
+__device__ void lane_runs(std::int64_t width, Fn&& fn) {
+  for (std::int64_t e = std::int64_t{lane_of()} * V; e < width; e += 32 * V) fn(e);
+}
+
+// The run of V elements at `at` (16 bytes, or one element), and its store.
+template <int V, typename T>
+__device__ Pack<T, V> load_run(const T* at) {
+  return *reinterpret_cast<const Pack<T, V>*>(at);
+}
+template <int V, typename T>
+__device__ void store_run(T* at, const Pack<T, V>& run) {
+  *reinterpret_cast<Pack<T, V>*>(at) = run;
+}
+
+// The run at e of a row normalised: x's, or (added non-null) x + added's as binary add rounds it.
+template <int V, typename T>
+__device__ Pack<T, V> norm_input(const T* x, const T* added, std::int64_t e) {
+  Pack<T, V> value = load_run<V>(x + e);
+  if (added == nullptr) return value;
+  const Pack<T, V> other = load_run<V>(added + e);
+#pragma unroll
+  for (int v = 0; v < V; ++v) value.lane[v] = narrow<T>(widen(value.lane[v]) + widen(other.lane[v]));
+  return value;
 }
 
 // With `added`, each row's sum is written to `sum` on the first pass and taken again from x and added
 // on the second (the row is in cache), so the residual stream is read once and written once.
-template <typename T>
+template <typename T, int V>
 __global__ void rms_norm_kernel(const T* x, const T* added, const T* weight, double eps, std::int64_t rows,
                                 std::int64_t width, T* sum, T* out, compute_t<T>* rstd) {
   using C = compute_t<T>;
-  for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+  for (std::int64_t row = first_warp(); row < rows; row += warp_step()) {
     const std::int64_t base = row * width;
     const T* row_added = added == nullptr ? nullptr : added + base;
     double squares = 0;
-    for (std::int64_t e = threadIdx.x; e < width; e += blockDim.x) {
-      const T value = norm_input(x + base, row_added, e);
-      if (added != nullptr) sum[base + e] = value;
-      squares += double(widen(value)) * widen(value);
-    }
-    const C r = static_cast<C>(1.0 / sqrt(block_sum(squares) / static_cast<double>(width) + eps));
-    if (threadIdx.x == 0) rstd[row] = r;
-    for (std::int64_t e = threadIdx.x; e < width; e += blockDim.x)
-      out[base + e] = narrow<T>(widen(norm_input(x + base, row_added, e)) * r * widen(weight[e]));
+    lane_runs<V>(width, [&](std::int64_t e) {
+      const Pack<T, V> value = norm_input<V>(x + base, row_added, e);
+      if (added != nullptr) store_run(sum + base + e, value);
+#pragma unroll
+      for (int v = 0; v < V; ++v) squares += double(widen(value.lane[v])) * widen(value.lane[v]);
+    });
+    const C r = static_cast<C>(1.0 / sqrt(warp_sum(squares) / static_cast<double>(width) + eps));
+    if (lane_of() == 0) rstd[row] = r;
+    lane_runs<V>(width, [&](std::int64_t e) {
+      const Pack<T, V> value = norm_input<V>(x + base, row_added, e), w = load_run<V>(weight + e);
+      Pack<T, V> normed;
+#pragma unroll
+      for (int v = 0; v < V; ++v) normed.lane[v] = narrow<T>(widen(value.lane[v]) * r * widen(w.lane[v]));
+      store_run(out + base + e, normed);
+    });
   }
 }
 
-template <typename T>
+template <typename T, int V>
 __global__ void rms_norm_grad_x_kernel(const T* grad_out, const T* x, const T* weight,
                                        const compute_t<T>* rstd, std::int64_t rows, std::int64_t width,
                                        T* grad_x) {
   using C = compute_t<T>;
-  for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+  for (std::int64_t row = first_warp(); row < rows; row += warp_step()) {
     const std::int64_t base = row * width;
     double dot = 0;
-    for (std::int64_t e = threadIdx.x; e < width; e += blockDim.x)
-      dot += double(widen(grad_out[base + e])) * widen(weight[e]) * widen(x[base + e]);
+    lane_runs<V>(width, [&](std::int64_t e) {
+      const Pack<T, V> g = load_run<V>(grad_out + base + e), w = load_run<V>(weight + e),
+                       in = load_run<V>(x + base + e);
+#pragma unroll
+      for (int v = 0; v < V; ++v) dot += double(widen(g.lane[v])) * widen(w.lane[v]) * widen(in.lane[v]);
+    });
     const C r = rstd[row];
-    const C correction = static_cast<C>(block_sum(dot) / static_cast<double>(width)) * r * r * r;
-    for (std::int64_t e = threadIdx.x; e < width; e += blockDim.x)
-      grad_x[base + e] =
-          narrow<T>(r * (widen(grad_out[base + e]) * widen(weight[e])) - widen(x[base + e]) * correction);
+    const C correction = static_cast<C>(warp_sum(dot) / static_cast<double>(width)) * r * r * r;
+    lane_runs<V>(width, [&](std::int64_t e) {
+      const Pack<T, V> g = load_run<V>(grad_out + base + e), w = load_run<V>(weight + e),
+                       in = load_run<V>(x + base + e);
+      Pack<T, V> result;
+#pragma unroll
+      for (int v = 0; v < V; ++v)
+        result.lane[v] = narrow<T>(r * (widen(g.lane[v]) * widen(w.lane[v])) - widen(in.lane[v]) * correction);
+      store_run(grad_x + base + e, result);
+    });
+  }
+}
+
+// Runs launch.template operator()<V>() with V the elements of a 16-byte run where every row of
+// `width` elements at each of `pointers` starts on 16 bytes, else 1.
+template <typename T, typename Launch>
+void by_run_width(std::int64_t width, std::initializer_list<const void*> pointers, Launch&& launch) {
+  constexpr int kPack = pack_width<T>();
+  if (width % kPack == 0 && packable(width, pointers)) {
+    launch.template operator()<kPack>();
+  } else {
+    launch.template operator()<1>();
   }
 }
 
@@ -155,29 +209,27 @@ __global__ void swiglu_backward_kernel(const T* grad_out, const T* gate, const T
       [&](std::uint32_t i) { swiglu_grads(grad_out[i], gate[i], up[i], grad_gate[i], grad_up[i]); });
 }
 
-// One thread per (row, e < half) pair of elements e and e + half; row (b, h, t) read and written
-// through each operand's strides.
+// A warp per row (b, h, t), read and written through each operand's strides, its lanes over the pairs
+// of elements e and e + half: the row's indices are worked out once a row (64-bit divisions for each
+// pair took most of the kernel's time).
 template <typename T>
 __global__ void rotary_kernel(HeadView<const T> x, const T* cos, const T* sin, std::int64_t rows,
                               std::int64_t heads, std::int64_t length, std::int64_t width, bool transpose,
                               HeadView<T> out) {
   using C = compute_t<T>;
   const std::int64_t half = width / 2;
-  for (std::int64_t i = first_thread(); i < rows * half; i += thread_step()) {
-    const std::int64_t row = i / half, e = i % half, t = row % length, h = row / length % heads,
-                       b = row / (length * heads), at = t * width;
+  for (std::int64_t row = first_warp(); row < rows; row += warp_step()) {
+    const std::int64_t t = row % length, h = row / length % heads, b = row / (length * heads), at = t * width;
     const T* in = x.at(b, h, t);
     T* to = out.at(b, h, t);
-    const C x1 = widen(in[e]), x2 = widen(in[e + half]);
-    const C c1 = widen(cos[at + e]), c2 = widen(cos[at + e + half]);
-    const C s1 = widen(sin[at + e]), s2 = widen(sin[at + e + half]);
-    to[e] = narrow<T>(transpose ? x1 * c1 + x2 * s2 : x1 * c1 - x2 * s1);
-    to[e + half] = narrow<T>(transpose ? x2 * c2 - x1 * s1 : x2 * c2 + x1 * s2);
+    for (std::int64_t e = lane_of(); e < half; e += 32) {
+      const C x1 = widen(in[e]), x2 = widen(in[e + half]);
+      const C c1 = widen(cos[at + e]), c2 = widen(cos[at + e + half]);
+      const C s1 = widen(sin[at + e]), s2 = widen(sin[at + e + half]);
+      to[e] = narrow<T>(transpose ? x1 * c1 + x2 * s2 : x1 * c1 - x2 * s1);
+      to[e + half] = narrow<T>(transpose ? x2 * c2 - x1 * s1 : x2 * c2 + x1 * s2);
+    }
   }
-}
-
-unsigned row_blocks(std::int64_t rows) {
-  return static_cast<unsigned>(rows < kMaxBlocks ? rows : kMaxBlocks);
 }
 
 // Contiguous operands of one floating dtype (false, launching nothing, for the others); rstd in the
@@ -188,10 +240,12 @@ bool launch_rms_norm(DType dtype, const void* x, const void* added, const void* 
                      cudaStream_t stream) {
   return floating(dtype, [&]<typename T>() {
     if (rows == 0) return;
-    rms_norm_kernel<T><<<row_blocks(rows), kBlockSize, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(added), static_cast<const T*>(weight), eps, rows,
-        width, static_cast<T*>(sum), static_cast<T*>(out), static_cast<compute_t<T>*>(rstd));
-    SHARDLAB_CUDA_CHECK_LAUNCH();
+    by_run_width<T>(width, {x, added, weight, sum, out}, [&]<int V>() {
+      rms_norm_kernel<T, V><<<warp_row_blocks(rows), kBlockSize, 0, stream>>>(
+          static_cast<const T*>(x), static_cast<const T*>(added), static_cast<const T*>(weight), eps, rows,
+          width, static_cast<T*>(sum), static_cast<T*>(out), static_cast<compute_t<T>*>(rstd));
+      SHARDLAB_CUDA_CHECK_LAUNCH();
+    });
   });
 }
 
@@ -204,9 +258,11 @@ bool launch_rms_norm_backward(DType dtype, const void* grad_out, const void* x, 
     const auto* in = static_cast<const T*>(x);
     const auto* r = static_cast<const compute_t<T>*>(rstd);
     if (rows > 0) {
-      rms_norm_grad_x_kernel<T><<<row_blocks(rows), kBlockSize, 0, stream>>>(
-          g, in, static_cast<const T*>(weight), r, rows, width, static_cast<T*>(grad_x));
-      SHARDLAB_CUDA_CHECK_LAUNCH();
+      by_run_width<T>(width, {grad_out, x, weight, grad_x}, [&]<int V>() {
+        rms_norm_grad_x_kernel<T, V><<<warp_row_blocks(rows), kBlockSize, 0, stream>>>(
+            g, in, static_cast<const T*>(weight), r, rows, width, static_cast<T*>(grad_x));
+        SHARDLAB_CUDA_CHECK_LAUNCH();
+      });
     }
     const std::int64_t chunks = column_chunks(rows);
     if (chunks > 0) {
@@ -253,7 +309,7 @@ bool launch_rotary(DType dtype, Heads x, const void* cos, const void* sin, std::
                    MutableHeads out, cudaStream_t stream) {
   return floating(dtype, [&]<typename T>() {
     if (rows * width == 0) return;
-    rotary_kernel<T><<<grid_size(rows * (width / 2)), kBlockSize, 0, stream>>>(
+    rotary_kernel<T><<<warp_row_blocks(rows), kBlockSize, 0, stream>>>(
         head_view<const T>(x), static_cast<const T*>(cos), static_cast<const T*>(sin), rows, heads, length,
         width, transpose, head_view<T>(out));
     SHARDLAB_CUDA_CHECK_LAUNCH();
