@@ -1,8 +1,9 @@
 // core/cpu/conv.cpp: conv2d forward and its input/weight gradients as im2col + GEMM, a few images
 // at a time: the chunk's column buffer stays in L2 between im2col writing it and the GEMMs reading
 // it, and each image's GEMM reads and writes the NCHW tensors in place (an image's [O, pixels] is
-// GEMM layout), so nothing is transposed. Images are split over the pool's threads (each runs its
-// GEMMs single-threaded) when there are enough of them; else each GEMM is split.
+// GEMM layout), so nothing is transposed. The forward and the input gradient split the images over
+// the pool's threads (each runs its GEMMs single-threaded) when there are enough of them, else each
+// GEMM; the weight gradient, whose images all add into one sum, splits the patch's rows.
 #include <algorithm>
 #include <memory>
 #include <vector>
@@ -22,9 +23,10 @@ struct ConvGeometry {
   std::int64_t patch() const { return channels * kernel_h * kernel_w; }  // rows of cols
   std::int64_t pixels() const { return out_h * out_w; }
 
-  // Images per chunk: a column buffer of about half a (1 MiB) L2, at least one image.
-  std::int64_t chunk(std::size_t element_size) const {
-    const std::int64_t per_image = patch() * pixels() * static_cast<std::int64_t>(element_size);
+  // Images per chunk: a column buffer of `rows` of the patch's rows of about half a (1 MiB) L2, at
+  // least one image.
+  std::int64_t chunk(std::size_t element_size, std::int64_t rows) const {
+    const std::int64_t per_image = rows * pixels() * static_cast<std::int64_t>(element_size);
     return std::clamp<std::int64_t>((512 << 10) / std::max<std::int64_t>(per_image, 1), 1, batch);
   }
 };
@@ -47,19 +49,25 @@ ValidColumns valid_columns(const ConvGeometry& g, std::int64_t kw) {
   return {std::min(first, g.out_w), std::clamp<std::int64_t>(last, 0, g.out_w)};
 }
 
-// cols[(c, kh, kw), image * pixels + (oh, ow)] = input pixel under that kernel tap (0 in
-// the padding), for `count` images starting at `images`. Each output row is a zero head, a
-// (for stride 1 contiguous) copied middle and a zero tail.
+// The patch rows [first, last) of the column matrix: all of them, or one thread's band.
+struct PatchRows {
+  std::int64_t first, last;
+  std::int64_t count() const { return last - first; }
+};
+
+// cols[(c, kh, kw) - rows.first, image * pixels + (oh, ow)] = input pixel under that kernel tap (0 in
+// the padding), for `count` images starting at `images` and the patch rows `rows`. Each output row
+// is a zero head, a (for stride 1 contiguous) copied middle and a zero tail.
 template <typename T>
-void im2col(const ConvGeometry& g, const T* images, std::int64_t count, T* cols) {
+void im2col(const ConvGeometry& g, const T* images, std::int64_t count, PatchRows rows, T* cols) {
   const std::int64_t row_length = count * g.pixels();
-  parallel_for(0, g.patch() * count, 1, [&](std::int64_t first, std::int64_t last) {
+  parallel_for(0, rows.count() * count, 1, [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t task = first; task < last; ++task) {
-      const std::int64_t row = task / count, image = task % count;
+      const std::int64_t band_row = task / count, image = task % count, row = rows.first + band_row;
       const std::int64_t c = row / (g.kernel_h * g.kernel_w);
       const std::int64_t kh = row / g.kernel_w % g.kernel_h, kw = row % g.kernel_w;
       const T* plane = images + (image * g.channels + c) * g.height * g.width;
-      T* dst = cols + row * row_length + image * g.pixels();
+      T* dst = cols + band_row * row_length + image * g.pixels();
       const ValidColumns valid = valid_columns(g, kw);
       for (std::int64_t oh = 0; oh < g.out_h; ++oh) {
         T* out = dst + oh * g.out_w;
@@ -111,17 +119,17 @@ void col2im(const ConvGeometry& g, const T* cols, std::int64_t count, T* images)
   });
 }
 
-// The column buffer of one chunk of images, [patch, chunk * pixels], uninitialised (every element
+// The column buffer of one chunk of images, [rows, chunk * pixels], uninitialised (every element
 // is written before it is read); per thread, only growing: fresh buffers on every call cost more in
 // page faults than im2col.
 template <typename T>
-T* column_buffer(const ConvGeometry& g) {
+T* column_buffer(const ConvGeometry& g, std::int64_t rows) {
   struct Buffer {
     std::unique_ptr<char[]> bytes;
     std::size_t size = 0;
   };
   thread_local Buffer buffer;
-  const auto needed = static_cast<std::size_t>(g.patch() * g.chunk(sizeof(T)) * g.pixels()) * sizeof(T);
+  const auto needed = static_cast<std::size_t>(rows * g.chunk(sizeof(T), rows) * g.pixels()) * sizeof(T);
   if (buffer.size < needed) {
     buffer.bytes = std::make_unique_for_overwrite<char[]>(needed);
     buffer.size = needed;
@@ -137,7 +145,7 @@ T* column_buffer(const ConvGeometry& g) {
 // whatever the thread count.
 template <typename T, typename Fn>
 void over_image_chunks(const ConvGeometry& g, Fn fn) {
-  const std::int64_t chunk = g.chunk(sizeof(T));
+  const std::int64_t chunk = g.chunk(sizeof(T), g.patch());
   const auto chunks = [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t start = first; start < last; start += chunk) fn(start, std::min(chunk, last - start));
   };
@@ -151,9 +159,9 @@ void over_image_chunks(const ConvGeometry& g, Fn fn) {
 template <typename T>
 void conv2d_typed(const ConvGeometry& g, const T* input, const T* weight, const T* bias, T* out) {
   over_image_chunks<T>(g, [&](std::int64_t start, std::int64_t count) {
-    T* cols = column_buffer<T>(g);
+    T* cols = column_buffer<T>(g, g.patch());
     const std::int64_t columns = count * g.pixels();
-    im2col(g, input + start * g.channels * g.height * g.width, count, cols);
+    im2col(g, input + start * g.channels * g.height * g.width, count, {0, g.patch()}, cols);
     for (std::int64_t image = 0; image < count; ++image) {
       // out[image] [O, pixels] = W [O, patch] x the image's columns [patch, pixels] (of a wider buffer).
       T* result = out + (start + image) * g.out_channels * g.pixels();
@@ -171,7 +179,7 @@ void conv2d_typed(const ConvGeometry& g, const T* input, const T* weight, const 
 template <typename T>
 void conv2d_backward_input_typed(const ConvGeometry& g, const T* grad_out, const T* weight, T* grad_in) {
   over_image_chunks<T>(g, [&](std::int64_t start, std::int64_t count) {
-    T* cols = column_buffer<T>(g);
+    T* cols = column_buffer<T>(g, g.patch());
     const std::int64_t columns = count * g.pixels();
     for (std::int64_t image = 0; image < count; ++image) {
       // The image's columns [patch, pixels] = W^T [patch, O] x grad_out[image] [O, pixels].
@@ -183,29 +191,40 @@ void conv2d_backward_input_typed(const ConvGeometry& g, const T* grad_out, const
   });
 }
 
+// Multiply-adds below which the weight gradient stays on the calling thread (as a GEMM would).
+constexpr std::int64_t kMinParallelWork = std::int64_t{1} << 18;
+
 template <typename T>
 void conv2d_backward_weight_typed(const ConvGeometry& g, const T* grad_out, const T* input, T* grad_weight) {
   // Accumulated transposed, as [patch, O] += the image's columns [patch, pixels] x grad_out[image]^T
-  // [pixels, O]: the patch's rows give the GEMM a tall C that splits evenly over the threads and
-  // a narrow operand to pack (O x pixels, not patch x pixels). Image after image, each GEMM split
-  // over the pool: every element's sum runs over the images and pixels in order, whatever the
-  // thread count, as in the untransposed product.
+  // [pixels, O]: the patch's rows give a tall C and a narrow operand to pack (O x pixels, not
+  // patch x pixels). Each thread takes a band of the patch's rows for the whole batch: it writes
+  // only its rows of the columns and runs its GEMMs serially, image after image, so the pool wakes
+  // once per call, not once per image. Every element's sum runs over the images and pixels in
+  // order, whatever the thread count, as in the untransposed product.
   const std::int64_t patch = g.patch(), outs = g.out_channels;
   std::vector<T> transposed_grad(static_cast<std::size_t>(patch * outs));
   for (std::int64_t o = 0; o < outs; ++o) {
     for (std::int64_t e = 0; e < patch; ++e) transposed_grad[e * outs + o] = grad_weight[o * patch + e];
   }
-  T* cols = column_buffer<T>(g);
-  const std::int64_t chunk = g.chunk(sizeof(T));
-  for (std::int64_t start = 0; start < g.batch; start += chunk) {
-    const std::int64_t count = std::min(chunk, g.batch - start), columns = count * g.pixels();
-    im2col(g, input + start * g.channels * g.height * g.width, count, cols);
-    for (std::int64_t image = 0; image < count; ++image) {
-      gemm<T>(patch, outs, g.pixels(), row_major(cols + image * g.pixels(), columns),
-              transposed(grad_out + (start + image) * outs * g.pixels(), g.pixels()), transposed_grad.data(),
-              outs, true);
+  const bool small = patch * outs * g.pixels() * g.batch < kMinParallelWork;
+  const std::int64_t bands = small ? 1 : std::min<std::int64_t>(num_threads(), patch);
+  parallel_for(0, bands, 1, [&](std::int64_t first_band, std::int64_t last_band) {
+    for (std::int64_t band = first_band; band < last_band; ++band) {
+      const PatchRows rows{patch * band / bands, patch * (band + 1) / bands};
+      const std::int64_t chunk = g.chunk(sizeof(T), rows.count());
+      T* cols = column_buffer<T>(g, rows.count());
+      for (std::int64_t start = 0; start < g.batch; start += chunk) {
+        const std::int64_t count = std::min(chunk, g.batch - start), columns = count * g.pixels();
+        im2col(g, input + start * g.channels * g.height * g.width, count, rows, cols);
+        for (std::int64_t image = 0; image < count; ++image) {
+          gemm<T>(rows.count(), outs, g.pixels(), row_major(cols + image * g.pixels(), columns),
+                  transposed(grad_out + (start + image) * outs * g.pixels(), g.pixels()),
+                  transposed_grad.data() + rows.first * outs, outs, true);
+        }
+      }
     }
-  }
+  });
   for (std::int64_t o = 0; o < outs; ++o) {
     for (std::int64_t e = 0; e < patch; ++e) grad_weight[o * patch + e] = transposed_grad[e * outs + o];
   }
