@@ -1,8 +1,9 @@
 // apps/bench_ops: GEMM and conv2d throughput of shardlab's kernels next to OpenBLAS's own
 // sgemm on the same shapes (and CUDA next to it when a GPU and a kernel exist), one table; then
-// fused attention against the composed one on the CPU, forward and backward; then the Llama block's
-// fused ops on the CPU, forward and backward apart (bench/torch_llama_ops.py adds PyTorch's own);
-// with a GPU, flash attention at the GPU Llamas' shapes (bench/torch_gpu_attention.py adds PyTorch's).
+// what the thread pool costs a parallel_for with nothing to do; then fused attention against the
+// composed one on the CPU, forward and backward; then the Llama block's fused ops on the CPU, forward
+// and backward apart (bench/torch_llama_ops.py adds PyTorch's own); with a GPU, flash attention at
+// the GPU Llamas' shapes (bench/torch_gpu_attention.py adds PyTorch's).
 #include <cblas.h>
 
 #include <CLI/CLI.hpp>
@@ -11,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "apps/cli.h"
@@ -161,6 +163,27 @@ Row conv_row(const std::string& label, Shape input, Shape weight, Conv2dParams p
           m,
           n,
           k};
+}
+
+// The pool's own cost: an empty parallel_for over every thread, back to back (the workers spinning
+// for the next task) and after 1 ms of idle (asleep: woken through the kernel), in microseconds.
+void print_thread_pool(int reps) {
+  if (num_threads() < 2) {
+    fmt::print("thread pool: 1 thread, no workers to wake\n");
+    return;
+  }
+  const auto empty_call = [] { parallel_for(0, num_threads(), 1, [](std::int64_t, std::int64_t) {}); };
+  const auto none = [] {};
+  const double back_to_back = measure(reps, empty_call, none);
+  std::vector<double> after_idle;
+  for (int sample = 0; sample < 20 * reps; ++sample) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    after_idle.push_back(seconds(empty_call, none));
+  }
+  fmt::print(
+      "thread pool: an empty parallel_for over {} threads {:.2f} us back to back, {:.2f} us after 1 ms "
+      "idle\n",
+      num_threads(), 1e6 * back_to_back, 1e6 * median(after_idle));
 }
 
 using AttentionPath = Variable (*)(const Variable&, const Variable&, const Variable&,
@@ -360,6 +383,7 @@ int main(int argc, char** argv) {
     fmt::print(
         "ratio = OpenBLAS time / ours on the same GEMM shape (conv: O x C*KH*KW x N*OH*OW); "
         "1.00 means parity\n");
+    print_thread_pool(reps);
     print_attention(reps);
     print_block_ops(reps);
     if (with_cuda) print_gpu_attention(reps);

@@ -53,7 +53,9 @@ int default_thread_count() {
 // they sleep on a condition variable. Waking a sleeping thread costs 50-90 us on a 2-core VM (two
 // futex calls and the scheduler's latency), more than many kernels take; the host's gap between two
 // kernels of a step is a few microseconds, so spinning this long wakes the pool once a step instead
-// of once a kernel, and gives the cores back within 100 us of the last kernel.
+// of once a kernel, and gives the cores back within 100 us of the last kernel. A pool with more
+// threads than the process has cores sleeps at once instead (as libgomp cuts its spin count then):
+// a thread spinning for one that has no core to run on only delays it.
 constexpr auto kSpin = std::chrono::microseconds(100);
 
 void cpu_relax() {
@@ -62,10 +64,11 @@ void cpu_relax() {
 #endif
 }
 
-// Spins until ready() or kSpin has passed; whether ready() held.
+// Spins until ready() or `spin` has passed; whether ready() held.
 template <typename Ready>
-bool spin_until(Ready ready) {
-  const auto deadline = std::chrono::steady_clock::now() + kSpin;
+bool spin_until(std::chrono::microseconds spin, Ready ready) {
+  if (spin.count() == 0) return ready();
+  const auto deadline = std::chrono::steady_clock::now() + spin;
   for (;;) {
     for (int i = 0; i < 64; ++i) {
       if (ready()) return true;
@@ -81,6 +84,7 @@ class ThreadPool {
   ~ThreadPool() { stop(); }
 
   int size() const { return size_; }
+  std::chrono::microseconds spin() const { return spin_; }
 
   void resize(int threads) {
     stop();
@@ -101,6 +105,7 @@ class ThreadPool {
  private:
   void start(int threads) {
     size_ = threads;
+    spin_ = threads <= cores_given_to_process() ? kSpin : std::chrono::microseconds(0);
     stopping_.store(false);
     for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { work(); });
   }
@@ -118,7 +123,7 @@ class ThreadPool {
   void work() {
     inside_parallel_region = true;  // nested parallel_for in a worker runs serially
     for (;;) {
-      const bool seen = spin_until([this] {
+      const bool seen = spin_until(spin_, [this] {
         return queued_.load(std::memory_order_acquire) > 0 || stopping_.load(std::memory_order_acquire);
       });
       std::function<void()> task;
@@ -140,6 +145,7 @@ class ThreadPool {
   }
 
   int size_ = 1;
+  std::chrono::microseconds spin_{0};  // kSpin, or 0 when the threads outnumber the cores
   std::atomic<bool> stopping_ = false;
   std::mutex mutex_;
   std::condition_variable wake_;
@@ -172,10 +178,10 @@ class Job {
     }
   }
 
-  // Waits for every chunk; rethrows the first exception one threw.
-  void wait() {
+  // Waits for every chunk, spinning up to `spin` first; rethrows the first exception one threw.
+  void wait(std::chrono::microseconds spin) {
     const auto finished = [this] { return remaining_.load(std::memory_order_acquire) == 0; };
-    if (!spin_until(finished)) {
+    if (!spin_until(spin, finished)) {
       std::unique_lock lock(mutex_);
       done_.wait(lock, finished);
     }
@@ -233,7 +239,7 @@ void parallel_for(std::int64_t begin, std::int64_t end, std::int64_t grain,
   const auto [lo, hi] = chunk_range(0);
   run_chunk(lo, hi);
   inside_parallel_region = false;
-  job->wait();
+  job->wait(pool().spin());
 }
 
 }  // namespace shardlab

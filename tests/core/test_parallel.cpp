@@ -70,7 +70,8 @@ void check_one_call(std::int64_t count, const std::function<void()>& inside_chun
 TEST_CASE("parallel_for finds the workers spinning, asleep, or still busy", "[parallel]") {
   // Workers spin for a while after a task and then sleep; the caller spins for its last chunk and
   // then sleeps. Back-to-back calls meet spinning workers, calls after a pause meet sleeping ones,
-  // and chunks that outlast the spin make the caller sleep and be woken by the last one.
+  // and chunks that outlast the spin make the caller sleep and be woken by the last one. A pool with
+  // more threads than cores sleeps at once: on a 2-core machine 2 threads spin and 3 and 4 do not.
   const int original = num_threads();
   for (const int threads : {2, 3, 4}) {
     set_num_threads(threads);
