@@ -1,4 +1,6 @@
 // autograd/dropout.cpp: dropout with masks keyed by (seed, layer stream, step, sample index).
+#include <vector>
+
 #include "autograd/functional.h"
 #include "autograd/random_context.h"
 #include "core/random.h"
@@ -14,8 +16,8 @@ std::uint64_t mix(std::uint64_t value) {
   return value ^ (value >> 31);
 }
 
-// The keep-mask (1 with probability keep) of x's shape, rows drawn at their global offsets.
-// Runs of rows with consecutive sample indices are drawn in one call.
+// The keep-mask (1 with probability keep) of x's shape, rows drawn at their global offsets in one
+// call: from one first index where the rows' samples are consecutive, else each row from its own.
 Tensor keep_mask(const Tensor& x, double keep, std::uint64_t stream) {
   const RandomContext& context = random_context();
   const std::int64_t rows = x.dim() == 0 ? 1 : x.size(0);
@@ -24,20 +26,22 @@ Tensor keep_mask(const Tensor& x, double keep, std::uint64_t stream) {
   SHARDLAB_CHECK(indices.empty() || static_cast<std::int64_t>(indices.size()) == rows,
                  "dropout: the random context names {} sample indices but the input has {} rows (shape {})",
                  indices.size(), rows, shape_str(x.shape()));
-  const RandomKey key{context.seed, mix(mix(stream) ^ static_cast<std::uint64_t>(context.step))};
-  const auto index_of = [&](std::int64_t row) {
-    return indices.empty() ? row : indices[static_cast<std::size_t>(row)];
-  };
-  Tensor mask = empty({rows, row_size}, TensorOptions{x.dtype(), x.device()});
-  for (std::int64_t first = 0; first < rows;) {
-    std::int64_t last = first + 1;
-    while (last < rows && index_of(last) == index_of(last - 1) + 1) ++last;
-    SHARDLAB_CHECK(index_of(first) >= 0, "dropout: sample index {} of row {} is negative", index_of(first),
-                   first);
-    fill_random(mask.narrow(0, first, last - first),
-                RandomSpec{Distribution::bernoulli, key, keep, 0.0, index_of(first) * row_size});
-    first = last;
+  RandomSpec spec{Distribution::bernoulli, {context.seed, mix(mix(stream) ^ static_cast<std::uint64_t>(context.step))},
+                  keep, 0.0};
+  std::vector<std::int64_t> row_first_indices;
+  bool consecutive = true;
+  for (std::size_t row = 0; row < indices.size(); ++row) {
+    SHARDLAB_CHECK(indices[row] >= 0, "dropout: sample index {} of row {} is negative", indices[row], row);
+    row_first_indices.push_back(indices[row] * row_size);
+    consecutive = consecutive && indices[row] == indices[0] + static_cast<std::int64_t>(row);
   }
+  if (consecutive) {
+    spec.first_index = row_first_indices.empty() ? 0 : row_first_indices[0];
+  } else {
+    spec.row_first_indices = row_first_indices;
+  }
+  Tensor mask = empty({rows, row_size}, TensorOptions{x.dtype(), x.device()});
+  fill_random(mask, spec);
   return mask.view(x.shape());
 }
 

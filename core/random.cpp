@@ -23,6 +23,21 @@ Tensor draw(const char* op, const Shape& shape, const RandomSpec& spec, TensorOp
 void fill_random(const Tensor& out, const RandomSpec& spec) {
   SHARDLAB_CHECK(out.is_contiguous(), "fill_random: output must be contiguous, got shape {} strides {}",
                  shape_str(out.shape()), shape_str(out.strides()));
+  SHARDLAB_CHECK(spec.first_index >= 0, "fill_random: first_index must be non-negative, got {}",
+                 spec.first_index);
+  const auto rows = static_cast<std::int64_t>(spec.row_first_indices.size());
+  if (rows > 0) {
+    SHARDLAB_CHECK(out.numel() % rows == 0, "fill_random: {} rows do not divide the output's {} elements (shape {})",
+                   rows, out.numel(), shape_str(out.shape()));
+    SHARDLAB_CHECK(spec.first_index == 0,
+                   "fill_random: first_index {} and row_first_indices both place the draws; give one",
+                   spec.first_index);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      SHARDLAB_CHECK(spec.row_first_indices[static_cast<std::size_t>(r)] >= 0,
+                     "fill_random: row {} starts at draw {}; draw numbers are non-negative", r,
+                     spec.row_first_indices[static_cast<std::size_t>(r)]);
+    }
+  }
   if (out.numel() == 0) return;
   const auto fn = kernels_for(out.device()).random;
   SHARDLAB_CHECK(fn != nullptr, "fill_random: not supported on {} (no kernel for it in this build)",

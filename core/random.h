@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "core/op_info.h"
 #include "core/tensor.h"
@@ -25,6 +26,10 @@ struct RandomSpec {
   double a = 0.0;  // uniform: low;  normal: mean; bernoulli: p
   double b = 1.0;  // uniform: high; normal: std
   std::int64_t first_index = 0;
+  // Where not empty, out is row_first_indices.size() rows of equal length and element c of row r
+  // is draw number row_first_indices[r] + c (first_index must then be 0): rows drawn at offsets of
+  // their own in one kernel call, e.g. a shuffled batch's dropout masks at their samples' indices.
+  std::span<const std::int64_t> row_first_indices;
 };
 
 // Uniform on [low, high). f32/bf16/f16 use 24 random bits per element, f64 uses 53.
@@ -38,7 +43,8 @@ Tensor bernoulli(const Shape& shape, RandomKey key, double p, TensorOptions opti
 // Fills a contiguous tensor in place with the draws of `spec`.
 void fill_random(const Tensor& out, const RandomSpec& spec);
 
-// The random draws' kernel entry: out is contiguous; element i receives draw number first_index + i.
+// The random draws' kernel entry: out is contiguous; element i receives draw number first_index + i,
+// or element c of row r draw number row_first_indices[r] + c where the spec names rows.
 struct RandomKernels {
   void (*random)(const RandomSpec& spec, const Tensor& out);
 };

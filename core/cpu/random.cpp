@@ -31,52 +31,65 @@ std::uint32_t bernoulli_threshold(double p) {
   return static_cast<std::uint32_t>(std::clamp(std::ceil(p * 16777216.0), 0.0, 16777216.0));
 }
 
-void random(const RandomSpec& spec, const Tensor& out) {
+// Fills out[0, count) with draws number start, start + 1, ... of spec's distribution.
+template <typename T>
+void fill_run(const RandomSpec& spec, T* out, std::int64_t count, std::uint64_t start) {
   const std::uint64_t seed = spec.key.seed, stream = spec.key.stream;
-  const auto first_index = static_cast<std::uint64_t>(spec.first_index);
+  if constexpr (std::is_same_v<T, float>) {
+    if (spec.distribution == Distribution::bernoulli) {
+      // The whole blocks in the middle in one go; the elements before and after them one by one.
+      const std::int64_t head = std::min<std::int64_t>(count, static_cast<std::int64_t>((4 - start % 4) % 4));
+      const std::int64_t blocks = (count - head) / 4;
+      bernoulli_blocks(seed, stream, (start + static_cast<std::uint64_t>(head)) / 4, blocks,
+                       bernoulli_threshold(spec.a), out + head);
+      const auto draw = [&](std::int64_t k) {
+        out[k] = philox::bernoulli(seed, stream, start + static_cast<std::uint64_t>(k), spec.a) ? 1.0f : 0.0f;
+      };
+      for (std::int64_t k = 0; k < head; ++k) draw(k);
+      for (std::int64_t k = head + 4 * blocks; k < count; ++k) draw(k);
+      return;
+    }
+  }
+  // 24-bit draws take word index % 4 of Philox block index / 4: compute each block once.
+  const bool four_per_block = spec.distribution == Distribution::bernoulli ||
+                              (spec.distribution == Distribution::uniform && !std::is_same_v<T, double>);
+  philox::Block block{};
+  std::uint64_t block_index = ~0ull;
+  for (std::int64_t k = 0; k < count; ++k) {
+    const std::uint64_t index = start + static_cast<std::uint64_t>(k);
+    double value = 0;
+    if (four_per_block) {
+      if (index / 4 != block_index) {
+        block_index = index / 4;
+        block = philox::generate(seed, stream, block_index);
+      }
+      value = spec.distribution == Distribution::uniform
+                  ? philox::uniform24_in_block(block, index, spec.a, spec.b)
+                  : (philox::bernoulli_in_block(block, index, spec.a) ? 1.0 : 0.0);
+    } else if (spec.distribution == Distribution::uniform) {
+      value = philox::uniform53(seed, stream, index, spec.a, spec.b);
+    } else {
+      value = philox::normal(seed, stream, index, spec.a, spec.b);
+    }
+    out[k] = narrow<T>(value);
+  }
+}
+
+// Without row_first_indices the whole tensor is one row drawn from first_index on.
+void random(const RandomSpec& spec, const Tensor& out) {
+  const auto& rows = spec.row_first_indices;
+  const std::int64_t row_size = rows.empty() ? out.numel() : out.numel() / static_cast<std::int64_t>(rows.size());
+  const auto row_start = [&](std::int64_t r) {
+    return static_cast<std::uint64_t>(rows.empty() ? spec.first_index : rows[static_cast<std::size_t>(r)]);
+  };
   visit_dtype(out.dtype(), [&]<typename T>() {
     T* data = static_cast<T*>(out.raw_data());
-    // 24-bit draws take word index % 4 of Philox block index / 4: compute each block once.
-    const bool four_per_block = spec.distribution == Distribution::bernoulli ||
-                                (spec.distribution == Distribution::uniform && out.dtype() != DType::f64);
     parallel_for(0, out.numel(), 4096, [&](std::int64_t first, std::int64_t last) {
-      if constexpr (std::is_same_v<T, float>) {
-        if (spec.distribution == Distribution::bernoulli) {
-          // The whole blocks in the middle in one go; the elements before and after them below.
-          const std::uint64_t start = first_index + static_cast<std::uint64_t>(first);
-          const std::int64_t head =
-              std::min<std::int64_t>(last - first, static_cast<std::int64_t>((4 - start % 4) % 4));
-          const std::int64_t blocks = (last - first - head) / 4;
-          bernoulli_blocks(seed, stream, (start + static_cast<std::uint64_t>(head)) / 4, blocks,
-                           bernoulli_threshold(spec.a), data + first + head);
-          const auto draw = [&](std::int64_t i) {
-            const std::uint64_t index = first_index + static_cast<std::uint64_t>(i);
-            data[i] = philox::bernoulli(seed, stream, index, spec.a) ? 1.0f : 0.0f;
-          };
-          for (std::int64_t i = first; i < first + head; ++i) draw(i);
-          for (std::int64_t i = first + head + 4 * blocks; i < last; ++i) draw(i);
-          return;
-        }
-      }
-      philox::Block block{};
-      std::uint64_t block_index = ~0ull;
-      for (std::int64_t i = first; i < last; ++i) {
-        const std::uint64_t index = first_index + static_cast<std::uint64_t>(i);
-        double value = 0;
-        if (four_per_block) {
-          if (index / 4 != block_index) {
-            block_index = index / 4;
-            block = philox::generate(seed, stream, block_index);
-          }
-          value = spec.distribution == Distribution::uniform
-                      ? philox::uniform24_in_block(block, index, spec.a, spec.b)
-                      : (philox::bernoulli_in_block(block, index, spec.a) ? 1.0 : 0.0);
-        } else if (spec.distribution == Distribution::uniform) {
-          value = philox::uniform53(seed, stream, index, spec.a, spec.b);
-        } else {
-          value = philox::normal(seed, stream, index, spec.a, spec.b);
-        }
-        data[i] = narrow<T>(value);
+      // A chunk's pieces in each row it meets.
+      for (std::int64_t i = first; i < last;) {
+        const std::int64_t row = i / row_size, end = std::min(last, (row + 1) * row_size);
+        fill_run(spec, data + i, end - i, row_start(row) + static_cast<std::uint64_t>(i - row * row_size));
+        i = end;
       }
     });
   });

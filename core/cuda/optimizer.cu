@@ -28,11 +28,8 @@ struct AdadeltaScalars {
 
 // Multi-segment launches: one kernel for many parameters, each a segment of `numel` (> 0)
 // contiguous elements per operand with its own hyper-parameters. The kernel reads a table of
-// the segments from the device memory `upload` returns (called once with the host table and its
-// bytes; it queues the copy on `stream` without the host waiting, and the memory must stay valid
-// for the work queued there, as a caching-allocator block of that stream does). False, launching
-// nothing, for dtypes without a kernel.
-using TableUpload = std::function<const void*(const void* host_table, std::size_t bytes)>;
+// the segments from the device memory `upload` returns (TableUpload, core/cuda/launch.h). False,
+// launching nothing, for dtypes without a kernel.
 
 struct AdadeltaSegmentArgs {
   void* param;

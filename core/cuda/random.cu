@@ -11,8 +11,9 @@ namespace shardlab::cuda {
 namespace {
 
 // What a random kernel draws: element i of the output is draw number first_index + i of Philox
-// stream (seed, stream) (core/philox.h). a, b: uniform low and high, normal mean and std,
-// bernoulli p (b unused).
+// stream (seed, stream) (core/philox.h), or, where row_first_indices is given (in device memory),
+// element c of row r (rows of row_size) draw number row_first_indices[r] + c. a, b: uniform low
+// and high, normal mean and std, bernoulli p (b unused).
 struct PhiloxDraw {
   Distribution kind = Distribution::uniform;
   std::uint64_t seed = 0;
@@ -20,7 +21,15 @@ struct PhiloxDraw {
   std::uint64_t first_index = 0;
   double a = 0.0;
   double b = 1.0;
+  const std::int64_t* row_first_indices = nullptr;
+  std::int64_t row_size = 0;
 };
+
+__device__ std::uint64_t draw_number(const PhiloxDraw& draw, std::int64_t i) {
+  if (draw.row_first_indices == nullptr) return draw.first_index + static_cast<std::uint64_t>(i);
+  const std::int64_t row = i / draw.row_size;
+  return static_cast<std::uint64_t>(draw.row_first_indices[row] + (i - row * draw.row_size));
+}
 
 // The draw of element `index` as a double, exactly as core/cpu/random.cpp computes it.
 template <typename T>
@@ -44,7 +53,7 @@ template <typename T>
 __global__ void random_kernel(T* out, std::int64_t n, PhiloxDraw draw) {
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
-    out[i] = narrow<T>(draw_value<T>(draw, draw.first_index + static_cast<std::uint64_t>(i)));
+    out[i] = narrow<T>(draw_value<T>(draw, draw_number(draw, i)));
   }
 }
 
@@ -63,12 +72,15 @@ void launch_random(DType dtype, void* out, std::int64_t n, const PhiloxDraw& dra
 void cuda_random(const RandomSpec& spec, const Tensor& out) {
   SHARDLAB_CHECK(out.is_contiguous(), "random draws on cuda: the output must be contiguous");
   const LaunchContext context(out);
-  const PhiloxDraw draw{spec.distribution,
-                        spec.key.seed,
-                        spec.key.stream,
-                        static_cast<std::uint64_t>(spec.first_index),
-                        spec.a,
-                        spec.b};
+  PhiloxDraw draw{spec.distribution, spec.key.seed, spec.key.stream, static_cast<std::uint64_t>(spec.first_index),
+                  spec.a, spec.b};
+  Tensor rows_table;  // holds the rows' table on the device until the launch is queued
+  const auto& rows = spec.row_first_indices;
+  if (!rows.empty()) {
+    draw.row_first_indices =
+        static_cast<const std::int64_t*>(upload_into(rows_table, out.device())(rows.data(), rows.size_bytes()));
+    draw.row_size = out.numel() / static_cast<std::int64_t>(rows.size());
+  }
   launch_random(out.dtype(), out.raw_data(), out.numel(), draw, context.stream());
 }
 

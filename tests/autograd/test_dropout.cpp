@@ -2,6 +2,7 @@
 // step, global sample index), so a batch split across ranks draws the 1-rank masks.
 #include "autograd/functional.h"
 #include "autograd/random_context.h"
+#include "core/call_log.h"
 #include "tests/check.h"
 
 using namespace shardlab;
@@ -66,6 +67,17 @@ TEST_CASE("rows drawn on different ranks equal the rows of the 1-rank batch", "[
   CHECK(mask_of({.seed = 9, .step = 2, .sample_indices = {6, 5, 0}}, 3, 0.5, 5) == rows_of(whole, {6, 5, 0}));
 }
 
+TEST_CASE("a shuffled batch's masks are drawn in one random call", "[dropout]") {
+  // A sampler's shuffled indices are rarely consecutive: a call a row would be a kernel launch a row.
+  const RandomContextGuard guard({.seed = 9, .step = 2, .sample_indices = {6, 5, 0, 1, 7}});
+  const Variable x = constant(ones({5, 5}, dtype(DType::f64)));
+  call_log::start();
+  (void)dropout(x, 0.5, true, 5);
+  std::int64_t random_calls = 0;
+  for (const call_log::Call& call : call_log::stop()) random_calls += call.op == "random";
+  CHECK(random_calls == 1);
+}
+
 TEST_CASE("dropout's gradient is its scaled mask; evaluation and p = 0 are the identity", "[dropout]") {
   const RandomContextGuard guard({.seed = 5});
   const Variable x(test::random_tensor({6, 7}, 2, DType::f64), true, "x");
@@ -90,4 +102,6 @@ TEST_CASE("dropout rejects bad arguments", "[dropout]") {
   CHECK_THROWS_ERROR(
       dropout(x, 0.5, true, 0),
       "dropout: the random context names 3 sample indices but the input has 4 rows (shape [4, 2])");
+  const RandomContextGuard negative({.sample_indices = {3, 0, -2, 1}});
+  CHECK_THROWS_ERROR(dropout(x, 0.5, true, 0), "dropout: sample index -2 of row 2 is negative");
 }

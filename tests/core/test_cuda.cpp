@@ -418,6 +418,17 @@ TEST_CASE("cuda random draws have the CPU's bits; a sub-range drawn alone matche
   fill_random(on_cuda, spec);
   fill_random(on_cpu, spec);
   check_same_bits(on_cuda, on_cpu);
+  // Rows at offsets of their own (a shuffled batch's dropout masks): one launch, the CPU's bits.
+  const std::vector<std::int64_t> row_first_indices{7 * 4099, 0, 3, 123457 * 4099};
+  for (const DType dtype : {DType::f32, DType::bf16, DType::f64}) {
+    INFO("rows " << dtype_name(dtype));
+    const RandomSpec rows{Distribution::bernoulli, key, 0.4, 0.0, 0, row_first_indices};
+    const Tensor rows_on_cuda = empty({4, 4099}, TensorOptions{dtype, kCuda});
+    const Tensor rows_on_cpu = empty({4, 4099}, TensorOptions{dtype, kCpu});
+    fill_random(rows_on_cuda, rows);
+    fill_random(rows_on_cpu, rows);
+    check_same_bits(rows_on_cuda, rows_on_cpu);
+  }
 }
 
 TEST_CASE("cuda random draws match the CPU beyond one grid", "[cuda]") {

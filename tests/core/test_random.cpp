@@ -1,5 +1,6 @@
 // tests/core/test_random.cpp: Philox4x32-10 against the published known-answer vectors, the
-// bit-exact math it uses, sub-range generation, and the distributions' statistics.
+// bit-exact math it uses, sub-range generation, rows drawn at offsets of their own, and the
+// distributions' statistics.
 #include <cmath>
 
 #include "core/philox.h"
@@ -60,6 +61,37 @@ TEST_CASE("any sub-range of a draw equals that range of the whole tensor", "[ran
   test::check_equal(bernoulli({7, 11}, key, 0.3), bernoulli({77}, key, 0.3).to_vector<double>());
 }
 
+TEST_CASE("rows drawn at offsets of their own in one call equal each row drawn alone", "[random]") {
+  // Row lengths of one element, off a Philox block, and across the kernel's 4096-element chunks; row
+  // starts off block boundaries, out of order, repeated and far apart.
+  const RandomKey key{31, 4};
+  const std::vector<std::int64_t> starts{7, 0, 123457, 3, 3, 9000};
+  for (const std::int64_t length : {1, 5, 4099, 9216}) {
+    std::vector<std::int64_t> row_first_indices;
+    for (const std::int64_t start : starts) row_first_indices.push_back(start * length);
+    for (const DType type : {DType::f32, DType::f64, DType::bf16, DType::boolean}) {
+      for (const Distribution kind : {Distribution::uniform, Distribution::normal, Distribution::bernoulli}) {
+        if (type == DType::boolean && kind != Distribution::bernoulli) continue;
+        INFO("length " << length << " dtype " << dtype_name(type) << " distribution " << int(kind));
+        const RandomSpec spec{kind, key, kind == Distribution::bernoulli ? 0.4 : -1.0, 2.0, 0, row_first_indices};
+        const Tensor drawn = empty({static_cast<std::int64_t>(starts.size()), length}, dtype(type));
+        fill_random(drawn, spec);
+        std::vector<double> expected;
+        for (const std::int64_t first : row_first_indices) {
+          RandomSpec alone = spec;
+          alone.row_first_indices = {};
+          alone.first_index = first;
+          const Tensor row = empty({length}, dtype(type));
+          fill_random(row, alone);
+          const std::vector<double> row_values = row.to_vector<double>();
+          expected.insert(expected.end(), row_values.begin(), row_values.end());
+        }
+        REQUIRE(drawn.to_vector<double>() == expected);
+      }
+    }
+  }
+}
+
 TEST_CASE("draws depend on seed and stream; values match their definition", "[random]") {
   const Tensor a = uniform({64}, {1, 0});
   CHECK(a.to_vector<float>() != uniform({64}, {2, 0}).to_vector<float>());
@@ -108,6 +140,15 @@ TEST_CASE("random factories reject bad arguments", "[random]") {
   CHECK_THROWS_ERROR(uniform({2}, {}, 0, 1, {}, -4), "uniform: first_index must be non-negative, got -4");
   CHECK_THROWS_ERROR(fill_random(zeros({2, 3}).transpose(0, 1), {}),
                      "fill_random: output must be contiguous");
+  CHECK_THROWS_ERROR(fill_random(zeros({2}), RandomSpec{.first_index = -1}),
+                     "fill_random: first_index must be non-negative, got -1");
+  const std::vector<std::int64_t> three_rows{0, 8, 16}, negative_row{0, -8};
+  CHECK_THROWS_ERROR(fill_random(zeros({10}), RandomSpec{.row_first_indices = three_rows}),
+                     "fill_random: 3 rows do not divide the output's 10 elements (shape [10])");
+  CHECK_THROWS_ERROR(fill_random(zeros({3, 2}), RandomSpec{.first_index = 5, .row_first_indices = three_rows}),
+                     "fill_random: first_index 5 and row_first_indices both place the draws; give one");
+  CHECK_THROWS_ERROR(fill_random(zeros({2, 2}), RandomSpec{.row_first_indices = negative_row}),
+                     "fill_random: row 1 starts at draw -8; draw numbers are non-negative");
 }
 
 TEST_CASE("f32 Bernoulli draws, 16 Philox blocks at a time, are the per-element definition", "[random]") {
