@@ -73,6 +73,11 @@ void Variable::set_not_trainable(std::string reason) const {
   impl_->not_trainable = std::move(reason);
 }
 
+void Variable::clear_not_trainable() const {
+  require_defined("clear_not_trainable");
+  impl_->not_trainable.reset();
+}
+
 const std::string* Variable::not_trainable_reason() const {
   return impl_ && impl_->not_trainable ? &*impl_->not_trainable : nullptr;
 }

@@ -62,9 +62,12 @@ class Variable {
   // Leaves only: marks this variable as a shard (its data() must hold info.count elements, 1-D).
   void set_shard_info(ShardInfo info) const;
   // Marks a Variable a module computes with but that is not the parameter to train: FSDP's
-  // gathered parameters, whose shard is the parameter. Optimizers and clipping refuse it, giving
-  // `reason` (what it is and what to pass instead).
+  // gathered parameters, whose shard is the parameter; or one not to train now: a shard whose
+  // gradient waits for a collective. Optimizers and clipping refuse it, giving `reason` (what it
+  // is and what to do instead).
   void set_not_trainable(std::string reason) const;
+  // Makes it trainable again (the collective came).
+  void clear_not_trainable() const;
   // The reason given to set_not_trainable, or null.
   const std::string* not_trainable_reason() const;
   // Swaps the tensor behind this variable without touching the graph or the gradient

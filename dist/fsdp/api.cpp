@@ -189,6 +189,18 @@ nn::Named<Variable> sharded_parameters(nn::Module& root) {
 
 void set_requires_gradient_sync(nn::Module& root, bool sync) { ensure_root(root)->sync = sync; }
 
+void set_requires_all_reduce(nn::Module& root, bool all_reduce) {
+  const std::shared_ptr<RootState> state = ensure_root(root);
+  for (const Unit* unit : state->units) {
+    SHARDLAB_CHECK(all_reduce || !unit->options().bitwise || unit->groups().replica == nullptr,
+                   "dist::set_requires_all_reduce: unit {} reduces bitwise, in one exact reduction over its "
+                   "shard group and its replicas together; accumulate micro-steps with "
+                   "dist::set_requires_gradient_sync(root, false) instead",
+                   display_name(unit->name()));
+  }
+  state->all_reduce = all_reduce;
+}
+
 Tensor local_gradient_sum_of_squares(nn::Module& root) {
   // Each unit's sum over its own pieces, counted by one replica only: the sum over all ranks
   // then holds every element once, whatever mix of sharded and replicated units the root has.
@@ -292,6 +304,18 @@ void reshard(nn::Module& module) {
                  "reshard it after the backward",
                  describe_anywhere(module));
   unit->reshard();
+}
+
+void set_gradient_divide_factor(nn::Module& module, double factor) {
+  unit_for("set_gradient_divide_factor", module)->set_gradient_divide_factor(factor);
+}
+
+void set_force_sum_reduction_for_comms(nn::Module& module, bool force_sum) {
+  unit_for("set_force_sum_reduction_for_comms", module)->set_force_sum_reduction(force_sum);
+}
+
+void set_all_reduce_hook(nn::Module& module, AllReduceHook hook) {
+  unit_for("set_all_reduce_hook", module)->set_all_reduce_hook(std::move(hook));
 }
 
 void set_modules_to_forward_prefetch(nn::Module& unit, std::vector<nn::Module*> next) {

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <set>
@@ -813,7 +814,7 @@ void Unit::start_reduction() {
     reduce_output_ = empty({shard_elements_}, dtype(reduce_dtype).with_device(device_));
     on_copy_stream(device_, {full_grad_}, [&] {
       reduce_input_ = gradient_in_reduce_dtype();
-      reduce_work_ = groups_->shard->reduce_scatter(reduce_output_, reduce_input_, ReduceOp::avg, name_);
+      reduce_work_ = groups_->shard->reduce_scatter(reduce_output_, reduce_input_, reduce_op(), name_);
     });
     root_->reduction_started(this);
   }
@@ -849,39 +850,107 @@ void Unit::collect_gradient() {
   if (!reducing_) return;
   release_reduce_input();
   if (groups_->replica != nullptr && !options_.bitwise) {  // bitwise: summed with the shard's
+    if (!root_->all_reduce) return keep_partial_sum();
+    if (partial_sum_.defined()) add_partial_sum();
     // In `units` order at the end of the backward on every rank of the replica group alike.
     trace::Span span(trace::on() ? "wait all_reduce " + name_ : std::string(), "wait");
     span.arg("unit", name_);
-    groups_->replica->all_reduce(reduce_output_, ReduceOp::avg, name_).wait();
+    groups_->replica->all_reduce(reduce_output_, reduce_op(), name_).wait();
   }
+  if (all_reduce_hook_) all_reduce_hook_(reduce_output_);
   // Unless it is a cast, the reduced gradient is a buffer of its own (a 1-rank shard group's is the
   // full-gradient buffer, whose parameter views were dropped): the gradient shard, offloaded to the
   // host's pinned memory by a copy the host waits for once all units' are queued.
-  const Tensor reduced = reduce_output_.dtype() == DType::f32
-                             ? reduce_output_
-                             : copy_kernel(cast_name("gradient", DType::f32).c_str(), name_,
-                                           [&] { return cast(reduce_output_, DType::f32); });
+  const Tensor reduced = reduce_output_in_f32();
+  if (const std::optional<double> divisor = post_divisor()) div_(reduced, *divisor);
   gradient_shard_ = offloads() ? copy_kernel("copy gradient to host", name_,
                                              [&] { return offload_copies(device_.index).to_host(reduced); })
                                : reduced;
 }
 
+Tensor Unit::reduce_output_in_f32() const {
+  return reduce_output_.dtype() == DType::f32
+             ? reduce_output_
+             : copy_kernel(cast_name("gradient", DType::f32).c_str(), name_,
+                           [&] { return cast(reduce_output_, DType::f32); });
+}
+
+// The reduced shard is this rank's alone (the parameter views of a 1-rank shard group's buffer were
+// dropped), so the first micro-step's becomes the sum.
+void Unit::keep_partial_sum() {
+  const Tensor shard = reduce_output_in_f32();
+  if (partial_sum_.defined()) {
+    add_(partial_sum_, shard);
+  } else {
+    partial_sum_ = shard;
+  }
+  const std::string reason = fmt::format(
+      "its gradient is reduce-scattered but waits for its all-reduce over the {} replicas of unit {} "
+      "(dist::set_requires_all_reduce(root, false)); set it back to true before the last micro-step's "
+      "backward",
+      groups_->replica->size(), display_name(name_));
+  for (const Variable& parameter : sharded_parameters_) {
+    if (parameter.requires_grad()) parameter.set_not_trainable(reason);
+  }
+}
+
+void Unit::add_partial_sum() {
+  add_(partial_sum_, reduce_output_in_f32());
+  const DType reduce_dtype = options_.mixed_precision.reduce_dtype;
+  reduce_output_ = reduce_dtype == DType::f32 ? partial_sum_ : cast(partial_sum_, reduce_dtype);
+  partial_sum_ = Tensor();
+  for (const Variable& parameter : sharded_parameters_) parameter.clear_not_trainable();
+}
+
+std::optional<double> Unit::post_divisor() const {
+  if (divide_factor_) return divide_factor_;
+  if (!force_sum_ || options_.bitwise) return std::nullopt;
+  return static_cast<double>(groups_->shard_size()) * (groups_->replica ? groups_->replica->size() : 1);
+}
+
+void Unit::check_no_partial_sum(const char* call) const {
+  SHARDLAB_CHECK(!partial_sum_.defined(),
+                 "dist::{}: unit {} holds a sum of reduce-scattered gradients that waits for its all-reduce "
+                 "(dist::set_requires_all_reduce(root, false)), reduced the way it is set now; change it before "
+                 "the first micro-step or after the all-reduce",
+                 call, display_name(name_));
+}
+
+void Unit::set_gradient_divide_factor(double factor) {
+  SHARDLAB_CHECK(std::isfinite(factor) && factor > 0,
+                 "dist::set_gradient_divide_factor: the factor must be positive and finite, got {}", factor);
+  check_no_partial_sum("set_gradient_divide_factor");
+  divide_factor_ = factor;
+}
+
+void Unit::set_force_sum_reduction(bool force_sum) {
+  if (force_sum != force_sum_) check_no_partial_sum("set_force_sum_reduction_for_comms");
+  force_sum_ = force_sum;
+}
+
+// A parameter that got a gradient on some rank gets its slice; the others stay without one.
+void Unit::give_gradient_shard(const std::uint8_t* agreed_flags) {
+  const Tensor gradient = std::exchange(gradient_shard_, Tensor());
+  for (std::size_t i = 0; i < slots_.size(); ++i) {
+    if (agreed_flags[i] == 0 || !slots_[i].variable.requires_grad()) continue;
+    const Piece part = piece(slots_[i]);
+    const Tensor slice = gradient.narrow(0, part.at, part.count);
+    if (sharded_parameters_[i].grad().defined()) {
+      add_(sharded_parameters_[i].grad(), slice);
+    } else {
+      sharded_parameters_[i].set_grad(slice);
+    }
+  }
+  std::fill(got_gradient_.begin(), got_gradient_.end(), 0);
+}
+
 void Unit::finish_backward(const std::uint8_t* agreed_flags) {
   if (reducing_) {
-    // A parameter that got a gradient on some rank gets its slice; the others stay without one.
-    const Tensor gradient = std::exchange(gradient_shard_, Tensor());
-    for (std::size_t i = 0; i < slots_.size(); ++i) {
-      if (agreed_flags[i] == 0 || !slots_[i].variable.requires_grad()) continue;
-      const Piece part = piece(slots_[i]);
-      const Tensor slice = gradient.narrow(0, part.at, part.count);
-      if (sharded_parameters_[i].grad().defined()) {
-        add_(sharded_parameters_[i].grad(), slice);
-      } else {
-        sharded_parameters_[i].set_grad(slice);
-      }
-    }
-    std::fill(got_gradient_.begin(), got_gradient_.end(), 0);
-    owes_reduction_ = reducing_ = false;
+    if (!partial_sum_.defined()) give_gradient_shard(agreed_flags);
+    // A partial sum waits for its all-reduce, and the flags of its micro-steps with it: this rank
+    // joins that all-reduce whether or not its next backward reaches the unit.
+    owes_reduction_ = partial_sum_.defined();
+    reducing_ = false;
   }
   reduce_input_released_ = false;
   reduce_work_ = Work();
@@ -894,7 +963,8 @@ void Unit::finish_backward(const std::uint8_t* agreed_flags) {
 void Unit::abandon_backward() {
   // A reduction in flight completes on its own (its Work keeps the buffers alive).
   reduce_work_ = Work();
-  reduce_input_ = reduce_output_ = full_grad_ = gradient_shard_ = Tensor();
+  reduce_input_ = reduce_output_ = full_grad_ = gradient_shard_ = partial_sum_ = Tensor();
+  for (const Variable& parameter : sharded_parameters_) parameter.clear_not_trainable();
   drop_gradient_views();
   if (options_.bitwise) drop_binned_gradients();
   std::fill(got_gradient_.begin(), got_gradient_.end(), 0);

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -127,6 +128,46 @@ nn::Named<Variable> sharded_parameters(nn::Module& root);
 // reduce-scattering every micro-step into the f32 gradient shard, would keep only P / N
 // elements but pay a reduce-scatter per micro-step; this keeps one reduction per optimizer step.
 void set_requires_gradient_sync(nn::Module& root, bool sync);
+
+// FSDP2's set_requires_all_reduce, for the whole root: with false, a synced backward reduce-scatters
+// each unit's gradient over its shard group but leaves out the all-reduce over the replicas (hybrid,
+// none): each rank adds its reduce-scattered shard into a sum of its own (f32, one shard per unit),
+// and the next synced backward with it on adds that sum in before its one all-reduce. Micro-steps of
+// gradient accumulation then pay one all-reduce per optimizer step, and hold a shard, not the
+// unsharded gradient (set_requires_gradient_sync(false) holds that and pays nothing until the end).
+// While a unit's sum waits for its all-reduce, its parameters have no gradient, and optimizers and
+// clipping refuse them, naming the call that completes it. A unit without replicas (full, grad_op,
+// optimizer) has no all-reduce to leave out: it reduce-scatters into its gradient shard every
+// synced micro-step either way. Refused with FsdpOptions::bitwise, whose one exact reduction spans
+// both groups (accumulate without sync instead).
+void set_requires_all_reduce(nn::Module& root, bool all_reduce);
+
+// FSDP2's set_gradient_divide_factor, for the unit `module` is (only it, as in PyTorch; call it on
+// each unit to set them all): the unit's gradient becomes the sum of the ranks' gradients over
+// every data-parallel rank (shard group x replicas) divided by `factor`, instead of their mean
+// (factor = those ranks). 1 gives the sum, for a loss its caller divides by a global count such as
+// the tokens of the whole batch. The reductions then sum, and the reduced shard is divided once, in
+// f32. With FsdpOptions::bitwise, whose reduction is a sum, it is that sum divided by `factor`
+// (still the same bits at any world size). `factor` must be positive and finite; refused while the
+// unit holds a sum that waits for its all-reduce (set_requires_all_reduce), made with the old one.
+void set_gradient_divide_factor(nn::Module& module, double factor);
+
+// FSDP2's set_force_sum_reduction_for_comms, for the unit `module` is: its collectives only sum (no
+// average on the wire, for backends or links that move sums only), and the reduced shard is divided
+// by the data-parallel ranks (or the divide factor) once, in f32; the same gradient up to rounding.
+// With FsdpOptions::bitwise, whose reduction is a sum, nothing changes. Refused while a sum waits for
+// its all-reduce (set_requires_all_reduce), made the other way.
+void set_force_sum_reduction_for_comms(nn::Module& module, bool force_sum);
+
+// FSDP2's set_all_reduce_hook, for the unit `module` is: after the unit's last collective of a synced
+// backward (its reduce-scatter, or with replicas the all-reduce over them), `hook` gets the reduced
+// shard, this rank's S elements in reduce_dtype, and may change it in place (an all-reduce of its own
+// over another group, a clip): before the cast to f32, the divide factor and any copy to the host.
+// It sees the mean over the ranks, or their sum where the unit sums (a divide factor, forced sums).
+// Every rank runs the units' hooks in the same order. None while a sum waits for its all-reduce
+// (set_requires_all_reduce); an empty function removes the hook.
+using AllReduceHook = std::function<void(const Tensor& reduced)>;
+void set_all_reduce_hook(nn::Module& module, AllReduceHook hook);
 
 // FSDP2's set_reshard_after_backward: with false, every unit under `module` (itself included) keeps
 // its gathered parameters from the end of one backward to the next forward, which then gathers

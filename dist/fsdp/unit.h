@@ -79,6 +79,7 @@ struct RootState {
   bool forward_recorded = false, backward_recorded = false;
   bool callback_queued = false;
   bool sync = true;
+  bool all_reduce = true;  // set_requires_all_reduce
   Communicator* mesh_ranks = nullptr;  // place_in_mesh's `all`: the ranks of the whole model
 
   // The units whose reduce-scatter runs, oldest first (kReductionsInFlight).
@@ -170,6 +171,10 @@ class Unit : public std::enable_shared_from_this<Unit> {
   bool has_prefetch_lists() const { return forward_prefetch_.has_value() || backward_prefetch_.has_value(); }
   void set_reshard_after_backward(bool reshard) { reshard_after_backward_ = reshard; }
   bool reshards_after_backward() const { return reshard_after_backward_; }
+  // set_gradient_divide_factor: the reductions sum, and the reduced shard is divided by `factor`.
+  void set_gradient_divide_factor(double factor);
+  void set_force_sum_reduction(bool force_sum);
+  void set_all_reduce_hook(AllReduceHook hook) { all_reduce_hook_ = std::move(hook); }
   // set_reshard_after_backward(false) in a micro-step without gradient sync: gathered until the next forward.
   bool keeps_after_backward() const { return !reshard_after_backward_ && root_ && !root_->sync; }
 
@@ -225,6 +230,18 @@ class Unit : public std::enable_shared_from_this<Unit> {
   void zero_unwritten_gradients();
   void drop_gradient_views();
   void start_reduction();
+  // What the reduced shard is divided by after collectives that sum (a divide factor, or forced sums
+  // outside bitwise, whose reduction is a sum by design); none where they average.
+  std::optional<double> post_divisor() const;
+  ReduceOp reduce_op() const { return post_divisor() ? ReduceOp::sum : ReduceOp::avg; }
+  // Refuses a change of how the unit divides while partial_sum_ holds shards reduced the old way.
+  void check_no_partial_sum(const char* call) const;
+  Tensor reduce_output_in_f32() const;
+  // set_requires_all_reduce(false): adds the reduce-scattered shard into partial_sum_, and the
+  // parameters wait for their gradient; at the next all-reduce, partial_sum_ joins its input.
+  void keep_partial_sum();
+  void add_partial_sum();
+  void give_gradient_shard(const std::uint8_t* agreed_flags);
   void prepare_binned_gradients();
   void reduce_binned_gradient();
   void drop_binned_gradients();
@@ -294,6 +311,12 @@ class Unit : public std::enable_shared_from_this<Unit> {
   std::int64_t inputs_marked_ = 0, inputs_done_ = 0;  // since the last finish_backward
   Work reduce_work_;
   Tensor reduce_input_, reduce_output_;
+  std::optional<double> divide_factor_;  // set_gradient_divide_factor; unset: the mean
+  bool force_sum_ = false;               // set_force_sum_reduction_for_comms
+  AllReduceHook all_reduce_hook_;
+  // f32 [S]: the reduce-scattered shards of the synced backwards since the last all-reduce over the
+  // replicas (set_requires_all_reduce(false)); undefined when none waits.
+  Tensor partial_sum_;
   Tensor gradient_shard_;  // f32 [S] on shard_device_, from collect_gradient to finish_backward
   mutable std::shared_future<void> host_update_;  // invalid when none is pending
 };

@@ -95,7 +95,7 @@ TEST_CASE("ops and gradient hooks refuse a shard, naming it and the fix", "[auto
   CHECK(part.data().to_vector<float>() == std::vector<float>{2, 3, 4});
 }
 
-TEST_CASE("a Variable marked not trainable says why", "[autograd][shard]") {
+TEST_CASE("a Variable marked not trainable says why, until the mark is cleared", "[autograd][shard]") {
   const Variable gathered(zeros({2}), true, "w");
   CHECK(gathered.not_trainable_reason() == nullptr);
   gathered.set_not_trainable("it is a gathered copy");
@@ -105,4 +105,8 @@ TEST_CASE("a Variable marked not trainable says why", "[autograd][shard]") {
   CHECK_THROWS_ERROR(Variable().set_not_trainable("x"), "set_not_trainable");
   // It still computes: only optimizers and clipping refuse it.
   CHECK(sum(gathered).data().item<float>() == 0.0f);
+  // A mark for a while (a shard whose gradient waits for a collective) is cleared again.
+  gathered.clear_not_trainable();
+  CHECK(gathered.not_trainable_reason() == nullptr);
+  CHECK_THROWS_ERROR(Variable().clear_not_trainable(), "clear_not_trainable");
 }

@@ -66,10 +66,15 @@ inline Run train_sharded(Nested& model, std::int64_t vocab, int steps) {
   return train_sharded(model, vocab, steps, dist::sharded_parameters(*model));
 }
 
-inline Run train_sharded(std::int64_t vocab, int steps, const dist::FsdpOptions& options) {
-  Nested model(vocab, kSeed);
+// fully_shard on each block, then on the root.
+inline void shard(Nested& model, const dist::FsdpOptions& options = {}) {
   for (const auto& block : *model->blocks) dist::fully_shard(*block, options);
   dist::fully_shard(*model, options);
+}
+
+inline Run train_sharded(std::int64_t vocab, int steps, const dist::FsdpOptions& options) {
+  Nested model(vocab, kSeed);
+  shard(model, options);
   return train_sharded(model, vocab, steps);
 }
 

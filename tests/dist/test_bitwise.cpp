@@ -62,11 +62,16 @@ struct Trained {
 // Trains a nested model sharded over `communicator` with `options`, each rank on its share of every
 // global batch, the loss a sum over the global batch's rows scaled by its size: bitwise, cut into
 // chunks, as the reduction sums; else by the ranks too, as FSDP averages.
-Trained train(dist::Communicator& communicator, dist::FsdpOptions options, std::int64_t vocab) {
+// With `divide_factor`, every unit's reduction is divided by it (dist::set_gradient_divide_factor).
+Trained train(dist::Communicator& communicator, dist::FsdpOptions options, std::int64_t vocab,
+              std::optional<double> divide_factor = std::nullopt) {
   options.communicator = &communicator;
   Nested model(vocab, kSeed);
-  for (const auto& block : *model->blocks) dist::fully_shard(*block, options);
-  dist::fully_shard(*model, options);
+  shard(model, options);
+  if (divide_factor) {
+    for (const auto& block : *model->blocks) dist::set_gradient_divide_factor(*block, *divide_factor);
+    dist::set_gradient_divide_factor(*model, *divide_factor);
+  }
   optim::AdamW optimizer(dist::sharded_parameters(*model), {.lr = 1e-2});
   const Share share = share_of(communicator.rank(), communicator.size());
   Trained trained;
@@ -127,18 +132,13 @@ std::int64_t differing_bits(const std::vector<std::pair<std::int64_t, Tensor>>& 
 
 std::unique_ptr<dist::Communicator> alone() { return world().split(world().rank(), 0, "alone"); }
 
-}  // namespace
-
-TEST_CASE("bitwise FSDP: every sharding at this world size gives one process's bits",
-          "[dist][fsdp][bitwise]") {
-  const std::int64_t vocab = 4 * world().size() + 1;
-  const std::unique_ptr<dist::Communicator> self = alone();
-  const Trained reference = train(*self, {.bitwise = true}, vocab);
-  CHECK(reference.norms.front() > 0.3);  // the clipping scales the gradients
+// Every sharding at this world size, bitwise, trains to `reference`'s bits: norms, gradients, parameters.
+void check_every_sharding(const Trained& reference, std::int64_t vocab,
+                          std::optional<double> divide_factor = std::nullopt) {
   for (auto [name, options] : strategies(world().size())) {
     INFO(name);
     options.bitwise = true;
-    const Trained trained = train(world(), options, vocab);
+    const Trained trained = train(world(), options, vocab, divide_factor);
     for (int step = 0; step < kSteps; ++step) {
       INFO("step " << step);
       CHECK(std::bit_cast<std::uint64_t>(trained.norms[step]) ==
@@ -147,6 +147,28 @@ TEST_CASE("bitwise FSDP: every sharding at this world size gives one process's b
     }
     CHECK(differing_bits(trained.parameters, reference.parameters) == 0);
   }
+}
+
+}  // namespace
+
+TEST_CASE("bitwise FSDP: every sharding at this world size gives one process's bits",
+          "[dist][fsdp][bitwise]") {
+  const std::int64_t vocab = 4 * world().size() + 1;
+  const std::unique_ptr<dist::Communicator> self = alone();
+  const Trained reference = train(*self, {.bitwise = true}, vocab);
+  CHECK(reference.norms.front() > 0.3);  // the clipping scales the gradients
+  check_every_sharding(reference, vocab);
+}
+
+TEST_CASE("bitwise FSDP with a gradient divide factor: one process's bits with the same factor",
+          "[dist][fsdp][bitwise][fsdp2]") {
+  const std::int64_t vocab = 4 * world().size() + 1;
+  const std::unique_ptr<dist::Communicator> self = alone();
+  const Trained undivided = train(*self, {.bitwise = true}, vocab);
+  const Trained reference = train(*self, {.bitwise = true}, vocab, 3.0);
+  // The sum divided by 3: the first step's norm, before any clipping or update, is a third.
+  CHECK(reference.norms.front() == Approx(undivided.norms.front() / 3.0).epsilon(1e-6));
+  check_every_sharding(reference, vocab, 3.0);
 }
 
 TEST_CASE("bitwise FSDP: without the mode, ranks differ from one process in some bit",

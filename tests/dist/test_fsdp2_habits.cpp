@@ -18,14 +18,9 @@
 #include "tests/dist/world.h"
 
 using namespace shardlab;
-using namespace shardlab::test;  // Nested, its batches, and the parity runs
+using namespace shardlab::test;  // Nested, its batches, shard, and the parity runs
 
 namespace {
-
-void shard(Nested& model, const dist::FsdpOptions& options = {}) {
-  for (const auto& block : *model->blocks) dist::fully_shard(*block, options);
-  dist::fully_shard(*model, options);
-}
 
 // The names of the parameters a "decay the matrices" rule picks, by dim() >= 2.
 std::vector<std::string> matrices(const nn::Module& model) {

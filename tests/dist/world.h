@@ -33,6 +33,12 @@ inline double mean_over_ranks(double local, MPI_Comm comm = MPI_COMM_WORLD) {
   return total / size;
 }
 
+inline double max_over_ranks(double local, MPI_Comm comm = MPI_COMM_WORLD) {
+  double largest = 0;
+  MPI_Allreduce(&local, &largest, 1, MPI_DOUBLE, MPI_MAX, comm);
+  return largest;
+}
+
 // A tensor of `count` elements whose element i is value(i), built in f64 and cast: every
 // value used here is a small integer, exact in every dtype including bf16, f16 and u8.
 inline Tensor pattern(DType dtype, std::int64_t count, const std::function<double(std::int64_t)>& value) {
