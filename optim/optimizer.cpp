@@ -785,8 +785,17 @@ Tensor clip_gradients_to_norm(const std::vector<Variable>& parameters, double ma
   // than coef < 1: a NaN norm turns the gradients into NaN, as in PyTorch, instead of letting a
   // broken step pass unnoticed.
   const Tensor factor = where(ge(coef, 1.0), ones({}, options), coef);
+  // The factor on each gradient's device in its dtype, made once for all gradients that share them:
+  // mul_ would cast it for each one (a kernel call, on a GPU a launch, per parameter).
+  std::vector<Tensor> factors;
   for (const Variable& variable : parameters) {
-    if (variable.grad().defined()) mul_(variable.grad(), on(factor, variable.grad().device()));
+    const Tensor& grad = variable.grad();
+    if (!grad.defined()) continue;
+    auto it = std::find_if(factors.begin(), factors.end(), [&](const Tensor& made) {
+      return made.device() == grad.device() && made.dtype() == grad.dtype();
+    });
+    if (it == factors.end()) it = factors.insert(factors.end(), on(factor, grad.device()).to(grad.dtype()));
+    mul_(grad, *it);
   }
   return norm;
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "autograd/ops.h"
+#include "core/call_log.h"
 #include "core/exact_sum.h"
 #include "optim/optimizer.h"
 #include "tests/check.h"
@@ -1226,6 +1227,30 @@ TEST_CASE("clip_grad_norm_: global norm, scaling above max_norm, combine hook", 
                          }).item<double>();
     CHECK(calls == 1);
     CHECK(total == 3.0);
+  }
+  SECTION("the scale is cast once per gradient dtype, not once per gradient") {
+    // Five f32 gradients and two bf16 ones of |(3, 4)| each: the norm is 5 sqrt(7), the scale
+    // 1 / (5 sqrt(7) + 1e-6), rounded to each dtype as mul_ would round it.
+    std::vector<Variable> mixed;
+    for (const DType dtype : {DType::f32, DType::f32, DType::bf16, DType::f32, DType::f32, DType::bf16, DType::f32}) {
+      Variable v(zeros({2}, shardlab::dtype(dtype)), true);
+      v.set_grad(from_vector<double>({3.0, -4.0}).to(dtype));
+      mixed.push_back(v);
+    }
+    call_log::start();
+    const double total = optim::clip_grad_norm_(mixed, 1.0).item<double>();
+    const std::vector<call_log::Call> calls = call_log::stop();
+    CHECK(total == Approx(5.0 * std::sqrt(7.0)).epsilon(1e-6));
+    const auto count = [&](const char* op) {
+      return std::count_if(calls.begin(), calls.end(), [&](const call_log::Call& call) { return call.op == op; });
+    };
+    CHECK(count("cast") == 2);  // the f64 scale to f32, and to bf16
+    CHECK(count("mul") == 7);
+    const double scale = 1.0 / (5.0 * std::sqrt(7.0) + 1e-6);
+    for (const Variable& v : mixed) {
+      const Tensor scale_in_dtype = full({}, scale, shardlab::dtype(v.dtype()));
+      check_equal(v.grad(), mul(from_vector<double>({3.0, -4.0}).to(v.dtype()), scale_in_dtype).to_vector<double>());
+    }
   }
   SECTION("bf16 gradients are summed in f32") {
     // 301 x 0.5^2 = 75.25, which bf16 cannot hold (its spacing near 75 is 0.5): a sum
