@@ -116,16 +116,18 @@ AttentionGrads attention_backward(const Tensor& grad_out, const Tensor& q, const
                                                     {wide(forward.out), forward.logsumexp}, resolved);
     return {grads.q.to(q.dtype()), grads.k.to(q.dtype()), grads.v.to(q.dtype())};
   }
-  const auto zeros_as = [](const Tensor& like) {
-    const Tensor grad = empty_for_heads(like, like.shape());
-    if (grad.numel() > 0) grad.fill_(0);
-    return grad;
-  };
-  AttentionGrads grads{zeros_as(q), zeros_as(k), zeros_as(v)};
+  // The kernels write every element (no zero-fill first: on a GPU, three launches and their bytes);
+  // without queries or keys, every gradient is zero.
+  const auto grad_for = [](const Tensor& like) { return empty_for_heads(like, like.shape()); };
+  const AttentionGrads grads{grad_for(q), grad_for(k), grad_for(v)};
   if (grad_out.numel() > 0 && k.size(2) > 0) {
     kernel<&Kernels::attention_backward>(q.device(), op)(
         head_rows(grad_out), head_rows(q), head_rows(k), head_rows(v),
         AttentionResult{head_rows(forward.out), forward.logsumexp.contiguous()}, resolved, grads);
+    return grads;
+  }
+  for (const Tensor& grad : {grads.q, grads.k, grads.v}) {
+    if (grad.numel() > 0) grad.fill_(0);
   }
   return grads;
 }

@@ -50,7 +50,8 @@ void check_attention_operands(const char* op, const Tensor& q, const Tensor& k, 
 struct AttentionKernels {
   // Fused attention (core/ops.h): q, k, v, grad_out, the forward's out and the gradients contiguous
   // (or as strided_heads says) and of one dtype (f32 or f64); logsumexp and params.padding (undefined
-  // or) contiguous; params.scale set. The gradients arrive zero-filled.
+  // or) contiguous; params.scale set; at least one query and one key. Backward writes every element
+  // of the gradients, which arrive uninitialised.
   void (*attention_forward)(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
                             const AttentionResult& result);
   void (*attention_backward)(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,

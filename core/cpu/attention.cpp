@@ -327,6 +327,10 @@ void backward_key_tile(const Problem<T>& p, const BackwardOperands<T>& o, std::i
                        std::int64_t s0) {
   const Layout& l = p.layout;
   const std::int64_t cols = std::min(kTile, l.keys - s0), group = l.group();
+  for (std::int64_t s = s0; s < s0 + cols; ++s) {  // the tiles below add into them
+    std::fill_n(o.grad_k.at(b, j, s), l.head_dim, T(0));
+    std::fill_n(o.grad_v.at(b, j, s), l.value_dim, T(0));
+  }
   std::vector<T> probs(kTile * kTile), dscores(kTile * kTile);
   for (std::int64_t h = j * group; h < (j + 1) * group; ++h) {
     for (std::int64_t t0 = p.visibility.first_query(s0); t0 < l.queries; t0 += kTile) {
@@ -336,13 +340,22 @@ void backward_key_tile(const Problem<T>& p, const BackwardOperands<T>& o, std::i
   }
 }
 
-// grad_q += the sum of `chunks` consecutive copies of it in `partials`, each laid out as grad_q's
-// elements are (dense: offsets 0 to its size - 1 in some order).
+// dQ's rows of key/value head j's query heads in batch b, which only the task of (b, j) adds into.
 template <typename T>
-void add_partials(const std::vector<T>& partials, std::int64_t chunks, T* grad_q) {
+void zero_query_rows(const Layout& l, const HeadRows<T>& grad_q, std::int64_t b, std::int64_t j) {
+  for (std::int64_t h = j * l.group(); h < (j + 1) * l.group(); ++h) {
+    for (std::int64_t t = 0; t < l.queries; ++t) std::fill_n(grad_q.at(b, h, t), l.head_dim, T(0));
+  }
+}
+
+// grad_q = the sum, from 0, of `chunks` consecutive copies of it in `partials`, each laid out as
+// grad_q's elements are (dense: offsets 0 to its size - 1 in some order).
+template <typename T>
+void sum_partials(const std::vector<T>& partials, std::int64_t chunks, T* grad_q) {
   const auto size = static_cast<std::int64_t>(partials.size()) / chunks;
   parallel_for(0, size, 4096, [&](std::int64_t first, std::int64_t last) {
-    for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
+    for (std::int64_t i = first; i < last; ++i) grad_q[i] = T(0) + partials[i];
+    for (std::int64_t chunk = 1; chunk < chunks; ++chunk) {
       for (std::int64_t i = first; i < last; ++i) grad_q[i] += partials[chunk * size + i];
     }
   });
@@ -370,7 +383,11 @@ void backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Te
     for (std::int64_t item = first; item < last; ++item) {
       const std::int64_t owner = item / chunks, chunk = item % chunks;
       HeadRows<T> grad_q(grads.q);
-      if (chunks > 1) grad_q.data = partial_q.data() + chunk * q_numel;
+      if (chunks > 1) {
+        grad_q.data = partial_q.data() + chunk * q_numel;  // zeros
+      } else {
+        zero_query_rows(l, grad_q, owner / l.kv_heads, owner % l.kv_heads);
+      }
       const BackwardOperands<T> o{
           HeadRows<const T>(grad_out), forward.logsumexp.data<T>(), delta.data(), grad_q,
           HeadRows<T>(grads.k),        HeadRows<T>(grads.v)};
@@ -380,7 +397,7 @@ void backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Te
       }
     }
   });
-  if (chunks > 1) add_partials(partial_q, chunks, grads.q.data<T>());
+  if (chunks > 1) sum_partials(partial_q, chunks, grads.q.data<T>());
 }
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,

@@ -3,9 +3,13 @@
 // and the three gradients, causal and not, with padding (blind queries included), grouped-query
 // heads, more keys than queries, head dims below and above a warp's width and flash's 64 and 128,
 // in f32, f64, bf16 and f16; q, k and v split from projections and read where they lie; flash's bits
-// the same every run; and the head dims it refuses.
+// the same every run; every gradient element written by the backward kernels, on either device; and
+// the head dims it refuses.
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include "core/kernels.h"
 #include "tests/cuda_compare.h"
@@ -73,6 +77,62 @@ Inputs flash_operands(std::int64_t queries, std::int64_t keys, std::int64_t dim,
   return {random_tensor({2, 4, queries, dim}, seed, dtype), random_tensor({2, 2, keys, dim}, seed + 1, dtype),
           random_tensor({2, 2, keys, dim}, seed + 2, dtype),
           random_tensor({2, 4, queries, dim}, seed + 3, dtype)};
+}
+
+// The gradients of x's device's backward kernel written over buffers full of NaN (an element it left
+// would stay NaN), checked against the op's and flattened in f32; halves on the CPU, which the op
+// computes in f32 with no kernel of their own, are the op's.
+Tensor backward_over_nan(const Inputs& x, bool causal) {
+  const AttentionParams params{.causal = causal,
+                               .padding = x.size() > 4 ? x[4] : Tensor(),
+                               .scale = 1.0 / std::sqrt(static_cast<double>(x[0].size(3)))};
+  const AttentionResult forward = attention_forward(x[0], x[1], x[2], params);
+  const AttentionGrads grads = attention_backward(x[3], x[0], x[1], x[2], forward, params);
+  const bool half = x[0].dtype() == DType::bf16 || x[0].dtype() == DType::f16;
+  if (x[0].device().is_cuda() || !half) {
+    const auto nan_like = [](const Tensor& like) {
+      return full(like.shape(), std::numeric_limits<double>::quiet_NaN(), TensorOptions{like.dtype(), like.device()});
+    };
+    const AttentionGrads written{nan_like(grads.q), nan_like(grads.k), nan_like(grads.v)};
+    const AttentionKernels kernels = x[0].device().is_cuda() ? cuda::attention_kernels() : cpu::attention_kernels();
+    kernels.attention_backward(x[3], x[0], x[1], x[2], forward, params, written);
+    for (const auto& [mine, op] : {std::pair{written.q, grads.q}, {written.k, grads.k}, {written.v, grads.v}}) {
+      const std::vector<double> got = test::values(mine.to(Device::cpu()));
+      CHECK(std::count_if(got.begin(), got.end(), [](double value) { return std::isnan(value); }) == 0);
+      // The op's kernel: its bits.
+      CHECK(test::count_mismatches(got, test::values(op.to(Device::cpu())), {0.0, 0.0}) == 0);
+    }
+  }
+  const auto flat = [](const Tensor& t) { return t.to(DType::f32).reshape({-1}); };
+  return cat({flat(grads.q), flat(grads.k), flat(grads.v)}, 0);
+}
+
+TEST_CASE("cuda matches cpu: the attention backward kernels write every element of their gradients",
+          "[cuda-vs-cpu][attention]") {
+  for (const bool causal : {false, true}) {
+    INFO((causal ? "causal" : "not causal"));
+    // f32 and f64: the fused kernels; padding with blind queries and keys no query sees, more keys
+    // than queries. B 2 x Hkv 2 owners: the CPU kernel splits dQ's key tiles over partial copies.
+    for (const DType dtype : {DType::f32, DType::f64}) {
+      Inputs padded = operands(70, 70, dtype, 81);
+      padded.push_back(padding_of(70));
+      const auto written = [&](const Inputs& x) { return backward_over_nan(x, causal); };
+      test::compare_cuda_with_cpu(padded, written, test::Tolerance{1e-5, 1e-4});
+      Inputs wide = operands(37, 150, dtype, 91);
+      wide.push_back(padding_of(150));
+      test::compare_cuda_with_cpu(wide, written, test::Tolerance{1e-5, 1e-4});
+    }
+    // 16 owners (B 8 x Hkv 2): one task owns each dQ row, which it zeroes first.
+    const Inputs many{random_tensor({8, 4, 70, 16}, 101, DType::f32), random_tensor({8, 2, 70, 16}, 102, DType::f32),
+                      random_tensor({8, 2, 70, 16}, 103, DType::f32), random_tensor({8, 4, 70, 16}, 104, DType::f32)};
+    test::compare_cuda_with_cpu(many, [&](const Inputs& x) { return backward_over_nan(x, causal); },
+                                test::Tolerance{1e-5, 1e-4});
+    // bf16 with head dims 64: flash attention's two kernels on a GPU.
+    Inputs flash = flash_operands(70, 70, 64, DType::bf16, 111);
+    flash.push_back(padding_of(70));
+    test::compare_cuda_with_cpu(flash, [&](const Inputs& x) { return backward_over_nan(x, causal); },
+                                test::Tolerance{5e-2, 2e-2});
+  }
 }
 
 TEST_CASE("cuda matches cpu: flash attention in bf16 and f16, head dims 64 and 128, every mask, GQA",
