@@ -165,25 +165,34 @@ Row conv_row(const std::string& label, Shape input, Shape weight, Conv2dParams p
           k};
 }
 
-// The pool's own cost: an empty parallel_for over every thread, back to back (the workers spinning
-// for the next task) and after 1 ms of idle (asleep: woken through the kernel), in microseconds.
-void print_thread_pool(int reps) {
-  if (num_threads() < 2) {
-    fmt::print("thread pool: 1 thread, no workers to wake\n");
-    return;
-  }
+// The pool's own cost in seconds: an empty parallel_for over every thread, back to back (the workers
+// spinning for the next task) and after 1 ms of idle (asleep: woken through the kernel).
+struct PoolCost {
+  double back_to_back = 0, after_idle = 0;
+};
+
+PoolCost measure_thread_pool(int reps) {
   const auto empty_call = [] { parallel_for(0, num_threads(), 1, [](std::int64_t, std::int64_t) {}); };
   const auto none = [] {};
-  const double back_to_back = measure(reps, empty_call, none);
+  PoolCost cost{.back_to_back = measure(reps, empty_call, none)};
   std::vector<double> after_idle;
   for (int sample = 0; sample < 20 * reps; ++sample) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
     after_idle.push_back(seconds(empty_call, none));
   }
+  cost.after_idle = median(after_idle);
+  return cost;
+}
+
+void print_thread_pool(const PoolCost& cost) {
+  if (num_threads() < 2) {
+    fmt::print("thread pool: 1 thread, no workers to wake\n");
+    return;
+  }
   fmt::print(
       "thread pool: an empty parallel_for over {} threads {:.2f} us back to back, {:.2f} us after 1 ms "
       "idle\n",
-      num_threads(), 1e6 * back_to_back, 1e6 * median(after_idle));
+      num_threads(), 1e6 * cost.back_to_back, 1e6 * cost.after_idle);
 }
 
 using AttentionPath = Variable (*)(const Variable&, const Variable&, const Variable&,
@@ -364,6 +373,8 @@ int main(int argc, char** argv) {
     openblas_set_num_threads(1);
     for (std::size_t i = 0; i < rows.size(); ++i)
       timings[i].ours = measure(reps, rows[i].prepare(Device::cpu()), [] {});
+    // Before OpenBLAS's threads wake: spinning after its calls, they would take the pool's cores.
+    const PoolCost pool = measure_thread_pool(reps);
     if (with_cuda && supports<&Kernels::matmul>(Device::cuda(0)) &&
         supports<&Kernels::conv2d>(Device::cuda(0))) {
       cuda::Stream& stream = cuda::current_stream(0);
@@ -383,7 +394,7 @@ int main(int argc, char** argv) {
     fmt::print(
         "ratio = OpenBLAS time / ours on the same GEMM shape (conv: O x C*KH*KW x N*OH*OW); "
         "1.00 means parity\n");
-    print_thread_pool(reps);
+    print_thread_pool(pool);
     print_attention(reps);
     print_block_ops(reps);
     if (with_cuda) print_gpu_attention(reps);
