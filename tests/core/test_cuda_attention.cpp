@@ -94,8 +94,7 @@ Tensor backward_over_nan(const Inputs& x, bool causal) {
       return full(like.shape(), std::numeric_limits<double>::quiet_NaN(), TensorOptions{like.dtype(), like.device()});
     };
     const AttentionGrads written{nan_like(grads.q), nan_like(grads.k), nan_like(grads.v)};
-    const AttentionKernels kernels = x[0].device().is_cuda() ? cuda::attention_kernels() : cpu::attention_kernels();
-    kernels.attention_backward(x[3], x[0], x[1], x[2], forward, params, written);
+    kernels_for(x[0].device()).attention_backward(x[3], x[0], x[1], x[2], forward, params, written);
     for (const auto& [mine, op] : {std::pair{written.q, grads.q}, {written.k, grads.k}, {written.v, grads.v}}) {
       const std::vector<double> got = test::values(mine.to(Device::cpu()));
       CHECK(std::count_if(got.begin(), got.end(), [](double value) { return std::isnan(value); }) == 0);
