@@ -201,10 +201,7 @@ class Training : public apps::Trainer {
   double global_samples(const data::Batch& on_host) override;
   StepLoss forward_loss(const data::Batch& batch, double samples) override;
   Tensor clip_gradients() override;
-  void dry_run(const data::Batch& batch) override {
-    optimizer_->zero_grad();
-    sum(losses(batch)).backward();
-  }
+  void dry_run(const data::Batch& batch) override { sum(losses(batch)).backward(); }
   nlohmann::json training_state() const override;
   void restore(const nlohmann::json& state, const std::string& path) override;
   void begin_training() override;

@@ -125,6 +125,17 @@ void add_trainer_options(CLI::App& app, TrainerOptions& options) {
                    "the same bits at any world size and sharding: the global batch in fixed chunks, "
                    "gradients, loss and norm summed exactly (CPU)")
           ->excludes(world_size);
+  auto* micro_batches =
+      app.add_option("--micro-batches", options.micro_batches,
+                     "gradient accumulation: each rank's share of a global batch in K forward and backward "
+                     "passes before one optimizer step (the activations of 1/K of it)")
+          ->check(integer_at_least(1));
+  app.add_option("--micro-batch-sync", options.micro_batch_sync,
+                 "how --micro-batches reduce: every (each into the gradient shards), reduce-scatter (each "
+                 "reduce-scatters, the all-reduce over replicas waits for the last: hybrid, none), last (only "
+                 "the last; the others keep unsharded gradients). Default: every, with --bitwise last")
+      ->check(one_of({"every", "reduce-scatter", "last"}))
+      ->needs(micro_batches);
   app.add_option("--chunk", options.chunk,
                  "--bitwise's samples per chunk, dividing the global batch (default: its largest divisor at "
                  "most a quarter of it)")
@@ -138,6 +149,22 @@ std::int64_t bitwise_chunk(const TrainerOptions& options) {
   for (std::int64_t d = 1; d <= options.global_batch / 4; ++d)
     if (options.global_batch % d == 0) chunk = d;
   return chunk;
+}
+
+dist::Accumulation accumulation_of(const TrainerOptions& options) {
+  SHARDLAB_CHECK(options.micro_batches >= 1, "--micro-batches: at least 1, got {}", options.micro_batches);
+  if (options.micro_batch_sync.empty())
+    return {.micro_batches = options.micro_batches,
+            .sync = options.bitwise ? dist::MicroBatchSync::last : dist::MicroBatchSync::every};
+  const dist::MicroBatchSync sync = dist::parse_micro_batch_sync(options.micro_batch_sync);
+  SHARDLAB_CHECK(options.micro_batches > 1,
+                 "--micro-batch-sync {}: a step of one micro-batch (--micro-batches 1) reduces once either way",
+                 options.micro_batch_sync);
+  SHARDLAB_CHECK(!options.bitwise || sync == dist::MicroBatchSync::last,
+                 "--micro-batch-sync {}: --bitwise adds every micro-batch into one exact sum and reduces it "
+                 "once (--micro-batch-sync last); a reduction per micro-batch would round each",
+                 options.micro_batch_sync);
+  return {.micro_batches = options.micro_batches, .sync = sync};
 }
 
 dist::InitOptions init_options(const TrainerOptions& options) {
@@ -166,6 +193,7 @@ Trainer::Trainer(const char* program, const TrainerOptions& options, dist::Sessi
       world_size_(session.world_size()),
       device_(session.device()),
       chunk_(options.bitwise ? bitwise_chunk(options) : 0),
+      accumulation_(accumulation_of(options)),
       checkpoints_(options.checkpoint_dir, options.keep),
       non_finite_(program, options.max_skipped_steps) {
   if (options.threads > 0) set_num_threads(options.threads);
@@ -202,6 +230,12 @@ void Trainer::start(const Setup& setup) {
   setup_ = setup;
   epoch_ = setup.first_epoch;
   plan_ = dist::explain(*setup.root, setup.optimizer_state_bytes_per_element);
+  plan_.accumulation = accumulation_;
+  if (what_if_) {
+    check_accumulation(what_if_plan(), what_if_->world_size);
+  } else {
+    check_accumulation(plan_, data_parallel_ranks().size());
+  }
   // Registered after FSDP's hooks, so it runs once the root's forward is over and every other unit
   // resharded: what it sees stays gathered until backward.
   setup.root->register_forward_hook([held = held_after_forward_](nn::Module&, Variable&) {
@@ -224,11 +258,16 @@ void Trainer::start(const Setup& setup) {
                            .sharding = plan_.sharding,
                            .checkpointing_available = setup.checkpointing_available,
                            .checkpointing = setup.checkpointing,
-                           .device = device_};
-    // A what-if measures its activations at its own rank 0's samples.
+                           .device = device_,
+                           .micro_batches = accumulation_.micro_batches,
+                           .rank_batch = what_if_ ? rank_rows(what_if_->world_size, 0)
+                                                  : rank_rows(data_parallel.size(), 0)};
+    // A what-if measures its activations at its own rank 0's samples; with accumulation, a micro-batch's.
     const std::int64_t micro_batch =
-        what_if_ ? data::rank_batch_size(common_.global_batch, what_if_->world_size, 0)
-                 : data::rank_batch_size(common_.global_batch, data_parallel.size(), data_parallel.rank());
+        micro_batch_parts(what_if_ ? rank_rows(what_if_->world_size, 0)
+                                   : rank_rows(data_parallel.size(), data_parallel.rank()))
+            .front()
+            .count;
     const auto run_dry = [&](std::int64_t samples) {
       // This rank's first batches: a what-if of fewer ranks takes more samples than one holds.
       std::vector<std::int64_t> first;
@@ -244,8 +283,18 @@ void Trainer::start(const Setup& setup) {
         chunking.emplace(autograd::BatchChunks{.samples = samples, .chunk = std::gcd(samples, chunk_)});
       dry_run(batch_on_device({first.begin(), first.begin() + samples}));
     };
+    // With micro-batches the peak is a later one's, over the gradients the earlier ones reduced or kept:
+    // a dry pass leaves them first.
+    const auto run_dry_step = [&](std::int64_t samples) {
+      if (accumulation_.micro_batches > 1) {
+        sync_micro_batch(/*last=*/false);
+        run_dry(samples);
+        sync_micro_batch(/*last=*/true);
+      }
+      run_dry(samples);
+    };
     predicted_ = will_it_fit(session_.cpu_world(), plan_, model_bytes_baseline_, micro_batch, limit, levers,
-                             *setup.optimizer, run_dry);
+                             *setup.optimizer, run_dry_step);
     if (what_if_) {
       predict_what_if(micro_batch, run_dry);
     } else if (common_.explain) {
@@ -356,31 +405,24 @@ std::optional<HostWaitsForbidden> Trainer::forbid_host_waits(const char* what) c
 // read meanwhile (settle_steps), so that no step waits for its own values.
 void Trainer::train_step(const std::vector<std::int64_t>& indices) {
   const StepClock clock = begin_step();
-  data::Batch on_host, batch;
+  data::Batch on_host;
   {
     const trace::Span span("load batch", "data");
     on_host = setup_.loader->batch(indices);
-    batch = data::to_device(on_host, device_);
   }
-  StepLoss loss;
-  Tensor summed, grad_norm;
+  LossTotal total;
+  Tensor grad_norm;
   {
     const double samples = global_samples(on_host);  // a collective of its own, before FSDP's are counted
     const auto no_waits = forbid_host_waits("forward and backward");
     dist::reset_collective_counters(*setup_.root);
     setup_.optimizer->zero_grad();
-    {
-      std::optional<autograd::BatchChunking> chunking;  // the ops keep it for their backward
-      if (chunk_ > 0)
-        chunking.emplace(autograd::BatchChunks{.samples = on_host.inputs.size(0), .chunk = chunk_});
-      loss = forward_loss(batch, samples);
-    }
-    summed = backward(loss);
+    total = forward_backward(on_host, samples);
     // Every collective of the units (hybrid sharding's groups too): what the plan predicts.
     step_bytes_received_ = dist::collective_counters(*setup_.root).total().bytes_received;
     grad_norm = clip_gradients();
   }
-  const Tensor finite = queue_for_host(loss, summed, grad_norm);
+  const Tensor finite = queue_for_host(total, grad_norm);
   settle_steps();  // the previous step's values, before this step's update is queued
   {
     const trace::Span span("optimizer step", "compute");
@@ -391,6 +433,70 @@ void Trainer::train_step(const std::vector<std::int64_t>& indices) {
   end_step(clock);
   if (common_.checkpoint_every > 0 && step_ % common_.checkpoint_every == 0)
     save_checkpoint(/*in_background=*/true);
+}
+
+Trainer::LossTotal Trainer::forward_backward(const data::Batch& on_host, double samples) {
+  const std::vector<data::ChunkShare> parts = micro_batch_parts(on_host.inputs.size(0));
+  LossTotal total;
+  for (std::size_t part = 0; part < parts.size(); ++part) {
+    data::Batch batch;
+    {
+      const trace::Span span("load batch", "data");
+      batch = data::to_device(parts.size() == 1 ? on_host : data::rows_of(on_host, parts[part]), device_);
+    }
+    sync_micro_batch(/*last=*/part + 1 == parts.size());
+    StepLoss loss;
+    {
+      std::optional<autograd::BatchChunking> chunking;  // the ops keep it for their backward
+      if (chunk_ > 0) chunking.emplace(autograd::BatchChunks{.samples = parts[part].count, .chunk = chunk_});
+      loss = forward_loss(batch, samples);
+    }
+    total.add(loss, backward(loss), chunk_ > 0);
+  }
+  return total;
+}
+
+bool Trainer::keeps_gradients() const {
+  return accumulation_.micro_batches > 1 && accumulation_.sync != dist::MicroBatchSync::every;
+}
+
+void Trainer::sync_micro_batch(bool last) const {
+  if (!keeps_gradients()) return;
+  if (accumulation_.sync == dist::MicroBatchSync::last) {
+    dist::set_requires_gradient_sync(*setup_.root, last);
+  } else {
+    dist::set_requires_all_reduce(*setup_.root, last);
+  }
+}
+
+std::vector<data::ChunkShare> Trainer::micro_batch_parts(std::int64_t rows) const {
+  return data::micro_batch_rows(rows, accumulation_.micro_batches, chunk_);
+}
+
+std::int64_t Trainer::rank_rows(int ranks, int rank) const {
+  if (chunk_ > 0) return data::chunk_share(common_.global_batch, {.world_size = ranks, .rank = rank, .chunk = chunk_}).count;
+  return data::rank_batch_size(common_.global_batch, ranks, rank);
+}
+
+void Trainer::check_accumulation(const dist::Plan& plan, int data_ranks) const {
+  const int parts = accumulation_.micro_batches;
+  if (parts == 1) return;
+  // The last rank holds the fewest rows of a global batch.
+  const std::int64_t unit = chunk_ > 0 ? chunk_ : 1;
+  const std::int64_t fewest = rank_rows(data_ranks, data_ranks - 1) / unit;
+  SHARDLAB_CHECK(fewest >= parts,
+                 "--micro-batches {}: rank {} of {} holds {} {} of the global batch of {}, and every micro-batch "
+                 "needs one (at most --micro-batches {} here)",
+                 parts, data_ranks - 1, data_ranks, fewest, chunk_ > 0 ? "chunks" : "samples", common_.global_batch,
+                 fewest);
+  if (accumulation_.sync != dist::MicroBatchSync::reduce_scatter) return;
+  const bool replicated = std::any_of(plan.units.begin(), plan.units.end(),
+                                      [](const dist::UnitPlan& unit) { return unit.replica_reduce_bytes > 0; });
+  SHARDLAB_CHECK(replicated,
+                 "--micro-batch-sync reduce-scatter: no unit of this run has replicas (--sharding {} on {} ranks): "
+                 "it leaves the all-reduce over the replicas of hybrid:G (G below the ranks) or none to the last "
+                 "micro-batch, and here every micro-batch only reduce-scatters (--micro-batch-sync every)",
+                 common_.sharding, plan.world_size);
 }
 
 Trainer::StepClock Trainer::begin_step() {
@@ -422,31 +528,38 @@ Tensor Trainer::backward(const StepLoss& loss) {
   return summed.data();
 }
 
-Tensor Trainer::global_loss(const StepLoss& loss, const Tensor& summed) {
-  if (chunk_ > 0) {
-    ExactSum exact;
+void Trainer::LossTotal::add(const StepLoss& loss, const Tensor& summed_here, bool bitwise) {
+  samples = loss.samples;
+  if (bitwise) {
     exact.add(loss.losses.data().contiguous());
-    const Tensor limbs = exact.limbs();
-    data_parallel_ranks().all_reduce(limbs, dist::ReduceOp::sum, "step loss").wait();
-    return full({1}, ExactSum::from_limbs(limbs).value() / loss.samples, dtype(DType::f64));
+    return;
   }
-  const Tensor total = summed.to(DType::f64).reshape({1}).clone();
-  data_parallel_ranks().all_reduce(total, dist::ReduceOp::sum, "step loss").wait();
-  return div(total, loss.samples);
+  const Tensor here = summed_here.to(DType::f64).reshape({1});
+  summed = summed.defined() ? shardlab::add(summed, here) : here.clone();
+}
+
+Tensor Trainer::global_loss(const LossTotal& total) {
+  if (chunk_ > 0) {
+    const Tensor limbs = total.exact.limbs();
+    data_parallel_ranks().all_reduce(limbs, dist::ReduceOp::sum, "step loss").wait();
+    return full({1}, ExactSum::from_limbs(limbs).value() / total.samples, dtype(DType::f64));
+  }
+  data_parallel_ranks().all_reduce(total.summed, dist::ReduceOp::sum, "step loss").wait();
+  return div(total.summed, total.samples);
 }
 
 dist::Communicator& Trainer::data_parallel_ranks() const {
   return setup_.data_parallel != nullptr ? *setup_.data_parallel : session_.world();
 }
 
-Tensor Trainer::queue_for_host(const StepLoss& loss, const Tensor& summed, const Tensor& grad_norm) {
-  const Tensor global = global_loss(loss, summed);
+Tensor Trainer::queue_for_host(const LossTotal& total, const Tensor& grad_norm) {
+  const Tensor global = global_loss(total);
   const auto no_waits = forbid_host_waits("queuing the step's loss for the host");
   // Offloaded, the norm comes from the gradients in host memory: it joins the loss on the device.
   const Tensor norm = grad_norm.to(DType::f64).to(global.device());
   // Finite exactly when both are: the sum of a finite loss and norm cannot overflow a double.
   const Tensor finite = isfinite(add(global, norm));
-  this_step_ = QueuedStep{.result = {.step = step_ + 1, .samples = loss.samples},
+  this_step_ = QueuedStep{.result = {.step = step_ + 1, .samples = total.samples},
                           .values = PendingRead({global, norm, finite})};
   return finite;
 }
@@ -617,9 +730,15 @@ void Trainer::predict_step_time(const dist::Plan& plan, std::int64_t micro_batch
   step_time_text_ = step_time_->str();
 }
 
+dist::Plan Trainer::what_if_plan() const {
+  dist::Plan plan = dist::explain(*setup_.root, setup_.optimizer_state_bytes_per_element, *what_if_);
+  plan.accumulation = accumulation_;
+  return plan;
+}
+
 void Trainer::predict_what_if(std::int64_t micro_batch, const std::function<void(std::int64_t)>& run_dry) {
   const int ranks = what_if_->world_size;
-  const dist::Plan plan = dist::explain(*setup_.root, setup_.optimizer_state_bytes_per_element, *what_if_);
+  const dist::Plan plan = what_if_plan();
   const dist::PeakPrediction peak = dist::peak_with_plan(*predicted_, plan);
   predict_step_time(plan, micro_batch, run_dry);
   what_if_json_ = {{"world_size", ranks},

@@ -26,6 +26,7 @@
 #include "apps/support/non_finite.h"
 #include "apps/support/step_profile.h"
 #include "apps/support/step_trace.h"
+#include "core/exact_sum.h"
 #include "core/host_wait.h"
 #include "core/pending_read.h"
 #include "data/loader.h"
@@ -76,7 +77,16 @@ struct TrainerOptions {
   // `chunk` samples (0: bitwise_chunk's choice), each rank whole chunks; CPU only.
   bool bitwise = false;
   std::int64_t chunk = 0;
+  // Gradient accumulation: each rank's share of a global batch as this many forward and backward
+  // passes before the one optimizer step, reducing as `micro_batch_sync` says (empty: "every", or
+  // with --bitwise "last").
+  int micro_batches = 1;
+  std::string micro_batch_sync;
 };
+
+// --micro-batches and --micro-batch-sync, checked: a sync without micro-batches to sync, and with
+// --bitwise a reduction per micro-batch (each would round), are refused by name.
+dist::Accumulation accumulation_of(const TrainerOptions& options);
 
 // --chunk, or where it is 0 the largest divisor of the global batch at most a quarter of it (16 for
 // 64, 2 for 10), so that up to 4 ranks hold whole chunks: what bitwise training cuts a batch into.
@@ -215,6 +225,7 @@ class Trainer {
   // --world-size: the world and strategy planned; fsdp_ then shards fully here, which any world can.
   std::optional<dist::PlanAt> what_if_;
   const std::int64_t chunk_;               // bitwise training's samples per chunk; 0 without it
+  const dist::Accumulation accumulation_;  // --micro-batches, --micro-batch-sync
   std::int64_t step_ = 0;                  // optimizer steps taken, skipped ones included
   std::int64_t epoch_ = 0;                 // the epoch in progress, as the loader numbers it
   std::int64_t data_bytes_ = 0;            // device_'s bytes in use once the data is loaded (the program's)
@@ -247,6 +258,19 @@ class Trainer {
   // CPU no wait can happen. Through MPI a GPU's collectives go through host memory.
   std::optional<HostWaitsForbidden> forbid_host_waits(const char* what) const;
   void train_step(const std::vector<std::int64_t>& indices);
+  // Whether micro-batches before a step's last keep their gradients (all-reduce or sync left out).
+  bool keeps_gradients() const;
+  // Before micro-batch `last` or another of a step: what its backward reduces (accumulation_.sync).
+  void sync_micro_batch(bool last) const;
+  // This rank's rows of a global batch over `ranks` data-parallel ranks (whole chunks, bitwise).
+  std::int64_t rank_rows(int ranks, int rank) const;
+  // --world-size's plan: rank 0's at that world, with this run's accumulation.
+  dist::Plan what_if_plan() const;
+  // The rows of this rank's batch each micro-batch takes (one part without accumulation).
+  std::vector<data::ChunkShare> micro_batch_parts(std::int64_t rows) const;
+  // Refuses, before anything trains, micro-batches that `plan` cannot run: more than the smallest rank
+  // share of the global batch over `data_ranks` holds, or a reduce-scatter sync without replicas.
+  void check_accumulation(const dist::Plan& plan, int data_ranks) const;
   // What train_step measures around a step: when it began, and the host's waits until then.
   struct StepClock {
     std::chrono::steady_clock::time_point start;
@@ -254,17 +278,27 @@ class Trainer {
   };
   StepClock begin_step();
   void end_step(const StepClock& clock);
+  // This rank's losses of a step, added over its micro-batches: on the device, and bitwise exactly
+  // (core/exact_sum.h).
+  struct LossTotal {
+    Tensor summed;  // f64 [1]
+    ExactSum exact;
+    double samples = 0;  // StepLoss::samples
+    void add(const StepLoss& loss, const Tensor& summed_here, bool bitwise);
+  };
+  // Forward and backward of this rank's batch (on the host), one pass per micro-batch, each moved to
+  // device_ in turn; the losses added over them.
+  LossTotal forward_backward(const data::Batch& on_host, double samples);
   // The loss of the global batch: the data-parallel ranks' sums added on the device, over the
-  // samples counted on the host (`summed`: this rank's, from backward); bitwise, every loss added
-  // exactly (core/exact_sum.h).
-  Tensor global_loss(const StepLoss& loss, const Tensor& summed);
+  // samples counted on the host; bitwise, every loss added exactly.
+  Tensor global_loss(const LossTotal& total);
   // The gradient of `loss`: forward_loss's losses summed, scaled as StepLoss says; returns the sum.
   Tensor backward(const StepLoss& loss);
   // Setup::data_parallel, or the world.
   dist::Communicator& data_parallel_ranks() const;
   // Queues this step's loss and gradient norm for the host, read during the next step; returns,
   // on the device, whether both are finite (the gate of the update).
-  Tensor queue_for_host(const StepLoss& loss, const Tensor& summed, const Tensor& grad_norm);
+  Tensor queue_for_host(const LossTotal& total, const Tensor& grad_norm);
   // The previous step, queued and not yet read: its values on their way to the host.
   struct QueuedStep {
     StepResult result;   // loss, grad_norm and skipped still to come

@@ -223,6 +223,29 @@ ChunkShare chunk_share(std::int64_t batch_size, const RankShare& share) {
   return {before * share.chunk, (base + (share.rank < extra ? 1 : 0)) * share.chunk};
 }
 
+std::vector<ChunkShare> micro_batch_rows(std::int64_t rows, int count, std::int64_t chunk) {
+  const std::int64_t unit = chunk > 0 ? chunk : 1;
+  SHARDLAB_CHECK(count >= 1 && rows >= unit && rows % unit == 0,
+                 "micro-batches: {} of a batch of {} rows in chunks of {}: need at least one micro-batch and "
+                 "whole chunks",
+                 count, rows, unit);
+  const int parts = static_cast<int>(std::min<std::int64_t>(count, rows / unit));
+  std::vector<ChunkShare> out;
+  for (int part = 0; part < parts; ++part)
+    out.push_back(chunk_share(rows, {.world_size = parts, .rank = part, .chunk = unit}));
+  return out;
+}
+
+Batch rows_of(const Batch& batch, const ChunkShare& part) {
+  SHARDLAB_CHECK(part.first >= 0 && part.count >= 1 && part.first + part.count <= batch.inputs.size(0),
+                 "rows_of: rows [{}, {}) of a batch of {}", part.first, part.first + part.count,
+                 batch.inputs.size(0));
+  const auto begin = batch.sample_indices.begin() + part.first;
+  return {.inputs = batch.inputs.narrow(0, part.first, part.count).contiguous(),
+          .targets = batch.targets.narrow(0, part.first, part.count).contiguous(),
+          .sample_indices = {begin, begin + part.count}};
+}
+
 DataLoader rank_loader(const TensorDataset& dataset, const GlobalBatch& batch) {
   std::shared_ptr<const Sampler> sampler;
   if (batch.shuffle) {

@@ -106,6 +106,15 @@ struct ChunkShare {
 };
 ChunkShare chunk_share(std::int64_t batch_size, const RankShare& share);
 
+// Gradient accumulation's micro-batches of a rank's batch of `rows` rows: `count` parts of consecutive
+// rows, whole chunks of `chunk` rows each where chunk > 0 (bitwise training), as equal as that allows
+// and the first ones larger; fewer parts where the batch holds fewer rows (or chunks) than `count` (an
+// epoch's padded last batch, which every rank holds alike). `rows` must be whole chunks, `count` >= 1.
+std::vector<ChunkShare> micro_batch_rows(std::int64_t rows, int count, std::int64_t chunk);
+
+// Rows [part.first, part.first + part.count) of `batch`, a batch of their own (views of its tensors).
+Batch rows_of(const Batch& batch, const ChunkShare& part);
+
 class DataLoader {
  public:
   // Batches of `batch_size` consecutive samples of the sampler's order, or with a RankShare of

@@ -34,6 +34,7 @@ void check_memory_limit(dist::Communicator& comm, const PeakPrediction& predicti
                                 .persistent = term(1),
                                 .gathered = term(2),
                                 .gradients = term(3),
+                                .gradients_what = prediction.gradients_what,
                                 .activations = term(4),
                                 .per_sample = term(5),
                                 .micro_batch = prediction.micro_batch,
@@ -50,7 +51,7 @@ void check_memory_limit(dist::Communicator& comm, const PeakPrediction& predicti
       {peak.data, "loaded data"},
       {peak.persistent, "persistent model state (shards, gradient shards, optimizer state)"},
       {peak.gathered, "gathered parameters"},
-      {peak.gradients, "unsharded gradients"},
+      {peak.gradients, peak.gradients_what},
       {peak.activations, fmt::format("activations and temporaries ({} samples)", peak.micro_batch)}};
   std::sort(largest.rbegin(), largest.rend());
   std::string message = fmt::format(
@@ -93,7 +94,17 @@ void check_memory_limit(dist::Communicator& comm, const PeakPrediction& predicti
     const std::int64_t fitting =
         peak.micro_batch - (worst_total - limit + peak.per_sample - 1) / peak.per_sample;
     if (fitting >= 1) {
-      suggest(fmt::format("--global-batch {} (per-rank batch {})", fitting * levers.data_ranks, fitting),
+      // The same global batch in more micro-batches, each of at most `fitting` samples.
+      const std::int64_t parts = (levers.rank_batch + fitting - 1) / fitting;
+      if (parts > levers.micro_batches) {
+        const std::int64_t largest = (levers.rank_batch + parts - 1) / parts;
+        suggest(fmt::format("--micro-batches {} (the same global batch, micro-batches of at most {} samples)",
+                            parts, largest),
+                peak.total_with(largest));
+      }
+      const std::int64_t rank_batch = fitting * levers.micro_batches;
+      suggest(fmt::format("--global-batch {} (per-rank batch {}{})", rank_batch * levers.data_ranks, rank_batch,
+                          levers.micro_batches > 1 ? fmt::format(" in {} micro-batches", levers.micro_batches) : ""),
               peak.total_with(fitting));
     }
   }

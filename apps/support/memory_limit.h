@@ -21,6 +21,8 @@ struct FitLevers {
   std::string sharding;  // dist::Plan::sharding
   bool checkpointing_available = false, checkpointing = false;  // --activation-checkpointing
   Device device = Device::cpu();                                // --cpu-offload frees a GPU only
+  int micro_batches = 1;           // --micro-batches
+  std::int64_t rank_batch = 0;     // the most rows a rank holds of a global batch
 };
 
 // Throws on every rank when some rank's predicted peak exceeds `limit`, with one message (the

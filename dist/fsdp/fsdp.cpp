@@ -778,7 +778,13 @@ void Unit::on_input_gradient() {
 void Unit::post_backward() {
   if (reduced_) return;
   reduced_ = true;
-  if (root_->sync && expected_ > 0) start_reduction();
+  if (expected_ > 0) {
+    if (root_->sync) {
+      start_reduction();
+    } else if (accumulates_in_reduce_dtype()) {
+      accumulate_in_reduce_dtype();
+    }
+  }
   if (reshards_after_forward() && !keeps_after_backward()) reshard();
   if (!is_root()) {
     trace_backward_end();
@@ -787,6 +793,27 @@ void Unit::post_backward() {
 }
 
 void Unit::trace_backward_end() { trace_unit_span(backward_began_, "backward", name_); }
+
+bool Unit::accumulates_in_reduce_dtype() const {
+  return !options_.bitwise && options_.mixed_precision.reduce_dtype != options_.mixed_precision.param_dtype;
+}
+
+// A backward without sync, as FSDP2's: the param_dtype gradient is added into accumulated_ in
+// reduce_dtype (f32 for bf16 compute), so that micro-batches add as the reduction does, and the
+// param_dtype buffer is freed until the next backward writes a fresh one (ZeRO-1 keeps its own).
+void Unit::accumulate_in_reduce_dtype() {
+  zero_unwritten_gradients();
+  const DType reduce_dtype = options_.mixed_precision.reduce_dtype;
+  const Tensor gradient =
+      copy_kernel(cast_name("gradient", reduce_dtype).c_str(), name_, [&] { return cast(full_grad_, reduce_dtype); });
+  if (accumulated_.defined()) {
+    add_(accumulated_, gradient);
+  } else {
+    accumulated_ = gradient;
+  }
+  drop_gradient_views();
+  if (!whole_between_steps()) full_grad_ = Tensor();
+}
 
 // Reduce-scatter (averaged) the full gradient into this rank's slot; the replica all-reduce of
 // hybrid and none waits for it, in finish_backward.
@@ -801,11 +828,14 @@ void Unit::start_reduction() {
   zero_unwritten_gradients();
   reducing_ = true;
   const DType reduce_dtype = options_.mixed_precision.reduce_dtype;
+  // With the sums of backwards without sync (accumulated_), this one's added in.
   const auto gradient_in_reduce_dtype = [&] {
-    return reduce_dtype == options_.mixed_precision.param_dtype
-               ? full_grad_
-               : copy_kernel(cast_name("gradient", reduce_dtype).c_str(), name_,
-                             [&] { return cast(full_grad_, reduce_dtype); });
+    if (reduce_dtype == options_.mixed_precision.param_dtype) return full_grad_;
+    const Tensor gradient = copy_kernel(cast_name("gradient", reduce_dtype).c_str(), name_,
+                                        [&] { return cast(full_grad_, reduce_dtype); });
+    if (!accumulated_.defined()) return gradient;
+    add_(accumulated_, gradient);
+    return std::exchange(accumulated_, Tensor());
   };
   if (groups_->shard == nullptr) {  // the computed gradient is the result: no collective orders a copy stream
     reduce_input_ = reduce_output_ = gradient_in_reduce_dtype();
@@ -963,7 +993,7 @@ void Unit::finish_backward(const std::uint8_t* agreed_flags) {
 void Unit::abandon_backward() {
   // A reduction in flight completes on its own (its Work keeps the buffers alive).
   reduce_work_ = Work();
-  reduce_input_ = reduce_output_ = full_grad_ = gradient_shard_ = partial_sum_ = Tensor();
+  reduce_input_ = reduce_output_ = full_grad_ = accumulated_ = gradient_shard_ = partial_sum_ = Tensor();
   for (const Variable& parameter : sharded_parameters_) parameter.clear_not_trainable();
   drop_gradient_views();
   if (options_.bitwise) drop_binned_gradients();

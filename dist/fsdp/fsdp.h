@@ -123,8 +123,10 @@ int shard_by_size(nn::Module& root, std::int64_t min_parameters, const FsdpOptio
 nn::Named<Variable> sharded_parameters(nn::Module& root);
 
 // Micro-steps of gradient accumulation: with sync off, backward keeps each unit's unsharded
-// gradient buffer (P elements of param_dtype per unit, until the synced step) and accumulates
-// into it; the next backward with sync on reduce-scatters the sum once. The alternative,
+// gradient (P elements per unit, until the synced step) and accumulates into it; the next backward
+// with sync on reduce-scatters the sum once. Where reduce_dtype differs from param_dtype the sum is
+// kept in reduce_dtype, as FSDP2 upcasts it: each backward's param_dtype gradient (bf16) is added
+// into an f32 sum, and its buffer freed until the next backward. The alternative,
 // reduce-scattering every micro-step into the f32 gradient shard, would keep only P / N
 // elements but pay a reduce-scatter per micro-step; this keeps one reduction per optimizer step.
 void set_requires_gradient_sync(nn::Module& root, bool sync);
@@ -327,6 +329,10 @@ struct UnitPlan {
   std::int64_t reduce_buffer_bytes = 0;
   // With reduce_dtype other than param_dtype: the param_dtype gradient while the unit's backward runs.
   std::int64_t cast_buffer_bytes = 0;
+  // What backwards without sync keep until the reduction (set_requires_gradient_sync(false)): the sum
+  // in reduce_dtype where it differs from param_dtype, else the unsharded gradient (none for ZeRO-1,
+  // which keeps it anyway); bitwise, the exact sum. 0 when every parameter is frozen.
+  std::int64_t accumulated_bytes = 0;
   // Gathered from forward to the end of backward: the root, grad_op and none units, and units
   // kept gathered by reshard_after_forward=false.
   bool gathered_through_backward = false;
@@ -338,6 +344,7 @@ struct UnitPlan {
   std::int64_t forward_gather_bytes = 0;   // received per rank per step (traffic_of)
   std::int64_t backward_gather_bytes = 0;  // 0 when the unit stays gathered for backward
   std::int64_t reduce_bytes = 0;           // reduce-scatter (and hybrid's replica all-reduce)
+  std::int64_t replica_reduce_bytes = 0;   // of reduce_bytes, the replica all-reduce's (not bitwise)
   int forward_gathers = 0, backward_gathers = 0, reduce_scatters = 0,
       all_reduces = 0;                        // collectives per step
   // The reductions' buffers, as dist/fsdp/step_time.h times them: the reduce-scatter's input over the
@@ -353,6 +360,24 @@ struct UnitPlan {
   bool operator==(const UnitPlan&) const = default;
 };
 
+// Gradient accumulation: how the micro-batches of one optimizer step reduce their gradients.
+enum class MicroBatchSync : std::uint8_t {
+  every,           // each micro-batch's backward reduces as a whole step's does
+  reduce_scatter,  // each reduce-scatters; the all-reduce over the replicas waits for the last
+                   // (set_requires_all_reduce(false) before it)
+  last,            // only the last reduces; the others accumulate unsharded gradients
+                   // (set_requires_gradient_sync(false) before it)
+};
+std::string_view micro_batch_sync_name(MicroBatchSync sync);  // "every", "reduce-scatter", "last"
+// Parses those names; an Error names anything else.
+MicroBatchSync parse_micro_batch_sync(std::string_view text);
+
+struct Accumulation {
+  int micro_batches = 1;  // forward and backward passes per optimizer step
+  MicroBatchSync sync = MicroBatchSync::every;
+  bool operator==(const Accumulation&) const = default;
+};
+
 struct Plan {
   std::string sharding;  // the units' strategy ("full", "hybrid:2", ...), or "mixed"
   int world_size = 1, shard_group_size = 1, prefetch = 1;  // the root's group; the units' largest prefetch
@@ -362,6 +387,9 @@ struct Plan {
   // The all-reduce (max) per step that agrees on which parameters had a gradient on some rank.
   std::int64_t gradient_flags = 0, flag_bytes = 0;
   std::string note;  // e.g. what cpu offload does here
+  // The micro-batches of a step, as the training loop runs them: what bytes_per_step(), the gradient
+  // terms of the peak and str() count (one pass per step unless set).
+  Accumulation accumulation;
 
   std::int64_t total_persistent_bytes() const;
   // Of which the gathered parameters kept between steps (Sharding::optimizer), which
@@ -378,11 +406,20 @@ struct Plan {
   // Unsharded gradients at once during backward: the kReductionsInFlight + 1 largest reduce buffers
   // (the reductions in flight and the gradient being computed), plus the largest cast buffer.
   std::int64_t gradient_buffer_bytes() const;
-  std::int64_t bytes_per_step() const;  // all collectives, received per rank
-  // What gradient accumulation without sync holds between micro-steps: every unit's unsharded
-  // gradient buffer.
+  // All collectives of one optimizer step, received per rank: the gathers of every micro-batch, and
+  // the reductions and gradient flags of every micro-batch that reduces (accumulation).
+  std::int64_t bytes_per_step() const;
+  // What gradient accumulation without sync holds between micro-steps: every unit's
+  // accumulated_bytes.
   std::int64_t accumulation_bytes() const;
+  // What micro-batches that reduce-scatter and leave the all-reduce to the last hold between them:
+  // the f32 sum of each replicated unit's reduced shards.
+  std::int64_t partial_sum_bytes() const;
+  // The gradients' term of the training peak under `accumulation`: gradient_buffer_bytes(), plus
+  // accumulation_bytes() or partial_sum_bytes() where earlier micro-batches keep them.
+  std::int64_t accumulated_gradient_bytes() const;
   std::string str() const;  // the table --explain prints
+  std::string accumulation_text() const;  // str()'s last line: what accumulation holds and moves
 };
 
 // The plan of the units under `root` (finalises them: call after the last fully_shard).

@@ -22,7 +22,7 @@ std::string PeakPrediction::str() const {
   line("loaded data (in use before the model)", data);
   line("persistent: shards, gradient shards, optimizer state", persistent);
   line("gathered parameters in flight (1 + prefetch units)", gathered);
-  line("unsharded gradients in flight (the 3 largest units)", gradients);
+  line(gradients_what, gradients);
   if (measured) {
     line(fmt::format("activations and temporaries ({} samples, {} B each)", micro_batch, per_sample),
          activations);
@@ -57,12 +57,26 @@ nlohmann::json plan_json(const Plan& plan) {
           {"unit_parameters", unit_parameters}};
 }
 
+namespace {
+
+std::string gradients_what(const Plan& plan) {
+  if (plan.accumulation.micro_batches > 1 && plan.accumulation.sync == MicroBatchSync::last)
+    return plan.bitwise ? "exact gradient sums of all units, kept across micro-batches"
+                        : "unsharded gradients of all units, kept across micro-batches";
+  if (plan.accumulation.micro_batches > 1 && plan.accumulation.sync == MicroBatchSync::reduce_scatter)
+    return "unsharded gradients in flight, and the partial sums";
+  return "unsharded gradients in flight (the 3 largest units)";
+}
+
+}  // namespace
+
 PeakPrediction planned_peak(const Plan& plan, std::int64_t data_bytes, std::int64_t micro_batch) {
   return {
       .data = data_bytes,
       .persistent = plan.total_persistent_bytes(),
       .gathered = plan.peak_unsharded_bytes() - plan.persistent_unsharded_bytes(),  // those are persistent
-      .gradients = plan.gradient_buffer_bytes(),
+      .gradients = plan.accumulated_gradient_bytes(),
+      .gradients_what = gradients_what(plan),
       .micro_batch = micro_batch};
 }
 

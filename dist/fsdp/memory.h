@@ -26,9 +26,11 @@ struct PeakPrediction {
   std::int64_t persistent = 0;   // shards, gradient shards and optimizer state (plan)
   std::int64_t gathered = 0;     // gathered parameters in flight: 1 + prefetch units (plan)
   std::int64_t gradients = 0;    // unsharded gradients in flight during backward (plan)
+  // What `gradients` holds, in words: with micro-batches that keep gradients between them, those too.
+  std::string gradients_what = "unsharded gradients in flight (the 3 largest units)";
   std::int64_t activations = 0;  // the rest of the forward/backward peak (dry run); 0 before it
   std::int64_t per_sample = 0;   // activations' growth per sample, from micro-batches of half and all
-  std::int64_t micro_batch = 0;  // samples per rank and step
+  std::int64_t micro_batch = 0;  // samples per rank and micro-batch (a step's, without accumulation)
   bool measured = false;         // whether a dry run measured the activations
 
   std::int64_t total() const { return data + persistent + gathered + gradients + activations; }

@@ -120,6 +120,17 @@ UnitPlan plan_unit(const Unit& unit, const Planned& planned, const GroupLayout& 
   // Bitwise: the BinnedSum (three i32 bins an element, a top a block) and, while it reduces, its
   // windows (i64) instead of a gradient in param_dtype.
   if (bitwise && trains) row.reduce_buffer_bytes = padded * (kBinsKept * 4 + 8) + binned_blocks(padded);
+  // Backwards without sync keep, until the reduction: the sum in reduce_dtype where it is wider (FSDP2's
+  // upcast), else the param_dtype gradient itself (ZeRO-1's is persistent already); bitwise, the BinnedSum.
+  if (trains) {
+    if (bitwise) {
+      row.accumulated_bytes = padded * kBinsKept * 4 + binned_blocks(padded);
+    } else if (cast) {
+      row.accumulated_bytes = padded * static_cast<std::int64_t>(dtype_size(precision.reduce_dtype));
+    } else if (options.sharding != Sharding::optimizer) {
+      row.accumulated_bytes = row.unsharded_bytes;
+    }
+  }
   const DType reduced = bitwise ? DType::i64 : precision.reduce_dtype;
   // Bitwise: each group all-reduces the blocks' tops (u8, max) before the windows.
   const auto tops_bytes = [&](int rank, int size) {
@@ -157,10 +168,11 @@ UnitPlan plan_unit(const Unit& unit, const Planned& planned, const GroupLayout& 
     row.all_reduces += 1;
     row.replica_group_size = layout.replica_size;
     row.replica_all_reduce_bytes = row.shard_elements * static_cast<std::int64_t>(dtype_size(reduced));
-    row.reduce_bytes +=
+    row.replica_reduce_bytes =
         traffic_of({.op = Collective::all_reduce, .dtype = reduced, .count = row.shard_elements},
                    layout.replica_rank, layout.replica_size)
             .bytes_received;
+    row.reduce_bytes += row.replica_reduce_bytes;
     if (bitwise) {
       row.all_reduces += 1;
       row.reduce_bytes += tops_bytes(layout.replica_rank, layout.replica_size);
@@ -289,10 +301,34 @@ std::int64_t Plan::held_after_forward_bytes() const {
 }
 
 std::int64_t Plan::bytes_per_step() const {
-  std::int64_t total = flag_bytes;
-  for (const UnitPlan& unit : units)
-    total += unit.forward_gather_bytes + unit.backward_gather_bytes + unit.reduce_bytes;
+  const std::int64_t passes = accumulation.micro_batches;
+  // Micro-batches whose backward reduces: each agrees on the gradient flags. Without sync only the last.
+  const std::int64_t reducing = accumulation.sync == MicroBatchSync::last ? 1 : passes;
+  std::int64_t total = reducing * flag_bytes;
+  for (const UnitPlan& unit : units) {
+    total += passes * (unit.forward_gather_bytes + unit.backward_gather_bytes) +
+             reducing * (unit.reduce_bytes - unit.replica_reduce_bytes);
+    total += (accumulation.sync == MicroBatchSync::every ? passes : 1) * unit.replica_reduce_bytes;
+  }
   return total;
+}
+
+std::string_view micro_batch_sync_name(MicroBatchSync sync) {
+  switch (sync) {
+    case MicroBatchSync::every:
+      return "every";
+    case MicroBatchSync::reduce_scatter:
+      return "reduce-scatter";
+    case MicroBatchSync::last:
+      return "last";
+  }
+  return "unknown";
+}
+
+MicroBatchSync parse_micro_batch_sync(std::string_view text) {
+  for (const MicroBatchSync sync : {MicroBatchSync::every, MicroBatchSync::reduce_scatter, MicroBatchSync::last})
+    if (text == micro_batch_sync_name(sync)) return sync;
+  fail("micro-batch sync '{}' is not one of every, reduce-scatter, last", text);
 }
 
 std::string Plan::str() const {
@@ -324,20 +360,78 @@ std::string Plan::str() const {
   text += fmt::format(
       "persistent model state per rank: {} B; peak unsharded parameters: {} B; received per step: {} B\n",
       total_persistent_bytes(), peak_unsharded_bytes(), bytes_per_step());
-  text += fmt::format(
-      "gradient accumulation (set_requires_gradient_sync(false)) keeps every unit's unsharded gradient "
-      "between micro-steps: +{} B per rank; reducing into the shard every micro-step would add nothing but "
-      "one reduce-scatter per unit per micro-step\n",
-      accumulation_bytes());
+  text += accumulation_text();
   return text;
+}
+
+std::string Plan::accumulation_text() const {
+  const int passes = accumulation.micro_batches;
+  if (passes == 1) {
+    return fmt::format(
+        "gradient accumulation (set_requires_gradient_sync(false)) keeps every unit's unsharded gradient "
+        "between micro-steps: +{} B per rank; reducing into the shard every micro-step would add nothing but "
+        "one reduce-scatter per unit per micro-step\n",
+        accumulation_bytes());
+  }
+  std::string what;
+  switch (accumulation.sync) {
+    case MicroBatchSync::every:
+      what = fmt::format("each reduces into the gradient shards (no more memory, {} reductions per unit)", passes);
+      break;
+    case MicroBatchSync::reduce_scatter:
+      what = fmt::format(
+          "each reduce-scatters, the all-reduce over the replicas waits for the last "
+          "(set_requires_all_reduce(false)): +{} B per rank of partial sums",
+          partial_sum_bytes());
+      break;
+    case MicroBatchSync::last:
+      what = bitwise ? fmt::format(
+                           "only the last reduces, the others add into every unit's exact sum "
+                           "(set_requires_gradient_sync(false)): {} B per rank",
+                           accumulated_gradient_bytes())
+                     : fmt::format(
+                           "only the last reduces, the others keep every unit's unsharded gradient "
+                           "(set_requires_gradient_sync(false)): +{} B per rank",
+                           accumulation_bytes());
+      break;
+  }
+  return fmt::format("gradient accumulation: {} micro-batches a step, a forward and backward each; {}\n", passes,
+                     what);
+}
+
+std::int64_t Plan::partial_sum_bytes() const {
+  std::int64_t total = 0;
+  for (const UnitPlan& unit : units) {
+    if (unit.frozen < unit.parameters && unit.replica_reduce_bytes > 0) total += 4 * unit.shard_elements;
+  }
+  return total;
+}
+
+std::int64_t Plan::accumulated_gradient_bytes() const {
+  if (accumulation.micro_batches == 1) return gradient_buffer_bytes();
+  switch (accumulation.sync) {
+    case MicroBatchSync::every:
+      return gradient_buffer_bytes();
+    case MicroBatchSync::reduce_scatter:
+      return gradient_buffer_bytes() + partial_sum_bytes();
+    case MicroBatchSync::last: {
+      // Every unit's sum until the last backward reduces it, and beside them the gradient that backward
+      // computes: bitwise, the largest unit's windows; with a cast, the largest param_dtype buffer
+      // (without one, the buffers the backward writes into are the sums themselves).
+      std::int64_t beside = 0;
+      for (const UnitPlan& unit : units) {
+        beside = std::max(beside, bitwise ? unit.reduce_buffer_bytes - unit.accumulated_bytes
+                                          : unit.cast_buffer_bytes);
+      }
+      return accumulation_bytes() + beside;
+    }
+  }
+  return gradient_buffer_bytes();
 }
 
 std::int64_t Plan::accumulation_bytes() const {
   std::int64_t total = 0;
-  for (const UnitPlan& unit : units) {
-    if (unit.frozen < unit.parameters && !unit.gathered_between_steps)
-      total += unit.unsharded_bytes;  // the gradient has the parameters' dtype; ZeRO-1 keeps it anyway
-  }
+  for (const UnitPlan& unit : units) total += unit.accumulated_bytes;
   return total;
 }
 

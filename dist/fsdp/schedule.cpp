@@ -94,6 +94,8 @@ void check(const std::vector<UnitTimes>& units, const ScheduleOptions& options) 
                  "simulate_step: prefetch must be at least 0 and reductions in flight at least 1, the "
                  "optimizer's and the synchronisation's times not negative; got {}, {}, {} and {} s",
                  options.prefetch, options.reductions_in_flight, options.optimizer, options.synchronisation);
+  SHARDLAB_CHECK(options.micro_batches >= 1, "simulate_step: a step runs at least 1 micro-batch, got {}",
+                 options.micro_batches);
   SHARDLAB_CHECK(options.compute_slowdown >= 1 && options.communication_slowdown >= 1,
                  "simulate_step: the slowdowns of compute and communication beside each other must be at "
                  "least 1, got {} and {}",
@@ -132,29 +134,12 @@ std::string span_name(const char* pass, const std::vector<UnitTimes>& units, int
                   : fmt::format("{} {}", pass, units[static_cast<std::size_t>(unit)].name);
 }
 
-}  // namespace
-
-Schedule simulate_step(const std::vector<UnitTimes>& units, const ScheduleOptions& options) {
-  std::vector<ComputeSegment> forward, backward;
-  for (std::size_t i = 0; i < units.size(); ++i) {
-    forward.push_back({static_cast<int>(i), units[i].forward});
-    backward.push_back({static_cast<int>(units.size() - 1 - i), units[units.size() - 1 - i].backward});
-  }
-  return simulate_step(units, forward, backward, options);
-}
-
-Schedule simulate_step(const std::vector<UnitTimes>& units, const std::vector<ComputeSegment>& forward,
-                       const std::vector<ComputeSegment>& backward, const ScheduleOptions& options) {
-  check(units, options);
-  const std::vector<std::size_t> forward_order = first_appearances(units, forward, "forward");
-  const std::vector<std::size_t> backward_order = first_appearances(units, backward, "backward");
-  for (std::size_t i = 0; i < units.size(); ++i) {
-    SHARDLAB_CHECK(forward_order[i] == i,
-                   "simulate_step: the forward segments reach unit {} before unit {}, the units' order",
-                   units[forward_order[i]].name, units[i].name);
-  }
-  Schedule schedule;
-  Lanes lanes(schedule, options);
+// One forward and backward; returns each unit's reduction handle (kNone where `reduces` is false).
+std::vector<std::size_t> simulate_pass(Lanes& lanes, const std::vector<UnitTimes>& units,
+                                       const std::vector<ComputeSegment>& forward,
+                                       const std::vector<ComputeSegment>& backward,
+                                       const std::vector<std::size_t>& backward_order,
+                                       const ScheduleOptions& options, bool reduces) {
   const std::size_t count = units.size();
   const auto prefetch = static_cast<std::size_t>(options.prefetch);
 
@@ -203,6 +188,7 @@ Schedule simulate_step(const std::vector<UnitTimes>& units, const std::vector<Co
     lanes.compute(span_name("backward", units, unit), backward[s].seconds, unit);
     if (unit < 0 || last_segment[static_cast<std::size_t>(unit)] != s) continue;
     const auto i = static_cast<std::size_t>(unit);  // its post-backward
+    if (!reduces) continue;
     in_flight.push_back(lanes.communicate("reduce " + units[i].name, units[i].reduce));
     reduced[i] = in_flight.back();
     while (in_flight.size() > static_cast<std::size_t>(options.reductions_in_flight)) {
@@ -210,13 +196,49 @@ Schedule simulate_step(const std::vector<UnitTimes>& units, const std::vector<Co
       in_flight.pop_front();
     }
   }
-  if (options.synchronisation > 0) lanes.wait(lanes.communicate("synchronisation", options.synchronisation));
-  for (std::size_t i = 0; i < count; ++i) {
-    if (units[i].replica_reduce <= 0) continue;
-    lanes.wait(reduced[i]);
-    lanes.wait(lanes.communicate("all-reduce (replicas) " + units[i].name, units[i].replica_reduce));
+  return reduced;
+}
+
+}  // namespace
+
+Schedule simulate_step(const std::vector<UnitTimes>& units, const ScheduleOptions& options) {
+  std::vector<ComputeSegment> forward, backward;
+  for (std::size_t i = 0; i < units.size(); ++i) {
+    forward.push_back({static_cast<int>(i), units[i].forward});
+    backward.push_back({static_cast<int>(units.size() - 1 - i), units[units.size() - 1 - i].backward});
   }
-  for (const std::size_t reduction : reduced) lanes.wait(reduction);
+  return simulate_step(units, forward, backward, options);
+}
+
+Schedule simulate_step(const std::vector<UnitTimes>& units, const std::vector<ComputeSegment>& forward,
+                       const std::vector<ComputeSegment>& backward, const ScheduleOptions& options) {
+  check(units, options);
+  const std::vector<std::size_t> forward_order = first_appearances(units, forward, "forward");
+  const std::vector<std::size_t> backward_order = first_appearances(units, backward, "backward");
+  for (std::size_t i = 0; i < units.size(); ++i) {
+    SHARDLAB_CHECK(forward_order[i] == i,
+                   "simulate_step: the forward segments reach unit {} before unit {}, the units' order",
+                   units[forward_order[i]].name, units[i].name);
+  }
+  Schedule schedule;
+  Lanes lanes(schedule, options);
+  for (int micro_batch = 1; micro_batch <= options.micro_batches; ++micro_batch) {
+    const bool last = micro_batch == options.micro_batches;
+    const bool reduces = last || options.reduce_every_micro_batch;
+    const std::vector<std::size_t> reduced = simulate_pass(lanes, units, forward, backward, backward_order,
+                                                           options, reduces);
+    if (!reduces) continue;
+    if (last && options.synchronisation > 0)
+      lanes.wait(lanes.communicate("synchronisation", options.synchronisation));
+    if (last || options.all_reduce_every_micro_batch) {
+      for (std::size_t i = 0; i < units.size(); ++i) {
+        if (units[i].replica_reduce <= 0) continue;
+        lanes.wait(reduced[i]);
+        lanes.wait(lanes.communicate("all-reduce (replicas) " + units[i].name, units[i].replica_reduce));
+      }
+    }
+    for (const std::size_t reduction : reduced) lanes.wait(reduction);
+  }
   lanes.compute("optimizer", options.optimizer);
   schedule.step = lanes.now();
   return schedule;

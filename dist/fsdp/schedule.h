@@ -10,6 +10,8 @@
 //     reduction beyond `reductions_in_flight` (FSDP frees its input);
 //   then the step's small collectives (synchronisation) run and are waited for, each unit's replica
 //   all-reduce in turn, every reduction is waited for, and the optimizer step runs on the compute lane.
+//   With micro-batches, forward and backward repeat before that, each ending as it reduces: waiting
+//   for its reductions and its replica all-reduces, or for none where it keeps its gradients.
 //
 // Where the step's compute is given as segments in the order it ran (the calls of a dry step split by
 // their cost labels), a unit's gather is waited for before its first segment of the pass and its
@@ -48,6 +50,12 @@ struct ScheduleOptions {
   // Where compute and collectives share the same cores (ranks on a CPU), how much slower each runs
   // while the other does (1: not at all; CollectiveRates measures both).
   double compute_slowdown = 1, communication_slowdown = 1;
+  // Gradient accumulation: the forward and backward run this many times before the optimizer step,
+  // each gathering as a step does. A micro-batch before the last reduces (and waits for its
+  // reductions at its end) only where `reduce_every_micro_batch`; its replica all-reduces only where
+  // `all_reduce_every_micro_batch` too. The step's small collectives come once, after the last.
+  int micro_batches = 1;
+  bool reduce_every_micro_batch = true, all_reduce_every_micro_batch = true;
 };
 
 // A stretch of one pass's compute: of the unit at `unit` in the units given (its forward or backward
@@ -71,8 +79,8 @@ struct Schedule {
   double exposed_communication = 0;  // time the compute lane waited for a collective
 };
 
-// `units` in forward order, each unit's compute one segment per pass. Errors name a negative time or a
-// prefetch or in-flight count below 0 and 1.
+// `units` in forward order, each unit's compute one segment per pass. Errors name a negative time, a
+// prefetch or in-flight count below 0 and 1, or fewer than 1 micro-batch.
 Schedule simulate_step(const std::vector<UnitTimes>& units, const ScheduleOptions& options = {});
 
 // The passes' compute as `forward` and `backward` segments (the units' forward and backward times

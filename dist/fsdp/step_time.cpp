@@ -29,6 +29,10 @@ void add(TimeBounds& to, const TimeBounds& more) {
   to.communication += more.communication;
 }
 
+void scale(TimeBounds& bounds, int times) {
+  bounds.dense *= times, bounds.memory *= times, bounds.calls *= times;
+}
+
 bool descends_from(const std::string& unit, const std::string& ancestor) {
   return ancestor.empty() ? !unit.empty() : unit.starts_with(ancestor + ".");
 }
@@ -240,7 +244,14 @@ StepTimePrediction predict_step_time(const Plan& plan, const std::vector<KernelC
                                 .optimizer = out.optimizer,
                                 .synchronisation = out.synchronisation,
                                 .compute_slowdown = link.compute_slowdown,
-                                .communication_slowdown = link.communication_slowdown});
+                                .communication_slowdown = link.communication_slowdown,
+                                .micro_batches = plan.accumulation.micro_batches,
+                                .reduce_every_micro_batch = plan.accumulation.sync != MicroBatchSync::last,
+                                .all_reduce_every_micro_batch = plan.accumulation.sync == MicroBatchSync::every});
+  out.micro_batches = plan.accumulation.micro_batches;
+  // The dry step is one micro-batch: a step's compute is that many times its bounds.
+  scale(outside_bounds, out.micro_batches);
+  for (UnitStepTime& unit : out.units) scale(unit.bounds, out.micro_batches);
 
   // Each compute span's wait is its unit's (the units are in the schedule's order); the step's bounds add the
   // rest.
@@ -264,6 +275,8 @@ std::string StepTimePrediction::str() const {
       "of the step); limited by {}\n",
       milliseconds(step()), milliseconds(compute), milliseconds(exposed()),
       step() > 0 ? 100.0 * exposed() / step() : 0.0, bounds.limited_by());
+  if (micro_batches > 1)
+    text += fmt::format("  {} micro-batches a step; each unit's times below are one micro-batch's\n", micro_batches);
   for (const UnitStepTime& unit : units) {
     text += fmt::format(
         "  {}: forward {:.2f} ms, backward {:.2f} ms, all-gather {:.2f} ms, reduce {:.2f} ms, waited {:.2f} "
@@ -305,6 +318,7 @@ nlohmann::json StepTimePrediction::json() const {
           {"outside_units_seconds", outside_units},
           {"optimizer_seconds", optimizer},
           {"synchronisation_seconds", synchronisation},
+          {"micro_batches", micro_batches},
           {"limited_by", bounds.limited_by()},
           {"device", device},
           {"link", link},

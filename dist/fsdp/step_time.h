@@ -67,6 +67,7 @@ struct StepTimePrediction {
   double outside_units = 0;             // the step's own compute (the loss and its gradient)
   double optimizer = 0;                 // the update and the gradient norm, over this rank's shards
   double synchronisation = 0;           // the small all-reduces
+  int micro_batches = 1;                // forward and backward passes a step (the units' times are one's)
   TimeBounds bounds;                    // the whole step's
   std::map<std::string, double> by_op;  // the forward's and backward's compute per op (the profiler's names)
   Schedule schedule;
@@ -77,8 +78,8 @@ struct StepTimePrediction {
   nlohmann::json json() const;
 };
 
-// `dry_step`: the calls of one forward and backward of the run's micro-batch on this rank, under
-// StepCostLabel, with the units' hooks labelling theirs "forward <unit>" and "backward <unit>".
+// `dry_step`: the calls of one forward and backward of the run's micro-batch on this rank (plan.accumulation
+// says how many a step runs and how they reduce), under StepCostLabel, with the units' hooks labelling theirs "forward <unit>" and "backward <unit>".
 // Errors name a label of no unit in `plan`, a bitwise plan (its exact sums are not modelled), and
 // what the rates lack.
 StepTimePrediction predict_step_time(const Plan& plan, const std::vector<KernelCost>& dry_step,

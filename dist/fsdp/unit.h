@@ -229,6 +229,9 @@ class Unit : public std::enable_shared_from_this<Unit> {
   Tensor gradient_slice(const Slot& slot) const;
   void zero_unwritten_gradients();
   void drop_gradient_views();
+  // Backwards without sync add their gradient in reduce_dtype where it differs from param_dtype.
+  bool accumulates_in_reduce_dtype() const;
+  void accumulate_in_reduce_dtype();
   void start_reduction();
   // What the reduced shard is divided by after collectives that sum (a divide factor, or forced sums
   // outside bitwise, whose reduction is a sum by design); none where they average.
@@ -301,6 +304,9 @@ class Unit : public std::enable_shared_from_this<Unit> {
   // [padded] in param_dtype; the parameters' .grad (or, before their first gradient, their grad
   // destinations) are views into it.
   Tensor full_grad_;
+  // [padded] in reduce_dtype: the gradients of the backwards without sync since the last reduction,
+  // where reduce_dtype differs from param_dtype (accumulate_in_reduce_dtype); undefined otherwise.
+  Tensor accumulated_;
   // FsdpOptions::bitwise: the order-free sum [padded] that the parameters' gradient parts go into,
   // over every backward until the reduction.
   std::shared_ptr<BinnedSum> binned_;

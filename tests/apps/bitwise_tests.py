@@ -11,14 +11,13 @@ is byte for byte the uninterrupted 1-rank run's (4 -> 2 and 3 -> 1). Each has it
 differ in some bit. The mode's refusals (--chunk without --bitwise, chunks that do not cut the batch,
 fewer chunks than ranks, --tp, a resume with other chunks) are named. Prints one line per check and
 "bitwise_app: N passed, N failed, N skipped"."""
-import filecmp
 import os
 import shutil
 import sys
 import tempfile
 
 from golden import step_hex
-from jobs import Checks, read_metrics, run_job
+from jobs import Checks, read_metrics, run_job, same_bytes
 
 STEPS = 20
 LLAMA_ARGS = ["--config", "tiny", "--random-tokens", "--seq", "32", "--global-batch", "12", "--lr", "3e-3",
@@ -119,15 +118,6 @@ def check_resumed_model(mpirun, program, scratch, check, label, args, saved_at, 
     verdict = "the same bytes as" if expect_equal else "other bytes than"
     check(f"{label} {mode}: saved at {saved_at} ranks, resumed at {resumed_at}, writes {verdict} one rank's model",
           first == 0 and second == 0 and same == expect_equal, f"{output_1}\n{output_2}")
-
-
-def same_bytes(a, b):
-    """Two saved models (a file, or a directory of files) hold the same bytes."""
-    if os.path.isfile(a):
-        return os.path.isfile(b) and filecmp.cmp(a, b, shallow=False)
-    names = sorted(os.listdir(a))
-    return (os.path.isdir(b) and names == sorted(os.listdir(b))
-            and all(filecmp.cmp(os.path.join(a, n), os.path.join(b, n), shallow=False) for n in names))
 
 
 def check_cnn(mpirun, program, scratch, check):

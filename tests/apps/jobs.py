@@ -110,6 +110,15 @@ def read_metrics_so_far(path):
     return found
 
 
+def same_bytes(a, b):
+    """Two saved models (a file, or a directory of files) hold the same bytes."""
+    if os.path.isfile(a):
+        return os.path.isfile(b) and filecmp.cmp(a, b, shallow=False)
+    names = sorted(os.listdir(a))
+    return (os.path.isdir(b) and names == sorted(os.listdir(b))
+            and all(filecmp.cmp(os.path.join(a, n), os.path.join(b, n), shallow=False) for n in names))
+
+
 def rank0_losses(path):
     """{step: loss} of rank 0's per-step records."""
     return {r["step"]: r["loss"] for r in read_metrics(path) if r.get("rank") == 0 and "loss" in r}

@@ -467,3 +467,36 @@ TEST_CASE("DataLoader and TensorDataset refuse bad arguments", "[data][loader][e
   }
   CHECK_THROWS_EXACT(dataset.head(-1), "TensorDataset::head: n = -1 is outside [0, 10] (the dataset size)");
 }
+
+TEST_CASE("micro_batch_rows: consecutive parts, the first ones larger, whole chunks, fewer for a short batch",
+          "[data][loader][accumulation][errors]") {
+  using Parts = std::vector<std::pair<std::int64_t, std::int64_t>>;  // (first, count)
+  const auto parts = [](std::int64_t rows, int count, std::int64_t chunk) {
+    Parts out;
+    for (const data::ChunkShare& part : data::micro_batch_rows(rows, count, chunk))
+      out.emplace_back(part.first, part.count);
+    return out;
+  };
+  CHECK(parts(10, 1, 0) == Parts{{0, 10}});
+  CHECK(parts(10, 4, 0) == Parts{{0, 3}, {3, 3}, {6, 2}, {8, 2}});
+  CHECK(parts(2, 4, 0) == Parts{{0, 1}, {1, 1}});  // a padded last batch: one row each
+  CHECK(parts(12, 3, 3) == Parts{{0, 6}, {6, 3}, {9, 3}});  // 4 chunks of 3 in 3 parts
+  CHECK(parts(6, 4, 3) == Parts{{0, 3}, {3, 3}});
+  CHECK_THROWS_EXACT(data::micro_batch_rows(10, 0, 0),
+                     "micro-batches: 0 of a batch of 10 rows in chunks of 1: need at least one micro-batch and "
+                     "whole chunks");
+  CHECK_THROWS_EXACT(data::micro_batch_rows(10, 2, 4),
+                     "micro-batches: 2 of a batch of 10 rows in chunks of 4: need at least one micro-batch and "
+                     "whole chunks");
+
+  // rows_of: the rows, their targets and their dataset indices.
+  const data::Batch batch{.inputs = from_vector(std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7}, Shape{4, 2}),
+                          .targets = from_vector(std::vector<std::int64_t>{10, 11, 12, 13}),
+                          .sample_indices = {40, 41, 42, 43}};
+  const data::Batch middle = data::rows_of(batch, {.first = 1, .count = 2});
+  CHECK((middle.inputs.size(0) == 2 && middle.inputs.size(1) == 2));
+  CHECK(middle.inputs.to_vector<float>() == std::vector<float>{2, 3, 4, 5});
+  CHECK(middle.targets.to_vector<std::int64_t>() == std::vector<std::int64_t>{11, 12});
+  CHECK(middle.sample_indices == std::vector<std::int64_t>{41, 42});
+  CHECK_THROWS_EXACT(data::rows_of(batch, {.first = 3, .count = 2}), "rows_of: rows [3, 5) of a batch of 4");
+}

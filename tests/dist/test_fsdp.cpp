@@ -380,6 +380,68 @@ TEST_CASE("k micro-steps without gradient sync then one with equal one step on t
   CHECK(mismatches_on_any_rank(actual, expected, 1e-5, 1e-6) == 0);
 }
 
+// Each parameter shard's gradient, as doubles, in the order of sharded_parameters.
+std::vector<std::vector<double>> shard_gradients(Nested& model) {
+  std::vector<std::vector<double>> out;
+  for (const auto& [name, parameter] : dist::sharded_parameters(*model)) {
+    const Tensor grad = parameter.grad();
+    out.push_back(grad.defined() ? grad.to(DType::f64).to_vector<double>()
+                                 : std::vector<double>(static_cast<std::size_t>(parameter.data().numel()), 0.0));
+  }
+  return out;
+}
+
+TEST_CASE("bf16 micro-steps without gradient sync add their gradients in f32, as FSDP2 upcasts them",
+          "[dist][fsdp][accumulation]") {
+  const int r = world().rank(), w = world().size();
+  const std::int64_t vocab = 4 * w + 1, micro = 4;
+  const dist::FsdpOptions bf16{.mixed_precision = {.param_dtype = DType::bf16, .reduce_dtype = DType::f32}};
+  const auto shard = [&](Nested& model) {
+    for (const auto& block : *model->blocks) dist::fully_shard(*block, bf16);
+    dist::fully_shard(*model, bf16);
+  };
+  // Reference: each micro-batch's reduced gradient alone, summed in f64.
+  Nested apart(vocab, kSeed);
+  shard(apart);
+  optim::AdamW apart_optimizer(dist::sharded_parameters(*apart), {});
+  std::vector<std::vector<double>> expected;
+  for (std::int64_t k = 0; k < micro; ++k) {
+    apart_optimizer.zero_grad();
+    const auto batch = token_batch(k, kGlobalBatch, vocab, r, w);
+    cross_entropy(apart(batch.tokens), batch.targets).backward();
+    const std::vector<std::vector<double>> part = shard_gradients(apart);
+    if (expected.empty()) expected.assign(part.size(), {});
+    for (std::size_t i = 0; i < part.size(); ++i) {
+      expected[i].resize(part[i].size(), 0.0);
+      for (std::size_t e = 0; e < part[i].size(); ++e) expected[i][e] += part[i][e];
+    }
+  }
+  Nested model(vocab, kSeed);
+  shard(model);
+  const dist::Plan plan = dist::explain(*model);
+  std::int64_t padded = 0;
+  for (const dist::UnitPlan& unit : plan.units) padded += unit.parameters + unit.padding;
+  CHECK(plan.accumulation_bytes() == 4 * padded);  // f32 sums, not the bf16 gradients' 2 bytes
+  for (std::int64_t k = 0; k < micro; ++k) {
+    dist::set_requires_gradient_sync(*model, k == micro - 1);
+    const auto batch = token_batch(k, kGlobalBatch, vocab, r, w);
+    cross_entropy(model(batch.tokens), batch.targets).backward();
+  }
+  const std::vector<std::vector<double>> actual = shard_gradients(model);
+  REQUIRE(actual.size() == expected.size());
+  // Summed in bf16, the gradients would be off by about 2^-9 of their size; in f32 by rounding only.
+  std::int64_t off = 0;
+  double largest = 0;
+  for (const auto& values : expected)
+    for (const double value : values) largest = std::max(largest, std::abs(value));
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    REQUIRE(actual[i].size() == expected[i].size());
+    for (std::size_t e = 0; e < expected[i].size(); ++e)
+      off += std::abs(actual[i][e] - expected[i][e]) > 1e-6 * largest + 1e-5 * std::abs(expected[i][e]);
+  }
+  CHECK(test::sum_over_ranks(off) == 0);
+}
+
 TEST_CASE("the plan table names every unit with its counts", "[dist][fsdp][explain]") {
   const int w = world().size();
   Nested model(4 * w + 1, kSeed);
@@ -412,6 +474,108 @@ TEST_CASE("the plan table names every unit with its counts", "[dist][fsdp][expla
              Catch::Matchers::Contains(
                  "cpu offload: nothing to do, parameters and optimizer state are already in host "
                  "memory\n"));
+}
+
+// One optimizer step of `micro_batches` forward and backward passes, reducing as `sync` says (the
+// training programs' loop); the units' collectives of the step.
+dist::CollectiveCounters accumulated_step(Nested& model, optim::Optimizer& optimizer, std::int64_t vocab,
+                                          int step, const dist::Accumulation& accumulation) {
+  const int r = world().rank(), w = world().size();
+  dist::reset_collective_counters(*model);
+  optimizer.zero_grad();
+  for (int part = 0; part < accumulation.micro_batches; ++part) {
+    const bool last = part + 1 == accumulation.micro_batches;
+    if (accumulation.sync == dist::MicroBatchSync::last) dist::set_requires_gradient_sync(*model, last);
+    if (accumulation.sync == dist::MicroBatchSync::reduce_scatter) dist::set_requires_all_reduce(*model, last);
+    const auto batch = token_batch(step * accumulation.micro_batches + part, kGlobalBatch, vocab, r, w);
+    cross_entropy(model(batch.tokens), batch.targets).backward();
+  }
+  optimizer.step();
+  return dist::collective_counters(*model);
+}
+
+TEST_CASE("an accumulated step's communication matches the plan under each micro-batch sync",
+          "[dist][fsdp][explain]") {
+  const int w = world().size();
+  const std::int64_t vocab = 4 * w + 1;
+  constexpr int kMicroBatches = 3;
+  struct Case {
+    dist::Sharding sharding;
+    int group;
+    dist::MicroBatchSync sync;
+  };
+  std::vector<Case> cases;
+  for (const dist::MicroBatchSync sync : {dist::MicroBatchSync::every, dist::MicroBatchSync::last}) {
+    for (const dist::Sharding sharding : {dist::Sharding::full, dist::Sharding::optimizer, dist::Sharding::none})
+      cases.push_back({sharding, 0, sync});
+  }
+  cases.push_back({dist::Sharding::none, 0, dist::MicroBatchSync::reduce_scatter});
+  if (w % 2 == 0) {
+    for (const dist::MicroBatchSync sync :
+         {dist::MicroBatchSync::every, dist::MicroBatchSync::reduce_scatter, dist::MicroBatchSync::last})
+      cases.push_back({dist::Sharding::hybrid, w / 2, sync});
+  }
+  for (const Case& c : cases) {
+    Nested model(vocab, kSeed);
+    const dist::FsdpOptions options{.sharding = c.sharding, .hybrid_group_size = c.group};
+    for (const auto& block : *model->blocks) dist::fully_shard(*block, options);
+    dist::fully_shard(*model, options);
+    dist::Plan plan = dist::explain(*model);
+    const std::int64_t one_pass = plan.bytes_per_step();
+    plan.accumulation = {.micro_batches = kMicroBatches, .sync = c.sync};
+    optim::AdamW optimizer(dist::sharded_parameters(*model), {});
+    for (int step = 0; step < 2; ++step) {
+      const dist::CollectiveCounters counters =
+          accumulated_step(model, optimizer, vocab, step, {.micro_batches = kMicroBatches, .sync = c.sync});
+      INFO(dist::sharding_name(c.sharding) << " group " << c.group << " sync "
+                                           << dist::micro_batch_sync_name(c.sync) << " step " << step << "\n"
+                                           << plan.str());
+      CHECK(counters.total().bytes_received == plan.bytes_per_step());
+    }
+    // By hand from the unit's rows: every micro-batch gathers; every one reduces, or the last only, or
+    // (reduce-scatter) every one reduce-scatters and the last all-reduces over the replicas.
+    std::int64_t gathers = 0, reduce_scatters = 0, all_reduces = 0;
+    for (const dist::UnitPlan& unit : plan.units) {
+      gathers += unit.forward_gather_bytes + unit.backward_gather_bytes;
+      reduce_scatters += unit.reduce_bytes - unit.replica_reduce_bytes;
+      all_reduces += unit.replica_reduce_bytes;
+    }
+    CHECK(one_pass == gathers + reduce_scatters + all_reduces + plan.flag_bytes);
+    const std::int64_t expected =
+        c.sync == dist::MicroBatchSync::every ? kMicroBatches * one_pass
+        : c.sync == dist::MicroBatchSync::last
+            ? kMicroBatches * gathers + reduce_scatters + all_reduces + plan.flag_bytes
+            : kMicroBatches * (gathers + reduce_scatters + plan.flag_bytes) + all_reduces;
+    CHECK(plan.bytes_per_step() == expected);
+    if (c.sync == dist::MicroBatchSync::reduce_scatter && w > 1) CHECK(all_reduces > 0);
+  }
+}
+
+TEST_CASE("the plan's accumulation line and gradient term follow the micro-batch sync", "[dist][fsdp][explain]") {
+  const int w = world().size();
+  Nested model(4 * w + 1, kSeed);
+  for (const auto& block : *model->blocks) dist::fully_shard(*block, {.sharding = dist::Sharding::none});
+  dist::fully_shard(*model, {.sharding = dist::Sharding::none});
+  dist::Plan plan = dist::explain(*model);
+  const std::int64_t in_flight = plan.gradient_buffer_bytes();
+  CHECK(plan.accumulated_gradient_bytes() == in_flight);
+  std::int64_t shards = 0;  // NO_SHARD: each unit's whole gradient, replicated on every rank
+  for (const dist::UnitPlan& unit : plan.units) shards += unit.shard_elements;
+  plan.accumulation = {.micro_batches = 4, .sync = dist::MicroBatchSync::reduce_scatter};
+  CHECK(plan.partial_sum_bytes() == (w > 1 ? 4 * shards : 0));
+  CHECK(plan.accumulated_gradient_bytes() == in_flight + plan.partial_sum_bytes());
+  CHECK_THAT(plan.str(), Catch::Matchers::EndsWith(fmt::format(
+                             "gradient accumulation: 4 micro-batches a step, a forward and backward each; each "
+                             "reduce-scatters, the all-reduce over the replicas waits for the last "
+                             "(set_requires_all_reduce(false)): +{} B per rank of partial sums\n",
+                             plan.partial_sum_bytes())));
+  plan.accumulation.sync = dist::MicroBatchSync::last;  // f32, no cast: the sums are the buffers written
+  CHECK(plan.accumulated_gradient_bytes() == plan.accumulation_bytes());
+  plan.accumulation.sync = dist::MicroBatchSync::every;
+  CHECK(plan.accumulated_gradient_bytes() == in_flight);
+  CHECK(dist::parse_micro_batch_sync("reduce-scatter") == dist::MicroBatchSync::reduce_scatter);
+  CHECK_THROWS_ERROR(dist::parse_micro_batch_sync("never"),
+                     "micro-batch sync 'never' is not one of every, reduce-scatter, last");
 }
 
 TEST_CASE("the plan at another world size is what rank 0's plan is when sharded over that many ranks",

@@ -226,3 +226,84 @@ TEST_CASE(
                      "simulate_step: the slowdowns of compute and communication beside each other must be at "
                      "least 1, got 0.5 and 1");
 }
+
+TEST_CASE("simulate_step: two micro-batches, the first keeping its gradients, as drawn by hand",
+          "[dist][schedule]") {
+  // The first micro-batch is the step above without its reductions: forward 0-9, backward b 11-17, a
+  // 17-23, the root 23-27. The second gathers every unit again from 27 (the root's 27-28 exposed) and
+  // runs 27 later than the first step, reducing: b 44-46, a 50-52, the root 54-55 (exposed); the
+  // optimizer 55-56. Waits: 1 + 2, then 1 + 2 + 1.
+  const dist::Schedule schedule = dist::simulate_step(
+      toy(), {.prefetch = 1, .optimizer = 1, .micro_batches = 2, .reduce_every_micro_batch = false});
+  const std::vector<Drawn> expected = {{'n', "all-gather root", 0, 1},
+                                       {'n', "all-gather a", 1, 3},
+                                       {'c', "forward root", 1, 3},
+                                       {'n', "all-gather b", 3, 5},
+                                       {'c', "forward a", 3, 6},
+                                       {'c', "forward b", 6, 9},
+                                       {'n', "all-gather (backward) b", 9, 11},
+                                       {'n', "all-gather (backward) a", 11, 13},
+                                       {'c', "backward b", 11, 17},
+                                       {'c', "backward a", 17, 23},
+                                       {'c', "backward root", 23, 27},
+                                       {'n', "all-gather root", 27, 28},
+                                       {'n', "all-gather a", 28, 30},
+                                       {'c', "forward root", 28, 30},
+                                       {'n', "all-gather b", 30, 32},
+                                       {'c', "forward a", 30, 33},
+                                       {'c', "forward b", 33, 36},
+                                       {'n', "all-gather (backward) b", 36, 38},
+                                       {'n', "all-gather (backward) a", 38, 40},
+                                       {'c', "backward b", 38, 44},
+                                       {'n', "reduce b", 44, 46},
+                                       {'c', "backward a", 44, 50},
+                                       {'n', "reduce a", 50, 52},
+                                       {'c', "backward root", 50, 54},
+                                       {'n', "reduce root", 54, 55},
+                                       {'c', "optimizer", 55, 56}};
+  CHECK(drawn(schedule) == expected);
+  CHECK(schedule.step == 56);
+  CHECK(schedule.exposed_communication == 7);
+}
+
+TEST_CASE("simulate_step: micro-batches that each reduce repeat the step's passes, waiting for their reductions",
+          "[dist][schedule]") {
+  // Each micro-batch is the first step's 0-28 (its root's reduction waited for at 28), the second 28
+  // later; the optimizer 56-57. Waits: 4 a micro-batch.
+  const dist::Schedule one = dist::simulate_step(toy(), {.prefetch = 1});
+  const dist::Schedule two = dist::simulate_step(toy(), {.prefetch = 1, .optimizer = 1, .micro_batches = 2});
+  std::vector<Drawn> expected = drawn(one);
+  expected.pop_back();  // one's optimizer, of 0 s
+  const std::size_t pass = expected.size();
+  for (std::size_t i = 0; i < pass; ++i) {
+    auto [lane, what, start, end] = expected[i];
+    expected.emplace_back(lane, what, start + 28, end + 28);
+  }
+  expected.emplace_back('c', "optimizer", 56, 57);
+  CHECK(one.step == 28);
+  CHECK(drawn(two) == expected);
+  CHECK(two.step == 57);
+  CHECK(two.exposed_communication == 8);
+}
+
+TEST_CASE("simulate_step: replica all-reduces left to the last micro-batch run once, after its backward",
+          "[dist][schedule]") {
+  // Two units, a's replica all-reduce 3 s. Every micro-batch reduce-scatters; only the last
+  // all-reduces: micro-batch 1: gather 0-1, forward 1-3, backward 3-7 (kept gathered), reduce 7-8
+  // (waited); micro-batch 2: gather 8-9 ... reduce 15-16, the all-reduce 16-19; the optimizer 19-20.
+  const std::vector<dist::UnitTimes> units = {
+      {.name = "a", .forward = 2, .backward = 4, .gather = 1, .reduce = 1, .replica_reduce = 3,
+       .reshards_after_forward = false}};
+  const dist::Schedule schedule = dist::simulate_step(
+      units, {.prefetch = 1, .optimizer = 1, .micro_batches = 2, .all_reduce_every_micro_batch = false});
+  const std::vector<Drawn> expected = {{'n', "all-gather a", 0, 1},   {'c', "forward a", 1, 3},
+                                       {'c', "backward a", 3, 7},     {'n', "reduce a", 7, 8},
+                                       {'n', "all-gather a", 8, 9},   {'c', "forward a", 9, 11},
+                                       {'c', "backward a", 11, 15},   {'n', "reduce a", 15, 16},
+                                       {'n', "all-reduce (replicas) a", 16, 19}, {'c', "optimizer", 19, 20}};
+  CHECK(drawn(schedule) == expected);
+  CHECK(schedule.step == 20);
+  CHECK(schedule.exposed_communication == 1 + 1 + 1 + 1 + 3);
+  CHECK_THROWS_ERROR(dist::simulate_step(units, {.micro_batches = 0}),
+                     "simulate_step: a step runs at least 1 micro-batch, got 0");
+}
