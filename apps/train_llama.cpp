@@ -393,6 +393,8 @@ void Training::restore(const nlohmann::json& state, const std::string& path) {
 // The loss is the mean over the global batch's non-padding targets: each rank sums its own and
 // divides by the global count, so any number of ranks computes the 1-process loss.
 double Training::global_samples(const data::Batch& on_host) {
+  // Once a step, before its forward passes (one per micro-batch): the tp ranks' traffic of the step.
+  if (mesh_) (*mesh_)["tp"].reset_counters();
   const double local_targets = sum(ne(on_host.targets, pad_id_).to(DType::i64)).item<double>();
   // The ranks of a tensor-parallel group hold the same rows: the world counts each row tp times.
   return std::max(
@@ -400,7 +402,6 @@ double Training::global_samples(const data::Batch& on_host) {
 }
 
 Training::StepLoss Training::forward_loss(const data::Batch& batch, double samples) {
-  if (mesh_) (*mesh_)["tp"].reset_counters();
   // The gradient of the global mean over the targets.
   return {.losses = losses(batch), .divisor = samples, .samples = samples};
 }

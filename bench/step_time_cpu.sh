@@ -8,11 +8,18 @@
 # cache after: never from the runs predicted. Prints per case the medians over the runs of the measured
 # and predicted step, the error, and the exposed communication as a share of the step, measured (rank
 # 0's traced steps) and predicted, with whether the step is within 20% and the share within 10 points.
-# With RESULTS_DIR=DIR the logs and metrics stay there. Not a test.
+# With MICRO_BATCHES=K every run takes its steps in K micro-batches (--micro-batches K, each reducing),
+# with MICRO_BATCH_SYNC=last too. With RESULTS_DIR=DIR the logs and metrics stay
+# there. Not a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/prologue.sh
 rounds="${ROUNDS:-5}"
+accumulation=()
+if [ "${MICRO_BATCHES:-1}" -gt 1 ]; then
+  accumulation=(--micro-batches "$MICRO_BATCHES")
+  if [ -n "${MICRO_BATCH_SYNC:-}" ]; then accumulation+=(--micro-batch-sync "$MICRO_BATCH_SYNC"); fi
+fi
 export SHARDLAB_CACHE_DIR="$out/cache"
 cnn=("$build_dir/apps/train_cnn" --limit-train 4000 --limit-test 64 --steps 30 --threads 1)
 llama=("$build_dir/apps/train_llama" --config bench/llama_h256_l4.json --seq 128 --steps 20 --threads 1)
@@ -36,8 +43,8 @@ for round in $(seq 1 "$rounds"); do
     args=("${cnn[@]}")
     if [ "$program" = llama ]; then args=("${llama[@]}" --global-batch $((8 * ranks))); fi
     name="$program-np$ranks-${sharding/:/}-prefetch$prefetch-$round"
-    "${mpirun[@]}" -np "$ranks" -x SHARDLAB_CACHE_DIR "${args[@]}" --sharding "$sharding" --prefetch "$prefetch" \
-      --explain --trace "$out/trace-$name" --trace-steps 12:14 --metrics "$out/$name.jsonl" >"$out/$name.log" 2>&1 ||
+    "${mpirun[@]}" -np "$ranks" -x SHARDLAB_CACHE_DIR "${args[@]}" "${accumulation[@]}" --sharding "$sharding" \
+      --prefetch "$prefetch" --explain --trace "$out/trace-$name" --trace-steps 12:14 --metrics "$out/$name.jsonl" >"$out/$name.log" 2>&1 ||
       { cat "$out/$name.log"; exit 1; }
     rm -rf "$out/trace-$name"
   done

@@ -140,6 +140,30 @@ void add_offload_copies(const UnitPlan& unit, const DeviceRates& device, bool tr
   if (trains) times.reduce += shard_bytes / device.device_to_host_bytes_per_second;
 }
 
+// What the micro-batches after the first add into the gradients the earlier ones left, all of them: per
+// unit that trains, each reduced shard added into its gradient shard (every, reduce-scatter: 4 bytes read
+// twice and written an element), or without sync each new unsharded gradient added into the kept one (in
+// param_dtype, read twice and written) or cast and added into the reduce_dtype sum. A call a parameter,
+// and two a unit for a cast and its sum.
+double accumulation_seconds(const Plan& plan, const DeviceRates& device) {
+  const int later = plan.accumulation.micro_batches - 1;
+  if (later == 0) return 0;
+  double bytes = 0, calls = 0;
+  for (const UnitPlan& unit : plan.units) {
+    if (unit.frozen == unit.parameters) continue;
+    if (plan.accumulation.sync != MicroBatchSync::last) {
+      bytes += 12.0 * static_cast<double>(unit.shard_elements);
+    } else if (unit.accumulated_bytes > 0 && unit.accumulated_bytes != unit.unsharded_bytes) {  // in reduce_dtype
+      bytes += static_cast<double>(unit.unsharded_bytes + 4 * unit.accumulated_bytes);
+      calls += 2;
+    } else {
+      bytes += 3.0 * static_cast<double>(unit.unsharded_bytes);
+    }
+  }
+  calls += static_cast<double>(plan.gradient_flags);  // a call a parameter
+  return later * with_calls(bytes / device.bytes_per_second, calls, device);
+}
+
 std::string link_text(const CollectiveRates& link) {
   if (link.ranks <= 1) return "one rank: no collectives";
   std::string text = fmt::format("{} ranks:", link.ranks);
@@ -231,6 +255,7 @@ StepTimePrediction predict_step_time(const Plan& plan, const std::vector<KernelC
   }
   const double optimizer_work = optimizer_bytes / device.bytes_per_second + update;
   out.optimizer = with_calls(optimizer_work, optimizer_calls, device);
+  out.accumulation = accumulation_seconds(plan, device);
   // Which parameters got a gradient: one all-reduce of a byte a parameter, where the plan has it.
   const double flags = plan.flag_bytes > 0
                            ? collective_seconds(link, Collective::all_reduce,
@@ -241,7 +266,7 @@ StepTimePrediction predict_step_time(const Plan& plan, const std::vector<KernelC
   out.schedule = simulate_step(timed, passes.forward, passes.backward,
                                {.prefetch = plan.prefetch,
                                 .reductions_in_flight = static_cast<int>(detail::kReductionsInFlight),
-                                .optimizer = out.optimizer,
+                                .optimizer = out.optimizer + out.accumulation,
                                 .synchronisation = out.synchronisation,
                                 .compute_slowdown = link.compute_slowdown,
                                 .communication_slowdown = link.communication_slowdown,
@@ -261,7 +286,7 @@ StepTimePrediction predict_step_time(const Plan& plan, const std::vector<KernelC
         span.waited;
   }
   out.bounds = outside_bounds;
-  out.bounds.memory += optimizer_work;
+  out.bounds.memory += optimizer_work + out.accumulation;  // the sums' calls counted as memory work too
   out.bounds.calls += out.optimizer - optimizer_work;
   for (const UnitStepTime& unit : out.units) add(out.bounds, unit.bounds);
   return out;
@@ -288,8 +313,10 @@ std::string StepTimePrediction::str() const {
   }
   text += fmt::format(
       "  outside units (the loss and its gradient) {:.2f} ms; optimizer step and gradient norm "
-      "{:.2f} ms; the step's small all-reduces {:.2f} ms\n",
-      milliseconds(outside_units), milliseconds(optimizer), milliseconds(synchronisation));
+      "{:.2f} ms; the step's small all-reduces {:.2f} ms{}\n",
+      milliseconds(outside_units), milliseconds(optimizer), milliseconds(synchronisation),
+      micro_batches > 1 ? fmt::format("; the later micro-batches' gradient sums {:.2f} ms", milliseconds(accumulation))
+                        : "");
   text += fmt::format("  device {}\n  link {}\n", device, link);
   return text;
 }
@@ -319,6 +346,7 @@ nlohmann::json StepTimePrediction::json() const {
           {"optimizer_seconds", optimizer},
           {"synchronisation_seconds", synchronisation},
           {"micro_batches", micro_batches},
+          {"accumulation_seconds", accumulation},
           {"limited_by", bounds.limited_by()},
           {"device", device},
           {"link", link},

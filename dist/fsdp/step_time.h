@@ -68,6 +68,7 @@ struct StepTimePrediction {
   double optimizer = 0;                 // the update and the gradient norm, over this rank's shards
   double synchronisation = 0;           // the small all-reduces
   int micro_batches = 1;                // forward and backward passes a step (the units' times are one's)
+  double accumulation = 0;              // the later micro-batches' sums into the gradients, after the backward
   TimeBounds bounds;                    // the whole step's
   std::map<std::string, double> by_op;  // the forward's and backward's compute per op (the profiler's names)
   Schedule schedule;

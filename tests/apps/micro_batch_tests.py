@@ -5,16 +5,18 @@ Usage: micro_batch_tests.py <mpirun> <train_llama> <train_cnn>
 
 A step of K micro-batches trains what a step of one pass over the same global batch trains: the tiny
 Llama at 2 ranks under every --micro-batch-sync (every, last, and reduce-scatter over NO_SHARD's
-replicas), f32 and bf16, and the CNN, each against the run without micro-batches (losses and gradient
+replicas), f32 and bf16, with --tp 2, and the CNN, each against the run without micro-batches (losses and gradient
 norms within 1e-5 relative over 6 steps: only the order of the sums differs; in bf16 the first step so,
 the later within bf16's rounding). In each, every rank's
 collectives of a step are the plan's to the byte and the predicted training peak is within the
 tolerance of the measured one; a micro-batch's activations are smaller than the whole batch's. With
 --bitwise the micro-batches add into one exact sum: 1 rank in 4 micro-batches, 2 ranks in 2 and 2 in 1
-are the same bits, and write the same model. The refusals are named. Prints one line per check and
+are the same bits, and write the same model, as does a run saved at 2 ranks and resumed at 1 in 4
+micro-batches. The refusals are named. Prints one line per check and
 "micro_batch_app: N passed, N failed, N skipped"."""
 import os
 import re
+import shutil
 import sys
 import tempfile
 
@@ -37,7 +39,8 @@ LLAMA_RUNS = [("full, every", [], ["--micro-batches", "3"]),
               ("none, reduce-scatter", ["--sharding", "none"],
                ["--micro-batches", "2", "--micro-batch-sync", "reduce-scatter"]),
               ("grad_op bf16, last", ["--sharding", "grad_op", "--mixed-precision", "bf16"],
-               ["--micro-batches", "2", "--micro-batch-sync", "last"])]
+               ["--micro-batches", "2", "--micro-batch-sync", "last"]),
+              ("--tp 2, every", ["--tp", "2"], ["--micro-batches", "3"])]
 COLLECTIVES = re.compile(r"collectives of the last step: received (\d+) B, planned (\d+) B")
 
 
@@ -106,8 +109,10 @@ def check_same_training(mpirun, program, scratch, check, label, args, accumulate
           ok and same_steps(one, many, bf16),
           f"{output_1[-2000:]}\n{output_k[-2000:]}\none pass: {one}\nmicro-batches: {many}")
     traffic = [(int(received), int(planned)) for received, planned in COLLECTIVES.findall(output_k)]
+    # FSDP's, and with --tp the tensor-parallel ranks' too.
     check(f"{label}: a step's collectives are the plan's to the byte",
-          ok and len(traffic) == 1 and traffic[0][0] == traffic[0][1], output_k[-2000:])
+          ok and len(traffic) == (2 if "--tp" in args else 1) and all(r == p for r, p in traffic),
+          output_k[-2000:])
     check_peak(check, f"{label} {' '.join(accumulated)}", parts, 2)
     peak_1, peak_k = measured_peak(whole), measured_peak(parts)
     check(f"{label}: the micro-batches' training peak is below one pass's ({peak_k} B against {peak_1} B)",
@@ -124,6 +129,7 @@ def check_bitwise(mpirun, program, scratch, check):
                for i, (name, ranks, flags) in enumerate(runs)]
     _, (code, output, records, model) = results[-1]
     reference = step_hex(records)
+    check_bitwise_resume(mpirun, program, scratch, check, bitwise, model)
     for name, (run_code, run_output, run_records, run_model) in results[:-1]:
         values = step_hex(run_records)
         check(f"train_llama --bitwise: {name} has the 2-rank run's {STEPS} losses and norms bit for bit, and "
@@ -131,6 +137,21 @@ def check_bitwise(mpirun, program, scratch, check):
               code == 0 and run_code == 0 and len(values) == STEPS and values == reference
               and same_bytes(model, run_model),
               f"{run_output[-2000:]}\n{values}\n2 ranks: {reference}")
+
+
+def check_bitwise_resume(mpirun, program, scratch, check, bitwise, whole):
+    """Saved half-way by 2 ranks in one pass a step, resumed by 1 rank in 4 micro-batches: the model at
+    the end is `whole`'s bytes (the uninterrupted 2-rank run's)."""
+    checkpoints = os.path.join(scratch, "bitwise-resume-checkpoints")
+    resumed = os.path.join(scratch, "bitwise-resume-model")
+    first, output_1 = run_job(mpirun, program, 2, bitwise + ["--checkpoint-dir", checkpoints,
+                                                             "--checkpoint-every", str(STEPS // 2)])
+    shutil.rmtree(os.path.join(checkpoints, f"step-{STEPS:08d}"), ignore_errors=True)
+    second, output_2 = run_job(mpirun, program, 1, bitwise + ["--micro-batches", "4", "--checkpoint-dir",
+                                                              checkpoints, "--resume", "--save-model", resumed])
+    check("train_llama --bitwise: saved at 2 ranks in one pass a step, resumed at 1 in 4 micro-batches, writes "
+          "the same bytes", first == 0 and second == 0 and same_bytes(whole, resumed),
+          f"{output_1[-2000:]}\n{output_2[-2000:]}")
 
 
 def check_errors(mpirun, program, check):

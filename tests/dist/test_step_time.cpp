@@ -286,3 +286,34 @@ TEST_CASE("FSDP's hooks label each unit's forward and backward calls, also after
   CHECK(innermost_cost_label() == "forward (root)");
   check_labels(step(tokens));  // the next step's forward closed it
 }
+
+TEST_CASE("predict_step_time: two micro-batches, each reducing, then their gradient sums, by hand",
+          "[dist][step_time]") {
+  // Each pass is the step above's forward and backward (27 ms, its reductions waited for), the second
+  // from 27 ms; the small all-reduce 54-55.008, the optimizer 40 us and the second micro-batch's sums
+  // into the gradient shards, 12 bytes an element of 1250 at 1 GB/s: 15 us.
+  const std::vector<KernelCost> dry = {
+      dense("forward (root)", 2e6),  dense("forward layer", 4e6),  moving("forward (root)", 1e6),
+      moving("step", 1e6),           dense("backward (root)", 2e6), dense("backward layer", 8e6),
+      dense("backward (root)", 4e6)};
+  dist::Plan plan = two_units();
+  plan.accumulation = {.micro_batches = 2, .sync = dist::MicroBatchSync::every};
+  const dist::StepTimePrediction predicted =
+      dist::predict_step_time(plan, dry, unit_rates(), unit_link(), {.small_all_reduces = 1});
+  CHECK(predicted.micro_batches == 2);
+  CHECK(predicted.accumulation == Approx(15e-6));
+  CHECK(predicted.step() == Approx(55.063e-3));
+  CHECK(predicted.exposed() == Approx(2 * 5e-3 + 1.008e-3));
+  CHECK(predicted.bounds.dense == Approx(2 * 20e-3));
+  CHECK_THAT(predicted.str(), Catch::Matchers::Contains("2 micro-batches a step"));
+
+  // Without sync the first keeps its gradients: its passes as above without reductions (forward 0-10.5,
+  // backward to 25.5, nothing waited for at the end), then the second as the one-pass step, 28.008 ms
+  // to its small all-reduce's end; the optimizer and the sums, 3 x the unsharded bytes (5000) at 1 GB/s.
+  plan.accumulation.sync = dist::MicroBatchSync::last;
+  const dist::StepTimePrediction kept =
+      dist::predict_step_time(plan, dry, unit_rates(), unit_link(), {.small_all_reduces = 1});
+  CHECK(kept.accumulation == Approx(15e-6));
+  CHECK(kept.step() == Approx(25.5e-3 + 28.008e-3 + 4e-5 + 15e-6));
+  CHECK(kept.exposed() == Approx(3.5e-3 + 6.008e-3));
+}
