@@ -152,7 +152,6 @@ std::int64_t bitwise_chunk(const TrainerOptions& options) {
 }
 
 dist::Accumulation accumulation_of(const TrainerOptions& options) {
-  SHARDLAB_CHECK(options.micro_batches >= 1, "--micro-batches: at least 1, got {}", options.micro_batches);
   if (options.micro_batch_sync.empty())
     return {.micro_batches = options.micro_batches,
             .sync = options.bitwise ? dist::MicroBatchSync::last : dist::MicroBatchSync::every};

@@ -84,8 +84,9 @@ struct TrainerOptions {
   std::string micro_batch_sync;
 };
 
-// --micro-batches and --micro-batch-sync, checked: a sync without micro-batches to sync, and with
-// --bitwise a reduction per micro-batch (each would round), are refused by name.
+// --micro-batches (at least 1: the flag checks it) and --micro-batch-sync, checked: a sync without
+// micro-batches to sync, and with --bitwise a reduction per micro-batch (each would round), are refused
+// by name.
 dist::Accumulation accumulation_of(const TrainerOptions& options);
 
 // --chunk, or where it is 0 the largest divisor of the global batch at most a quarter of it (16 for
