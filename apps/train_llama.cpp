@@ -8,7 +8,10 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <functional>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <utility>
 
@@ -18,6 +21,7 @@
 #include "apps/trainer.h"
 #include "autograd/functional.h"
 #include "core/allocator.h"
+#include "core/exact_sum.h"
 #include "core/ops.h"
 #include "core/parallel.h"
 #include "data/bpe.h"
@@ -45,6 +49,9 @@ struct Options : apps::TrainerOptions {
   std::vector<std::string> data{"/usr/share/games/fortunes"};
   std::string separator = "%";
   std::int64_t limit_documents = 0;
+  double validation_split = 0;               // percent of the documents held out; 0: none
+  std::vector<std::string> validation_data;  // or a held-out set of its own
+  std::int64_t eval_every = 0;               // 0: the validation set once, after the last step
   std::int64_t seq = 256;
   double lr = 1e-3;
   std::int64_t warmup_steps = -1;  // default: a tenth of the steps
@@ -136,6 +143,30 @@ nlohmann::json tokenizer_document(const data::Tokenizer& tokenizer) {
   return bpe ? nlohmann::json(bpe->to_json()) : nlohmann::json();
 }
 
+// --validation-split: `percent` of the documents (rounded, at least one), drawn with `seed`, taken out of
+// `documents` into the validation set; both keep the corpus's order. Refused where either would be empty.
+std::vector<std::string> hold_out(std::vector<std::string>& documents, double percent, std::uint64_t seed) {
+  SHARDLAB_CHECK(
+      percent > 0 && percent < 100,
+      "--validation-split {:g}: the percent of the documents held out must be above 0 and below 100",
+      percent);
+  const auto count = static_cast<std::int64_t>(documents.size());
+  const std::int64_t held =
+      std::max<std::int64_t>(1, std::llround(static_cast<double>(count) * percent / 100));
+  SHARDLAB_CHECK(held < count,
+                 "--validation-split {:g}: holding out {} of the {} documents leaves none to train on",
+                 percent, held, count);
+  std::vector<bool> validation(documents.size(), false);
+  const std::vector<std::int64_t> order = data::RandomSampler(count, seed).indices(0);
+  for (std::int64_t i = 0; i < held; ++i)
+    validation[static_cast<std::size_t>(order[static_cast<std::size_t>(i)])] = true;
+  std::vector<std::string> training, held_out;
+  for (std::size_t i = 0; i < documents.size(); ++i)
+    (validation[i] ? held_out : training).push_back(std::move(documents[i]));
+  documents = std::move(training);
+  return held_out;
+}
+
 // The FSDP2 article's schedule: LinearLR from 0.1 over the warm-up, then cosine annealing to 0.
 std::unique_ptr<optim::LRScheduler> make_schedule(optim::Optimizer& optimizer, std::int64_t total_steps,
                                                   std::int64_t warmup_steps) {
@@ -212,6 +243,8 @@ class Training : public apps::Trainer {
   void add_summary(nlohmann::json& summary, double median_seconds) const override;
 
   Variable losses(const data::Batch& batch);
+  // The validation set's loss now (Setup::evaluate), logged and written to the metrics.
+  void validate();
   // The ranks that share out the batch: the mesh's "dp" with --tp, else all.
   dist::Communicator& data_parallel() const { return mesh_ ? (*mesh_)["dp"] : session_.world(); }
   double tokens_per_second(double seconds) const {
@@ -226,6 +259,9 @@ class Training : public apps::Trainer {
   std::int64_t sequences_ = 0;                      // in the training set
   std::int64_t pad_id_ = -1;                        // the tokenizer's [PAD]; -1 (no id) with --random-tokens
   std::optional<data::DataLoader> loader_;
+  std::optional<data::PretrainingDataset> validation_;  // --validation-split's or --validation-data's
+  data::EvaluationForwards validation_forwards_;        // this rank's share of it
+  std::optional<double> validation_loss_;               // the last validation's
   std::unique_ptr<dist::DeviceMesh> mesh_;  // dp x tp, with --tp
   std::int64_t tensor_parallel_bytes_ = 0;  // what the tp ranks exchanged in the last step
   std::optional<models::Llama> model_;
@@ -241,6 +277,9 @@ Training::Training(const Options& options, dist::Session& session)
     : apps::Trainer("train_llama", options, session, /*save_model_is_directory=*/true), options_(options) {
   // Options first: a typo fails before the corpus loads.
   bpe_vocab(options.tokenizer);
+  SHARDLAB_CHECK(options.eval_every == 0 || options.validation_split > 0 || !options.validation_data.empty(),
+                 "--eval-every {}: there is no validation set (--validation-split or --validation-data)",
+                 options.eval_every);
   config_ = resolve_config(options);
   SHARDLAB_CHECK(options.seq <= config_.max_position_embeddings, "--seq {} exceeds the model's {} positions",
                  options.seq, config_.max_position_embeddings);
@@ -252,6 +291,11 @@ Training::Training(const Options& options, dist::Session& session)
   if (options.limit_documents > 0 && options.limit_documents < static_cast<std::int64_t>(documents.size())) {
     documents.resize(static_cast<std::size_t>(options.limit_documents));
   }
+  // Held out before the tokenizer learns from the documents: it never sees the validation set.
+  const std::vector<std::string> validation_documents =
+      options.validation_split > 0      ? hold_out(documents, options.validation_split, options.seed)
+      : options.validation_data.empty() ? std::vector<std::string>()
+                                        : data::read_documents(options.validation_data, options.separator);
   const std::string tokenizer = !options.tokenizer.empty()  ? options.tokenizer
                                 : options.init_from.empty() ? "bytes"
                                                             : data::directory_tokenizer(options.init_from);
@@ -268,6 +312,7 @@ Training::Training(const Options& options, dist::Session& session)
                                        static_cast<std::uint64_t>(options.seed))
           : corpus_.emplace(documents, *tokenizer_, options.seq).dataset();
   sequences_ = training_set.size();
+  if (!validation_documents.empty()) validation_.emplace(validation_documents, *tokenizer_, options.seq);
   pad_id_ = options.random_tokens ? -1 : tokenizer_->pad_id();
   if (options.tp > 1) {
     // Consecutive ranks form a tensor-parallel group, as on one machine each.
@@ -281,6 +326,17 @@ Training::Training(const Options& options, dist::Session& session)
                                                    .shuffle = true,
                                                    .seed = options.seed,
                                                    .chunk = chunk_}));
+  if (validation_) {
+    // Forwards of at most a training micro-batch's rows (rank 0 holds the most): no larger activations.
+    const std::int64_t rows =
+        data::micro_batch_rows(data::rank_batch_size(options.global_batch, data_parallel().size(), 0),
+                               accumulation_.micro_batches, 0)
+            .front()
+            .count;
+    validation_forwards_ = data::evaluation_forwards(
+        validation_->size(),
+        {.world_size = data_parallel().size(), .rank = data_parallel().rank(), .chunk = chunk_}, rows);
+  }
   data_bytes_ = memory_stats(device_).bytes_in_use;
   total_steps_ = options.steps > 0 ? options.steps : options.epochs * loader_->batches_per_epoch();
   SHARDLAB_CHECK(total_steps_ > 0, "nothing to train: {} documents give no batch of {}", documents.size(),
@@ -317,8 +373,10 @@ Training::Training(const Options& options, dist::Session& session)
          .optimizer_state_bytes_per_element = optimizer_state_bytes_per_element(options),
          .checkpointing_available = true,
          .checkpointing = options.activation_checkpointing,
-         .unchanged = {"seq", "sequences", "tokenizer_json", "config"},
-         .data_parallel = &data_parallel()});
+         .unchanged = {"seq", "validation_split", "sequences", "tokenizer_json", "config"},
+         .data_parallel = &data_parallel(),
+         .evaluate = validation_ ? std::function<void()>([this] { validate(); }) : nullptr,
+         .evaluate_every = options.eval_every});
 
   dist::log(
       "train_llama: {} documents, {} sequences of {} tokens ({} tokenizer, vocab {}), model {} with {} "
@@ -334,6 +392,15 @@ Training::Training(const Options& options, dist::Session& session)
                                  : "AdamW",
       options.lr, options.mixed_precision == "none" ? "" : ", mixed precision " + options.mixed_precision,
       options.activation_checkpointing ? ", activation checkpointing" : "");
+  if (validation_) {
+    dist::log(
+        "train_llama: validation set of {} sequences ({} target tokens, {}), its loss {}after the last step",
+        validation_->size(), validation_->target_tokens(),
+        options.validation_split > 0
+            ? fmt::format("{:g}% of the documents held out", options.validation_split)
+            : fmt::format("--validation-data {}", fmt::join(options.validation_data, " ")),
+        options.eval_every > 0 ? fmt::format("every {} steps and ", options.eval_every) : "");
+  }
 }
 
 // The plan of what tensor parallelism exchanges in a step, for this rank's rows of the global batch.
@@ -380,7 +447,10 @@ nlohmann::json Training::training_state() const {
           {"total_steps", total_steps_},
           {"config", config_.to_json()},
           {"tokenizer", tokenizer_->name()},
-          {"tokenizer_json", tokenizer_document_}};
+          {"tokenizer_json", tokenizer_document_},
+          // Which documents train: a resumed run must hold out the same (null: none held out).
+          {"validation_split",
+           options_.validation_split > 0 ? nlohmann::json(options_.validation_split) : nlohmann::json()}};
 }
 
 void Training::restore(const nlohmann::json& state, const std::string& path) {
@@ -427,6 +497,59 @@ Variable Training::losses(const data::Batch& batch) {
   return mesh_ ? dist::vocab_parallel_cross_entropy(rows, targets, layout_.vocabulary, (*mesh_)["tp"],
                                                     pad_id_, Reduction::none)
                : cross_entropy(rows, targets, pad_id_, Reduction::none);
+}
+
+// The mean loss over the validation set's non-padding targets: each rank sums its share's (exactly with
+// --bitwise, where a forward per chunk computes every chunk alike at any world size) and the data-parallel
+// ranks add them, so any world size computes the 1-process loss.
+void Training::validate() {
+  const auto start = std::chrono::steady_clock::now();
+  const NoGradGuard no_grad;
+  const data::TensorDataset set = validation_->dataset();
+  const std::vector<data::ChunkShare>& mine = validation_forwards_.mine;
+  Tensor summed = zeros({1}, dtype(DType::f64).with_device(device_));
+  ExactSum exact;
+  for (std::int64_t i = 0; i < validation_forwards_.every_rank; ++i) {
+    const bool counted = i < static_cast<std::int64_t>(mine.size());
+    // A rank out of rows runs its last forward again (the set's first row where it has none) uncounted.
+    const data::ChunkShare part = counted        ? mine[static_cast<std::size_t>(i)]
+                                  : mine.empty() ? data::ChunkShare{.first = 0, .count = 1}
+                                                 : mine.back();
+    std::vector<std::int64_t> rows(static_cast<std::size_t>(part.count));
+    std::iota(rows.begin(), rows.end(), part.first);
+    const Tensor here = losses(data::to_device(set.gather(rows), device_)).data();
+    if (!counted) continue;
+    if (chunk_ > 0) {
+      exact.add(here.contiguous());
+    } else {
+      summed = add(summed, sum(here).to(DType::f64).reshape({1}));
+    }
+  }
+  double total = 0;
+  if (chunk_ > 0) {
+    const Tensor limbs = exact.limbs();
+    data_parallel().all_reduce(limbs, dist::ReduceOp::sum, "validation loss").wait();
+    total = ExactSum::from_limbs(limbs).value();
+  } else {
+    data_parallel().all_reduce(summed, dist::ReduceOp::sum, "validation loss").wait();
+    total = summed.item<double>();
+  }
+  const std::int64_t tokens = validation_->target_tokens();
+  const double loss = total / static_cast<double>(std::max<std::int64_t>(tokens, 1));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  validation_loss_ = loss;
+  dist::log(
+      "train_llama: validation after step {}: loss {:.4f}, perplexity {:.2f} ({} tokens of {} sequences, "
+      "{:.2f} s)",
+      step_, loss, std::exp(loss), tokens, validation_->size(), seconds);
+  if (metrics_) {
+    metrics_->write({{"rank", rank_},
+                     {"step", step_},
+                     {"validation_loss", loss},
+                     {"validation_perplexity", std::exp(loss)},
+                     {"validation_tokens", tokens},
+                     {"validation_seconds", seconds}});
+  }
 }
 
 void Training::after_step(const StepResult& result) {
@@ -508,6 +631,7 @@ void Training::add_summary(nlohmann::json& summary, double median_seconds) const
                   {"step_counters", (*model_)->named_parameters().size()},
                   {"unsharded_peak_bytes", dist::unsharded_memory().peak_bytes},
                   {"planned_unsharded_peak_bytes", plan_.peak_unsharded_bytes()}});
+  if (validation_loss_) summary["validation_loss"] = *validation_loss_;
   if (mesh_) {
     summary.update({{"tensor_parallel_step_bytes", tensor_parallel_bytes_},
                     {"planned_tensor_parallel_step_bytes",
@@ -530,6 +654,20 @@ void add_options(CLI::App& app, Options& options) {
   auto* limit_documents =
       app.add_option("--limit-documents", options.limit_documents, "use only the first N documents")
           ->check(apps::integer_at_least(0));
+  auto* validation_split =
+      app.add_option(
+             "--validation-split", options.validation_split,
+             "hold out this percent of the corpus's documents (drawn with --seed) as the validation set")
+          ->check(apps::number_at_least(0, true));
+  auto* validation_data =
+      app.add_option("--validation-data", options.validation_data,
+                     "text files or directories of a validation set of its own (--separator's documents)")
+          ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+          ->excludes(validation_split);
+  auto* eval_every =
+      app.add_option("--eval-every", options.eval_every,
+                     "the validation loss every N steps, and after the last (default: after the last)")
+          ->check(apps::integer_at_least(1));
   app.add_option("--seq", options.seq, "tokens per sequence")->check(apps::integer_at_least(1));
   app.add_option("--global-batch", options.global_batch, "sequences per step over all ranks (any world size)")
       ->check(apps::integer_at_least(1));
@@ -594,7 +732,10 @@ void add_options(CLI::App& app, Options& options) {
       ->excludes(separator)
       ->excludes(limit_documents)
       ->excludes(sample)
-      ->excludes(sample_tokens);
+      ->excludes(sample_tokens)
+      ->excludes(validation_split)
+      ->excludes(validation_data)
+      ->excludes(eval_every);
 }
 
 }  // namespace

@@ -330,6 +330,7 @@ Trainer::End Trainer::run() {
     if (!complete) break;
     ++epoch_;
   }
+  if (setup_.evaluate && stopped_by_ == 0 && evaluated_at_ != step_) evaluate();
   // A save in flight counts before the last one (and before the program ends on a stop signal).
   if (saver_) note_committed(saver_->finish(), stopped_by_ != 0 ? "at the stop" : "at the end");
   if (!common_.checkpoint_dir.empty() && last_saved_ != state()) save_checkpoint();
@@ -432,6 +433,14 @@ void Trainer::train_step(const std::vector<std::int64_t>& indices) {
   end_step(clock);
   if (common_.checkpoint_every > 0 && step_ % common_.checkpoint_every == 0)
     save_checkpoint(/*in_background=*/true);
+  if (setup_.evaluate && setup_.evaluate_every > 0 && step_ % setup_.evaluate_every == 0) evaluate();
+}
+
+void Trainer::evaluate() {
+  settle_steps();
+  const trace::Span span("evaluate", "evaluate");
+  setup_.evaluate();
+  evaluated_at_ = step_;
 }
 
 Trainer::LossTotal Trainer::forward_backward(const data::Batch& on_host, double samples) {

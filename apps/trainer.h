@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -165,6 +166,10 @@ class Trainer {
     // The ranks that share out the global batch (a mesh's "dp" under tensor parallelism); the world
     // when null.
     dist::Communicator* data_parallel = nullptr;
+    // The program's evaluation of a held-out set, with every step before it settled: after each
+    // `evaluate_every` steps (0: none before the end) and after the last step; none where empty.
+    std::function<void()> evaluate;
+    std::int64_t evaluate_every = 0;
   };
 
   // Sets the threads, the FSDP options (fsdp_) and checks --save-model (a file, or a directory
@@ -259,6 +264,8 @@ class Trainer {
   // CPU no wait can happen. Through MPI a GPU's collectives go through host memory.
   std::optional<HostWaitsForbidden> forbid_host_waits(const char* what) const;
   void train_step(const std::vector<std::int64_t>& indices);
+  // Setup::evaluate, once the steps so far are settled.
+  void evaluate();
   // Whether micro-batches before a step's last keep their gradients (all-reduce or sync left out).
   bool keeps_gradients() const;
   // Before micro-batch `last` or another of a step: what its backward reduces (accumulation_.sync).
@@ -342,6 +349,7 @@ class Trainer {
   std::optional<QueuedStep> queued_;     // the last step taken, until settle_steps() reads it
   std::optional<QueuedStep> this_step_;  // the step in progress, queued once its update is
   int stopped_by_ = 0;                   // the signal that stopped the run, 0 while none has
+  std::int64_t evaluated_at_ = -1;       // the step of the last evaluation
 };
 
 // A training program's main(): parses the program's own flags (`add_own_options`) and the shared

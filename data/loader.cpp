@@ -236,6 +236,47 @@ std::vector<ChunkShare> micro_batch_rows(std::int64_t rows, int count, std::int6
   return out;
 }
 
+namespace {
+
+// Rank `rank`'s parts under evaluation_forwards.
+std::vector<ChunkShare> evaluation_parts(std::int64_t rows, const RankShare& share, int rank,
+                                         std::int64_t batch) {
+  std::vector<ChunkShare> parts;
+  if (share.chunk > 0) {
+    const std::int64_t chunks = (rows + share.chunk - 1) / share.chunk;
+    const std::int64_t base = chunks / share.world_size, extra = chunks % share.world_size;
+    const std::int64_t first = rank * base + std::min<std::int64_t>(rank, extra);
+    for (std::int64_t c = first; c < first + base + (rank < extra ? 1 : 0); ++c)
+      parts.push_back({c * share.chunk, std::min(share.chunk, rows - c * share.chunk)});
+    return parts;
+  }
+  // rank_batch_size's counts, where a set smaller than the world leaves the last ranks none.
+  const auto count = [&](int r) {
+    return std::max<std::int64_t>(0, (rows - r + share.world_size - 1) / share.world_size);
+  };
+  std::int64_t first = 0;
+  for (int before = 0; before < rank; ++before) first += count(before);
+  const std::int64_t end = first + count(rank);
+  for (std::int64_t start = first; start < end; start += batch)
+    parts.push_back({start, std::min(batch, end - start)});
+  return parts;
+}
+
+}  // namespace
+
+EvaluationForwards evaluation_forwards(std::int64_t rows, const RankShare& share, std::int64_t batch) {
+  SHARDLAB_CHECK(rows >= 1 && batch >= 1 && share.chunk >= 0 && share.world_size >= 1 && share.rank >= 0 &&
+                     share.rank < share.world_size,
+                 "evaluation_forwards: {} rows in forwards of {} (chunks of {}) over rank {} of {}", rows,
+                 batch, share.chunk, share.rank, share.world_size);
+  EvaluationForwards out{.mine = evaluation_parts(rows, share, share.rank, batch)};
+  for (int rank = 0; rank < share.world_size; ++rank) {
+    out.every_rank = std::max<std::int64_t>(
+        out.every_rank, static_cast<std::int64_t>(evaluation_parts(rows, share, rank, batch).size()));
+  }
+  return out;
+}
+
 Batch rows_of(const Batch& batch, const ChunkShare& part) {
   SHARDLAB_CHECK(part.first >= 0 && part.count >= 1 && part.first + part.count <= batch.inputs.size(0),
                  "rows_of: rows [{}, {}) of a batch of {}", part.first, part.first + part.count,

@@ -112,6 +112,20 @@ ChunkShare chunk_share(std::int64_t batch_size, const RankShare& share);
 // epoch's padded last batch, which every rank holds alike). `rows` must be whole chunks, `count` >= 1.
 std::vector<ChunkShare> micro_batch_rows(std::int64_t rows, int count, std::int64_t chunk);
 
+// An evaluation's forwards over a held-out set of `rows` samples that `share.world_size` ranks split:
+// each rank's consecutive rows (rank_batch_size's counts, the first ranks one more, none for the last
+// ranks of a set smaller than the world) in parts of at most `batch` rows. With `share.chunk` > 0
+// (bitwise training) the set is cut into chunks of that many rows (the last one shorter where they do not
+// divide it), each rank takes consecutive whole chunks (chunk_share's split) and a forward per chunk: every
+// chunk is computed in a forward of its own shape, whatever the world size. `every_rank` is the most
+// forwards any rank runs: FSDP's gathers are collectives, so a rank with fewer runs the rest again
+// without counting them.
+struct EvaluationForwards {
+  std::vector<ChunkShare> mine;  // this rank's rows, a part per forward (none where it has no rows)
+  std::int64_t every_rank = 0;
+};
+EvaluationForwards evaluation_forwards(std::int64_t rows, const RankShare& share, std::int64_t batch);
+
 // Rows [part.first, part.first + part.count) of `batch`, a batch of their own (views of its tensors).
 Batch rows_of(const Batch& batch, const ChunkShare& part);
 

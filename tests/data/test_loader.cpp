@@ -500,3 +500,36 @@ TEST_CASE("micro_batch_rows: consecutive parts, the first ones larger, whole chu
   CHECK(middle.sample_indices == std::vector<std::int64_t>{41, 42});
   CHECK_THROWS_EXACT(data::rows_of(batch, {.first = 3, .count = 2}), "rows_of: rows [3, 5) of a batch of 4");
 }
+
+TEST_CASE("evaluation_forwards: consecutive rows per rank in forwards of a batch, or a forward per chunk",
+          "[data][loader][evaluation][errors]") {
+  using Parts = std::vector<std::pair<std::int64_t, std::int64_t>>;  // (first, count)
+  const auto forwards = [](std::int64_t rows, int ranks, int rank, std::int64_t batch, std::int64_t chunk) {
+    const data::EvaluationForwards out =
+        data::evaluation_forwards(rows, {.world_size = ranks, .rank = rank, .chunk = chunk}, batch);
+    Parts parts;
+    for (const data::ChunkShare& part : out.mine) parts.emplace_back(part.first, part.count);
+    return std::pair{parts, out.every_rank};
+  };
+  // 10 rows over 3 ranks: 4, 3 and 3 consecutive rows, in forwards of 2 rows: two forwards each.
+  CHECK(forwards(10, 3, 0, 2, 0) == std::pair{Parts{{0, 2}, {2, 2}}, std::int64_t{2}});
+  CHECK(forwards(10, 3, 1, 2, 0) == std::pair{Parts{{4, 2}, {6, 1}}, std::int64_t{2}});
+  CHECK(forwards(10, 3, 2, 2, 0) == std::pair{Parts{{7, 2}, {9, 1}}, std::int64_t{2}});
+  // Forwards of 3: rank 0 needs two, the others one each and run a second uncounted.
+  CHECK(forwards(10, 3, 0, 3, 0) == std::pair{Parts{{0, 3}, {3, 1}}, std::int64_t{2}});
+  CHECK(forwards(10, 3, 2, 3, 0) == std::pair{Parts{{7, 3}}, std::int64_t{2}});
+  // 2 rows over 3 ranks: the last rank has none and forwards once uncounted.
+  CHECK(forwards(2, 3, 1, 4, 0) == std::pair{Parts{{1, 1}}, std::int64_t{1}});
+  CHECK(forwards(2, 3, 2, 4, 0) == std::pair{Parts{}, std::int64_t{1}});
+  // Bitwise, 10 rows in chunks of 4 (4, 4 and a last one of 2) over 2 ranks: chunks 0 and 1, then 2; a
+  // forward per chunk whatever the batch.
+  CHECK(forwards(10, 2, 0, 8, 4) == std::pair{Parts{{0, 4}, {4, 4}}, std::int64_t{2}});
+  CHECK(forwards(10, 2, 1, 8, 4) == std::pair{Parts{{8, 2}}, std::int64_t{2}});
+  // One rank: every chunk; 8 rows in 2 chunks over 3 ranks: the last rank none.
+  CHECK(forwards(10, 1, 0, 1, 4) == std::pair{Parts{{0, 4}, {4, 4}, {8, 2}}, std::int64_t{3}});
+  CHECK(forwards(8, 3, 2, 8, 4) == std::pair{Parts{}, std::int64_t{1}});
+  CHECK_THROWS_EXACT(data::evaluation_forwards(0, {.world_size = 2, .rank = 0}, 4),
+                     "evaluation_forwards: 0 rows in forwards of 4 (chunks of 0) over rank 0 of 2");
+  CHECK_THROWS_EXACT(data::evaluation_forwards(5, {.world_size = 2, .rank = 1}, 0),
+                     "evaluation_forwards: 5 rows in forwards of 0 (chunks of 0) over rank 1 of 2");
+}
