@@ -52,6 +52,7 @@ struct Options : apps::TrainerOptions {
   double validation_split = 0;               // percent of the documents held out; 0: none
   std::vector<std::string> validation_data;  // or a held-out set of its own
   std::int64_t eval_every = 0;               // 0: the validation set once, after the last step
+  bool pack = false;                         // the documents in one stream cut into sequences
   std::int64_t seq = 256;
   double lr = 1e-3;
   std::int64_t warmup_steps = -1;  // default: a tenth of the steps
@@ -141,6 +142,11 @@ std::unique_ptr<data::Tokenizer> corpus_tokenizer(const std::string& spec,
 nlohmann::json tokenizer_document(const data::Tokenizer& tokenizer) {
   const auto* bpe = dynamic_cast<const data::BpeTokenizer*>(&tokenizer);
   return bpe ? nlohmann::json(bpe->to_json()) : nlohmann::json();
+}
+
+// --pack's layout of the documents, or a sequence each.
+data::Packing packing(const Options& options) {
+  return options.pack ? data::Packing::packed : data::Packing::one_per_document;
 }
 
 // --validation-split: `percent` of the documents (rounded, at least one), drawn with `seed`, taken out of
@@ -310,9 +316,10 @@ Training::Training(const Options& options, dist::Session& session)
       options.random_tokens
           ? data::random_token_dataset(options.global_batch * options.steps, options.seq, config_.vocab_size,
                                        static_cast<std::uint64_t>(options.seed))
-          : corpus_.emplace(documents, *tokenizer_, options.seq).dataset();
+          : corpus_.emplace(documents, *tokenizer_, options.seq, packing(options)).dataset();
   sequences_ = training_set.size();
-  if (!validation_documents.empty()) validation_.emplace(validation_documents, *tokenizer_, options.seq);
+  if (!validation_documents.empty())
+    validation_.emplace(validation_documents, *tokenizer_, options.seq, packing(options));
   pad_id_ = options.random_tokens ? -1 : tokenizer_->pad_id();
   if (options.tp > 1) {
     // Consecutive ranks form a tensor-parallel group, as on one machine each.
@@ -373,16 +380,17 @@ Training::Training(const Options& options, dist::Session& session)
          .optimizer_state_bytes_per_element = optimizer_state_bytes_per_element(options),
          .checkpointing_available = true,
          .checkpointing = options.activation_checkpointing,
-         .unchanged = {"seq", "validation_split", "sequences", "tokenizer_json", "config"},
+         .unchanged = {"seq", "pack", "validation_split", "sequences", "tokenizer_json", "config"},
          .data_parallel = &data_parallel(),
          .evaluate = validation_ ? std::function<void()>([this] { validate(); }) : nullptr,
          .evaluate_every = options.eval_every});
 
   dist::log(
-      "train_llama: {} documents, {} sequences of {} tokens ({} tokenizer, vocab {}), model {} with {} "
+      "train_llama: {} documents, {} {}sequences of {} tokens ({} tokenizer, vocab {}), model {} with {} "
       "parameters, "
       "{} rank{} x {} threads, sharding {}{}, global batch {} ({}), {} steps, {} lr {:g}{}{}",
-      options.random_tokens ? "no" : std::to_string(documents.size()), sequences_, options.seq,
+      options.random_tokens ? "no" : std::to_string(documents.size()), sequences_,
+      options.pack ? "packed " : "", options.seq,
       options.random_tokens ? "random token ids, no" : tokenizer_->name(), config_.vocab_size,
       options.init_from.empty() ? options.config : options.init_from, config_.parameter_count(), world_size_,
       world_size_ == 1 ? "" : "s", num_threads(), plan_.sharding,
@@ -448,7 +456,9 @@ nlohmann::json Training::training_state() const {
           {"config", config_.to_json()},
           {"tokenizer", tokenizer_->name()},
           {"tokenizer_json", tokenizer_document_},
-          // Which documents train: a resumed run must hold out the same (null: none held out).
+          // How the documents make sequences (null: one each), and which train: a resumed run must
+          // hold out the same (null: none held out).
+          {"pack", options_.pack ? nlohmann::json(true) : nlohmann::json()},
           {"validation_split",
            options_.validation_split > 0 ? nlohmann::json(options_.validation_split) : nlohmann::json()}};
 }
@@ -669,6 +679,12 @@ void add_options(CLI::App& app, Options& options) {
                      "the validation loss every N steps, and after the last (default: after the last)")
           ->check(apps::integer_at_least(1));
   app.add_option("--seq", options.seq, "tokens per sequence")->check(apps::integer_at_least(1));
+  auto* pack = app.add_flag("--pack", options.pack,
+                            "concatenate the documents ([BOT] text [EOT] each) and cut the stream into "
+                            "sequences of --seq, as Hugging "
+                            "Face's run_clm groups texts: no padding, attention across documents, the last "
+                            "partial sequence dropped "
+                            "(default: a sequence per document, clipped and padded)");
   app.add_option("--global-batch", options.global_batch, "sequences per step over all ranks (any world size)")
       ->check(apps::integer_at_least(1));
   auto* steps = app.add_option("--steps", options.steps, "optimizer steps")->check(apps::integer_at_least(1));
@@ -735,7 +751,8 @@ void add_options(CLI::App& app, Options& options) {
       ->excludes(sample_tokens)
       ->excludes(validation_split)
       ->excludes(validation_data)
-      ->excludes(eval_every);
+      ->excludes(eval_every)
+      ->excludes(pack);
 }
 
 }  // namespace

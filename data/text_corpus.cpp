@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <vector>
 
 #include "core/error.h"
 
@@ -116,30 +117,57 @@ std::vector<std::string> read_documents(const std::vector<std::string>& paths, s
   return documents;
 }
 
-PretrainingDataset::PretrainingDataset(const std::vector<std::string>& documents, const Tokenizer& tokenizer,
-                                       std::int64_t seq) {
-  SHARDLAB_CHECK(seq >= 1, "PretrainingDataset: seq must be at least 1, got {}", seq);
-  SHARDLAB_CHECK(!documents.empty(), "PretrainingDataset: no documents");
-  const auto count = static_cast<std::int64_t>(documents.size());
-  const std::int64_t pad = tokenizer.pad_id();
+template <typename Window>
+void PretrainingDataset::fill(std::int64_t count, std::int64_t seq, std::int64_t pad, const Window& window) {
   inputs_ = empty({count, seq}, dtype(DType::i64));
   targets_ = empty({count, seq}, dtype(DType::i64));
   std::int64_t* inputs = inputs_.data<std::int64_t>();
   std::int64_t* targets = targets_.data<std::int64_t>();
   const auto length = static_cast<std::size_t>(seq);
   std::vector<std::int64_t> sample(length + 1);
-  for (const std::string& document : documents) {
-    const std::vector<std::int64_t> tokens = tokenizer.encode(document);
-    const std::size_t kept = std::min(tokens.size(), length);
-    std::fill(sample.begin(), sample.end(), pad);
-    sample[0] = tokenizer.bot_id();
-    std::copy_n(tokens.begin(), kept, sample.begin() + 1);
-    if (kept < length) sample[kept + 1] = tokenizer.eot_id();  // a clipped document has no end
+  for (std::int64_t i = 0; i < count; ++i) {
+    window(i, sample);
     inputs = std::copy_n(sample.begin(), length, inputs);
     targets = std::copy_n(sample.begin() + 1, length, targets);
     target_tokens_ +=
         std::count_if(sample.begin() + 1, sample.end(), [pad](std::int64_t id) { return id != pad; });
   }
+}
+
+PretrainingDataset::PretrainingDataset(const std::vector<std::string>& documents, const Tokenizer& tokenizer,
+                                       std::int64_t seq, Packing packing) {
+  SHARDLAB_CHECK(seq >= 1, "PretrainingDataset: seq must be at least 1, got {}", seq);
+  SHARDLAB_CHECK(!documents.empty(), "PretrainingDataset: no documents");
+  const std::int64_t pad = tokenizer.pad_id();
+  const auto length = static_cast<std::size_t>(seq);
+  if (packing == Packing::one_per_document) {
+    fill(static_cast<std::int64_t>(documents.size()), seq, pad,
+         [&](std::int64_t i, std::vector<std::int64_t>& sample) {
+           const std::vector<std::int64_t> tokens = tokenizer.encode(documents[static_cast<std::size_t>(i)]);
+           const std::size_t kept = std::min(tokens.size(), length);
+           std::fill(sample.begin(), sample.end(), pad);
+           sample[0] = tokenizer.bot_id();
+           std::copy_n(tokens.begin(), kept, sample.begin() + 1);
+           if (kept < length) sample[kept + 1] = tokenizer.eot_id();  // a clipped document has no end
+         });
+    return;
+  }
+  std::vector<std::int64_t> stream;
+  for (const std::string& document : documents) {
+    stream.push_back(tokenizer.bot_id());
+    const std::vector<std::int64_t> tokens = tokenizer.encode(document);
+    stream.insert(stream.end(), tokens.begin(), tokens.end());
+    stream.push_back(tokenizer.eot_id());
+  }
+  const auto ids = static_cast<std::int64_t>(stream.size());
+  SHARDLAB_CHECK(
+      ids >= seq + 1,
+      "PretrainingDataset: the {} documents pack into {} ids, fewer than one sequence of {} and its "
+      "next id",
+      documents.size(), ids, seq);
+  fill((ids - 1) / seq, seq, pad, [&](std::int64_t i, std::vector<std::int64_t>& sample) {
+    std::copy_n(stream.begin() + i * seq, length + 1, sample.begin());
+  });
 }
 
 }  // namespace shardlab::data

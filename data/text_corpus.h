@@ -2,8 +2,8 @@
 // pretraining dataset built from them.
 //
 //   auto docs = data::read_documents({"/usr/share/games/fortunes"});
-//   data::PretrainingDataset corpus(docs, *data::make_tokenizer("bytes"), /*seq=*/256);
-//   data::DataLoader loader = data::rank_loader(corpus.dataset(), batch);
+//   data::PretrainingDataset corpus(docs, *data::make_tokenizer("bytes"), /*seq=*/256);  // or
+//   Packing::packed data::DataLoader loader = data::rank_loader(corpus.dataset(), batch);
 #pragma once
 
 #include <cstdint>
@@ -27,12 +27,21 @@ namespace shardlab::data {
 std::vector<std::string> read_documents(const std::vector<std::string>& paths,
                                         std::string_view separator = "%");
 
-// One sample per document: [BOT] + tokens + [EOT], clipped to seq + 1 ids and padded with [PAD]
-// to seq + 1; the input is its first seq ids and the target its last seq (the next token at each
-// position). Targets after the document are [PAD], which a loss should ignore.
+// How documents become samples of seq + 1 ids, the input their first seq and the target their last seq
+// (the next token at each position):
+// - one_per_document: [BOT] + tokens + [EOT], clipped to seq + 1 ids (a clipped document loses its
+//   EOT) and padded with [PAD], targets after the document [PAD], which a loss should ignore;
+// - packed: every document's [BOT] + tokens + [EOT] in corpus order, one stream cut every seq ids into
+//   windows of seq + 1 (each id but the first a target once; attention reaches across documents), as
+//   Hugging Face's run_clm concatenates and groups texts: no padding, the last window that would run
+//   past the stream dropped.
+enum class Packing { one_per_document, packed };
+
 class PretrainingDataset {
  public:
-  PretrainingDataset(const std::vector<std::string>& documents, const Tokenizer& tokenizer, std::int64_t seq);
+  // An Error for seq below 1, no documents, or (packed) a stream too short for one window.
+  PretrainingDataset(const std::vector<std::string>& documents, const Tokenizer& tokenizer, std::int64_t seq,
+                     Packing packing = Packing::one_per_document);
 
   // inputs i64 [size, seq] and targets i64 [size, seq], for DataLoader / rank_loader.
   TensorDataset dataset() const { return TensorDataset(inputs_, targets_); }
@@ -42,6 +51,10 @@ class PretrainingDataset {
   std::int64_t target_tokens() const { return target_tokens_; }
 
  private:
+  // The samples of `count` windows of seq + 1 ids each, `window(i, ids)` writing the i-th into `ids`.
+  template <typename Window>
+  void fill(std::int64_t count, std::int64_t seq, std::int64_t pad, const Window& window);
+
   // Inputs and targets are kept as two contiguous tensors rather than two views of one
   // [size, seq + 1] tensor: gathering a batch copies a non-contiguous source whole.
   Tensor inputs_, targets_;

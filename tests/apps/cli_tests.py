@@ -144,6 +144,7 @@ def app_cases(scratch):
                                 ("--separator", "%%"), ("--limit-documents", "3"), ("--sample", "1"),
                                 ("--sample-tokens", "5"), ("--validation-split", "10"),
                                 ("--validation-data", "/usr/share/games/fortunes"), ("--eval-every", "2"))],
+        (["--random-tokens", "--pack"], "--pack excludes --random-tokens"),
         number("--validation-split", "0", "> 0"),
         (["--validation-split", "100"],
          "--validation-split 100: the percent of the documents held out must be above 0 and below 100"),

@@ -181,6 +181,33 @@ TEST_CASE("PretrainingDataset frames, clips, pads and shifts each document", "[d
   CHECK(one.target_tokens() == 2);
 }
 
+TEST_CASE("PretrainingDataset packed: the documents in one stream, cut every seq ids, no padding",
+          "[data][corpus]") {
+  const ByteTokenizer tokenizer;
+  // The stream: BOT a b EOT BOT c EOT BOT EOT (9 ids; the empty document keeps its BOT and EOT).
+  const PretrainingDataset corpus({"ab", "c", ""}, tokenizer, 3, data::Packing::packed);
+  REQUIRE(corpus.size() == 2);  // windows at 0 and 3 of 4 ids; the one at 6 would run past the stream
+  const data::Batch all = corpus.dataset().gather({0, 1});
+  test::check_equal(all.inputs, {
+                                    256, 97, 98,   // BOT a b
+                                    257, 256, 99,  // EOT BOT c
+                                });
+  test::check_equal(all.targets, {
+                                     97, 98, 257,   // a b EOT
+                                     256, 99, 257,  // BOT c EOT: each id but the first a target once
+                                 });
+  CHECK(corpus.target_tokens() == 6);
+  // A long document spans windows instead of being clipped: 7 ids, seq 2: windows at 0, 2 and 4.
+  const PretrainingDataset long_one({"abcde"}, tokenizer, 2, data::Packing::packed);
+  const data::Batch spans = long_one.dataset().gather({0, 1, 2});
+  test::check_equal(spans.inputs, {256, 97, 98, 99, 100, 101});
+  test::check_equal(spans.targets, {97, 98, 99, 100, 101, 257});
+  CHECK_THROWS_EXACT(
+      PretrainingDataset({"ab"}, tokenizer, 4, data::Packing::packed),
+      "PretrainingDataset: the 1 documents pack into 4 ids, fewer than one sequence of 4 and its "
+      "next id");
+}
+
 TEST_CASE("PretrainingDataset refuses a sequence length below 1 and no documents", "[data][corpus]") {
   const ByteTokenizer tokenizer;
   CHECK_THROWS_EXACT(PretrainingDataset({"a"}, tokenizer, 0),
