@@ -56,6 +56,9 @@ struct Options : apps::TrainerOptions {
   std::int64_t seq = 256;
   double lr = 1e-3;
   std::int64_t warmup_steps = -1;  // default: a tenth of the steps
+  std::string lr_decay = "cosine";
+  double decay_ratio = 1;    // of the steps after the warm-up: the last that decay
+  double min_lr_factor = 0;  // where the decay ends, of --lr
   double weight_decay = 0.1;
   std::string optimizer = "adamw";
   std::optional<double> momentum;  // --optimizer sgd's (default 0.9)
@@ -173,15 +176,29 @@ std::vector<std::string> hold_out(std::vector<std::string>& documents, double pe
   return held_out;
 }
 
-// The FSDP2 article's schedule: LinearLR from 0.1 over the warm-up, then cosine annealing to 0.
-std::unique_ptr<optim::LRScheduler> make_schedule(optim::Optimizer& optimizer, std::int64_t total_steps,
-                                                  std::int64_t warmup_steps) {
+// The schedule: LinearLR from 0.1 over the warm-up (the FSDP2 article's), then the lr held at its peak
+// (warm-up-stable-decay, where --decay-ratio is below 1) and decayed over the last --decay-ratio of the
+// steps after the warm-up, by cosine annealing (the article's) or linearly (torchtitan's default), to
+// --min-lr-factor of the peak.
+std::unique_ptr<optim::LRScheduler> make_schedule(optim::Optimizer& optimizer, const Options& options,
+                                                  std::int64_t total_steps, std::int64_t warmup_steps) {
+  const std::int64_t after = std::max<std::int64_t>(1, total_steps - warmup_steps);
+  const std::int64_t decay =
+      std::clamp<std::int64_t>(std::llround(options.decay_ratio * static_cast<double>(after)), 1, after);
   std::vector<std::unique_ptr<optim::LRScheduler>> parts;
+  std::vector<std::int64_t> milestones{warmup_steps};
   parts.push_back(std::make_unique<optim::LinearLR>(optimizer, 0.1, 1.0, warmup_steps));
-  parts.push_back(std::make_unique<optim::CosineAnnealingLR>(
-      optimizer, std::max<std::int64_t>(1, total_steps - warmup_steps)));
-  return std::make_unique<optim::SequentialLR>(optimizer, std::move(parts),
-                                               std::vector<std::int64_t>{warmup_steps});
+  if (decay < after) {
+    parts.push_back(std::make_unique<optim::LinearLR>(optimizer, 1.0, 1.0, after - decay));  // stable
+    milestones.push_back(warmup_steps + after - decay);
+  }
+  if (options.lr_decay == "linear") {
+    parts.push_back(std::make_unique<optim::LinearLR>(optimizer, 1.0, options.min_lr_factor, decay));
+  } else {
+    parts.push_back(
+        std::make_unique<optim::CosineAnnealingLR>(optimizer, decay, options.min_lr_factor * options.lr));
+  }
+  return std::make_unique<optim::SequentialLR>(optimizer, std::move(parts), std::move(milestones));
 }
 
 bool is_norm(const std::string& name) { return name.ends_with("norm.weight"); }
@@ -283,6 +300,12 @@ Training::Training(const Options& options, dist::Session& session)
     : apps::Trainer("train_llama", options, session, /*save_model_is_directory=*/true), options_(options) {
   // Options first: a typo fails before the corpus loads.
   bpe_vocab(options.tokenizer);
+  SHARDLAB_CHECK(options.decay_ratio <= 1,
+                 "--decay-ratio {:g}: the fraction of the steps after the warm-up that decay is at most 1",
+                 options.decay_ratio);
+  SHARDLAB_CHECK(options.min_lr_factor < 1,
+                 "--min-lr-factor {:g}: the decay must end below the peak lr (below 1)",
+                 options.min_lr_factor);
   SHARDLAB_CHECK(options.eval_every == 0 || options.validation_split > 0 || !options.validation_data.empty(),
                  "--eval-every {}: there is no validation set (--validation-split or --validation-data)",
                  options.eval_every);
@@ -371,7 +394,7 @@ Training::Training(const Options& options, dist::Session& session)
   optimizer_ = make_optimizer(options, std::move(groups));
   // Offloaded, each unit's update runs on a host thread while the next forward gathers the units before it.
   if (options.cpu_offload) dist::overlap_host_step(*optimizer_, **model_);
-  scheduler_ = make_schedule(*optimizer_, total_steps_, std::max<std::int64_t>(1, warmup));
+  scheduler_ = make_schedule(*optimizer_, options, total_steps_, std::max<std::int64_t>(1, warmup));
   start({.root = &**model_,
          .optimizer = optimizer_.get(),
          .loader = &*loader_,
@@ -695,6 +718,16 @@ void add_options(CLI::App& app, Options& options) {
   app.add_option("--warmup-steps", options.warmup_steps,
                  "linear warm-up from 0.1 x lr (default: a tenth of the steps)")
       ->check(apps::integer_at_least(0));
+  app.add_option("--lr-decay", options.lr_decay,
+                 "how the lr falls after the warm-up (and the stable part): cosine annealing, or linearly")
+      ->check(apps::one_of({"cosine", "linear"}));
+  app.add_option(
+         "--decay-ratio", options.decay_ratio,
+         "the last fraction of the steps after the warm-up over which the lr decays, holding at its peak "
+         "before them (warm-up-stable-decay; default 1: all of them)")
+      ->check(apps::number_at_least(0, true));
+  app.add_option("--min-lr-factor", options.min_lr_factor, "the lr the decay ends at, as a fraction of --lr")
+      ->check(apps::number_at_least(0));
   app.add_option("--optimizer", options.optimizer,
                  "adamw, or sgd (no second moment: 4 bytes of state per element with momentum, none without)")
       ->check(apps::one_of({"adamw", "sgd"}));
