@@ -53,6 +53,7 @@ struct Options : apps::TrainerOptions {
   std::vector<std::string> validation_data;  // or a held-out set of its own
   std::int64_t eval_every = 0;               // 0: the validation set once, after the last step
   bool pack = false;                         // the documents in one stream cut into sequences
+  bool eval_only = false;                    // the validation loss of the model as it starts, no step
   std::int64_t seq = 256;
   double lr = 1e-3;
   std::int64_t warmup_steps = -1;  // default: a tenth of the steps
@@ -150,6 +151,27 @@ nlohmann::json tokenizer_document(const data::Tokenizer& tokenizer) {
 // --pack's layout of the documents, or a sequence each.
 data::Packing packing(const Options& options) {
   return options.pack ? data::Packing::packed : data::Packing::one_per_document;
+}
+
+// --eval-only: a validation set to evaluate, and nothing given that only training would do.
+void check_eval_only(const Options& options) {
+  if (!options.eval_only) return;
+  SHARDLAB_CHECK(options.validation_split > 0 || !options.validation_data.empty(),
+                 "--eval-only: there is no validation set (--validation-split or --validation-data)");
+  const std::pair<bool, const char*> training_only[] = {{!options.save_model.empty(), "--save-model"},
+                                                        {options.samples > 0, "--sample"},
+                                                        {options.explain, "--explain"},
+                                                        {!options.trace.empty(), "--trace"},
+                                                        {options.profile, "--profile"},
+                                                        {options.checkpoint_every > 0, "--checkpoint-every"},
+                                                        {options.async_checkpoint, "--async-checkpoint"},
+                                                        {!options.memory_limit.empty(), "--memory-limit"},
+                                                        {options.eval_every > 0, "--eval-every"}};
+  for (const auto& [given, flag] : training_only)
+    SHARDLAB_CHECK(!given, "--eval-only takes no step: {} is training's", flag);
+  SHARDLAB_CHECK(options.checkpoint_dir.empty() || options.resume,
+                 "--eval-only saves nothing: --checkpoint-dir is read with --resume (its newest checkpoint "
+                 "evaluated) or not at all");
 }
 
 // --validation-split: `percent` of the documents (rounded, at least one), drawn with `seed`, taken out of
@@ -306,6 +328,7 @@ Training::Training(const Options& options, dist::Session& session)
   SHARDLAB_CHECK(options.min_lr_factor < 1,
                  "--min-lr-factor {:g}: the decay must end below the peak lr (below 1)",
                  options.min_lr_factor);
+  check_eval_only(options);
   SHARDLAB_CHECK(options.eval_every == 0 || options.validation_split > 0 || !options.validation_data.empty(),
                  "--eval-every {}: there is no validation set (--validation-split or --validation-data)",
                  options.eval_every);
@@ -406,7 +429,8 @@ Training::Training(const Options& options, dist::Session& session)
          .unchanged = {"seq", "pack", "validation_split", "sequences", "tokenizer_json", "config"},
          .data_parallel = &data_parallel(),
          .evaluate = validation_ ? std::function<void()>([this] { validate(); }) : nullptr,
-         .evaluate_every = options.eval_every});
+         .evaluate_every = options.eval_every,
+         .evaluate_only = options.eval_only});
 
   dist::log(
       "train_llama: {} documents, {} {}sequences of {} tokens ({} tokenizer, vocab {}), model {} with {} "
@@ -424,13 +448,15 @@ Training::Training(const Options& options, dist::Session& session)
       options.lr, options.mixed_precision == "none" ? "" : ", mixed precision " + options.mixed_precision,
       options.activation_checkpointing ? ", activation checkpointing" : "");
   if (validation_) {
-    dist::log(
-        "train_llama: validation set of {} sequences ({} target tokens, {}), its loss {}after the last step",
-        validation_->size(), validation_->target_tokens(),
-        options.validation_split > 0
-            ? fmt::format("{:g}% of the documents held out", options.validation_split)
-            : fmt::format("--validation-data {}", fmt::join(options.validation_data, " ")),
-        options.eval_every > 0 ? fmt::format("every {} steps and ", options.eval_every) : "");
+    dist::log("train_llama: validation set of {} sequences ({} target tokens, {}), its loss {}",
+              validation_->size(), validation_->target_tokens(),
+              options.validation_split > 0
+                  ? fmt::format("{:g}% of the documents held out", options.validation_split)
+                  : fmt::format("--validation-data {}", fmt::join(options.validation_data, " ")),
+              options.eval_only ? std::string("of the model as it starts (--eval-only)")
+              : options.eval_every > 0
+                  ? fmt::format("every {} steps and after the last step", options.eval_every)
+                  : std::string("after the last step"));
   }
 }
 
@@ -487,10 +513,14 @@ nlohmann::json Training::training_state() const {
 }
 
 void Training::restore(const nlohmann::json& state, const std::string& path) {
-  SHARDLAB_CHECK(step_ < total_steps_, "--resume: '{}' is at step {}, and --steps asks for {}", path, step_,
-                 total_steps_);
+  SHARDLAB_CHECK(options_.eval_only || step_ < total_steps_,
+                 "--resume: '{}' is at step {}, and --steps asks for {}", path, step_, total_steps_);
   scheduler_->set_epoch(state.at("scheduler_epoch").get<std::int64_t>());
-  dist::log("train_llama: resumed from {} (step {}), continuing to step {}", path, step_, total_steps_);
+  if (options_.eval_only) {
+    dist::log("train_llama: evaluating {} (step {})", path, step_);
+  } else {
+    dist::log("train_llama: resumed from {} (step {}), continuing to step {}", path, step_, total_steps_);
+  }
 }
 
 // The loss is the mean over the global batch's non-padding targets: each rank sums its own and
@@ -697,6 +727,10 @@ void add_options(CLI::App& app, Options& options) {
                      "text files or directories of a validation set of its own (--separator's documents)")
           ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
           ->excludes(validation_split);
+  app.add_flag(
+      "--eval-only", options.eval_only,
+      "evaluate the model as it starts (--init-from's, --resume's newest checkpoint, or a fresh one) on "
+      "the validation set and exit: no step");
   auto* eval_every =
       app.add_option("--eval-every", options.eval_every,
                      "the validation loss every N steps, and after the last (default: after the last)")

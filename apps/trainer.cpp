@@ -319,6 +319,10 @@ Trainer::End Trainer::run() {
     if (metrics_) metrics_->write({{"rank", rank_}, {"what_if", what_if_json_}});
     return End::finished;
   }
+  if (setup_.evaluate_only) {
+    evaluate();
+    return End::finished;
+  }
   if (common_.explain)
     dist::log("{}{}{}{}{}", plan_.str(), predicted_->str(), step_time_text_, checkpoint_preview_,
               bitwise_preview());

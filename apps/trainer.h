@@ -170,6 +170,7 @@ class Trainer {
     // `evaluate_every` steps (0: none before the end) and after the last step; none where empty.
     std::function<void()> evaluate;
     std::int64_t evaluate_every = 0;
+    bool evaluate_only = false;  // run() evaluates once and takes no step
   };
 
   // Sets the threads, the FSDP options (fsdp_) and checks --save-model (a file, or a directory

@@ -156,6 +156,7 @@ def app_cases(scratch):
          "--validation-split 100: the percent of the documents held out must be above 0 and below 100"),
         (["--validation-data", "/nonexistent/corpus"], "read_documents: '/nonexistent/corpus' does not exist"),
         integer("--eval-every", "0", 1),
+        (["--eval-only"], "--eval-only: there is no validation set (--validation-split or --validation-data)"),
         (["--eval-every", "2"], "--eval-every 2: there is no validation set (--validation-split or --validation-data)"),
         (["--config", "huge"], "LlamaConfig: no preset named 'huge' (tiny, small, 1b)"),
         (["--tokenizer", "words"], "make_tokenizer: unknown tokenizer 'words'"),

@@ -15,6 +15,8 @@ On a corpus written here (60 documents), the tiny Llama:
 - validating does not change training: the losses, and the measured training peak, of a run without it;
 - a run resumed from a checkpoint validates as the run without the stop; a resume with another split is
   refused, naming it;
+- --eval-only of the saved model (--init-from) and of the last checkpoint (--resume) gives the trained
+  run's final validation loss and takes no step;
 - the refusals of bad input name it.
 Prints one line per check and "validation_app: N passed, N failed, N skipped"."""
 import math
@@ -77,6 +79,7 @@ def main(mpirun, program):
         check_world_sizes(mpirun, program, scratch, corpus, check)
         check_split_and_schedule(mpirun, program, scratch, corpus, check)
         check_resume(mpirun, program, scratch, corpus, check)
+        check_eval_only(mpirun, program, scratch, corpus, check)
         check_errors(mpirun, program, scratch, corpus, check)
     return check.summary("validation_app", 0)
 
@@ -170,6 +173,28 @@ def check_resume(mpirun, program, scratch, corpus, check):
           output[-2000:])
 
 
+def check_eval_only(mpirun, program, scratch, corpus, check):
+    saved, model = os.path.join(scratch, "eval-saved"), os.path.join(scratch, "eval-model")
+    split = ["--data", corpus, "--validation-split", "10", "--global-batch", "6"]
+    code, output, trained = train(mpirun, program, scratch, "eval-trained", 2,
+                                  split + ["--steps", "4", "--lr", "3e-3", "--checkpoint-dir", saved,
+                                           "--save-model", model])
+    final = validations(trained).get(4)
+    runs = [("--init-from the saved model at np 1", 1, ["--init-from", model], 0),
+            ("--resume of the last checkpoint at np 2", 2, BASE[:2] + ["--checkpoint-dir", saved, "--resume"], 4)]
+    for name, ranks, flags, step in runs:
+        metrics = os.path.join(scratch, f"eval-only-{ranks}.jsonl")
+        # --init-from brings its own config: the preset's --config is left out.
+        args = [a for a in BASE if a not in ("--config", "tiny")] + split + flags + ["--eval-only", "--metrics",
+                                                                                    metrics]
+        run_code, run_output = run_job(mpirun, program, ranks, args)
+        found = validations(read_metrics(metrics))
+        check(f"--eval-only, {name}: the trained run's final validation loss within {TOLERANCE}, no step",
+              code == 0 and run_code == 0 and final is not None and list(found) == [step]
+              and close(found[step], final) and not losses(read_metrics(metrics)),
+              f"{output[-1000:]}\n{run_output[-2000:]}\n{found} against {final}")
+
+
 def check_errors(mpirun, program, scratch, corpus, check):
     args = ["--data", corpus, "--global-batch", "6", "--steps", "1"]
     missing = os.path.join(scratch, "no-such-file")
@@ -183,6 +208,13 @@ def check_errors(mpirun, program, scratch, corpus, check):
         (["--validation-split", "10", "--validation-data", corpus], "--validation-split excludes --validation-data"),
         (["--validation-data", missing], missing),
         (["--eval-every", "0", "--validation-split", "10"], "--eval-every: got '0', expected an integer >= 1"),
+        (["--eval-only"], "--eval-only: there is no validation set (--validation-split or --validation-data)"),
+        (["--eval-only", "--validation-split", "10", "--save-model", os.path.join(scratch, "m")],
+         "--eval-only takes no step: --save-model is training's"),
+        (["--eval-only", "--validation-split", "10", "--eval-every", "2"],
+         "--eval-only takes no step: --eval-every is training's"),
+        (["--eval-only", "--validation-split", "10", "--checkpoint-dir", os.path.join(scratch, "c")],
+         "--eval-only saves nothing: --checkpoint-dir is read with --resume"),
     ]
     for flags, message in cases:
         code, output = run_job(mpirun, program, 1, BASE + args + flags)
