@@ -5,7 +5,7 @@ Fashion-MNIST (np 1 to 3, full, grad_op and none, a few steps) and checks what i
 
 - every chart is a PNG of 900 x 500;
 - loss: each run's points are its rank-0 step losses; a step logged twice (a job resumed after its run
-  went past its last checkpoint) is drawn with its later record;
+  went past its last checkpoint) is drawn with its later record; validation losses are a series of their own;
 - memory: the formula line equals the plan's persistent_bytes of rank 0 at every world size measured,
   and the points equal the measured_persistent_bytes;
 - traffic: each bar and plan mark equals the run's step_bytes_received and planned_step_bytes;
@@ -35,7 +35,7 @@ ARGS = ["--steps", "3", "--limit-train", "480", "--limit-test", "96", "--global-
 # (2, "full") is traced; at np 3 every unit is padded, and the memory formula must pad as the plan does.
 RUNS = [(1, "full"), (2, "full"), (3, "full"), (2, "grad_op"), (1, "none"), (2, "none")]
 TRACED_STEP = 2
-CHECKS = 6 + 3 + 4 + 2 + 4 + 6  # PNGs, loss, memory, traffic, timeline, errors
+CHECKS = 7 + 4 + 4 + 2 + 4 + 6  # PNGs, loss, memory, traffic, timeline, errors
 TIME_TOLERANCE_MS = 1e-9
 
 
@@ -139,6 +139,17 @@ def check_plots(mpirun, program, plot, scratch, check):
     drawn = rows(os.path.join(keep, "loss-0.dat"))
     check("loss: a step logged twice is drawn once, with the later record", drawn == expected and len(drawn) == 3,
           f"{drawn} vs {expected}")
+
+    # train_llama's validation records (--eval-every): their own series, by the step after which each was taken.
+    validated = os.path.join(scratch, "validated.jsonl")
+    checks = [{"rank": 0, "step": s, "validation_loss": 2.0 / s, "validation_tokens": 100} for s in (2, 3)]
+    with open(validated, "w", encoding="utf-8") as file:
+        file.writelines(json.dumps(r) + "\n" for r in first_run + checks + [dict(checks[0], rank=1)])
+    keep, _ = draw("loss", f"validated={validated}")
+    drawn = rows(os.path.join(keep, "validation-0.dat"))
+    check("loss: a run's validation losses are a series of their own (rank 0's, by step)",
+          drawn == [["2", repr(1.0)], ["3", repr(2.0 / 3)]] and len(rows(os.path.join(keep, "loss-0.dat"))) == 3,
+          str(drawn))
 
     keep, _ = draw("memory", *paths.values())
     for strategy in ("full", "grad_op", "none"):
