@@ -290,6 +290,8 @@ class Training : public apps::Trainer {
   Variable losses(const data::Batch& batch);
   // The validation set's loss now (Setup::evaluate), logged and written to the metrics.
   void validate();
+  // Its forwards over this rank's share and the sums over the ranks: the same value on every rank.
+  double validation_loss();
   // The ranks that share out the batch: the mesh's "dp" with --tp, else all.
   dist::Communicator& data_parallel() const { return mesh_ ? (*mesh_)["dp"] : session_.world(); }
   double tokens_per_second(double seconds) const {
@@ -307,8 +309,8 @@ class Training : public apps::Trainer {
   std::optional<data::PretrainingDataset> validation_;  // --validation-split's or --validation-data's
   data::EvaluationForwards validation_forwards_;        // this rank's share of it
   std::optional<double> validation_loss_;               // the last validation's
-  std::unique_ptr<dist::DeviceMesh> mesh_;  // dp x tp, with --tp
-  std::int64_t tensor_parallel_bytes_ = 0;  // what the tp ranks exchanged in the last step
+  std::unique_ptr<dist::DeviceMesh> mesh_;              // dp x tp, with --tp
+  std::int64_t tensor_parallel_bytes_ = 0;              // what the tp ranks exchanged in the last step
   std::optional<models::Llama> model_;
   recipes::ParallelLlama layout_;
   std::unique_ptr<optim::Optimizer> optimizer_;
@@ -565,8 +567,7 @@ Variable Training::losses(const data::Batch& batch) {
 // The mean loss over the validation set's non-padding targets: each rank sums its share's (exactly with
 // --bitwise, where a forward per chunk computes every chunk alike at any world size) and the data-parallel
 // ranks add them, so any world size computes the 1-process loss.
-void Training::validate() {
-  const auto start = std::chrono::steady_clock::now();
+double Training::validation_loss() {
   const NoGradGuard no_grad;
   const data::TensorDataset set = validation_->dataset();
   const std::vector<data::ChunkShare>& mine = validation_forwards_.mine;
@@ -597,9 +598,14 @@ void Training::validate() {
     data_parallel().all_reduce(summed, dist::ReduceOp::sum, "validation loss").wait();
     total = summed.item<double>();
   }
-  const std::int64_t tokens = validation_->target_tokens();
-  const double loss = total / static_cast<double>(std::max<std::int64_t>(tokens, 1));
+  return total / static_cast<double>(std::max<std::int64_t>(validation_->target_tokens(), 1));
+}
+
+void Training::validate() {
+  const auto start = std::chrono::steady_clock::now();
+  const double loss = validation_loss();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const std::int64_t tokens = validation_->target_tokens();
   validation_loss_ = loss;
   dist::log(
       "train_llama: validation after step {}: loss {:.4f}, perplexity {:.2f} ({} tokens of {} sequences, "
@@ -736,12 +742,11 @@ void add_options(CLI::App& app, Options& options) {
                      "the validation loss every N steps, and after the last (default: after the last)")
           ->check(apps::integer_at_least(1));
   app.add_option("--seq", options.seq, "tokens per sequence")->check(apps::integer_at_least(1));
-  auto* pack = app.add_flag("--pack", options.pack,
-                            "concatenate the documents ([BOT] text [EOT] each) and cut the stream into "
-                            "sequences of --seq, as Hugging "
-                            "Face's run_clm groups texts: no padding, attention across documents, the last "
-                            "partial sequence dropped "
-                            "(default: a sequence per document, clipped and padded)");
+  auto* pack = app.add_flag(
+      "--pack", options.pack,
+      "concatenate the documents ([BOT] text [EOT] each) and cut the stream into sequences of --seq, as "
+      "Hugging Face's run_clm groups texts: no padding, attention across documents, the last partial "
+      "sequence dropped (default: a sequence per document, clipped and padded)");
   app.add_option("--global-batch", options.global_batch, "sequences per step over all ranks (any world size)")
       ->check(apps::integer_at_least(1));
   auto* steps = app.add_option("--steps", options.steps, "optimizer steps")->check(apps::integer_at_least(1));
