@@ -71,8 +71,8 @@ Tensor both(const Tensor& a, const Tensor& b) {
 }
 
 // Where query t may attend to key s, as bool broadcastable to the scores [B, H, T, S]: not to a
-// later key when causal, a padding key (nor at all as a padding query when T == S), or a key the
-// additive mask sets to -inf. Undefined when every pair may attend.
+// later key when causal, a padding key (nor at all as a padding query when T == S), a key of another
+// document, or a key the additive mask sets to -inf. Undefined when every pair may attend.
 Tensor visible_pairs(const AttentionOptions& options, const Shape& scores, Device device) {
   const std::int64_t batch = scores[0], queries = scores[2], keys = scores[3];
   Tensor visible;
@@ -84,6 +84,11 @@ Tensor visible_pairs(const AttentionOptions& options, const Shape& scores, Devic
     const Tensor real = eq(options.padding, false);
     visible = both(visible, real.view({batch, 1, 1, keys}));
     if (queries == keys) visible = both(visible, real.view({batch, 1, queries, 1}));
+  }
+  if (options.documents.defined()) {
+    const Tensor& documents = options.documents;
+    visible =
+        both(visible, eq(documents.reshape({batch, 1, queries, 1}), documents.reshape({batch, 1, 1, keys})));
   }
   if (options.mask.defined()) {
     visible = both(visible, gt(options.mask, -std::numeric_limits<double>::infinity()));
@@ -113,7 +118,7 @@ constexpr const char* kAttention = "scaled_dot_product_attention";
 void check_attention(const Variable& q, const Variable& k, const Variable& v,
                      const AttentionOptions& options) {
   const auto data = [](const Variable& x) { return x.defined() ? x.data() : Tensor(); };
-  check_attention_operands(kAttention, data(q), data(k), data(v), options.padding);
+  check_attention_operands(kAttention, data(q), data(k), data(v), options.padding, options.documents);
 }
 
 // [B, Hkv, S, D] -> [B, Hkv * groups, S, D]: each head repeated `groups` times in a row, so
@@ -159,8 +164,10 @@ AttentionGrads chunked_attention_backward(const autograd::BatchChunks& chunks, c
     const auto part = [&](const Tensor& t) {
       return t.defined() ? t.narrow(0, chunk.start, chunk.count) : t;
     };
-    const AttentionParams chunk_params{
-        .causal = params.causal, .padding = part(params.padding), .scale = params.scale};
+    const AttentionParams chunk_params{.causal = params.causal,
+                                       .padding = part(params.padding),
+                                       .documents = part(params.documents),
+                                       .scale = params.scale};
     const AttentionGrads parts = attention_backward(part(g), part(q), part(k), part(v),
                                                     {part(result.out), part(result.logsumexp)}, chunk_params);
     part(grads.q).copy_(parts.q);
@@ -173,7 +180,10 @@ AttentionGrads chunked_attention_backward(const autograd::BatchChunks& chunks, c
 Variable fused(const Variable& q, const Variable& k, const Variable& v, const AttentionOptions& options) {
   SHARDLAB_CHECK(!options.mask.defined(), "{}: the fused path takes no additive mask (got one of shape {})",
                  kAttention, shape_str(options.mask.shape()));
-  const AttentionParams params{.causal = options.causal, .padding = options.padding, .scale = options.scale};
+  const AttentionParams params{.causal = options.causal,
+                               .padding = options.padding,
+                               .documents = options.documents,
+                               .scale = options.scale};
   const Tensor x = q.data(), y = k.data(), z = v.data();
   const AttentionResult result = attention_forward(x, y, z, params);
   const bool need_q = q.requires_grad(), need_k = k.requires_grad(), need_v = v.requires_grad();

@@ -50,13 +50,16 @@ Variable layer_norm(const Variable& x, const Variable& weight, const Variable& b
 struct AttentionOptions {
   bool causal = false;          // query t attends to keys 0..t (top-left aligned, as PyTorch)
   Tensor padding;               // optional bool [B, S]: true marks a padding token
+  Tensor documents;             // optional i64 [B, T], T == S: each token's document
   Tensor mask;                  // optional additive mask broadcastable to [B, H, T, S]
   std::optional<double> scale;  // default 1 / sqrt(head_dim)
 };
 // q [B, H, T, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv] with H a multiple of Hkv
 // (grouped-query attention: query head h uses key/value head h / (H / Hkv)) -> [B, H, T, Dv].
-// No query attends to a padding key or to a key the mask sets to -inf; when T == S the queries
-// are the keys' tokens and a padding query attends to nothing. A query that attends to nothing
+// No query attends to a padding key, to a key of another document (a different value in
+// documents) or to a key the mask sets to -inf; when T == S the queries are the keys' tokens and a
+// padding query attends to nothing. Causal with documents is the block-causal mask of documents
+// packed into one sequence: each attends as it would alone. A query that attends to nothing
 // outputs zeros and passes no gradient (not NaN).
 //
 //   Variable y = scaled_dot_product_attention(q, k, v, {.causal = true, .padding = eq(ids, pad_id)});

@@ -3,6 +3,7 @@
 #include "core/attention.h"
 
 #include <cmath>
+#include <string>
 
 #include "core/op_checks.h"
 
@@ -10,8 +11,25 @@ namespace shardlab {
 
 using namespace detail;
 
+namespace {
+
+void check_documents(const char* op, const Tensor& q, const Tensor& k, const Tensor& documents,
+                     const std::string& shapes) {
+  check_same_device(op, q, documents);
+  SHARDLAB_CHECK(documents.dtype() == DType::i64, "{}: documents must be i64 (a document per token), got {}",
+                 op, dtype_name(documents.dtype()));
+  SHARDLAB_CHECK(q.size(2) == k.size(2),
+                 "{}: documents need queries and keys of the same tokens (T == S), got T {} and S {} ({})",
+                 op, q.size(2), k.size(2), shapes);
+  const Shape expected{q.size(0), q.size(2)};
+  SHARDLAB_CHECK(documents.shape() == expected, "{}: documents of shape {} are not [B, T] = {} ({})", op,
+                 shape_str(documents.shape()), shape_str(expected), shapes);
+}
+
+}  // namespace
+
 void check_attention_operands(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
-                              const Tensor& padding) {
+                              const Tensor& padding, const Tensor& documents) {
   for (const auto& [x, what] : {std::pair{&q, "q [B, H, T, D]"}, std::pair{&k, "k [B, Hkv, S, D]"},
                                 std::pair{&v, "v [B, Hkv, S, D]"}}) {
     SHARDLAB_CHECK(x->defined(), "{}: {} is undefined", op, what);
@@ -34,6 +52,7 @@ void check_attention_operands(const char* op, const Tensor& q, const Tensor& k, 
                  shapes);
   check_same_device(op, q, k);
   check_same_device(op, q, v);
+  if (documents.defined()) check_documents(op, q, k, documents, shapes);
   if (!padding.defined()) return;
   check_same_device(op, q, padding);
   SHARDLAB_CHECK(padding.dtype() == DType::boolean,
@@ -50,10 +69,11 @@ namespace {
 // device, floating, and the scale resolved.
 AttentionParams checked_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                                   const AttentionParams& params) {
-  check_attention_operands(op, q, k, v, params.padding);
+  check_attention_operands(op, q, k, v, params.padding, params.documents);
   check_floating(op, q);
   AttentionParams resolved = params;
   if (params.padding.defined()) resolved.padding = params.padding.contiguous();
+  if (params.documents.defined()) resolved.documents = params.documents.contiguous();
   resolved.scale = params.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
   return resolved;
 }

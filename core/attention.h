@@ -18,11 +18,15 @@ namespace shardlab {
 struct AttentionParams {
   bool causal = false;          // query t sees keys 0..t (top-left aligned, as PyTorch)
   Tensor padding;               // optional bool [B, S]: true marks a padding token (see below)
+  Tensor documents;             // optional i64 [B, T], T == S: each token's document (see below)
   std::optional<double> scale;  // default 1 / sqrt(D)
 };
 // No query sees a padding key; when T == S the queries are the same tokens, and a padding
-// query sees nothing. A query that sees no key outputs zeros (logsumexp -inf) and passes no
-// gradient.
+// query sees nothing. With documents, a query sees only the keys of its own document (equal
+// values): with causal, the block-causal mask of documents packed into one sequence, under which
+// each document attends as it would alone. The documents need not be contiguous: any two tokens
+// of equal value are one document. A query that sees no key outputs zeros (logsumexp -inf) and
+// passes no gradient.
 struct AttentionResult {
   Tensor out;        // [B, H, T, Dv]
   Tensor logsumexp;  // [B, H, T]: of each query's scaled scores over the keys it sees (f32 for halves)
@@ -42,16 +46,17 @@ struct AttentionGrads {
 AttentionGrads attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                                   const AttentionResult& forward, const AttentionParams& params = {});
 // The shape checks attention_forward makes (4-D operands that agree, H a multiple of Hkv, a
-// bool [B, S] padding), with errors that start with `op` and name the shapes.
+// bool [B, S] padding, i64 [B, T] documents with T == S), with errors that start with `op` and name
+// the shapes.
 void check_attention_operands(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
-                              const Tensor& padding);
+                              const Tensor& padding, const Tensor& documents);
 
 // Attention's kernels, and whether they and rotary's read operands where they lie.
 struct AttentionKernels {
   // Fused attention (core/ops.h): q, k, v, grad_out, the forward's out and the gradients contiguous
-  // (or as strided_heads says) and of one dtype (f32 or f64); logsumexp and params.padding (undefined
-  // or) contiguous; params.scale set; at least one query and one key. Backward writes every element
-  // of the gradients, which arrive uninitialised.
+  // (or as strided_heads says) and of one dtype (f32 or f64); logsumexp, params.padding and
+  // params.documents (undefined or) contiguous; params.scale set; at least one query and one key.
+  // Backward writes every element of the gradients, which arrive uninitialised.
   void (*attention_forward)(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
                             const AttentionResult& result);
   void (*attention_backward)(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,

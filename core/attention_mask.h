@@ -9,11 +9,13 @@
 
 namespace shardlab {
 
-// core/ops.h's rule: causal hides keys after the query (top-left aligned), padding keys are hidden,
-// and when T == S (queries and keys the same tokens) a padding query sees nothing.
+// core/attention.h's rule: causal hides keys after the query (top-left aligned), padding keys are
+// hidden, when T == S (queries and keys the same tokens) a padding query sees nothing, and with
+// documents a query sees only the keys of its own document.
 struct AttentionMask {
   bool causal = false;
-  const bool* padding = nullptr;  // [B, S], or null
+  const bool* padding = nullptr;            // [B, S], or null
+  const std::int64_t* documents = nullptr;  // [B, T] (T == S), or null
   std::int64_t queries = 0, keys = 0;
 
   // A padding query when queries and keys are the same tokens: it sees no key.
@@ -23,22 +25,27 @@ struct AttentionMask {
   SHARDLAB_HD bool padded_key(std::int64_t b, std::int64_t s) const {
     return padding != nullptr && padding[b * keys + s];
   }
+  // Whether query t and key s of batch row b lie in different documents.
+  SHARDLAB_HD bool other_document(std::int64_t b, std::int64_t t, std::int64_t s) const {
+    return documents != nullptr && documents[b * keys + t] != documents[b * keys + s];
+  }
   // Whether query t of batch row b sees key s; false past either end.
   SHARDLAB_HD bool sees(std::int64_t b, std::int64_t t, std::int64_t s) const {
     if (t < 0 || t >= queries || s < 0 || s >= keys) return false;
     if (causal && s > t) return false;
-    return !padded_key(b, s) && !blind(b, t);
+    return !padded_key(b, s) && !blind(b, t) && !other_document(b, t, s);
   }
   // The keys queries [t0, t0 + rows) can see at all: [0, key_end). Causal tiles past it are skipped.
   SHARDLAB_HD std::int64_t key_end(std::int64_t t0, std::int64_t rows) const {
     const std::int64_t last = t0 + rows < queries ? t0 + rows : queries;  // one past the last query
     return causal && last < keys ? last : keys;
   }
-  // Whether every query of [t0, t0 + rows) sees every key of [s0, s0 + cols): no padding, the whole
-  // block inside both ends, and under causal its last key at or before its first query. The tensor-core
-  // kernels then skip the per-pair mask of a warp's block, a uniform branch.
+  // Whether every query of [t0, t0 + rows) sees every key of [s0, s0 + cols): no padding or documents,
+  // the whole block inside both ends, and under causal its last key at or before its first query. The
+  // tensor-core kernels then skip the per-pair mask of a warp's block, a uniform branch.
   SHARDLAB_HD bool sees_all(std::int64_t t0, std::int64_t rows, std::int64_t s0, std::int64_t cols) const {
-    if (padding != nullptr || t0 < 0 || s0 < 0 || t0 + rows > queries || s0 + cols > keys) return false;
+    if (padding != nullptr || documents != nullptr) return false;
+    if (t0 < 0 || s0 < 0 || t0 + rows > queries || s0 + cols > keys) return false;
     return !causal || s0 + cols - 1 <= t0;
   }
   // The first query that can see key s: the backward's walk over query tiles for a key tile starts at

@@ -26,8 +26,8 @@ void check_epoch(const char* op, std::int64_t epoch) {
 
 // --- TensorDataset ---------------------------------------------------------------------------
 
-TensorDataset::TensorDataset(Tensor inputs, Tensor targets)
-    : inputs_(std::move(inputs)), targets_(std::move(targets)) {
+TensorDataset::TensorDataset(Tensor inputs, Tensor targets, Tensor documents)
+    : inputs_(std::move(inputs)), targets_(std::move(targets)), documents_(std::move(documents)) {
   SHARDLAB_CHECK(inputs_.defined() && targets_.defined(),
                  "TensorDataset: inputs and targets must both be defined");
   SHARDLAB_CHECK(inputs_.dim() >= 1 && targets_.dim() >= 1,
@@ -35,6 +35,10 @@ TensorDataset::TensorDataset(Tensor inputs, Tensor targets)
                  shape_str(inputs_.shape()), shape_str(targets_.shape()));
   SHARDLAB_CHECK(inputs_.size(0) == targets_.size(0),
                  "TensorDataset: inputs have {} rows but targets have {}", inputs_.size(0), targets_.size(0));
+  SHARDLAB_CHECK(
+      !documents_.defined() || (documents_.shape() == inputs_.shape() && documents_.dtype() == DType::i64),
+      "TensorDataset: documents must be i64 {} like the inputs, got {} {}", shape_str(inputs_.shape()),
+      dtype_name(documents_.dtype()), shape_str(documents_.shape()));
 }
 
 Batch TensorDataset::gather(const std::vector<std::int64_t>& indices) const {
@@ -43,14 +47,16 @@ Batch TensorDataset::gather(const std::vector<std::int64_t>& indices) const {
                    "TensorDataset::gather: index {} is out of range for {} samples", index, size());
   }
   const Tensor rows = from_vector(indices);
-  return Batch{index_select(inputs_, 0, rows.to(inputs_.device())),
-               index_select(targets_, 0, rows.to(targets_.device())), indices};
+  const auto selected = [&](const Tensor& t) {
+    return t.defined() ? index_select(t, 0, rows.to(t.device())) : t;
+  };
+  return Batch{selected(inputs_), selected(targets_), indices, selected(documents_)};
 }
 
 namespace {
 
 Tensor sent_to(const Tensor& tensor, Device device) {
-  if (tensor.device() == device) return tensor;
+  if (!tensor.defined() || tensor.device() == device) return tensor;
   if (tensor.device().is_cpu() && device.is_cuda())
     return tensor.pin_memory().to(device, /*non_blocking=*/true);
   return tensor.to(device);
@@ -61,13 +67,15 @@ Tensor sent_to(const Tensor& tensor, Device device) {
 Batch to_device(Batch batch, Device device) {
   batch.inputs = sent_to(batch.inputs, device);
   batch.targets = sent_to(batch.targets, device);
+  batch.documents = sent_to(batch.documents, device);
   return batch;
 }
 
 TensorDataset TensorDataset::head(std::int64_t n) const {
   SHARDLAB_CHECK(n >= 0 && n <= size(), "TensorDataset::head: n = {} is outside [0, {}] (the dataset size)",
                  n, size());
-  return TensorDataset(inputs_.narrow(0, 0, n), targets_.narrow(0, 0, n));
+  const auto first = [n](const Tensor& t) { return t.defined() ? t.narrow(0, 0, n) : t; };
+  return TensorDataset(first(inputs_), first(targets_), first(documents_));
 }
 
 // --- samplers -------------------------------------------------------------------------------------
@@ -282,9 +290,13 @@ Batch rows_of(const Batch& batch, const ChunkShare& part) {
                  "rows_of: rows [{}, {}) of a batch of {}", part.first, part.first + part.count,
                  batch.inputs.size(0));
   const auto begin = batch.sample_indices.begin() + part.first;
-  return {.inputs = batch.inputs.narrow(0, part.first, part.count).contiguous(),
-          .targets = batch.targets.narrow(0, part.first, part.count).contiguous(),
-          .sample_indices = {begin, begin + part.count}};
+  const auto rows = [&](const Tensor& t) {
+    return t.defined() ? t.narrow(0, part.first, part.count).contiguous() : t;
+  };
+  return {.inputs = rows(batch.inputs),
+          .targets = rows(batch.targets),
+          .sample_indices = {begin, begin + part.count},
+          .documents = rows(batch.documents)};
 }
 
 DataLoader rank_loader(const TensorDataset& dataset, const GlobalBatch& batch) {

@@ -15,6 +15,7 @@ struct Batch {
   Tensor inputs;
   Tensor targets;
   std::vector<std::int64_t> sample_indices;  // dataset index of each row
+  Tensor documents;  // i64 like inputs, each input's document within its row, where the dataset has them
 };
 
 // The batch with its tensors on `device`. To a GPU each CPU tensor is copied once into pinned
@@ -23,10 +24,11 @@ struct Batch {
 // queueing them. Throws, as Tensor::to does, when the device is not usable.
 Batch to_device(Batch batch, Device device);
 
-// Samples are rows (dim 0) of `inputs` and `targets`.
+// Samples are rows (dim 0) of `inputs` and `targets`, and of `documents` where given (i64 in inputs'
+// shape: each input's document, for attention that stays within one; Batch::documents).
 class TensorDataset {
  public:
-  TensorDataset(Tensor inputs, Tensor targets);
+  TensorDataset(Tensor inputs, Tensor targets, Tensor documents = {});
   std::int64_t size() const { return inputs_.size(0); }
   // A batch of the given rows, in that order.
   Batch gather(const std::vector<std::int64_t>& indices) const;
@@ -34,7 +36,7 @@ class TensorDataset {
   TensorDataset head(std::int64_t n) const;
 
  private:
-  Tensor inputs_, targets_;
+  Tensor inputs_, targets_, documents_;
 };
 
 // The order in which an epoch visits the dataset's indices.

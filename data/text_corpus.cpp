@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -135,7 +136,8 @@ void PretrainingDataset::fill(std::int64_t count, std::int64_t seq, std::int64_t
 }
 
 PretrainingDataset::PretrainingDataset(const std::vector<std::string>& documents, const Tokenizer& tokenizer,
-                                       std::int64_t seq, Packing packing) {
+                                       std::int64_t seq, Packing packing)
+    : packing_(packing), bot_id_(tokenizer.bot_id()) {
   SHARDLAB_CHECK(seq >= 1, "PretrainingDataset: seq must be at least 1, got {}", seq);
   SHARDLAB_CHECK(!documents.empty(), "PretrainingDataset: no documents");
   const std::int64_t pad = tokenizer.pad_id();
@@ -168,6 +170,24 @@ PretrainingDataset::PretrainingDataset(const std::vector<std::string>& documents
   fill((ids - 1) / seq, seq, pad, [&](std::int64_t i, std::vector<std::int64_t>& sample) {
     std::copy_n(stream.begin() + i * seq, length + 1, sample.begin());
   });
+}
+
+TensorDataset PretrainingDataset::dataset_with_documents() const {
+  SHARDLAB_CHECK(packing_ == Packing::packed,
+                 "PretrainingDataset: documents within a sample are for packed samples; these hold one "
+                 "document each");
+  Tensor documents = empty(inputs_.shape(), dtype(DType::i64));
+  const std::int64_t* ids = inputs_.data<std::int64_t>();
+  std::int64_t* out = documents.data<std::int64_t>();
+  const std::int64_t seq = seq_len();
+  for (std::int64_t row = 0; row < size(); ++row, ids += seq, out += seq) {
+    std::int64_t document = 0;
+    for (std::int64_t t = 0; t < seq; ++t) {
+      if (t > 0 && ids[t] == bot_id_) ++document;
+      out[t] = document;
+    }
+  }
+  return TensorDataset(inputs_, targets_, std::move(documents));
 }
 
 }  // namespace shardlab::data

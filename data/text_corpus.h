@@ -45,6 +45,11 @@ class PretrainingDataset {
 
   // inputs i64 [size, seq] and targets i64 [size, seq], for DataLoader / rank_loader.
   TensorDataset dataset() const { return TensorDataset(inputs_, targets_); }
+  // The same with each input's document (packed only: an Error otherwise): i64 [size, seq], counted
+  // within its sample from 0 (a sample's first ids may end a document begun in the one before) up by
+  // one at each [BOT] after its first position, so an [EOT] belongs to the document it ends. For
+  // block-causal attention, under which each document of a sample attends to its own ids only.
+  TensorDataset dataset_with_documents() const;
   std::int64_t size() const { return inputs_.size(0); }
   std::int64_t seq_len() const { return inputs_.size(1); }
   // Targets that are not [PAD] over the whole dataset: the tokens an epoch trains on.
@@ -59,6 +64,8 @@ class PretrainingDataset {
   // [size, seq + 1] tensor: gathering a batch copies a non-contiguous source whole.
   Tensor inputs_, targets_;
   std::int64_t target_tokens_ = 0;
+  Packing packing_;
+  std::int64_t bot_id_;
 };
 
 }  // namespace shardlab::data

@@ -54,7 +54,7 @@ std::vector<std::int64_t> generate(LlamaImpl& model, const std::vector<std::int6
   std::vector<std::int64_t> out;
   Tensor input = from_vector(prompt, {1, prompt_length}, device);
   while (static_cast<std::int64_t>(out.size()) < options.max_new_tokens && cache.length < capacity) {
-    const Tensor logits = model(input, {}, &cache).data();
+    const Tensor logits = model(input, {}, {}, &cache).data();
     const std::vector<float> last = logits.select(1, logits.size(1) - 1).to(DType::f32).to_vector<float>();
     const double draw = uniform({1}, RandomKey{options.seed, static_cast<std::uint64_t>(cache.length)}, 0.0,
                                 1.0, TensorOptions{}.with_dtype(DType::f64))

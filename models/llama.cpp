@@ -315,10 +315,12 @@ Variable append_to_cache(const Tensor& entry, const Variable& fresh, std::int64_
 }  // namespace
 
 Variable LlamaAttentionImpl::operator()(const Variable& input, const Tensor& cos_rows, const Tensor& sin_rows,
-                                        const Tensor& padding_mask, KvCache* cache, std::int64_t layer) {
+                                        const Tensor& padding_mask, const Tensor& document_ids,
+                                        KvCache* cache, std::int64_t layer) {
   // Captures by value: under activation checkpointing the forward runs again in backward.
   return with_hooks(
-      [this, cache, layer](const Variable& x, const Tensor& cos, const Tensor& sin, const Tensor& padding) {
+      [this, cache, layer](const Variable& x, const Tensor& cos, const Tensor& sin, const Tensor& padding,
+                           const Tensor& documents) {
         const std::int64_t batch = x.size(0), length = x.size(1);
         const Variable q = rotary_embedding(split_heads(q_proj(x), head_dim), cos, sin);
         Variable k = rotary_embedding(split_heads(k_proj(x), head_dim), cos, sin);
@@ -337,11 +339,11 @@ Variable LlamaAttentionImpl::operator()(const Variable& input, const Tensor& cos
           k = append_to_cache(cache->keys.at(static_cast<std::size_t>(layer)), k, cache->length);
           v = append_to_cache(cache->values.at(static_cast<std::size_t>(layer)), v, cache->length);
         }
-        const Variable attended =
-            scaled_dot_product_attention(q, k, v, {.causal = causal, .padding = padding});
+        const Variable attended = scaled_dot_product_attention(
+            q, k, v, {.causal = causal, .padding = padding, .documents = documents});
         return o_proj(reshape(contiguous(transpose(attended, 1, 2)), {batch, length, -1}));
       },
-      input, cos_rows, sin_rows, padding_mask);
+      input, cos_rows, sin_rows, padding_mask, document_ids);
 }
 
 LlamaMlpImpl::LlamaMlpImpl(const LlamaConfig& config)
@@ -371,18 +373,19 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& config)
 }
 
 Variable LlamaDecoderLayerImpl::operator()(const Variable& input, const Tensor& cos_rows,
-                                           const Tensor& sin_rows, const Tensor& padding_mask, KvCache* cache,
-                                           std::int64_t layer) {
+                                           const Tensor& sin_rows, const Tensor& padding_mask,
+                                           const Tensor& document_ids, KvCache* cache, std::int64_t layer) {
   // Captures by value: under activation checkpointing the forward runs again in backward.
   return with_hooks(
-      [this, cache, layer](const Variable& x, const Tensor& cos, const Tensor& sin, const Tensor& padding) {
+      [this, cache, layer](const Variable& x, const Tensor& cos, const Tensor& sin, const Tensor& padding,
+                           const Tensor& documents) {
         // The add before the second norm is fused into it; the one after the MLP is the layer's
         // output (hooks and checkpoints take the layer whole).
         const auto [h, normed] = post_attention_layernorm->add_then_norm(
-            x, self_attn(input_layernorm(x), cos, sin, padding, cache, layer));
+            x, self_attn(input_layernorm(x), cos, sin, padding, documents, cache, layer));
         return add(h, mlp(normed));
       },
-      input, cos_rows, sin_rows, padding_mask);
+      input, cos_rows, sin_rows, padding_mask, document_ids);
 }
 
 LlamaModelImpl::LlamaModelImpl(const LlamaConfig& config)
@@ -448,27 +451,34 @@ void check_cache_fits(const KvCache& cache, const Tensor& hidden, std::size_t la
 
 }  // namespace
 
-Variable LlamaImpl::operator()(const Tensor& input_tokens, const Tensor& padding_mask, KvCache* cache) {
+Variable LlamaImpl::operator()(const Tensor& input_tokens, const Tensor& padding_mask,
+                               const Tensor& document_ids, KvCache* cache) {
   return with_hooks(
-      [this, cache](const Tensor& tokens, const Tensor& padding) {
+      [this, cache](const Tensor& tokens, const Tensor& padding, const Tensor& documents) {
         SHARDLAB_CHECK(tokens.dim() == 2, "Llama: expected tokens [B, T], got {}", shape_str(tokens.shape()));
         SHARDLAB_CHECK(
             !padding.defined() || (padding.shape() == tokens.shape() && padding.dtype() == DType::boolean),
             "Llama: padding must be bool {} like the tokens, got {} {}", shape_str(tokens.shape()),
             dtype_name(padding.dtype()), shape_str(padding.shape()));
+        SHARDLAB_CHECK(
+            !documents.defined() || (documents.shape() == tokens.shape() && documents.dtype() == DType::i64),
+            "Llama: documents must be i64 {} like the tokens, got {} {}", shape_str(tokens.shape()),
+            dtype_name(documents.dtype()), shape_str(documents.shape()));
+        SHARDLAB_CHECK(cache == nullptr || !documents.defined(),
+                       "Llama: documents are for packed sequences; a KvCache generates one sequence a row");
         const std::int64_t offset = cache != nullptr ? cache->length : 0;
         Variable h = model->embed_tokens(tokens);
         if (cache != nullptr) check_cache_fits(*cache, h.data(), model->layers->size());
         const auto [cos, sin] = model->rotary_emb->rows(offset, tokens.size(1), h.dtype());
         for (std::size_t i = 0; i < model->layers->size(); ++i) {
-          h = (*model->layers)[i](h, cos, sin, padding, cache, static_cast<std::int64_t>(i));
+          h = (*model->layers)[i](h, cos, sin, padding, documents, cache, static_cast<std::int64_t>(i));
         }
         h = model->norm(h);
         if (cache != nullptr) cache->length += tokens.size(1);
         if (lm_head) return (*lm_head)(h);
         return matmul(h, transpose(model->embed_tokens->weight, 0, 1));
       },
-      input_tokens, padding_mask);
+      input_tokens, padding_mask, document_ids);
 }
 
 // --- Hugging Face directories --------------------------------------------------------------------

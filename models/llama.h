@@ -4,6 +4,7 @@
 //
 //   models::Llama model(models::LlamaConfig::preset("tiny"), /*seed=*/1);
 //   Variable logits = model(tokens, padding);       // tokens [B, T] i64 -> logits [B, T, vocab]
+//   Variable packed = model(tokens, {}, documents);  // block-causal: each document on its own
 //   models::save_pretrained(model, "out/");         // model.safetensors + config.json
 //
 // The model does not know whether it is sharded: FSDP units wrap its decoder layers and itself.
@@ -89,11 +90,12 @@ using LlamaRotaryEmbedding = nn::Holder<LlamaRotaryEmbeddingImpl>;
 class LlamaAttentionImpl : public nn::Module {
  public:
   explicit LlamaAttentionImpl(const LlamaConfig& config);
-  // x [B, T, hidden]; cos/sin [T, head_dim]; padding bool [B, T] (true at padding) or undefined.
-  // With a cache, keys and values are appended to layer `layer`'s entries and the queries attend
-  // to every cached position (a prompt of several tokens only as the cache's first entry).
+  // x [B, T, hidden]; cos/sin [T, head_dim]; padding bool [B, T] (true at padding) or undefined;
+  // documents i64 [B, T] (each token's document: a token attends to its own document's only) or
+  // undefined. With a cache, keys and values are appended to layer `layer`'s entries and the queries
+  // attend to every cached position (a prompt of several tokens only as the cache's first entry).
   Variable operator()(const Variable& x, const Tensor& cos, const Tensor& sin, const Tensor& padding,
-                      KvCache* cache = nullptr, std::int64_t layer = 0);
+                      const Tensor& documents = {}, KvCache* cache = nullptr, std::int64_t layer = 0);
 
   const std::int64_t heads, kv_heads, head_dim;
   nn::Linear q_proj, k_proj, v_proj, o_proj;
@@ -115,7 +117,7 @@ class LlamaDecoderLayerImpl : public nn::Module {
  public:
   explicit LlamaDecoderLayerImpl(const LlamaConfig& config);
   Variable operator()(const Variable& x, const Tensor& cos, const Tensor& sin, const Tensor& padding,
-                      KvCache* cache = nullptr, std::int64_t layer = 0);
+                      const Tensor& documents = {}, KvCache* cache = nullptr, std::int64_t layer = 0);
 
   LlamaAttention self_attn;
   LlamaMlp mlp;
@@ -143,9 +145,13 @@ class LlamaImpl : public nn::Module {
   // Every weight N(0, 0.02) and every norm 1, drawn by nn::initialize(*this, seed) by name.
   LlamaImpl(const LlamaConfig& config, std::uint64_t seed = 1);
   // tokens [B, T] (i64/i32), padding bool [B, T] (true at padding tokens: they neither attend
-  // nor are attended) or undefined -> logits [B, T, vocab]. With a cache, the tokens continue
-  // the cached positions.
-  Variable operator()(const Tensor& tokens, const Tensor& padding = {}, KvCache* cache = nullptr);
+  // nor are attended) or undefined, documents i64 [B, T] or undefined -> logits [B, T, vocab].
+  // Documents packed into a row (each token's document, any values: tokens of equal value are one
+  // document) attend block-causally, each to its own tokens only, as if alone: the rotary positions
+  // run on across the row, and attention depends only on their differences. With a cache (no
+  // documents), the tokens continue the cached positions.
+  Variable operator()(const Tensor& tokens, const Tensor& padding = {}, const Tensor& documents = {},
+                      KvCache* cache = nullptr);
 
   const LlamaConfig config;
   LlamaModel model;

@@ -67,6 +67,7 @@ struct Problem {
       : layout{q_in.size(0), q_in.size(1), k_in.size(1), q_in.size(2),
                k_in.size(2), q_in.size(3), v_in.size(3)},
         visibility{params.causal, params.padding.defined() ? params.padding.data<bool>() : nullptr,
+                   params.documents.defined() ? params.documents.data<std::int64_t>() : nullptr,
                    layout.queries, layout.keys},
         scale(static_cast<T>(*params.scale)),
         q(q_in),
@@ -96,9 +97,10 @@ void score_tile(const Problem<T>& p, const Tile& tile, T* scores) {
                                      : vis.causal ? std::clamp<std::int64_t>(t + 1 - tile.s0, 0, tile.cols)
                                                   : tile.cols;
     std::fill(row + hidden_from, row + tile.cols, T(kMinusInf));
-    if (vis.padding == nullptr) continue;
+    if (vis.padding == nullptr && vis.documents == nullptr) continue;
     for (std::int64_t c = 0; c < hidden_from; ++c) {
-      if (vis.padded_key(tile.b, tile.s0 + c)) row[c] = T(kMinusInf);
+      const std::int64_t s = tile.s0 + c;
+      if (vis.padded_key(tile.b, s) || vis.other_document(tile.b, t, s)) row[c] = T(kMinusInf);
     }
   }
 }

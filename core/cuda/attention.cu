@@ -5,9 +5,10 @@
 // warp per key row sums dK and dV over the queries that see it, over the group's query heads too
 // (GQA by index, K and V never repeated). Every sum has one owner: no atomics, deterministic.
 // Every operand is read and written through its own strides (q, k and v as a [B, T, H * D] projection
-// left them). Masks as the CPU's: causal (key s > query t hidden), padding keys hidden, and with T == S a
-// padding query sees nothing (zeros out, logsumexp -inf, no gradient). Its entries take flash attention
-// (core/cuda/flash_attention.cu) for halves.
+// left them). Masks as the CPU's: causal (key s > query t hidden), padding keys hidden, with T == S a
+// padding query sees nothing (zeros out, logsumexp -inf, no gradient), and with documents a query sees
+// its own document's keys only. Its entries take flash attention (core/cuda/flash_attention.cu) for
+// halves.
 #include <cmath>
 #include <cstdint>
 
@@ -42,12 +43,6 @@ __device__ T warp_max(T value) {
   return value;
 }
 
-// Whether query t of batch row b sees key s (core/attention_mask.h, shared with the CPU).
-__device__ bool sees(const AttentionGeometry& g, const bool* padding, std::int64_t b, std::int64_t t,
-                     std::int64_t s) {
-  return AttentionMask{g.causal, padding, g.queries, g.keys}.sees(b, t, s);
-}
-
 // a . b over `n` elements, summed by the calling lane alone.
 template <typename T>
 __device__ T dot(const T* a, const T* b, std::int64_t n) {
@@ -76,10 +71,10 @@ __global__ void attention_forward_kernel(Operands<T> o, AttentionGeometry g, Hea
   const T* query = o.q.at(b, h, t);
   T acc[kMaxValuesPerLane] = {};
   T largest = -INFINITY, total = 0;
-  const std::int64_t key_end = AttentionMask{g.causal, o.padding, g.queries, g.keys}.key_end(t, 1);
+  const std::int64_t key_end = attention_mask(g, o).key_end(t, 1);
   for (std::int64_t s0 = 0; s0 < key_end; s0 += kWarp) {
     const std::int64_t s = s0 + lane();
-    const bool mine = s < key_end && sees(g, o.padding, b, t, s);
+    const bool mine = s < key_end && attention_mask(g, o).sees(b, t, s);
     const T score = mine ? T(g.scale) * dot(query, o.k.at(b, j, s), g.head_dim) : T(-INFINITY);
     const T new_largest = fmax(largest, warp_max(score));
     if (new_largest == T(-INFINITY)) continue;  // nothing seen yet
@@ -132,7 +127,7 @@ __device__ PairTerms<T> pair_terms(const Operands<T>& o, const AttentionGeometry
                                    std::int64_t h, std::int64_t t, std::int64_t j, std::int64_t s) {
   const std::int64_t row = query_row(g, b, h, t);
   const T lse = o.logsumexp[row];
-  if (lse == T(-INFINITY) || !sees(g, o.padding, b, t, s)) return {T(0), T(0)};
+  if (lse == T(-INFINITY) || !attention_mask(g, o).sees(b, t, s)) return {T(0), T(0)};
   const T p = exp(T(g.scale) * dot(o.q.at(b, h, t), o.k.at(b, j, s), g.head_dim) - lse);
   const T dp = dot(o.grad_out.at(b, h, t), o.v.at(b, j, s), g.value_dim);
   return {p, p * (dp - o.delta[row])};
@@ -146,7 +141,7 @@ __global__ void attention_grad_q_kernel(Operands<T> o, AttentionGeometry g) {
   const std::int64_t t = row % g.queries, h = row / g.queries % g.heads, b = row / (g.queries * g.heads);
   const std::int64_t j = kv_head_of(h, g.heads, g.kv_heads);
   T acc[kMaxValuesPerLane] = {};
-  const std::int64_t key_end = AttentionMask{g.causal, o.padding, g.queries, g.keys}.key_end(t, 1);
+  const std::int64_t key_end = attention_mask(g, o).key_end(t, 1);
   for (std::int64_t s0 = 0; s0 < key_end; s0 += kWarp) {
     const std::int64_t s = s0 + lane();
     const T ds = s < key_end ? pair_terms(o, g, b, h, t, j, s).ds : T(0);
@@ -176,7 +171,7 @@ __global__ void attention_grad_kv_kernel(Operands<T> o, AttentionGeometry g) {
   const std::int64_t s = key % g.keys, j = key / g.keys % g.kv_heads, b = key / (g.keys * g.kv_heads);
   const std::int64_t group = g.heads / g.kv_heads;
   T acc_k[kMaxValuesPerLane] = {}, acc_v[kMaxValuesPerLane] = {};
-  const std::int64_t first_query = AttentionMask{g.causal, o.padding, g.queries, g.keys}.first_query(s);
+  const std::int64_t first_query = attention_mask(g, o).first_query(s);
   for (std::int64_t h = j * group; h < (j + 1) * group; ++h) {
     for (std::int64_t t0 = first_query; t0 < g.queries; t0 += kWarp) {
       const std::int64_t t = t0 + lane();
@@ -267,6 +262,10 @@ const bool* padding_of(const AttentionParams& params) {
   return params.padding.defined() ? params.padding.data<bool>() : nullptr;
 }
 
+const std::int64_t* documents_of(const AttentionParams& params) {
+  return params.documents.defined() ? params.documents.data<std::int64_t>() : nullptr;
+}
+
 bool is_half(DType dtype) { return dtype == DType::bf16 || dtype == DType::f16; }
 
 // `t`, or a copy of it where its data does not start on 16 bytes (a view's offset), as flash
@@ -286,6 +285,7 @@ void cuda_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, c
                                      .k = heads_in(k16),
                                      .v = heads_in(v16),
                                      .padding = padding_of(params),
+                                     .documents = documents_of(params),
                                      .logsumexp = result.logsumexp.raw_data()};
     SHARDLAB_CHECK(launch_flash_attention_forward(q.dtype(), operands, geometry, heads_out(result.out),
                                                   context.stream()),
@@ -297,6 +297,7 @@ void cuda_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, c
                                    .k = heads_in(k),
                                    .v = heads_in(v),
                                    .padding = padding_of(params),
+                                   .documents = documents_of(params),
                                    .logsumexp = result.logsumexp.raw_data()};
   SHARDLAB_CHECK(
       launch_attention_forward(q.dtype(), operands, geometry, heads_out(result.out), context.stream()),
@@ -321,6 +322,7 @@ void cuda_attention_backward(const Tensor& grad_out, const Tensor& q, const Tens
                                    .out = heads_in(out),
                                    .grad_out = heads_in(dout),
                                    .padding = padding_of(params),
+                                   .documents = documents_of(params),
                                    .logsumexp = forward.logsumexp.raw_data(),
                                    .delta = delta.raw_data(),
                                    .grad_q = heads_out(grads.q),

@@ -1,6 +1,7 @@
 // core/cuda/flash_attention.cu: attention in bf16 and f16 on tensor cores, FlashAttention-2's
 // algorithm (core/cpu/attention.cpp's tiles, on the GPU): head dims 64 and 128, GQA by index (K and
-// V never repeated), causal tiles skipped, padding keys hidden, logsumexp in f32.
+// V never repeated), causal tiles skipped, padding keys and other documents' keys hidden, logsumexp in
+// f32.
 //
 // A block is 4 warps; a warp owns 16 rows and multiplies with mma.sync m16n8k16 (bf16 or f16 in,
 // f32 accumulate). Forward: a warp's 16 queries against key tiles of 64 in shared memory, an online
@@ -229,12 +230,6 @@ __device__ void probabilities_times_tile(float (&out)[D / 8][4], const float (&p
   }
 }
 
-// core/attention_mask.h's mask of the geometry: shared with the CPU kernel, whose tests in CI walk
-// the same tiles.
-__device__ AttentionMask mask_of(const AttentionGeometry& g, const bool* padding) {
-  return {g.causal, padding, g.queries, g.keys};
-}
-
 // The rows of fragment element e (0..3): the thread's upper row for e < 2, its lower one else.
 __device__ int row_of(int e) { return e < 2 ? 0 : 1; }
 
@@ -346,7 +341,7 @@ __global__ void __launch_bounds__(kThreads)
   float largest[2] = {-INFINITY, -INFINITY}, total[2] = {0.0f, 0.0f};  // total: this thread's share
   const float scale = static_cast<float>(g.scale) * kLog2e;            // scores in log2 units
 
-  const AttentionMask mask = mask_of(g, in.padding);
+  const AttentionMask mask = attention_mask(g, in);
   const std::int64_t end = mask.key_end(t0, kTile);
   const auto copy = [&](int i, int stage) { stages.copy(stage, in, block, std::int64_t{i} * kKeyTile, g.keys); };
   walk_tiles(tile_count(end), copy, [&](int i, int stage) {
@@ -459,7 +454,7 @@ __global__ void __launch_bounds__(kThreads) flash_grad_q_kernel(Operands16 o, At
   zero(dq);
   const float scale = static_cast<float>(g.scale) * kLog2e;
 
-  const AttentionMask mask = mask_of(g, o.padding);
+  const AttentionMask mask = attention_mask(g, o);
   const std::int64_t end = mask.key_end(t0, kTile);
   const auto copy = [&](int i, int stage) { stages.copy(stage, o, block, std::int64_t{i} * kKeyTile, g.keys); };
   walk_tiles(tile_count(end), copy, [&](int i, int stage) {
@@ -518,7 +513,7 @@ __global__ void __launch_bounds__(kThreads) flash_grad_kv_kernel(Operands16 o, A
   zero(dk);
   zero(dv);
   const float scale = static_cast<float>(g.scale) * kLog2e;
-  const AttentionMask mask = mask_of(g, o.padding);
+  const AttentionMask mask = attention_mask(g, o);
   const std::int64_t first_tile = mask.first_query(s0) / kKeyTile * kKeyTile;  // the tile holding it
   // The walk: the group's query heads one after the other, each over its tiles from first_tile on.
   const int per_head = first_tile < g.queries ? tile_count(g.queries - first_tile) : 0;

@@ -1,6 +1,6 @@
 // tests/autograd/test_attention.cpp: scaled_dot_product_attention's fused and composed paths:
-// finite-difference gradients, the two paths against each other, padding, queries that see no key,
-// a closed form, which path runs, and the errors.
+// finite-difference gradients, the two paths against each other, padding, documents (each as if
+// alone), queries that see no key, a closed form, which path runs, and the errors.
 #include <cmath>
 #include <limits>
 #include <string>
@@ -153,6 +153,75 @@ TEST_CASE("fused attention equals the composed one", "[attention]") {
   // One sequence and one key/value head: backward deals the key tiles to several tasks.
   check_paths_agree({1, 4, 130, 32}, {1, 1, 130, 32}, {.causal = true, .padding = padding_after({120}, 130)},
                     310);
+}
+
+// i64 [B, T] documents: row b is documents of the given lengths, numbered 0, 1, ... in order.
+Tensor documents_of(const std::vector<std::vector<std::int64_t>>& lengths) {
+  std::vector<std::int64_t> ids;
+  for (const std::vector<std::int64_t>& row : lengths) {
+    for (std::size_t d = 0; d < row.size(); ++d)
+      ids.insert(ids.end(), static_cast<std::size_t>(row[d]), std::int64_t(d));
+  }
+  const auto rows = static_cast<std::int64_t>(lengths.size());
+  return from_vector<std::int64_t>(ids, {rows, static_cast<std::int64_t>(ids.size()) / rows});
+}
+
+TEST_CASE("attention with documents: each document of a packed row attends as it would alone, on both paths",
+          "[attention]") {
+  // Row 0: documents of 20, 45 and 5 tokens; row 1: 64 and 6 (a boundary on the 64-tile edge), its
+  // last 2 tokens padding. GQA, f64: the packed row's output and gradients, slice by slice, against
+  // causal attention on each document's tokens alone.
+  const std::vector<std::vector<std::int64_t>> lengths{{20, 45, 5}, {64, 6}};
+  const Tensor documents = documents_of(lengths);
+  const Tensor padding = padding_after({70, 68}, 70);
+  const Tensor q = test::random_tensor({2, 4, 70, 8}, 500, DType::f64, -2, 2);
+  const Tensor k = test::random_tensor({2, 2, 70, 8}, 501, DType::f64, -2, 2);
+  const Tensor v = test::random_tensor({2, 2, 70, 5}, 502, DType::f64);
+  const Tensor weights = test::random_tensor({2, 4, 70, 5}, 503, DType::f64);
+  for (const AttentionPath path : {detail::fused_attention, detail::naive_attention}) {
+    const Run packed =
+        run(path, q, k, v, {.causal = true, .padding = padding, .documents = documents}, weights);
+    for (std::int64_t b = 0; b < 2; ++b) {
+      std::int64_t start = 0;
+      for (const std::int64_t length : lengths[static_cast<std::size_t>(b)]) {
+        const auto alone = [&](const Tensor& t) {
+          return t.narrow(0, b, 1).narrow(2, start, length).contiguous();
+        };
+        const Run own =
+            run(path, alone(q), alone(k), alone(v),
+                {.causal = true, .padding = padding.narrow(0, b, 1).narrow(1, start, length).contiguous()},
+                alone(weights));
+        INFO("row " << b << ", tokens [" << start << ", " << start + length << ")");
+        check_close(alone(packed.out), own.out, {1e-12, 1e-10});
+        check_close(alone(packed.grad_q), own.grad_q, {1e-12, 1e-10});
+        check_close(alone(packed.grad_k), own.grad_k, {1e-12, 1e-10});
+        check_close(alone(packed.grad_v), own.grad_v, {1e-12, 1e-10});
+        start += length;
+      }
+    }
+  }
+}
+
+TEST_CASE("attention with documents: finite-difference gradients, and the two paths agree in f32",
+          "[attention][gradcheck]") {
+  // Documents that are not contiguous (0 1 0 ... in row 1) are documents too.
+  std::vector<std::int64_t> interleaved(70);
+  for (std::size_t t = 0; t < interleaved.size(); ++t) interleaved[t] = std::int64_t(t % 2);
+  const Tensor contiguous_then_interleaved =
+      cat({documents_of({{30, 40}}), from_vector<std::int64_t>(interleaved, {1, 70})}, 0);
+  check_gradients("T = S = 70, causal, GQA", detail::fused_attention,
+                  {.causal = true, .documents = contiguous_then_interleaved},
+                  {leaf({2, 4, 70, 2}, 510), leaf({2, 2, 70, 2}, 511), leaf({2, 2, 70, 2}, 512)});
+  check_gradients("T = S = 70, not causal, padding", detail::fused_attention,
+                  {.padding = padding_after({70, 65}, 70), .documents = contiguous_then_interleaved},
+                  {leaf({2, 4, 70, 2}, 513), leaf({2, 2, 70, 2}, 514), leaf({2, 2, 70, 2}, 515)});
+  for (const bool causal : {false, true}) {
+    check_paths_agree({2, 4, 130, 16}, {2, 2, 130, 16},
+                      {.causal = causal,
+                       .padding = padding_after({130, 100}, 130),
+                       .documents = documents_of({{10, 60, 60}, {64, 64, 2}})},
+                      520 + (causal ? 10 : 0));
+  }
 }
 
 TEST_CASE("fused attention gives the same bits on any number of threads", "[attention][threads]") {
@@ -330,7 +399,8 @@ TEST_CASE("attention ops in bf16 and f16 on the CPU: the f32 kernel's values, ro
   }
 }
 
-TEST_CASE("attention rejects a bad padding, and inputs the fused path cannot take", "[attention][errors]") {
+TEST_CASE("attention rejects bad padding or documents, and inputs the fused path cannot take",
+          "[attention][errors]") {
   const auto var = [](const Shape& shape, DType type = DType::f32) {
     return constant(zeros(shape, dtype(type)));
   };
@@ -347,6 +417,22 @@ TEST_CASE("attention rejects a bad padding, and inputs the fused path cannot tak
   CHECK_THROWS_ERROR(
       attention_forward(q.data(), k.data(), v.data(), {.padding = zeros({1, 5}, dtype(DType::i64))}),
       "attention_forward: padding must be bool (true marks a padding token), got i64");
+  const Tensor documents = zeros({2, 3}, dtype(DType::i64));
+  CHECK_THROWS_ERROR(
+      scaled_dot_product_attention(q, k, v, {.documents = documents}),
+      "scaled_dot_product_attention: documents need queries and keys of the same tokens (T == S), "
+      "got T 3 and S 5 " +
+          shapes);
+  const Variable k3 = var({2, 2, 3, 8}), v3 = var({2, 2, 3, 8});
+  const std::string same = "(q [2, 4, 3, 8], k [2, 2, 3, 8], v [2, 2, 3, 8])";
+  CHECK_THROWS_ERROR(scaled_dot_product_attention(q, k3, v3, {.documents = zeros({2, 3}, dtype(DType::i32))}),
+                     "scaled_dot_product_attention: documents must be i64 (a document per token), got i32");
+  CHECK_THROWS_ERROR(
+      scaled_dot_product_attention(q, k3, v3, {.documents = zeros({2, 4}, dtype(DType::i64))}),
+      "scaled_dot_product_attention: documents of shape [2, 4] are not [B, T] = [2, 3] " + same);
+  CHECK_THROWS_ERROR(
+      attention_forward(q.data(), k3.data(), v3.data(), {.documents = zeros({3}, dtype(DType::i64))}),
+      "attention_forward: documents of shape [3] are not [B, T] = [2, 3] " + same);
   CHECK_THROWS_ERROR(
       detail::fused_attention(q, k, v, {.mask = zeros({3, 5})}),
       "scaled_dot_product_attention: the fused path takes no additive mask (got one of shape [3, 5])");

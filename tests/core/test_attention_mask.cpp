@@ -1,7 +1,7 @@
 // tests/core/test_attention_mask.cpp: the tile rules of AttentionMask (core/attention_mask.h), which the
 // tensor-core kernels walk on a GPU, against the pair rule `sees` tried pair by pair: a block said to
-// be seen whole has every pair seen (and, without padding, every block whose pairs are all seen is
-// said so); no query sees a key past key_end or before first_query.
+// be seen whole has every pair seen (and, without padding or documents, every block whose pairs are all
+// seen is said so); no query sees a key past key_end or before first_query; documents' pairs by hand.
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <vector>
@@ -21,8 +21,20 @@ bool every_pair_seen(const AttentionMask& mask, std::int64_t b, std::int64_t t0,
   return true;
 }
 
+// Documents for 2 batch rows of `length` tokens: row 0 contiguous ones of 2 tokens each (0 0 1 1 2 ...),
+// row 1 interleaved (0 1 0 1 ...), which the rule allows too.
+std::vector<std::int64_t> documents_of(std::int64_t length) {
+  std::vector<std::int64_t> documents(static_cast<std::size_t>(2 * length));
+  for (std::int64_t t = 0; t < length; ++t) {
+    documents[static_cast<std::size_t>(t)] = t / 2;
+    documents[static_cast<std::size_t>(length + t)] = t % 2;
+  }
+  return documents;
+}
+
 // Calls check(mask, b) for every geometry of up to 7 queries and keys, causal or not, without padding
-// and with padding on batch row 1's first and last keys.
+// and with padding on batch row 1's first and last keys, and where queries and keys are the same
+// tokens, with documents_of's documents too.
 template <typename Check>
 void for_every_mask(const Check& check) {
   for (std::int64_t queries = 1; queries <= 7; ++queries) {
@@ -31,12 +43,17 @@ void for_every_mask(const Check& check) {
       flags[static_cast<std::size_t>(keys)] = 1;
       flags[static_cast<std::size_t>(2 * keys - 1)] = 1;
       const bool* padding = reinterpret_cast<const bool*>(flags.data());
+      const std::vector<std::int64_t> documents = documents_of(keys);
+      std::vector<const std::int64_t*> document_choices{nullptr};
+      if (queries == keys) document_choices.push_back(documents.data());
       for (const bool causal : {false, true}) {
         for (const bool* pad : {static_cast<const bool*>(nullptr), padding}) {
-          const AttentionMask mask{causal, pad, queries, keys};
-          INFO("queries " << queries << ", keys " << keys << (causal ? ", causal" : "")
-                          << (pad != nullptr ? ", padding" : ""));
-          for (std::int64_t b = 0; b < 2; ++b) check(mask, b);
+          for (const std::int64_t* docs : document_choices) {
+            const AttentionMask mask{causal, pad, docs, queries, keys};
+            INFO("queries " << queries << ", keys " << keys << (causal ? ", causal" : "")
+                            << (pad != nullptr ? ", padding" : "") << (docs != nullptr ? ", documents" : ""));
+            for (std::int64_t b = 0; b < 2; ++b) check(mask, b);
+          }
         }
       }
     }
@@ -45,8 +62,10 @@ void for_every_mask(const Check& check) {
 
 }  // namespace
 
-TEST_CASE("AttentionMask::sees_all: a block said seen whole has every pair seen; without padding, exactly",
-          "[attention]") {
+TEST_CASE(
+    "AttentionMask::sees_all: a block said seen whole has every pair seen; without padding or documents, "
+    "exactly",
+    "[attention]") {
   std::int64_t said = 0;
   for_every_mask([&](const AttentionMask& mask, std::int64_t b) {
     for (std::int64_t t0 = -1; t0 <= mask.queries; ++t0) {
@@ -57,8 +76,10 @@ TEST_CASE("AttentionMask::sees_all: a block said seen whole has every pair seen;
             const bool whole = mask.sees_all(t0, rows, s0, cols);
             const bool seen = every_pair_seen(mask, b, t0, rows, s0, cols);
             if (whole) CHECK(seen);
-            if (mask.padding == nullptr) CHECK(whole == seen);
-            else CHECK_FALSE(whole);  // padding anywhere: each kernel asks pair by pair
+            if (mask.padding == nullptr && mask.documents == nullptr)
+              CHECK(whole == seen);
+            else
+              CHECK_FALSE(whole);  // padding or documents: each kernel asks pair by pair
             said += whole ? 1 : 0;
           }
         }
@@ -81,4 +102,26 @@ TEST_CASE("AttentionMask: no query sees a key past key_end of its block, nor a k
     for (std::int64_t s = 0; s < mask.keys; ++s)
       for (std::int64_t t = 0; t < mask.first_query(s) && t < mask.queries; ++t) CHECK_FALSE(mask.sees(b, t, s));
   });
+}
+
+TEST_CASE("AttentionMask with documents: a query sees its own document's keys, by hand", "[attention]") {
+  // One row of 6 tokens: documents 4 4 7 7 7 and a 4 again (the rule takes any layout); the last
+  // token is padding.
+  const std::vector<std::int64_t> documents{4, 4, 7, 7, 7, 4};
+  const bool padding[6] = {false, false, false, false, false, true};
+  // seen[t][s], causal: within a document and at or before the query; the padding query sees nothing.
+  const int causal_seen[6][6] = {{1, 0, 0, 0, 0, 0}, {1, 1, 0, 0, 0, 0}, {0, 0, 1, 0, 0, 0},
+                                 {0, 0, 1, 1, 0, 0}, {0, 0, 1, 1, 1, 0}, {0, 0, 0, 0, 0, 0}};
+  // Not causal, no padding: the whole of each document.
+  const int seen[6][6] = {{1, 1, 0, 0, 0, 1}, {1, 1, 0, 0, 0, 1}, {0, 0, 1, 1, 1, 0},
+                          {0, 0, 1, 1, 1, 0}, {0, 0, 1, 1, 1, 0}, {1, 1, 0, 0, 0, 1}};
+  const AttentionMask causal{true, padding, documents.data(), 6, 6};
+  const AttentionMask plain{false, nullptr, documents.data(), 6, 6};
+  for (std::int64_t t = 0; t < 6; ++t) {
+    for (std::int64_t s = 0; s < 6; ++s) {
+      INFO("query " << t << ", key " << s);
+      CHECK(causal.sees(0, t, s) == (causal_seen[t][s] == 1));
+      CHECK(plain.sees(0, t, s) == (seen[t][s] == 1));
+    }
+  }
 }

@@ -1,7 +1,8 @@
 // tests/core/test_cuda_attention.cpp: fused attention on CUDA (core/cuda/attention.cu, and flash
 // attention in bf16 and f16, core/cuda/flash_attention.cu) against the CPU kernel: outputs, logsumexp
-// and the three gradients, causal and not, with padding (blind queries included), grouped-query
-// heads, more keys than queries, head dims below and above a warp's width and flash's 64 and 128,
+// and the three gradients, causal and not, with padding (blind queries included), documents,
+// grouped-query heads, more keys than queries, head dims below and above a warp's width and flash's 64
+// and 128,
 // in f32, f64, bf16 and f16; q, k and v split from projections and read where they lie; flash's bits
 // the same every run; every gradient element written by the backward kernels, on either device; and
 // the head dims it refuses.
@@ -21,9 +22,11 @@ using test::Inputs;
 using test::random_tensor;
 
 // Every output of forward and backward, flattened into one tensor; -inf logsumexp (a query that
-// sees no key) as 0, so both sides compare as numbers. x: q, k, v, grad_out[, padding].
+// sees no key) as 0, so both sides compare as numbers. x: q, k, v, grad_out[, padding[, documents]].
 Tensor attention_outputs(const Inputs& x, bool causal) {
-  const AttentionParams params{.causal = causal, .padding = x.size() > 4 ? x[4] : Tensor()};
+  const AttentionParams params{.causal = causal,
+                               .padding = x.size() > 4 ? x[4] : Tensor(),
+                               .documents = x.size() > 5 ? x[5] : Tensor()};
   const AttentionResult forward = attention_forward(x[0], x[1], x[2], params);
   const AttentionGrads grads = attention_backward(x[3], x[0], x[1], x[2], forward, params);
   const Tensor lse = where(eq(forward.logsumexp, -std::numeric_limits<double>::infinity()),
@@ -48,6 +51,25 @@ Tensor padding_of(std::int64_t keys) {
   return from_vector(flags, {2, keys}).to(DType::boolean);
 }
 
+// i64 [2, length]: row 0 documents of 20 tokens, 45 and the rest; row 1 of 64 (a boundary on the
+// 64-row tile's edge) and the rest.
+Tensor documents_of(std::int64_t length) {
+  std::vector<std::int64_t> ids(static_cast<std::size_t>(2 * length));
+  for (std::int64_t t = 0; t < length; ++t) {
+    ids[static_cast<std::size_t>(t)] = t < 20 ? 0 : t < 65 ? 1 : 2;
+    ids[static_cast<std::size_t>(length + t)] = t < 64 ? 0 : 1;
+  }
+  return from_vector<std::int64_t>(ids, {2, length});
+}
+
+// Operands with padding_of's padding and documents_of's documents.
+Inputs with_documents(Inputs x) {
+  const std::int64_t length = x[0].size(2);
+  x.push_back(padding_of(length));
+  x.push_back(documents_of(length));
+  return x;
+}
+
 TEST_CASE("cuda matches cpu: fused attention forward and backward, every mask, GQA, f32 and f64",
           "[cuda-vs-cpu][attention]") {
   for (const DType dtype : {DType::f32, DType::f64}) {
@@ -67,6 +89,10 @@ TEST_CASE("cuda matches cpu: fused attention forward and backward, every mask, G
       wide.push_back(padding_of(70));
       test::compare_cuda_with_cpu(
           wide, [&](const Inputs& x) { return attention_outputs(x, causal); }, tolerance);
+      // Documents packed into each row (with padding): a query sees its own document's keys.
+      test::compare_cuda_with_cpu(
+          with_documents(operands(70, 70, dtype, 36)),
+          [&](const Inputs& x) { return attention_outputs(x, causal); }, tolerance);
     }
   }
 }
@@ -85,6 +111,7 @@ Inputs flash_operands(std::int64_t queries, std::int64_t keys, std::int64_t dim,
 Tensor backward_over_nan(const Inputs& x, bool causal) {
   const AttentionParams params{.causal = causal,
                                .padding = x.size() > 4 ? x[4] : Tensor(),
+                               .documents = x.size() > 5 ? x[5] : Tensor(),
                                .scale = 1.0 / std::sqrt(static_cast<double>(x[0].size(3)))};
   const AttentionResult forward = attention_forward(x[0], x[1], x[2], params);
   const AttentionGrads grads = attention_backward(x[3], x[0], x[1], x[2], forward, params);
@@ -120,6 +147,8 @@ TEST_CASE("cuda matches cpu: the attention backward kernels write every element 
       Inputs wide = operands(37, 150, dtype, 91);
       wide.push_back(padding_of(150));
       test::compare_cuda_with_cpu(wide, written, test::Tolerance{1e-5, 1e-4});
+      test::compare_cuda_with_cpu(with_documents(operands(70, 70, dtype, 96)), written,
+                                  test::Tolerance{1e-5, 1e-4});
     }
     // 16 owners (B 8 x Hkv 2): one task owns each dQ row, which it zeroes first.
     const Inputs many{random_tensor({8, 4, 70, 16}, 101, DType::f32), random_tensor({8, 2, 70, 16}, 102, DType::f32),
@@ -131,6 +160,9 @@ TEST_CASE("cuda matches cpu: the attention backward kernels write every element 
     flash.push_back(padding_of(70));
     test::compare_cuda_with_cpu(flash, [&](const Inputs& x) { return backward_over_nan(x, causal); },
                                 test::Tolerance{5e-2, 2e-2});
+    test::compare_cuda_with_cpu(
+        with_documents(flash_operands(70, 70, 64, DType::bf16, 116)),
+        [&](const Inputs& x) { return backward_over_nan(x, causal); }, test::Tolerance{5e-2, 2e-2});
   }
 }
 
@@ -155,6 +187,9 @@ TEST_CASE("cuda matches cpu: flash attention in bf16 and f16, head dims 64 and 1
         wide.push_back(padding_of(70));
         test::compare_cuda_with_cpu(wide, outputs, tolerance);
         test::compare_cuda_with_cpu(flash_operands(150, 150, dim, dtype, 71), outputs, tolerance);
+        // Documents with padding: every warp's block takes the per-pair mask.
+        test::compare_cuda_with_cpu(with_documents(flash_operands(150, 150, dim, dtype, 76)), outputs,
+                                    tolerance);
       }
     }
   }

@@ -421,6 +421,44 @@ TEST_CASE("TensorDataset gathers rows in the order asked, and head keeps the fir
   CHECK(dataset.head(10).size() == 10);
 }
 
+namespace {
+
+// The documents of the given rows of dataset_with_documents, in order.
+std::vector<std::int64_t> documents_of_rows(const Indices& rows) {
+  std::vector<std::int64_t> documents;
+  for (const std::int64_t i : rows) documents.insert(documents.end(), {1000 * i, 1000 * i + 1, 1000 * i + 2});
+  return documents;
+}
+
+// Row i of `n`: inputs i, 10 i, 100 i as above, documents 1000 i + 0, 1, 2.
+TensorDataset dataset_with_documents(std::int64_t n) {
+  Indices rows(static_cast<std::size_t>(n));
+  std::iota(rows.begin(), rows.end(), 0);
+  const Batch all = numbered_dataset(n).gather(rows);
+  return TensorDataset(all.inputs, all.targets, from_vector(documents_of_rows(rows), {n, 3}));
+}
+
+}  // namespace
+
+TEST_CASE("a TensorDataset's documents follow its rows: gather, head, rows_of and to_device",
+          "[data][loader]") {
+  const TensorDataset dataset = dataset_with_documents(6);
+  const Batch batch = dataset.gather({4, 1, 5, 0});
+  check_batch_rows(batch, {4, 1, 5, 0});
+  CHECK(batch.documents.to_vector<std::int64_t>() == documents_of_rows({4, 1, 5, 0}));
+  CHECK(dataset.head(2).gather({1}).documents.to_vector<std::int64_t>() == documents_of_rows({1}));
+  const Batch middle = data::rows_of(batch, {.first = 1, .count = 2});
+  CHECK(middle.documents.to_vector<std::int64_t>() == documents_of_rows({1, 5}));
+  CHECK(to_device(batch, Device::cpu()).documents.storage() == batch.documents.storage());
+  CHECK_FALSE(numbered_dataset(3).gather({0}).documents.defined());
+  CHECK_FALSE(
+      data::rows_of(numbered_dataset(3).gather({0, 1}), {.first = 0, .count = 1}).documents.defined());
+  CHECK_THROWS_EXACT(TensorDataset(zeros({2, 3}), zeros({2}), zeros({2, 3}, dtype(DType::i32))),
+                     "TensorDataset: documents must be i64 [2, 3] like the inputs, got i32 [2, 3]");
+  CHECK_THROWS_EXACT(TensorDataset(zeros({2, 3}), zeros({2}), zeros({2, 4}, dtype(DType::i64))),
+                     "TensorDataset: documents must be i64 [2, 3] like the inputs, got i64 [2, 4]");
+}
+
 TEST_CASE("to_device keeps a batch already there as it is", "[data][loader]") {
   const Batch batch = numbered_dataset(6).gather({4, 1});
   const Batch same = to_device(batch, Device::cpu());
@@ -438,6 +476,10 @@ TEST_CASE("to_device sends a batch to a GPU through pinned host memory", "[data]
   CHECK(sent.inputs.to(Device::cpu()).to_vector<float>() == batch.inputs.to_vector<float>());
   CHECK(sent.targets.to(Device::cpu()).to_vector<std::int64_t>() == batch.targets.to_vector<std::int64_t>());
   check_batch_rows(to_device(sent, Device::cpu()), {4, 1, 5});
+  CHECK_FALSE(sent.documents.defined());
+  const Batch documented = to_device(dataset_with_documents(6).gather({4, 1}), Device::cuda(0));
+  CHECK(documented.documents.device() == Device::cuda(0));
+  CHECK(documented.documents.to(Device::cpu()).to_vector<std::int64_t>() == documents_of_rows({4, 1}));
 }
 
 TEST_CASE("DataLoader and TensorDataset refuse bad arguments", "[data][loader][errors]") {
@@ -479,15 +521,17 @@ TEST_CASE("micro_batch_rows: consecutive parts, the first ones larger, whole chu
   };
   CHECK(parts(10, 1, 0) == Parts{{0, 10}});
   CHECK(parts(10, 4, 0) == Parts{{0, 3}, {3, 3}, {6, 2}, {8, 2}});
-  CHECK(parts(2, 4, 0) == Parts{{0, 1}, {1, 1}});  // a padded last batch: one row each
+  CHECK(parts(2, 4, 0) == Parts{{0, 1}, {1, 1}});           // a padded last batch: one row each
   CHECK(parts(12, 3, 3) == Parts{{0, 6}, {6, 3}, {9, 3}});  // 4 chunks of 3 in 3 parts
   CHECK(parts(6, 4, 3) == Parts{{0, 3}, {3, 3}});
-  CHECK_THROWS_EXACT(data::micro_batch_rows(10, 0, 0),
-                     "micro-batches: 0 of a batch of 10 rows in chunks of 1: need at least one micro-batch and "
-                     "whole chunks");
-  CHECK_THROWS_EXACT(data::micro_batch_rows(10, 2, 4),
-                     "micro-batches: 2 of a batch of 10 rows in chunks of 4: need at least one micro-batch and "
-                     "whole chunks");
+  CHECK_THROWS_EXACT(
+      data::micro_batch_rows(10, 0, 0),
+      "micro-batches: 0 of a batch of 10 rows in chunks of 1: need at least one micro-batch and "
+      "whole chunks");
+  CHECK_THROWS_EXACT(
+      data::micro_batch_rows(10, 2, 4),
+      "micro-batches: 2 of a batch of 10 rows in chunks of 4: need at least one micro-batch and "
+      "whole chunks");
 
   // rows_of: the rows, their targets and their dataset indices.
   const data::Batch batch{.inputs = from_vector(std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7}, Shape{4, 2}),

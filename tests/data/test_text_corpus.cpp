@@ -208,6 +208,33 @@ TEST_CASE("PretrainingDataset packed: the documents in one stream, cut every seq
       "next id");
 }
 
+TEST_CASE("PretrainingDataset packed, with documents: each input's document within its sample",
+          "[data][corpus]") {
+  const ByteTokenizer tokenizer;
+  // The stream: BOT a b EOT BOT c EOT BOT d e f g EOT (13 ids), seq 4: windows at 0, 4 and 8.
+  const PretrainingDataset corpus({"ab", "c", "defg"}, tokenizer, 4, data::Packing::packed);
+  REQUIRE(corpus.size() == 3);
+  const data::Batch all = corpus.dataset_with_documents().gather({0, 1, 2});
+  test::check_equal(all.inputs, {
+                                    256, 97, 98, 257,    // BOT a b EOT
+                                    256, 99, 257, 256,   // BOT c EOT BOT
+                                    100, 101, 102, 103,  // d e f g
+                                });
+  REQUIRE(all.documents.dtype() == DType::i64);
+  test::check_equal(all.documents, {
+                                       0, 0, 0, 0,  // one document, its EOT included
+                                       0, 0, 0, 1,  // c's, then the next one's BOT
+                                       0, 0, 0, 0,  // the rest of the one begun in the sample before
+                                   });
+  // The same inputs and targets as without documents, and none there.
+  const data::Batch plain = corpus.dataset().gather({0, 1, 2});
+  test::check_equal(all.targets, test::values(plain.targets));
+  CHECK_FALSE(plain.documents.defined());
+  CHECK_THROWS_EXACT(PretrainingDataset({"ab"}, tokenizer, 4).dataset_with_documents(),
+                     "PretrainingDataset: documents within a sample are for packed samples; these hold one "
+                     "document each");
+}
+
 TEST_CASE("PretrainingDataset refuses a sequence length below 1 and no documents", "[data][corpus]") {
   const ByteTokenizer tokenizer;
   CHECK_THROWS_EXACT(PretrainingDataset({"a"}, tokenizer, 0),

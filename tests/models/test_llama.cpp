@@ -1,7 +1,7 @@
 // tests/models/test_llama.cpp: the Llama against Hugging Face transformers' LlamaForCausalLM (golden
 // logits, loss and gradients of the tiny config from tests/tools/make_llama_golden.py), its Hugging
-// Face names and sizes, gradchecks of its pieces in f64, the KV cache, padding, and the directory
-// format's errors.
+// Face names and sizes, gradchecks of its pieces in f64, the KV cache, padding, packed documents, and the
+// directory format's errors.
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -381,6 +381,26 @@ TEST_CASE("padding does not change the logits of real tokens; padding queries gi
   CHECK(sum(isfinite(with_padding).to(DType::i64)).item<std::int64_t>() == with_padding.numel());
 }
 
+TEST_CASE("documents packed into a row give the logits each gives alone; without documents they mix",
+          "[models][llama]") {
+  models::Llama model(models::LlamaConfig::preset("tiny"), 2);
+  model->eval();
+  const NoGradGuard no_grad;
+  const std::vector<std::int64_t> first{256, 72, 105, 33}, second{256, 87, 111, 114, 108, 100, 257};
+  std::vector<std::int64_t> ids = first;
+  ids.insert(ids.end(), second.begin(), second.end());
+  const Tensor packed = from_vector(ids, {1, 11});
+  const Tensor documents = from_vector(std::vector<std::int64_t>{0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1}, {1, 11});
+  const Tensor logits = model(packed, Tensor(), documents).data();
+  // The second document's rotary positions are 4..10 in the row, 0..6 alone: the scores depend on
+  // differences of positions only, so they agree to the f32 rounding of the tables.
+  test::check_close(logits.narrow(1, 0, 4).contiguous(), model(from_vector(first, {1, 4})).data());
+  const Tensor alone = model(from_vector(second, {1, 7})).data();
+  test::check_close(logits.narrow(1, 4, 7).contiguous(), alone, {1e-5, 1e-4});
+  const Tensor mixed = model(packed).data().narrow(1, 4, 7).contiguous();
+  CHECK(max(abs(sub(mixed, alone))).item<double>() > 1e-2);
+}
+
 TEST_CASE("the KV cache gives the logits of the full forward, one token at a time", "[models][llama]") {
   models::Llama model(models::LlamaConfig::preset("tiny"), 4);
   model->eval();
@@ -388,37 +408,37 @@ TEST_CASE("the KV cache gives the logits of the full forward, one token at a tim
   const Tensor tokens = from_vector(std::vector<std::int64_t>{256, 10, 200, 3, 99, 7, 250}, {1, 7});
   const Tensor full_logits = model(tokens).data();
   models::KvCache cache(model->config, 1, 7, {});
-  const Tensor prompt_logits = model(tokens.narrow(1, 0, 3), Tensor(), &cache).data();
+  const Tensor prompt_logits = model(tokens.narrow(1, 0, 3), Tensor(), Tensor(), &cache).data();
   test::check_close(prompt_logits, full_logits.narrow(1, 0, 3).contiguous());
   for (std::int64_t t = 3; t < 7; ++t) {
-    const Tensor step = model(tokens.narrow(1, t, 1), Tensor(), &cache).data();
+    const Tensor step = model(tokens.narrow(1, t, 1), Tensor(), Tensor(), &cache).data();
     INFO("position " << t);
     test::check_close(step, full_logits.narrow(1, t, 1).contiguous());
   }
   CHECK(cache.length == 7);
-  CHECK_THROWS_ERROR(model(tokens.narrow(1, 0, 1), Tensor(), &cache), "exceed its capacity 7");
+  CHECK_THROWS_ERROR(model(tokens.narrow(1, 0, 1), Tensor(), Tensor(), &cache), "exceed its capacity 7");
   models::KvCache other(model->config, 1, 7, {});
-  model(tokens.narrow(1, 0, 2), Tensor(), &other);
-  CHECK_THROWS_ERROR(model(tokens.narrow(1, 2, 2), Tensor(), &other),
+  model(tokens.narrow(1, 0, 2), Tensor(), Tensor(), &other);
+  CHECK_THROWS_ERROR(model(tokens.narrow(1, 2, 2), Tensor(), Tensor(), &other),
                      "with 2 cached positions, feed one token at a time");
   CHECK_THROWS_ERROR(models::KvCache(model->config, 1, 513, {}),
                      "capacity 513 must be in [1, max_position_embeddings = 512]");
   CHECK_THROWS_ERROR(models::KvCache(model->config, 0, 7, {}), "KvCache: batch 0 must be at least 1");
   models::KvCache for_two(model->config, 2, 7, {});
-  CHECK_THROWS_ERROR(model(tokens.narrow(1, 0, 2), Tensor(), &for_two),
+  CHECK_THROWS_ERROR(model(tokens.narrow(1, 0, 2), Tensor(), Tensor(), &for_two),
                      "Llama: the KvCache holds a batch of 2, the tokens are 1");
   models::KvCache in_f64(model->config, 1, 7, dtype(DType::f64));
-  CHECK_THROWS_ERROR(model(tokens.narrow(1, 0, 2), Tensor(), &in_f64),
+  CHECK_THROWS_ERROR(model(tokens.narrow(1, 0, 2), Tensor(), Tensor(), &in_f64),
                      "Llama: the KvCache is f64 on cpu, the model computes in f32 on cpu");
   models::LlamaConfig deeper = model->config;
   deeper.num_hidden_layers = 3;
   models::KvCache too_deep(deeper, 1, 7, {});
-  CHECK_THROWS_ERROR(model(tokens.narrow(1, 0, 2), Tensor(), &too_deep),
+  CHECK_THROWS_ERROR(model(tokens.narrow(1, 0, 2), Tensor(), Tensor(), &too_deep),
                      "Llama: the KvCache has 3 layers, the model 2");
   CHECK(for_two.length == 0);  // a refused step leaves the cache as it was
   const GradModeGuard grad(true);
   models::KvCache third(model->config, 1, 7, {});
-  CHECK_THROWS_ERROR(model(tokens.narrow(1, 0, 2), Tensor(), &third),
+  CHECK_THROWS_ERROR(model(tokens.narrow(1, 0, 2), Tensor(), Tensor(), &third),
                      "a KvCache is for generation; run it under NoGradGuard");
 }
 
@@ -428,6 +448,13 @@ TEST_CASE("bad inputs name what is wrong", "[models][llama]") {
   CHECK_THROWS_ERROR(model(zeros({3}, dtype(DType::i64))), "Llama: expected tokens [B, T], got [3]");
   CHECK_THROWS_ERROR(model(zeros({1, 3}, dtype(DType::i64)), zeros({1, 4}, dtype(DType::boolean))),
                      "Llama: padding must be bool [1, 3] like the tokens");
+  CHECK_THROWS_ERROR(model(zeros({1, 3}, dtype(DType::i64)), Tensor(), zeros({1, 3}, dtype(DType::i32))),
+                     "Llama: documents must be i64 [1, 3] like the tokens, got i32 [1, 3]");
+  models::KvCache cache(model->config, 1, 4, {});
+  CHECK_THROWS_ERROR(
+      model(zeros({1, 3}, dtype(DType::i64)), Tensor(), zeros({1, 3}, dtype(DType::i64)), &cache),
+      "Llama: documents are for packed sequences; a KvCache generates one sequence a row");
+  CHECK(cache.length == 0);
   CHECK_THROWS_ERROR(model(zeros({1, 513}, dtype(DType::i64))),
                      "positions [0, 513) exceed max_position_embeddings = 512");
 }
