@@ -53,6 +53,7 @@ struct Options : apps::TrainerOptions {
   std::vector<std::string> validation_data;  // or a held-out set of its own
   std::int64_t eval_every = 0;               // 0: the validation set once, after the last step
   bool pack = false;                         // the documents in one stream cut into sequences
+  bool block_causal = false;                 // with pack: each document attends to its own tokens only
   bool eval_only = false;                    // the validation loss of the model as it starts, no step
   std::int64_t seq = 256;
   double lr = 1e-3;
@@ -151,6 +152,11 @@ nlohmann::json tokenizer_document(const data::Tokenizer& tokenizer) {
 // --pack's layout of the documents, or a sequence each.
 data::Packing packing(const Options& options) {
   return options.pack ? data::Packing::packed : data::Packing::one_per_document;
+}
+
+// The samples the model trains or is evaluated on: with --block-causal, each token's document too.
+data::TensorDataset samples(const data::PretrainingDataset& corpus, const Options& options) {
+  return options.block_causal ? corpus.dataset_with_documents() : corpus.dataset();
 }
 
 // --eval-only: a validation set to evaluate, and nothing given that only training would do.
@@ -364,7 +370,7 @@ Training::Training(const Options& options, dist::Session& session)
       options.random_tokens
           ? data::random_token_dataset(options.global_batch * options.steps, options.seq, config_.vocab_size,
                                        static_cast<std::uint64_t>(options.seed))
-          : corpus_.emplace(documents, *tokenizer_, options.seq, packing(options)).dataset();
+          : samples(corpus_.emplace(documents, *tokenizer_, options.seq, packing(options)), options);
   sequences_ = training_set.size();
   if (!validation_documents.empty())
     validation_.emplace(validation_documents, *tokenizer_, options.seq, packing(options));
@@ -428,7 +434,8 @@ Training::Training(const Options& options, dist::Session& session)
          .optimizer_state_bytes_per_element = optimizer_state_bytes_per_element(options),
          .checkpointing_available = true,
          .checkpointing = options.activation_checkpointing,
-         .unchanged = {"seq", "pack", "validation_split", "sequences", "tokenizer_json", "config"},
+         .unchanged = {"seq", "pack", "block_causal", "validation_split", "sequences", "tokenizer_json",
+                       "config"},
          .data_parallel = &data_parallel(),
          .evaluate = validation_ ? std::function<void()>([this] { validate(); }) : nullptr,
          .evaluate_every = options.eval_every,
@@ -439,8 +446,10 @@ Training::Training(const Options& options, dist::Session& session)
       "parameters, "
       "{} rank{} x {} threads, sharding {}{}, global batch {} ({}), {} steps, {} lr {:g}{}{}",
       options.random_tokens ? "no" : std::to_string(documents.size()), sequences_,
-      options.pack ? "packed " : "", options.seq,
-      options.random_tokens ? "random token ids, no" : tokenizer_->name(), config_.vocab_size,
+      options.block_causal ? "packed block-causal "
+      : options.pack       ? "packed "
+                           : "",
+      options.seq, options.random_tokens ? "random token ids, no" : tokenizer_->name(), config_.vocab_size,
       options.init_from.empty() ? options.config : options.init_from, config_.parameter_count(), world_size_,
       world_size_ == 1 ? "" : "s", num_threads(), plan_.sharding,
       mesh_ ? fmt::format(" over {}, tensor parallel in tp", mesh_->str()) : "", options.global_batch,
@@ -507,9 +516,10 @@ nlohmann::json Training::training_state() const {
           {"config", config_.to_json()},
           {"tokenizer", tokenizer_->name()},
           {"tokenizer_json", tokenizer_document_},
-          // How the documents make sequences (null: one each), and which train: a resumed run must
-          // hold out the same (null: none held out).
+          // How the documents make sequences (null: one each) and attend (null: across a packed
+          // sequence), and which train: a resumed run must hold out the same (null: none held out).
           {"pack", options_.pack ? nlohmann::json(true) : nlohmann::json()},
+          {"block_causal", options_.block_causal ? nlohmann::json(true) : nlohmann::json()},
           {"validation_split",
            options_.validation_split > 0 ? nlohmann::json(options_.validation_split) : nlohmann::json()}};
 }
@@ -555,7 +565,7 @@ Variable Training::losses(const data::Batch& batch) {
   dist::UnshardHandle gathering = dist::unshard(**model_);
   const Tensor padding = eq(batch.inputs, pad_id_);
   gathering.wait();
-  const Variable logits = (*model_)(batch.inputs, padding);
+  const Variable logits = (*model_)(batch.inputs, padding, batch.documents);
   // With --tp the logits hold this rank's vocabulary columns: no rank holds [B, T, vocab].
   const Variable rows = reshape(logits, {-1, logits.size(-1)});
   const Tensor targets = batch.targets.reshape({-1});
@@ -569,7 +579,7 @@ Variable Training::losses(const data::Batch& batch) {
 // ranks add them, so any world size computes the 1-process loss.
 double Training::validation_loss() {
   const NoGradGuard no_grad;
-  const data::TensorDataset set = validation_->dataset();
+  const data::TensorDataset set = samples(*validation_, options_);
   const std::vector<data::ChunkShare>& mine = validation_forwards_.mine;
   Tensor summed = zeros({1}, dtype(DType::f64).with_device(device_));
   ExactSum exact;
@@ -745,8 +755,13 @@ void add_options(CLI::App& app, Options& options) {
   auto* pack = app.add_flag(
       "--pack", options.pack,
       "concatenate the documents ([BOT] text [EOT] each) and cut the stream into sequences of --seq, as "
-      "Hugging Face's run_clm groups texts: no padding, attention across documents, the last partial "
-      "sequence dropped (default: a sequence per document, clipped and padded)");
+      "Hugging Face's run_clm groups texts: no padding, attention across documents (unless "
+      "--block-causal), the last partial sequence dropped (default: a sequence per document, clipped and "
+      "padded)");
+  app.add_flag("--block-causal", options.block_causal,
+               "with --pack, each document attends only to its own tokens (block-causal attention, "
+               "torchtitan's block_causal mask): the documents of a sequence train as they would alone")
+      ->needs(pack);
   app.add_option("--global-batch", options.global_batch, "sequences per step over all ranks (any world size)")
       ->check(apps::integer_at_least(1));
   auto* steps = app.add_option("--steps", options.steps, "optimizer steps")->check(apps::integer_at_least(1));

@@ -145,6 +145,7 @@ def app_cases(scratch):
                                 ("--sample-tokens", "5"), ("--validation-split", "10"),
                                 ("--validation-data", "/usr/share/games/fortunes"), ("--eval-every", "2"))],
         (["--random-tokens", "--pack"], "--pack excludes --random-tokens"),
+        (["--block-causal"], "--block-causal requires --pack"),
         (["--lr-decay", "step"], "--lr-decay: got 'step', expected one of cosine, linear"),
         number("--decay-ratio", "0", "> 0"),
         (["--decay-ratio", "1.5"],
