@@ -48,6 +48,25 @@ struct AttentionMask {
     if (t0 < 0 || s0 < 0 || t0 + rows > queries || s0 + cols > keys) return false;
     return !causal || s0 + cols - 1 <= t0;
   }
+  // Whether no query of [t0, t0 + rows) shares a document with a key of [s0, s0 + cols) of batch row b:
+  // the ranges of their documents' values do not meet (so for documents of any layout; for packed ones,
+  // contiguous and increasing, every tile two documents apart). False without documents. The CPU kernel
+  // skips such a tile: its pairs would add exactly nothing.
+  SHARDLAB_HD bool apart(std::int64_t b, std::int64_t t0, std::int64_t rows, std::int64_t s0,
+                         std::int64_t cols) const {
+    if (documents == nullptr) return false;
+    const std::int64_t* row = documents + b * keys;
+    std::int64_t query_low = row[t0], query_high = row[t0], key_low = row[s0], key_high = row[s0];
+    for (std::int64_t t = t0 + 1; t < t0 + rows; ++t) {
+      query_low = row[t] < query_low ? row[t] : query_low;
+      query_high = row[t] > query_high ? row[t] : query_high;
+    }
+    for (std::int64_t s = s0 + 1; s < s0 + cols; ++s) {
+      key_low = row[s] < key_low ? row[s] : key_low;
+      key_high = row[s] > key_high ? row[s] : key_high;
+    }
+    return query_high < key_low || key_high < query_low;
+  }
   // The first query that can see key s: the backward's walk over query tiles for a key tile starts at
   // the tile holding it.
   SHARDLAB_HD std::int64_t first_query(std::int64_t s) const { return causal ? s : 0; }

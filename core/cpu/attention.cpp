@@ -4,8 +4,9 @@
 // Forward keeps, per query, the running max and sum of exp(score - max) of the keys seen so far
 // and rescales its output accumulator when the max grows, so no [T, S] matrix exists; it saves
 // logsumexp, from which backward recomputes each tile's probabilities exactly. Causal tiles above
-// the diagonal are never visited. A query that sees no key has logsumexp -inf: its probabilities
-// are set to 0 rather than computed as exp(-inf - -inf) = NaN.
+// the diagonal are never visited, nor tiles whose queries and keys lie in different documents. A query
+// that sees no key has logsumexp -inf: its probabilities are set to 0 rather than computed as
+// exp(-inf - -inf) = NaN.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -225,6 +226,7 @@ void forward_query_tile(const Problem<T>& p, std::int64_t b, std::int64_t h, std
   std::vector<T> scores(kTile * kTile);
   for (std::int64_t s0 = 0; s0 < key_end; s0 += kTile) {
     const Tile tile{b, h, j, t0, rows, s0, std::min(kTile, key_end - s0)};
+    if (p.visibility.apart(b, t0, rows, s0, tile.cols)) continue;  // other documents only
     score_tile(p, tile, scores.data());
     fold_scores(tile, dv, scores.data(), state);
     gemm(rows, dv, tile.cols, row_major(scores.data(), kTile), row_major(p.v.at(b, j, s0), p.v.row_stride),
@@ -336,8 +338,9 @@ void backward_key_tile(const Problem<T>& p, const BackwardOperands<T>& o, std::i
   std::vector<T> probs(kTile * kTile), dscores(kTile * kTile);
   for (std::int64_t h = j * group; h < (j + 1) * group; ++h) {
     for (std::int64_t t0 = p.visibility.first_query(s0); t0 < l.queries; t0 += kTile) {
-      backward_tile(p, o, Tile{b, h, j, t0, std::min(kTile, l.queries - t0), s0, cols}, probs.data(),
-                    dscores.data());
+      const std::int64_t rows = std::min(kTile, l.queries - t0);
+      if (p.visibility.apart(b, t0, rows, s0, cols)) continue;  // other documents only
+      backward_tile(p, o, Tile{b, h, j, t0, rows, s0, cols}, probs.data(), dscores.data());
     }
   }
 }

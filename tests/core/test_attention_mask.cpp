@@ -1,7 +1,8 @@
 // tests/core/test_attention_mask.cpp: the tile rules of AttentionMask (core/attention_mask.h), which the
 // tensor-core kernels walk on a GPU, against the pair rule `sees` tried pair by pair: a block said to
 // be seen whole has every pair seen (and, without padding or documents, every block whose pairs are all
-// seen is said so); no query sees a key past key_end or before first_query; documents' pairs by hand.
+// seen is said so); a block said apart shares no document; no query sees a key past key_end or before
+// first_query; documents' pairs by hand.
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <vector>
@@ -12,13 +13,19 @@ using namespace shardlab;
 
 namespace {
 
+// Whether holds(t, s) for every pair of the block of queries [t0, t0 + rows) and keys [s0, s0 + cols).
+template <typename Rule>
+bool every_pair(std::int64_t t0, std::int64_t rows, std::int64_t s0, std::int64_t cols, const Rule& holds) {
+  for (std::int64_t t = t0; t < t0 + rows; ++t)
+    for (std::int64_t s = s0; s < s0 + cols; ++s)
+      if (!holds(t, s)) return false;
+  return true;
+}
+
 // Whether every pair of the block is seen, asked pair by pair.
 bool every_pair_seen(const AttentionMask& mask, std::int64_t b, std::int64_t t0, std::int64_t rows,
                      std::int64_t s0, std::int64_t cols) {
-  for (std::int64_t t = t0; t < t0 + rows; ++t)
-    for (std::int64_t s = s0; s < s0 + cols; ++s)
-      if (!mask.sees(b, t, s)) return false;
-  return true;
+  return every_pair(t0, rows, s0, cols, [&](std::int64_t t, std::int64_t s) { return mask.sees(b, t, s); });
 }
 
 // Documents for 2 batch rows of `length` tokens: row 0 contiguous ones of 2 tokens each (0 0 1 1 2 ...),
@@ -102,6 +109,38 @@ TEST_CASE("AttentionMask: no query sees a key past key_end of its block, nor a k
     for (std::int64_t s = 0; s < mask.keys; ++s)
       for (std::int64_t t = 0; t < mask.first_query(s) && t < mask.queries; ++t) CHECK_FALSE(mask.sees(b, t, s));
   });
+}
+
+// Whether some query of the block and some key of it share a document, asked pair by pair.
+bool shares_a_document(const AttentionMask& mask, std::int64_t b, std::int64_t t0, std::int64_t rows,
+                       std::int64_t s0, std::int64_t cols) {
+  return !every_pair(t0, rows, s0, cols,
+                     [&](std::int64_t t, std::int64_t s) { return mask.other_document(b, t, s); });
+}
+
+TEST_CASE("AttentionMask::apart: a block said apart shares no document; for contiguous documents, exactly",
+          "[attention]") {
+  std::int64_t said = 0;
+  for_every_mask([&](const AttentionMask& mask, std::int64_t b) {
+    for (std::int64_t t0 = 0; t0 < mask.queries; ++t0) {
+      for (std::int64_t rows = 1; t0 + rows <= mask.queries && rows <= 4; ++rows) {
+        for (std::int64_t s0 = 0; s0 < mask.keys; ++s0) {
+          for (std::int64_t cols = 1; s0 + cols <= mask.keys && cols <= 4; ++cols) {
+            INFO("queries [" << t0 << ", " << t0 + rows << "), keys [" << s0 << ", " << s0 + cols << ")");
+            const bool apart = mask.apart(b, t0, rows, s0, cols);
+            const bool shared = shares_a_document(mask, b, t0, rows, s0, cols);
+            if (apart) CHECK_FALSE(shared);
+            if (apart) CHECK_FALSE(every_pair_seen(mask, b, t0, rows, s0, cols));
+            // Row 0's documents are contiguous (documents_of), row 1's interleaved.
+            if (mask.documents == nullptr) CHECK_FALSE(apart);
+            if (mask.documents != nullptr && b == 0) CHECK(apart == !shared);
+            said += apart ? 1 : 0;
+          }
+        }
+      }
+    }
+  });
+  CHECK(said > 0);
 }
 
 TEST_CASE("AttentionMask with documents: a query sees its own document's keys, by hand", "[attention]") {
