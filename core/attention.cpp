@@ -152,6 +152,15 @@ AttentionGrads attention_backward(const Tensor& grad_out, const Tensor& q, const
   return grads;
 }
 
+double attention_scored_pairs(Device device, const AttentionParams& params) {
+  if (!params.documents.defined()) return 0;
+  // Not through kernel<>: the call log asks this while it records the attention call.
+  const auto scored_pairs = kernels_for(device).scored_pairs;
+  SHARDLAB_CHECK(scored_pairs != nullptr, "attention: not supported on {} (no kernel for it in this build)",
+                 device.str());
+  return scored_pairs(params.documents.contiguous(), params.causal);
+}
+
 std::span<const OpInfo> attention_ops() {
   static constexpr OpInfo ops[] = {{"attention_forward", OpCategory::attention, {}, true},
                                    {"attention_backward", OpCategory::attention, {}, true}};

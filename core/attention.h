@@ -67,7 +67,16 @@ struct AttentionKernels {
   // core/tensor.h's empty_in_layout_of): then q, k and v split from a [B, T, H * D] projection, and
   // the output merged back into one, need no copies. Where it says no, t is made contiguous.
   bool (*strided_heads)(const Tensor& t) = nullptr;
+  // The query-key pairs of one head the kernels score, summed over the batch rows, for documents (i64
+  // [B, T] on the device): a kernel that skips the tiles between documents (the CPU's) counts the pairs
+  // its mask lets through (causal or all) in the tiles it visits; one that visits the same tiles
+  // whatever the documents (CUDA's) says 0: the shapes decide (core/op_cost.h's attention_pairs).
+  double (*scored_pairs)(const Tensor& documents, bool causal) = nullptr;
 };
+
+// AttentionKernels::scored_pairs of `device`'s kernel for params with documents; 0 without documents:
+// the cost model's count of attention's pairs (core/op_cost.h).
+double attention_scored_pairs(Device device, const AttentionParams& params);
 
 // This family's ops by the names their kernel calls are logged under (core/op_info.h).
 std::span<const OpInfo> attention_ops();

@@ -26,6 +26,7 @@ struct Call {
   Device device;
   std::vector<OperandLayout> operands;  // the tensor arguments, in the kernel entry's order
   bool causal = false;                  // attention: each query sees only the keys up to it
+  double scored_pairs = 0;              // attention with documents: attention_scored_pairs; 0: by the shapes
   std::string label;                    // the thread's innermost open cost label (core/op_cost.h)
 };
 
@@ -65,7 +66,10 @@ void add(std::vector<OperandLayout>&, const T&) {}
 // What of the other arguments changes the work: attention's mask.
 template <typename T>
 void note(Call& call, const T& argument) {
-  if constexpr (std::is_same_v<T, AttentionParams>) call.causal = argument.causal;
+  if constexpr (std::is_same_v<T, AttentionParams>) {
+    call.causal = argument.causal;
+    call.scored_pairs = attention_scored_pairs(call.device, argument);
+  }
 }
 }  // namespace detail
 

@@ -86,7 +86,9 @@ KernelCost attention_cost(const call_log::Call& call, KernelCost cost) {
   const std::size_t first = backward ? 1 : 0;
   const OperandLayout &q = call.operands[first], &k = call.operands[first + 1], &v = call.operands[first + 2];
   const double heads = static_cast<double>(q.shape[0]) * static_cast<double>(q.shape[1]);
-  const double pairs = heads * attention_pairs(dim(q, 2), dim(k, 2), call.causal);
+  // Where documents decide which tiles the kernel visits, the pairs it scores there, per head.
+  const double pairs = call.scored_pairs > 0 ? static_cast<double>(q.shape[1]) * call.scored_pairs
+                                             : heads * attention_pairs(dim(q, 2), dim(k, 2), call.causal);
   const auto d = static_cast<double>(dim(q, 1)), dv = static_cast<double>(dim(v, 1));
   cost.flops = 2 * pairs * (backward ? 3 * d + 2 * dv : d + dv);
   cost.pairs = pairs;

@@ -8,7 +8,8 @@
 //
 // The counts are the work's minimum, not a kernel's traffic: each operand's elements once (an
 // expanded operand's distinct ones; an index op's rows it picks, not the whole table), a multiply-add
-// two operations, attention's score pairs those its mask lets through (causal: the lower triangle).
+// two operations, attention's score pairs those its mask lets through (causal: the lower triangle;
+// with documents on a kernel that skips the tiles between them, those of the tiles it visits).
 #pragma once
 
 #include <functional>

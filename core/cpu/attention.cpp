@@ -418,12 +418,32 @@ void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k
   backward<float>(grad_out, q, k, v, forward, params, grads);
 }
 
+// The pairs causal (or not) lets through in the tiles the kernels visit: below key_end and not apart.
+double scored_pairs(const Tensor& documents, bool causal) {
+  const std::int64_t batch = documents.size(0), length = documents.size(1);
+  const AttentionMask mask{causal, nullptr, documents.data<std::int64_t>(), length, length};
+  double pairs = 0;
+  for (std::int64_t b = 0; b < batch; ++b) {
+    for (std::int64_t t0 = 0; t0 < length; t0 += kTile) {
+      const std::int64_t rows = std::min(kTile, length - t0), key_end = mask.key_end(t0, rows);
+      for (std::int64_t s0 = 0; s0 < key_end; s0 += kTile) {
+        const std::int64_t cols = std::min(kTile, key_end - s0);
+        if (mask.apart(b, t0, rows, s0, cols)) continue;
+        for (std::int64_t t = t0; t < t0 + rows; ++t)
+          pairs += static_cast<double>(causal ? std::clamp<std::int64_t>(t + 1 - s0, 0, cols) : cols);
+      }
+    }
+  }
+  return pairs;
+}
+
 }  // namespace
 
 AttentionKernels attention_kernels() {
   return {.attention_forward = attention_forward,
           .attention_backward = attention_backward,
-          .strided_heads = [](const Tensor& t) { return t.stride(-1) == 1; }};
+          .strided_heads = [](const Tensor& t) { return t.stride(-1) == 1; },
+          .scored_pairs = scored_pairs};
 }
 
 }  // namespace shardlab::cpu

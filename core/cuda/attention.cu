@@ -343,7 +343,9 @@ void cuda_attention_backward(const Tensor& grad_out, const Tensor& q, const Tens
 AttentionKernels attention_kernels() {
   return {.attention_forward = cuda_attention_forward,
           .attention_backward = cuda_attention_backward,
-          .strided_heads = [](const Tensor& t) { return cuda_takes_heads_in_place(layout_of(t)); }};
+          .strided_heads = [](const Tensor& t) { return cuda_takes_heads_in_place(layout_of(t)); },
+          // The kernels visit every tile the shapes allow, documents or not.
+          .scored_pairs = [](const Tensor&, bool) { return 0.0; }};
 }
 
 }  // namespace shardlab::cuda

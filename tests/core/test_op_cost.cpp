@@ -96,6 +96,28 @@ TEST_CASE("kernel_cost: attention scores the pairs its mask lets through, forwar
   CHECK(attention_pairs(0, 5, true) == 0);
 }
 
+TEST_CASE("kernel_cost: attention with documents scores the pairs of the tiles the CPU kernel visits",
+          "[op_cost]") {
+  // One row of 130 tokens, documents of 70 and 60: the 64-tiles' documents are {0}, {0, 1} and {1}, so
+  // the last query tile (2 queries) skips key tile 0 (64 keys). Causal: 130 x 131 / 2 = 8515 pairs less
+  // 2 x 64 = 8387 per head; not causal: 130 x 130 less 2 x 64 and 64 x 2 = 16644.
+  std::vector<std::int64_t> ids(130, 0);
+  std::fill(ids.begin() + 70, ids.end(), 1);
+  const AttentionParams causal{.causal = true, .documents = from_vector(ids, {1, 130})};
+  const AttentionParams plain{.documents = causal.documents};
+  CHECK(attention_scored_pairs(Device::cpu(), causal) == 8387);
+  CHECK(attention_scored_pairs(Device::cpu(), plain) == 16644);
+  CHECK(attention_scored_pairs(Device::cpu(), AttentionParams{.causal = true}) == 0);  // by the shapes
+  // Two heads of 8: the forward's flops are 2 x 2 x 8387 x (8 + 8).
+  const Tensor q = random({1, 2, 130, 8}, 20), k = random({1, 2, 130, 8}, 21), v = random({1, 2, 130, 8}, 22);
+  const KernelCost forward = cost_of("attention_forward", [&] { attention_forward(q, k, v, causal); });
+  CHECK(forward.pairs == 2 * 8387);
+  CHECK(forward.flops == 2.0 * 2 * 8387 * 16);
+  // Without the skipped tile (one document), the shapes' count.
+  const AttentionParams one{.causal = true, .documents = zeros({1, 130}, dtype(DType::i64))};
+  CHECK(cost_of("attention_forward", [&] { attention_forward(q, k, v, one); }).pairs == 2 * 8515.0);
+}
+
 TEST_CASE("kernel_cost: memory kernels count each distinct element once", "[op_cost]") {
   // [4, 3] + [3]: b is expanded, its 3 elements read once; one add per output.
   const KernelCost added = cost_of("add", [] { add(random({4, 3}, 14), random({3}, 15)); });
