@@ -1,7 +1,7 @@
 // tests/models/test_llama.cpp: the Llama against Hugging Face transformers' LlamaForCausalLM (golden
 // logits, loss and gradients of the tiny config from tests/tools/make_llama_golden.py), its Hugging
-// Face names and sizes, gradchecks of its pieces in f64, the KV cache, padding, packed documents, and the
-// directory format's errors.
+// Face names and sizes, gradchecks of its pieces in f64, the KV cache, padding, packed documents (against
+// Hugging Face's under a block-causal 4-D mask too), and the directory format's errors.
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -104,6 +104,36 @@ TEST_CASE("the tiny Llama's logits, loss and every gradient equal Hugging Face t
     runs.push_back(all);
   }
   CHECK(runs[0] == runs[1]);
+}
+
+TEST_CASE(
+    "packed documents under the block-causal mask: logits, loss and every gradient equal Hugging Face's",
+    "[models][llama][golden]") {
+  std::map<std::string, Tensor> golden;
+  for (auto& [name, t] : nn::load_safetensors(kGoldenDir + "/llama_tiny_packed_golden.safetensors").tensors) {
+    golden[name] = t;
+  }
+  const Tensor tokens = golden.at("tokens"), documents = golden.at("documents");
+  // The golden rows' documents are those the packed dataset gives their ids: up by one at each [BOT]
+  // after a row's first position.
+  const std::vector<std::int64_t> ids = tokens.to_vector<std::int64_t>();
+  const auto length = static_cast<std::size_t>(tokens.size(1));
+  std::vector<double> expected(ids.size());
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const bool starts = i % length > 0 && ids[i] == 256;
+    expected[i] = i % length == 0 ? 0 : expected[i - 1] + (starts ? 1 : 0);
+  }
+  test::check_equal(documents, expected);
+  models::Llama model = load_tiny_golden_model();
+  const Variable logits = model(tokens, Tensor(), documents);
+  const Variable loss = language_model_loss(logits, golden.at("targets"));
+  loss.backward();
+  check_golden("logits", logits.data(), golden.at("logits"));
+  check_golden("loss", loss.data(), golden.at("loss"));
+  for (const auto& [name, p] : model->named_parameters()) {
+    REQUIRE(golden.contains("grad." + name));
+    check_golden("gradient of " + name, p.grad(), golden.at("grad." + name));
+  }
 }
 
 TEST_CASE("the Llama has Hugging Face's parameter names and shapes; buffers stay out of the state dict",
