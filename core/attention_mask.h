@@ -49,9 +49,9 @@ struct AttentionMask {
     return !causal || s0 + cols - 1 <= t0;
   }
   // Whether no query of [t0, t0 + rows) shares a document with a key of [s0, s0 + cols) of batch row b:
-  // the ranges of their documents' values do not meet (so for documents of any layout; for packed ones,
-  // contiguous and increasing, every tile two documents apart). False without documents. The CPU kernel
-  // skips such a tile: its pairs would add exactly nothing.
+  // the ranges of their documents' values do not meet, which holds for documents of any layout and, for
+  // packed ones (contiguous, increasing), is exactly that they share none. False without documents. The
+  // CPU kernel skips such a tile: its pairs would add exactly nothing.
   SHARDLAB_HD bool apart(std::int64_t b, std::int64_t t0, std::int64_t rows, std::int64_t s0,
                          std::int64_t cols) const {
     if (documents == nullptr) return false;
