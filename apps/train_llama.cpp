@@ -313,6 +313,7 @@ class Training : public apps::Trainer {
   std::int64_t pad_id_ = -1;                        // the tokenizer's [PAD]; -1 (no id) with --random-tokens
   std::optional<data::DataLoader> loader_;
   std::optional<data::PretrainingDataset> validation_;  // --validation-split's or --validation-data's
+  std::optional<data::TensorDataset> validation_set_;   // its samples as the model takes them, made once
   data::EvaluationForwards validation_forwards_;        // this rank's share of it
   std::optional<double> validation_loss_;               // the last validation's
   std::unique_ptr<dist::DeviceMesh> mesh_;              // dp x tp, with --tp
@@ -372,8 +373,10 @@ Training::Training(const Options& options, dist::Session& session)
                                        static_cast<std::uint64_t>(options.seed))
           : samples(corpus_.emplace(documents, *tokenizer_, options.seq, packing(options)), options);
   sequences_ = training_set.size();
-  if (!validation_documents.empty())
+  if (!validation_documents.empty()) {
     validation_.emplace(validation_documents, *tokenizer_, options.seq, packing(options));
+    validation_set_.emplace(samples(*validation_, options));
+  }
   pad_id_ = options.random_tokens ? -1 : tokenizer_->pad_id();
   if (options.tp > 1) {
     // Consecutive ranks form a tensor-parallel group, as on one machine each.
@@ -579,7 +582,7 @@ Variable Training::losses(const data::Batch& batch) {
 // ranks add them, so any world size computes the 1-process loss.
 double Training::validation_loss() {
   const NoGradGuard no_grad;
-  const data::TensorDataset set = samples(*validation_, options_);
+  const data::TensorDataset& set = *validation_set_;
   const std::vector<data::ChunkShare>& mine = validation_forwards_.mine;
   Tensor summed = zeros({1}, dtype(DType::f64).with_device(device_));
   ExactSum exact;
